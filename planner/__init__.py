@@ -1,0 +1,66 @@
+"""mana-ai's planner: the agent loop core (LLM ↔ tools), importable and testable on its own.
+
+The public surface is pinned by ``tests/unit/test_public_api.py``.
+"""
+
+from planner.errors import (
+    LLMConnectionError,
+    LLMError,
+    LLMResponseError,
+    LLMStatusError,
+    PlannerError,
+    ToolRegistryError,
+)
+from planner.execution import ExecutedCall, execute_calls, tool_result_message
+from planner.llm import ChatModel, CompletionRequest, CompletionResponse
+from planner.loop import (
+    LoopState,
+    PlannerLoopInput,
+    PlannerLoopResult,
+    ReminderChannel,
+    StopReason,
+    format_reminder,
+    run_planner_loop,
+)
+from planner.messages import (
+    ChatMessage,
+    TokenUsage,
+    ToolCall,
+    messages_from_json,
+    messages_to_json,
+)
+from planner.policy import PolicyDecision, PolicyGate
+from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
+
+__all__ = [
+    "ChatMessage",
+    "ChatModel",
+    "CompletionRequest",
+    "CompletionResponse",
+    "ExecutedCall",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMResponseError",
+    "LLMStatusError",
+    "LoopState",
+    "PlannerError",
+    "PlannerLoopInput",
+    "PlannerLoopResult",
+    "PolicyDecision",
+    "PolicyGate",
+    "PolicyHint",
+    "ReminderChannel",
+    "StopReason",
+    "TokenUsage",
+    "ToolCall",
+    "ToolContext",
+    "ToolRegistry",
+    "ToolRegistryError",
+    "ToolSpec",
+    "execute_calls",
+    "format_reminder",
+    "messages_from_json",
+    "messages_to_json",
+    "run_planner_loop",
+    "tool_result_message",
+]

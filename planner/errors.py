@@ -1,0 +1,63 @@
+"""Exceptions raised by the planner for the operator (never shown to the model).
+
+Tree::
+
+    PlannerError
+    ├── LLMError                      the chat model could not produce a usable completion
+    │   ├── LLMConnectionError        connect / read failure, timeout (after retries)
+    │   ├── LLMStatusError            the endpoint answered a non-2xx status (after retries)
+    │   └── LLMResponseError          the endpoint answered 2xx with something unusable
+    └── ToolRegistryError             a tool registry was built wrong (duplicate name, bad schema)
+
+Tool failures are *not* exceptions at this level: an unknown tool, invalid arguments or a
+handler that raises become an error tool result that the model reads (see ``planner.execution``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LLMConnectionError",
+    "LLMError",
+    "LLMResponseError",
+    "LLMStatusError",
+    "PlannerError",
+    "ToolRegistryError",
+]
+
+
+class PlannerError(Exception):
+    """Root of every exception the planner raises on purpose."""
+
+
+class LLMError(PlannerError):
+    """The chat model could not produce a usable completion.
+
+    The message says what the endpoint did (status, body excerpt, or the transport error);
+    it is stored verbatim as the iteration's error.
+    """
+
+
+class LLMConnectionError(LLMError):
+    """The endpoint could not be reached, or did not answer in time, after all retries."""
+
+
+class LLMStatusError(LLMError):
+    """The endpoint answered a non-2xx HTTP status (after retries, for retryable ones).
+
+    Attributes:
+        status_code: the HTTP status of the last answer.
+        body: the first 500 characters of the last answer's body.
+    """
+
+    def __init__(self, message: str, *, status_code: int, body: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.body = body
+
+
+class LLMResponseError(LLMError):
+    """The endpoint answered 2xx but the body is not a usable chat completion."""
+
+
+class ToolRegistryError(PlannerError):
+    """A tool registry was built wrong: a duplicate tool name or an invalid JSON schema."""

@@ -1,0 +1,66 @@
+"""The chat-model seam: ChatModel protocol, CompletionRequest, CompletionResponse.
+
+Implementations live in ``planner.providers`` (OpenAI-compatible HTTP, embedded local model)
+and ``planner.testing`` (scripted fakes). A ChatModel raises only ``planner.errors.LLMError``
+subclasses for failures the operator should see.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.messages import ChatMessage, TokenUsage
+
+__all__ = ["ChatModel", "CompletionRequest", "CompletionResponse", "ToolChoice"]
+
+ToolChoice = Literal["auto", "required", "none"]
+
+
+class CompletionRequest(BaseModel):
+    """One chat completion request.
+
+    Attributes:
+        messages: the conversation as sent (reminders included, for this request only).
+        tools: tool definitions in the OpenAI ``tools`` format
+            (``{"type": "function", "function": {"name", "description", "parameters"}}``).
+        model: the model name; ``None`` lets the provider use its configured default.
+        temperature: sampling temperature; ``None`` = provider default.
+        max_tokens: cap on completion tokens; ``None`` = provider default.
+        tool_choice: ``auto`` (default), ``required`` or ``none``, as in the OpenAI API.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    model: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    tool_choice: ToolChoice = "auto"
+
+
+class CompletionResponse(BaseModel):
+    """The model's answer: one assistant message, the usage it cost, and why it stopped.
+
+    ``finish_reason`` is the provider's (``stop``, ``tool_calls``, ``length``, …) or ``None``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    message: ChatMessage
+    usage: TokenUsage = TokenUsage()
+    finish_reason: str | None = None
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """Anything that turns a CompletionRequest into a CompletionResponse.
+
+    Raises:
+        planner.errors.LLMError: the model could not answer usably (after the
+            implementation's own retries, if it has any).
+    """
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse: ...

@@ -1,0 +1,209 @@
+"""The planner loop: LLM ↔ tools over several rounds.
+
+One round = one completion request, then the tool calls it asked for. The loop stops when the
+model answers without tool calls (``final_answer``), when ``max_rounds`` rounds have run and
+the model still asks for tools (``max_rounds``), or when the model cannot answer
+(``llm_error``; the error is on the result, the log so far is kept).
+
+Reminders from ``reminder_channel`` are appended to *that request only* as
+``<reminder>…</reminder>`` system messages; they never enter ``PlannerLoopResult.messages``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.errors import LLMError
+from planner.execution import (
+    ExecutedCall,
+    ToolCallExecutor,
+    execute_calls,
+    tool_result_message,
+)
+from planner.llm import ChatModel, CompletionRequest
+from planner.messages import ChatMessage, TokenUsage
+from planner.policy import PolicyGate
+from planner.tools import ToolContext, ToolRegistry, ToolSpec
+
+__all__ = [
+    "LoopState",
+    "PlannerLoopInput",
+    "PlannerLoopResult",
+    "ReminderChannel",
+    "StopReason",
+    "format_reminder",
+    "run_planner_loop",
+]
+
+logger = logging.getLogger(__name__)
+
+StopReason = Literal["final_answer", "max_rounds", "llm_error"]
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """What the loop knows before a request; the input of reminder producers.
+
+    Attributes:
+        round: the 1-based round about to run.
+        tool_call_count: tool calls executed so far in this loop.
+        tokens_used: usage summed over the requests so far.
+        last_call: the most recent executed call, or ``None``.
+        compactions_done: how many times the context was compacted so far.
+        max_rounds: the round limit of this loop.
+    """
+
+    round: int
+    tool_call_count: int
+    tokens_used: TokenUsage
+    last_call: ExecutedCall | None
+    compactions_done: int = 0
+    max_rounds: int = 5
+
+
+ReminderChannel = Callable[[LoopState], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class PlannerLoopInput:
+    """Everything one run of the loop needs besides the model.
+
+    Attributes:
+        system_prompt: the agent's instructions (first message of the log).
+        user_prompt: the mission objective (the user message after ``prior_messages``).
+        tools: tools the model may call; names must be unique.
+        prior_messages: earlier conversation placed between the system and the user message.
+        max_rounds: completion requests at most (default 5, must be ≥ 1).
+        model: model name passed to the ChatModel (``None`` = its default).
+        reminder_channel: ``state -> texts`` called before each request.
+        ctx: passed to tool handlers; default ``ToolContext(user_id="local")``.
+        policy: awaited before each known tool runs (``None`` allows every call).
+        temperature, max_tokens: passed through on every request.
+    """
+
+    system_prompt: str
+    user_prompt: str
+    tools: Sequence[ToolSpec] = ()
+    prior_messages: Sequence[ChatMessage] = ()
+    max_rounds: int = 5
+    model: str | None = None
+    reminder_channel: ReminderChannel | None = None
+    ctx: ToolContext | None = None
+    policy: PolicyGate | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1:
+            raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
+
+
+@dataclass(frozen=True)
+class PlannerLoopResult:
+    """What one run of the loop did.
+
+    Attributes:
+        messages: the stored log: system, prior, user, then assistant and tool messages.
+            Reminders never appear here.
+        executed_calls: every tool call with its outcome, in execution order.
+        rounds: completion requests made (failed ones included).
+        usage: token usage summed over all requests.
+        stop_reason: ``final_answer`` | ``max_rounds`` | ``llm_error``.
+        compactions_done: times the context was compacted (0 until compaction lands).
+        error: the LLM error text when ``stop_reason == "llm_error"``.
+    """
+
+    messages: list[ChatMessage]
+    executed_calls: list[ExecutedCall]
+    rounds: int
+    usage: TokenUsage
+    stop_reason: StopReason
+    compactions_done: int = 0
+    error: str | None = None
+    final_answer: str | None = field(default=None)
+
+
+def format_reminder(text: str) -> ChatMessage:
+    """A reminder as the system message sent with one request."""
+    return ChatMessage(role="system", content=f"<reminder>{text}</reminder>")
+
+
+async def run_planner_loop(
+    inp: PlannerLoopInput,
+    *,
+    llm: ChatModel,
+    on_tool_call: ToolCallExecutor | None = None,
+) -> PlannerLoopResult:
+    """Run the loop to completion.
+
+    Args:
+        inp: prompts, tools and limits.
+        llm: the chat model.
+        on_tool_call: when given, executes each allowed tool call instead of the tool's
+            handler (its return value becomes the tool result).
+
+    Returns:
+        The PlannerLoopResult. LLM failures end the loop with ``stop_reason="llm_error"``
+        rather than raising; tool failures are tool results.
+
+    Raises:
+        ToolRegistryError: ``inp.tools`` has a duplicate name or an invalid schema.
+    """
+    registry = ToolRegistry(inp.tools)
+    openai_tools = [spec.to_openai_tool() for spec in registry.specs()]
+    ctx = inp.ctx or ToolContext(user_id="local")
+    messages: list[ChatMessage] = [
+        ChatMessage(role="system", content=inp.system_prompt),
+        *inp.prior_messages,
+        ChatMessage(role="user", content=inp.user_prompt),
+    ]
+    executed: list[ExecutedCall] = []
+    usage = TokenUsage()
+
+    for round_no in range(1, inp.max_rounds + 1):
+        state = LoopState(
+            round=round_no,
+            tool_call_count=len(executed),
+            tokens_used=usage,
+            last_call=executed[-1] if executed else None,
+            max_rounds=inp.max_rounds,
+        )
+        reminders = list(inp.reminder_channel(state)) if inp.reminder_channel else []
+        request = CompletionRequest(
+            messages=[*messages, *(format_reminder(r) for r in reminders)],
+            tools=openai_tools,
+            model=inp.model,
+            temperature=inp.temperature,
+            max_tokens=inp.max_tokens,
+        )
+        try:
+            response = await llm.complete(request)
+        except LLMError as exc:
+            logger.warning("llm request failed in round %d: %s", round_no, exc)
+            return PlannerLoopResult(
+                messages, executed, round_no, usage, "llm_error", error=str(exc)
+            )
+        usage = usage + response.usage
+        reply = response.message
+        if reply.role != "assistant":
+            reply = reply.model_copy(update={"role": "assistant"})
+        messages.append(reply)
+        if not reply.tool_calls:
+            return PlannerLoopResult(
+                messages, executed, round_no, usage, "final_answer", final_answer=reply.content
+            )
+        outcomes = await execute_calls(
+            reply.tool_calls,
+            round=round_no,
+            registry=registry,
+            ctx=ctx,
+            policy=inp.policy,
+            executor=on_tool_call,
+        )
+        executed.extend(outcomes)
+        messages.extend(tool_result_message(o) for o in outcomes)
+
+    return PlannerLoopResult(messages, executed, inp.max_rounds, usage, "max_rounds")

@@ -1,0 +1,106 @@
+"""The stored message log format: ChatMessage, ToolCall, TokenUsage.
+
+All three are frozen pydantic models. ``to_json()`` / ``from_json()`` round-trip them through
+plain JSON-compatible dicts; this is the format of ``mission_iterations.messages`` and of the
+archive, so it is kept stable: fields are only ever added, with defaults.
+
+Roles and fields follow the OpenAI Chat Completions message shape (``role``, ``content``,
+``tool_calls``, ``tool_call_id``), with tool-call arguments kept parsed (a dict) rather than as a
+JSON string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatMessage",
+    "Role",
+    "TokenUsage",
+    "ToolCall",
+    "messages_from_json",
+    "messages_to_json",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class ToolCall(BaseModel):
+    """One tool call the model asked for.
+
+    Attributes:
+        id: the provider's call id; a tool result answers it via ``ChatMessage.tool_call_id``.
+        name: the tool name as the model wrote it (it may name no registered tool).
+        arguments: the parsed JSON arguments object.
+        parse_error: set by a provider when the model's arguments were not a JSON object
+            (``arguments`` is then empty); the loop answers the call with an error result.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    parse_error: str | None = None
+
+
+class TokenUsage(BaseModel):
+    """Token counts as the provider reported them (``usage`` of a chat completion)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """prompt_tokens + completion_tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation.
+
+    Attributes:
+        role: ``system`` | ``user`` | ``assistant`` | ``tool``.
+        content: the text; ``None`` for an assistant message that only calls tools.
+        tool_calls: on assistant messages, the calls the model issued, in its order.
+        tool_call_id: on tool messages, the id of the call this result answers.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """This message as a JSON-compatible dict (empty optional fields left out)."""
+        return self.model_dump(mode="json", exclude_defaults=True, exclude={"role"}) | {
+            "role": self.role
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChatMessage:
+        """Parse a dict written by ``to_json``. Raises ``pydantic.ValidationError``."""
+        return cls.model_validate(data)
+
+
+def messages_to_json(messages: Iterable[ChatMessage]) -> list[dict[str, Any]]:
+    """A message log as a JSON-compatible list (the stored format)."""
+    return [m.to_json() for m in messages]
+
+
+def messages_from_json(data: Sequence[dict[str, Any]]) -> list[ChatMessage]:
+    """Parse a stored message log. Raises ``pydantic.ValidationError`` on a malformed entry."""
+    return [ChatMessage.from_json(d) for d in data]

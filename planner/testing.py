@@ -1,0 +1,124 @@
+"""Fakes that implement the real protocols, for tests and benchmarks.
+
+``ScriptedChatModel`` answers requests from a script, records every request it saw, and fails
+loudly when asked for more steps than scripted; ``assert_exhausted()`` fails the test when
+scripted steps were left over. ``FunctionChatModel`` answers with a function of the request.
+Nothing here opens a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from planner.llm import CompletionRequest, CompletionResponse
+from planner.messages import ChatMessage, TokenUsage, ToolCall
+
+__all__ = [
+    "FunctionChatModel",
+    "ScriptExhaustedError",
+    "ScriptStep",
+    "ScriptedChatModel",
+    "final_answer",
+    "tool_calls",
+]
+
+_ids = itertools.count(1)
+
+
+def tool_calls(
+    *calls: tuple[str, dict[str, Any]], usage: TokenUsage | None = None
+) -> CompletionResponse:
+    """A response whose assistant message calls ``(name, arguments)`` pairs, in order."""
+    message = ChatMessage(
+        role="assistant",
+        tool_calls=tuple(ToolCall(id=f"call_{next(_ids)}", name=n, arguments=a) for n, a in calls),
+    )
+    return CompletionResponse(
+        message=message,
+        usage=usage or TokenUsage(prompt_tokens=10, completion_tokens=5),
+        finish_reason="tool_calls",
+    )
+
+
+def final_answer(text: str, usage: TokenUsage | None = None) -> CompletionResponse:
+    """A response whose assistant message answers ``text`` without tool calls."""
+    return CompletionResponse(
+        message=ChatMessage(role="assistant", content=text),
+        usage=usage or TokenUsage(prompt_tokens=10, completion_tokens=5),
+        finish_reason="stop",
+    )
+
+
+ScriptStep = (
+    CompletionResponse
+    | BaseException
+    | Callable[[CompletionRequest], CompletionResponse | Awaitable[CompletionResponse]]
+)
+"""A response to return, an exception to raise, or a function of the request."""
+
+
+class ScriptExhaustedError(AssertionError):
+    """The model was asked for more completions than were scripted."""
+
+
+class ScriptedChatModel:
+    """A ChatModel that plays a script, one step per request.
+
+    Attributes:
+        requests: every CompletionRequest received, in order (reminders included).
+    """
+
+    def __init__(self, steps: Iterable[ScriptStep]) -> None:
+        self._steps = list(steps)
+        self._next = 0
+        self.requests: list[CompletionRequest] = []
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        """Play the next step. Raises ScriptExhaustedError past the end of the script."""
+        self.requests.append(request)
+        if self._next >= len(self._steps):
+            raise ScriptExhaustedError(
+                f"request {len(self.requests)} but only {len(self._steps)} steps were scripted"
+            )
+        step = self._steps[self._next]
+        self._next += 1
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, CompletionResponse):
+            return step
+        answer = step(request)
+        if asyncio.iscoroutine(answer) or isinstance(answer, Awaitable):
+            return await answer
+        return answer
+
+    @property
+    def remaining(self) -> int:
+        """Scripted steps not yet played."""
+        return len(self._steps) - self._next
+
+    def assert_exhausted(self) -> None:
+        """Fail (AssertionError) when scripted steps were left over."""
+        if self.remaining:
+            raise AssertionError(f"{self.remaining} scripted step(s) were never requested")
+
+
+class FunctionChatModel:
+    """A ChatModel that answers every request with ``fn(request)`` (sync or async)."""
+
+    def __init__(
+        self,
+        fn: Callable[[CompletionRequest], CompletionResponse | Awaitable[CompletionResponse]],
+    ) -> None:
+        self._fn = fn
+        self.requests: list[CompletionRequest] = []
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        """Return ``fn(request)``, awaited if it is awaitable."""
+        self.requests.append(request)
+        answer = self._fn(request)
+        if isinstance(answer, Awaitable):
+            return await answer
+        return answer

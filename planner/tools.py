@@ -1,0 +1,135 @@
+"""Tools the model may call: ToolSpec, ToolContext, ToolRegistry.
+
+A ToolSpec carries everything the loop and the policy gate need to know about a tool: its
+name, description and JSON schema (sent to the model), its ``policy_hint`` (``read`` tools may
+run in parallel; ``destructive`` ones need an explicit opt-in), its ``scope`` and its handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+
+from planner.errors import ToolRegistryError
+
+__all__ = ["PolicyHint", "ToolContext", "ToolHandler", "ToolRegistry", "ToolSpec"]
+
+PolicyHint = Literal["read", "write", "destructive"]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Who a tool call runs for. Handlers read it; they never get it from the model.
+
+    Attributes:
+        user_id: the agent owner's user id (tools act in this user's space).
+        agent_id, mission_id, iteration_id: ids of the running iteration; ``None`` outside one.
+        extra: anything else a tool source needs (read-only by convention).
+    """
+
+    user_id: str
+    agent_id: int | None = None
+    mission_id: int | None = None
+    iteration_id: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool.
+
+    Attributes:
+        name: unique within a registry; ``^[a-zA-Z0-9_-]{1,64}$`` (the OpenAI function-name rule).
+        description: what the tool does, for the model.
+        input_schema: JSON Schema (draft 2020-12) of the arguments object.
+        policy_hint: ``read`` (no side effects), ``write`` or ``destructive`` (irreversible).
+        scope: a grouping the policy gate can opt users into (default ``user-space``).
+        handler: ``async (arguments, ctx) -> result``; the result must be JSON-serialisable
+            (anything else is stringified). Raising makes the call an error tool result.
+    """
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    policy_hint: PolicyHint
+    handler: ToolHandler
+    scope: str = "user-space"
+
+    def to_openai_tool(self) -> dict[str, Any]:
+        """This tool in the OpenAI ``tools`` array format."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.input_schema,
+            },
+        }
+
+    def validate_arguments(self, arguments: dict[str, Any]) -> str | None:
+        """Check ``arguments`` against ``input_schema``.
+
+        Returns ``None`` when valid, else a one-line message naming the failing path, for the
+        model to read.
+        """
+        validator = jsonschema.Draft202012Validator(self.input_schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        return f"invalid arguments for {self.name} at {where}: {error.message}"
+
+
+class ToolRegistry:
+    """Tools by name, in registration order.
+
+    Raises:
+        ToolRegistryError: on a duplicate name, an invalid name or an invalid JSON schema.
+    """
+
+    def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
+        self._specs: dict[str, ToolSpec] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: ToolSpec) -> None:
+        """Add one tool (raises ToolRegistryError, see the class docstring)."""
+        if spec.name in self._specs:
+            raise ToolRegistryError(f"duplicate tool name {spec.name!r}")
+        if not _valid_name(spec.name):
+            raise ToolRegistryError(f"invalid tool name {spec.name!r}: use 1-64 of [a-zA-Z0-9_-]")
+        try:
+            jsonschema.Draft202012Validator.check_schema(spec.input_schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise ToolRegistryError(
+                f"invalid JSON schema for tool {spec.name!r}: {exc.message}"
+            ) from exc
+        self._specs[spec.name] = spec
+
+    def get(self, name: str) -> ToolSpec | None:
+        """The tool called ``name``, or ``None``."""
+        return self._specs.get(name)
+
+    def names(self) -> list[str]:
+        """Registered names, in registration order."""
+        return list(self._specs)
+
+    def specs(self) -> list[ToolSpec]:
+        """Registered tools, in registration order."""
+        return list(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+
+def _valid_name(name: str) -> bool:
+    return 0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
