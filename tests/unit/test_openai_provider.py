@@ -1,0 +1,328 @@
+"""OpenAICompatibleChatModel over httpx.MockTransport: retries, errors, wire format (no sockets)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from planner import (
+    ChatMessage,
+    CompletionRequest,
+    LLMConnectionError,
+    LLMResponseError,
+    LLMStatusError,
+    ToolCall,
+)
+from planner.providers import OpenAICompatibleChatModel
+
+BASE_URL = "http://llm.test/v1"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def completion(
+    *,
+    content: str | None = "done",
+    tool_calls: list[dict[str, Any]] | None = None,
+    usage: dict[str, int] | None = None,
+    finish_reason: str = "stop",
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls is not None:
+        message["tool_calls"] = tool_calls
+    body: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+class Recorder:
+    """Scripted transport: answers requests from a list of handlers and records them."""
+
+    def __init__(self, *steps: Handler | httpx.Response | Exception) -> None:
+        self._steps: Iterator[Handler | httpx.Response | Exception] = iter(steps)
+        self.requests: list[httpx.Request] = []
+        self.waits: list[float] = []
+        self.retries: list[tuple[int, str]] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        step = next(self._steps)
+        if isinstance(step, Exception):
+            raise step
+        if isinstance(step, httpx.Response):
+            return step
+        return step(request)
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def model(self, **kwargs: Any) -> OpenAICompatibleChatModel:
+        return OpenAICompatibleChatModel(
+            base_url=BASE_URL,
+            transport=httpx.MockTransport(self.handle),
+            sleep=self.sleep,
+            on_retry=lambda attempt, reason: self.retries.append((attempt, reason)),
+            **kwargs,
+        )
+
+    def body(self, index: int = 0) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.requests[index].content)
+        return parsed
+
+
+REQUEST = CompletionRequest(messages=[ChatMessage(role="user", content="hi")])
+
+
+async def test_retries_5xx_then_succeeds_with_jittered_backoff() -> None:
+    rec = Recorder(
+        httpx.Response(500, text="boom"),
+        httpx.Response(502, text="bad gateway"),
+        httpx.Response(200, json=completion(content="hello")),
+    )
+    async with rec.model(backoff_initial_s=0.5) as llm:
+        response = await llm.complete(REQUEST)
+
+    assert response.message == ChatMessage(role="assistant", content="hello")
+    assert len(rec.requests) == 3
+    assert rec.retries == [(1, "http_500"), (2, "http_502")]
+    # Full jitter: retry n waits uniform(0, initial * 2**(n-1)).
+    assert len(rec.waits) == 2
+    assert 0 <= rec.waits[0] <= 0.5
+    assert 0 <= rec.waits[1] <= 1.0
+
+
+async def test_429_retry_after_seconds_is_honoured() -> None:
+    rec = Recorder(
+        httpx.Response(429, headers={"Retry-After": "7"}, text="slow down"),
+        httpx.Response(200, json=completion()),
+    )
+    async with rec.model() as llm:
+        await llm.complete(REQUEST)
+    assert rec.waits == [7.0]
+    assert rec.retries == [(1, "http_429")]
+
+
+async def test_retry_after_is_capped_by_backoff_max() -> None:
+    rec = Recorder(
+        httpx.Response(503, headers={"Retry-After": "120"}),
+        httpx.Response(429, headers={"Retry-After": "Wed, 21 Oct 2099 07:28:00 GMT"}),
+        httpx.Response(429, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),
+        httpx.Response(200, json=completion()),
+    )
+    async with rec.model(backoff_max_s=10.0) as llm:
+        await llm.complete(REQUEST)
+    # delta-seconds capped, a far-future HTTP-date capped, a past HTTP-date means "now".
+    assert rec.waits == [10.0, 10.0, 0.0]
+
+
+async def test_400_fails_at_once_with_status_and_body() -> None:
+    rec = Recorder(httpx.Response(400, json={"error": {"message": "unknown model 'x'"}}))
+    async with rec.model() as llm:
+        with pytest.raises(LLMStatusError) as info:
+            await llm.complete(REQUEST)
+
+    assert len(rec.requests) == 1
+    assert rec.waits == []
+    assert info.value.status_code == 400
+    assert "unknown model 'x'" in info.value.body
+    assert str(info.value).startswith(
+        f"LLM endpoint {BASE_URL}/chat/completions answered 400 Bad Request after 1 attempt:"
+    )
+
+
+async def test_5xx_exhausts_retries_then_status_error() -> None:
+    long_body = "x" * 2000
+    rec = Recorder(*(httpx.Response(500, text=long_body) for _ in range(4)))
+    async with rec.model(max_retries=3) as llm:
+        with pytest.raises(LLMStatusError) as info:
+            await llm.complete(REQUEST)
+
+    assert len(rec.requests) == 4
+    assert len(rec.waits) == 3
+    assert info.value.status_code == 500
+    assert len(info.value.body) == 500
+    assert "answered 500 Internal Server Error after 4 attempts: xxx" in str(info.value)
+
+
+async def test_connection_error_after_all_attempts() -> None:
+    rec = Recorder(*(httpx.ConnectError("connection refused") for _ in range(3)))
+    async with rec.model(max_retries=2) as llm:
+        with pytest.raises(LLMConnectionError) as info:
+            await llm.complete(REQUEST)
+
+    assert len(rec.requests) == 3
+    assert rec.retries == [(1, "connection"), (2, "connection")]
+    assert str(info.value) == (
+        f"could not reach LLM endpoint {BASE_URL}/chat/completions (after 3 attempts): "
+        "ConnectError: connection refused"
+    )
+
+
+async def test_timeout_is_retried_and_reported() -> None:
+    rec = Recorder(httpx.ReadTimeout("timed out"), httpx.Response(200, json=completion()))
+    async with rec.model() as llm:
+        await llm.complete(REQUEST)
+    assert rec.retries == [(1, "timeout")]
+
+    rec = Recorder(httpx.ReadTimeout("timed out"))
+    async with rec.model(max_retries=0, timeout_s=5) as llm:
+        expected = r"did not answer within 5 s \(after 1 attempt\)"
+        with pytest.raises(LLMConnectionError, match=expected):
+            await llm.complete(REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        ("<html>gateway</html>", "not JSON"),
+        ("[1, 2]", "not an object"),
+        ('{"choices": []}', "no choices"),
+        ('{"choices": [{"text": "legacy"}]}', "without a message object"),
+        ('{"choices": [{"message": {"content": 3}}]}', "neither a string nor null"),
+        (
+            '{"choices": [{"message": {"tool_calls": [{"id": "a", "function": {}}]}}]}',
+            "without a function name",
+        ),
+    ],
+)
+async def test_unusable_2xx_body_is_a_response_error(body: str, what: str) -> None:
+    rec = Recorder(httpx.Response(200, text=body))
+    async with rec.model() as llm:
+        with pytest.raises(LLMResponseError) as info:
+            await llm.complete(REQUEST)
+    assert what in str(info.value)
+    assert body[:20] in str(info.value)
+    assert len(rec.requests) == 1
+
+
+async def test_tool_calls_are_parsed_and_bad_arguments_do_not_raise() -> None:
+    calls = [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "clock_now", "arguments": '{"tz": "UTC"}'},
+        },
+        {"id": "call_2", "function": {"name": "notes_create", "arguments": "{"}},
+        {"type": "function", "function": {"name": "notes_list", "arguments": "[1]"}},
+        {"id": "call_4", "type": "function", "function": {"name": "noop", "arguments": ""}},
+    ]
+    rec = Recorder(
+        httpx.Response(
+            200,
+            json=completion(
+                content=None,
+                tool_calls=calls,
+                usage={"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+                finish_reason="tool_calls",
+            ),
+        )
+    )
+    async with rec.model() as llm:
+        response = await llm.complete(REQUEST)
+
+    got = response.message.tool_calls
+    assert response.message.content is None
+    assert response.finish_reason == "tool_calls"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (12, 7)
+    assert got[0] == ToolCall(id="call_1", name="clock_now", arguments={"tz": "UTC"})
+    assert got[1].arguments == {}
+    assert got[1].parse_error is not None and "not valid JSON" in got[1].parse_error
+    assert got[2].parse_error == "arguments must be a JSON object, got list"
+    assert got[2].id  # generated when the provider sent none
+    assert got[2].id != got[1].id
+    assert got[3] == ToolCall(id="call_4", name="noop", arguments={})
+
+
+async def test_missing_usage_counts_as_zero() -> None:
+    rec = Recorder(httpx.Response(200, json=completion()))
+    async with rec.model() as llm:
+        response = await llm.complete(REQUEST)
+    assert response.usage.total_tokens == 0
+    assert response.finish_reason == "stop"
+
+
+async def test_request_body_and_headers() -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "clock_now",
+            "description": "current time",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    request = CompletionRequest(
+        messages=[
+            ChatMessage(role="system", content="be brief"),
+            ChatMessage(role="user", content="time?"),
+            ChatMessage(
+                role="assistant",
+                tool_calls=(ToolCall(id="c1", name="clock_now", arguments={"tz": "Europe/Paris"}),),
+            ),
+            ChatMessage(role="tool", tool_call_id="c1", content='{"now": "12:00"}'),
+        ],
+        tools=[tool],
+        tool_choice="required",
+        temperature=0.2,
+        max_tokens=64,
+    )
+    rec = Recorder(httpx.Response(200, json=completion()))
+    async with rec.model(api_key="sk-test", default_model="gpt-test") as llm:
+        await llm.complete(request)
+
+    sent = rec.requests[0]
+    assert sent.method == "POST"
+    assert str(sent.url) == f"{BASE_URL}/chat/completions"
+    assert sent.headers["Authorization"] == "Bearer sk-test"
+    assert rec.body() == {
+        "model": "gpt-test",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "time?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "clock_now", "arguments": '{"tz": "Europe/Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": '{"now": "12:00"}'},
+        ],
+        "tools": [tool],
+        "tool_choice": "required",
+        "temperature": 0.2,
+        "max_tokens": 64,
+    }
+
+
+async def test_defaults_are_left_out_of_the_body() -> None:
+    rec = Recorder(httpx.Response(200, json=completion()), httpx.Response(200, json=completion()))
+    async with rec.model(default_model="fallback") as llm:
+        await llm.complete(REQUEST)
+        await llm.complete(REQUEST.model_copy(update={"model": "chosen"}))
+
+    assert "Authorization" not in rec.requests[0].headers
+    assert rec.body(0) == {"model": "fallback", "messages": [{"role": "user", "content": "hi"}]}
+    assert rec.body(1)["model"] == "chosen"
+
+    rec = Recorder(httpx.Response(200, json=completion()))
+    async with rec.model() as llm:
+        await llm.complete(REQUEST.model_copy(update={"tool_choice": "none"}))
+    assert rec.body() == {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_base_url_must_be_http() -> None:
+    with pytest.raises(ValueError, match="http"):
+        OpenAICompatibleChatModel(base_url="localhost:8000/v1")
