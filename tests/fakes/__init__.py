@@ -1,0 +1,22 @@
+"""Fakes of the services mana-ai talks to, for integration and e2e tests.
+
+``FakeLLMServer`` is a real OpenAI-compatible HTTP server on 127.0.0.1 (see ``llm_server``).
+"""
+
+from tests.fakes.llm_server import (
+    FakeLLMServer,
+    Responder,
+    ScriptedReply,
+    chat_completion_body,
+    down_base_url,
+    final_answer_responder,
+)
+
+__all__ = [
+    "FakeLLMServer",
+    "Responder",
+    "ScriptedReply",
+    "chat_completion_body",
+    "down_base_url",
+    "final_answer_responder",
+]

@@ -1,0 +1,330 @@
+"""FakeLLMServer: a real HTTP server that speaks the OpenAI Chat Completions wire format.
+
+It listens on 127.0.0.1 with an OS-assigned port and serves ``POST /v1/chat/completions`` from a
+daemon thread (stdlib ``ThreadingHTTPServer``), so the same server works for async tests in the
+test process and for a daemon started as a subprocess (pass it ``base_url``).
+
+Answers come from a queue of scripted replies (``enqueue`` / ``enqueue_text``); when the queue
+is empty the default responder answers (a function of the parsed request body). Every parsed
+request body is recorded in ``requests``. ``hang()`` makes every answer block until ``release()``
+or ``stop()``, for tests that kill a worker mid-mission.
+
+Example::
+
+    with FakeLLMServer() as server:
+        server.enqueue(status=500, json={"error": "boom"})
+        server.enqueue(json=chat_completion_body(tool_calls=[("clock_now", {})]))
+        ... OpenAICompatibleChatModel(base_url=server.base_url) ...
+"""
+
+from __future__ import annotations
+
+import itertools
+import json as jsonlib
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Self
+
+__all__ = [
+    "FakeLLMServer",
+    "Responder",
+    "ScriptedReply",
+    "chat_completion_body",
+    "down_base_url",
+    "final_answer_responder",
+]
+
+Responder = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+"""``request body -> (status, response body)``, used when the reply queue is empty."""
+
+COMPLETIONS_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    """One queued answer: status, raw body bytes, extra headers, delay before answering."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    content_type: str = "application/json"
+
+
+_call_ids = itertools.count(1)
+
+
+def chat_completion_body(
+    content: str | None = None,
+    tool_calls: Iterable[tuple[str, dict[str, Any] | str]] = (),
+    *,
+    prompt_tokens: int = 10,
+    completion_tokens: int = 5,
+    model: str = "fake-model",
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """An OpenAI chat completion body.
+
+    ``tool_calls`` are ``(name, arguments)`` pairs; a dict is JSON-encoded, a str is sent as is
+    (to script malformed arguments). ``finish_reason`` defaults to ``tool_calls`` when there are
+    tool calls, else ``stop``.
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = [
+        {
+            "id": f"call_fake_{next(_call_ids)}",
+            "type": "function",
+            "function": {
+                "name": name,
+                "arguments": args if isinstance(args, str) else jsonlib.dumps(args),
+            },
+        }
+        for name, args in tool_calls
+    ]
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "id": f"chatcmpl-fake-{next(_call_ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason or ("tool_calls" if calls else "stop"),
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def final_answer_responder(text: str = "Done.") -> Responder:
+    """A responder that always answers ``text`` without tool calls (the default one)."""
+
+    def respond(_body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, chat_completion_body(content=text)
+
+    return respond
+
+
+def down_base_url() -> str:
+    """A ``base_url`` on 127.0.0.1 where nothing listens (connections are refused).
+
+    The port is taken from the OS and released at once; another process could grab it in
+    between, which is unlikely enough for tests.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+class FakeLLMServer:
+    """A scriptable OpenAI-compatible HTTP server on 127.0.0.1 (see the module docstring).
+
+    Args:
+        responder: answers requests when the queue is empty; default: the final answer "Done.".
+
+    Attributes:
+        requests: every parsed JSON request body to ``/v1/chat/completions``, in arrival order
+            (requests whose body is not JSON are recorded as ``{"_raw": <text>}``).
+        headers: the request headers of each recorded request, same order.
+    """
+
+    def __init__(self, responder: Responder | None = None) -> None:
+        self.responder: Responder = responder or final_answer_responder()
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._queue: deque[ScriptedReply] = deque()
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+        self._released.set()
+        self._arrived = threading.Condition(self._lock)
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Bind 127.0.0.1 on a free port and serve from a daemon thread. Idempotent."""
+        if self._httpd is not None:
+            return self
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        httpd.daemon_threads = True
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Release hung requests, stop serving and close the socket. Idempotent."""
+        httpd, self._httpd = self._httpd, None
+        self._released.set()
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The bound port (the server must be started)."""
+        if self._httpd is None:
+            raise RuntimeError("FakeLLMServer is not started")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1``: what OpenAI clients take as base URL."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # -- scripting ---------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        *,
+        status: int = 200,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        """Queue one JSON answer (``json=None`` sends ``{}``) for the next request."""
+        body = jsonlib.dumps({} if json is None else json).encode()
+        self._push(ScriptedReply(status, body, dict(headers or {}), delay_s))
+
+    def enqueue_text(
+        self,
+        text: str,
+        *,
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+        delay_s: float = 0.0,
+        content_type: str = "text/plain; charset=utf-8",
+    ) -> None:
+        """Queue one raw answer (garbage bodies, HTML error pages, …) for the next request."""
+        self._push(ScriptedReply(status, text.encode(), dict(headers or {}), delay_s, content_type))
+
+    def enqueue_completion(
+        self,
+        content: str | None = None,
+        tool_calls: Iterable[tuple[str, dict[str, Any] | str]] = (),
+        **kwargs: Any,
+    ) -> None:
+        """Queue ``chat_completion_body(content, tool_calls, **kwargs)`` with status 200."""
+        self.enqueue(json=chat_completion_body(content, tool_calls, **kwargs))
+
+    @property
+    def pending(self) -> int:
+        """Queued answers not yet served."""
+        with self._lock:
+            return len(self._queue)
+
+    def hang(self) -> None:
+        """From now on, hold every request open (no answer) until ``release()`` or ``stop()``."""
+        self._released.clear()
+
+    def release(self) -> None:
+        """Let held and future requests be answered again."""
+        self._released.set()
+
+    def wait_for_requests(self, count: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """Block until at least ``count`` requests arrived (hung ones included); return them.
+
+        Raises:
+            TimeoutError: fewer than ``count`` requests arrived within ``timeout_s`` seconds.
+        """
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self.requests) >= count, timeout_s):
+                raise TimeoutError(
+                    f"{len(self.requests)} request(s) arrived within {timeout_s} s, "
+                    f"expected {count}"
+                )
+            return list(self.requests)
+
+    # -- serving (called from handler threads) ------------------------------------------------
+
+    def _push(self, reply: ScriptedReply) -> None:
+        with self._lock:
+            self._queue.append(reply)
+
+    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> ScriptedReply | None:
+        with self._arrived:
+            self.requests.append(body)
+            self.headers.append(headers)
+            self._arrived.notify_all()
+            return self._queue.popleft() if self._queue else None
+
+    def _answer(self, body: dict[str, Any], headers: dict[str, str]) -> ScriptedReply | None:
+        """The reply for one request, or ``None`` when the server stopped while it hung."""
+        reply = self._record(body, headers)
+        self._released.wait()
+        if self._httpd is None:
+            return None
+        if reply is not None:
+            return reply
+        status, payload = self.responder(body)
+        return ScriptedReply(status, jsonlib.dumps(payload).encode())
+
+
+def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            if self.path.rstrip("/") != COMPLETIONS_PATH:
+                self._send(ScriptedReply(404, b'{"error": {"message": "not found"}}'))
+                return
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = jsonlib.loads(raw)
+            except ValueError:
+                body = {"_raw": raw.decode(errors="replace")}
+            if not isinstance(body, dict):
+                body = {"_raw": raw.decode(errors="replace")}
+            reply = server._answer(body, dict(self.headers.items()))
+            if reply is None:  # stopped while hung: drop the connection without answering
+                self.close_connection = True
+                return
+            if reply.delay_s:
+                time.sleep(reply.delay_s)
+            self._send(reply)
+
+        def _send(self, reply: ScriptedReply) -> None:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(reply.body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output quiet
+
+    return Handler
