@@ -1,0 +1,79 @@
+"""Cron next-run math: standard day-of-week numbering, timezones, DST, coalescing, errors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from worker.schedule import ScheduleError, next_run_after
+
+BERLIN = ZoneInfo("Europe/Berlin")
+# Sunday 2026-11-29 12:00 Berlin
+SUNDAY_NOON = datetime(2026, 11, 29, 12, 0, tzinfo=BERLIN)
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("0 9 * * 1", datetime(2026, 11, 30, 9, 0, tzinfo=BERLIN)),  # 1 = Monday (POSIX cron)
+        ("0 9 * * 0", datetime(2026, 12, 6, 9, 0, tzinfo=BERLIN)),  # 0 = Sunday
+        ("0 9 * * 7", datetime(2026, 12, 6, 9, 0, tzinfo=BERLIN)),  # 7 = Sunday too
+        ("0 13 * * 0", datetime(2026, 11, 29, 13, 0, tzinfo=BERLIN)),  # later today
+        ("0 9 * * 1-5", datetime(2026, 11, 30, 9, 0, tzinfo=BERLIN)),
+        ("0 9 * * 6", datetime(2026, 12, 5, 9, 0, tzinfo=BERLIN)),  # 6 = Saturday
+        ("0 9 * * 5-7", datetime(2026, 12, 4, 9, 0, tzinfo=BERLIN)),  # Fri-Sun
+        ("0 9 * * */2", datetime(2026, 12, 1, 9, 0, tzinfo=BERLIN)),  # Sun,Tue,Thu,Sat
+        ("0 9 * * mon", datetime(2026, 11, 30, 9, 0, tzinfo=BERLIN)),
+        ("*/15 * * * *", datetime(2026, 11, 29, 12, 15, tzinfo=BERLIN)),
+        ("30 8 1 * *", datetime(2026, 12, 1, 8, 30, tzinfo=BERLIN)),
+    ],
+)
+def test_next_run_uses_standard_cron_semantics(expr: str, expected: datetime) -> None:
+    assert next_run_after(expr, "Europe/Berlin", SUNDAY_NOON) == expected
+
+
+def test_next_run_is_strictly_after_the_given_time() -> None:
+    at_nine = datetime(2026, 11, 30, 9, 0, tzinfo=BERLIN)
+    assert next_run_after("0 9 * * *", "Europe/Berlin", at_nine) == datetime(
+        2026, 12, 1, 9, 0, tzinfo=BERLIN
+    )
+
+
+def test_wall_clock_time_is_kept_across_a_dst_change() -> None:
+    # Berlin leaves summer time on 2026-10-25: 09:00 local is 07:00 UTC before, 08:00 after.
+    before = next_run_after("0 9 * * *", "Europe/Berlin", datetime(2026, 10, 23, 12, tzinfo=UTC))
+    after = next_run_after("0 9 * * *", "Europe/Berlin", datetime(2026, 10, 25, 12, tzinfo=UTC))
+    assert before is not None and after is not None
+    assert before.astimezone(UTC).hour == 7
+    assert after.astimezone(UTC).hour == 8
+
+
+def test_missed_runs_coalesce_into_the_next_future_time() -> None:
+    # Down for three days: the next run is computed from now, not from the missed time.
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    assert next_run_after("0 * * * *", "UTC", now) == datetime(2026, 11, 29, 13, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("expr", "tz", "message"),
+    [
+        ("* * * *", "UTC", "expected 5 fields"),
+        ("61 * * * *", "UTC", "invalid cron expression '61 * * * *'"),
+        ("0 9 * * 8", "UTC", "outside 0-7"),
+        ("0 9 * * mon-", "UTC", "invalid cron expression"),
+        ("0 9 * * *", "Mars/Olympus", "unknown timezone 'Mars/Olympus'"),
+        ("not a cron", "UTC", "expected 5 fields"),
+    ],
+)
+def test_bad_schedules_raise_a_schedule_error_naming_the_value(
+    expr: str, tz: str, message: str
+) -> None:
+    with pytest.raises(ScheduleError, match=message.replace("*", r"\*")):
+        next_run_after(expr, tz, SUNDAY_NOON)
+
+
+def test_naive_datetimes_are_refused() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        next_run_after("0 9 * * *", "UTC", datetime(2026, 11, 29, 12, 0))  # noqa: DTZ001
