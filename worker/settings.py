@@ -1,0 +1,231 @@
+"""The daemon's configuration: ``Settings``, read once from ``MANA_AI_*`` environment variables.
+
+This is the only module that reads the environment. The entry point calls ``load_settings()``
+once and passes explicit, typed values down; nothing below it looks at ``os.environ``.
+
+Every field's ``description`` is the operator documentation (the README table is built from
+it), so it states the unit, the default and what the value is for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.db.engine import redact_url, to_async_url
+from worker.errors import SettingsError
+
+__all__ = ["ENV_PREFIX", "LOG_LEVELS", "Settings", "load_settings"]
+
+ENV_PREFIX = "MANA_AI_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _default_data_dir() -> Path:
+    return Path("~/.local/share/mana-ai").expanduser()
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Everything the daemon can be configured with; each field is ``MANA_AI_<FIELD NAME>``.
+
+    Build it with ``load_settings()``, which turns validation failures into a ``SettingsError``
+    that names the offending variables.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+    )
+
+    database_url: str | None = Field(
+        default=None,
+        repr=False,  # it may carry a password
+        description=(
+            "PostgreSQL URL, e.g. postgresql://user:pass@host:5432/mana_ai. "
+            "postgresql://, postgres:// and postgresql+asyncpg:// are accepted and normalised "
+            "to postgresql+asyncpg://; a libpq sslmode=... parameter becomes asyncpg's ssl=.... "
+            "Unset: an embedded PostgreSQL is started under <data_dir>/pgdata and migrated."
+        ),
+    )
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description=(
+            "Directory for local state: the embedded PostgreSQL cluster (pgdata/) when "
+            "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default ~/.local/share/mana-ai."
+        ),
+    )
+    llm_base_url: str | None = Field(
+        default=None,
+        description=(
+            "Base URL of an OpenAI-compatible chat-completions endpoint (mana-llm, OpenAI, "
+            "vLLM, Ollama, LiteLLM, Gemini), e.g. https://api.openai.com/v1. "
+            "Unset: the embedded local model is used."
+        ),
+    )
+    llm_api_key: SecretStr | None = Field(
+        default=None,
+        description="API key sent as a Bearer token to MANA_AI_LLM_BASE_URL. Never logged.",
+    )
+    llm_model: str | None = Field(
+        default=None,
+        description=(
+            "Default model name for agents that don't name one. Unset: the endpoint's "
+            "default (or the embedded model)."
+        ),
+    )
+    tick_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between two ticks (each tick claims and runs the due missions).",
+    )
+    max_concurrent_missions: int = Field(
+        default=4,
+        ge=1,
+        description="How many missions this worker runs at once; also its claim size per tick.",
+    )
+    lease_s: float = Field(
+        default=60.0,
+        ge=1,
+        description=(
+            "Seconds a claimed mission stays leased to this worker. The owner renews the lease "
+            "while the mission runs, so this must be longer than the renewal period (plus a "
+            "database round trip); otherwise another replica may claim a mission that is "
+            "still running. When the owner dies, others can claim the mission after this long."
+        ),
+    )
+    metrics_port: int = Field(
+        default=9464,
+        ge=0,
+        le=65535,
+        description=(
+            "TCP port of the Prometheus /metrics endpoint. 0 disables the endpoint. "
+            "Default 9464 (the OpenTelemetry Prometheus exporter's port)."
+        ),
+    )
+    metrics_host: str = Field(
+        default="0.0.0.0",  # deliberate, see the description
+        description=(
+            "Address the metrics endpoint listens on. Default 0.0.0.0 (all interfaces), so a "
+            "Prometheus server outside the container can scrape it; metrics carry counts and "
+            "durations, never prompts or secrets. Set 127.0.0.1 to keep it local to the host."
+        ),
+    )
+    worker_id: str = Field(
+        default_factory=_default_worker_id,
+        min_length=1,
+        max_length=200,
+        description=(
+            "This replica's name, stored as the lease owner and on every iteration. "
+            "Default <hostname>:<pid>; must be unique among the replicas sharing a database."
+        ),
+    )
+    shutdown_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "On SIGTERM/SIGINT, seconds to let running missions finish before they are "
+            "cancelled (their leases then expire and another replica retries them)."
+        ),
+    )
+    llm_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds to wait for one chat-completion response before it counts as failed.",
+    )
+    llm_max_retries: int = Field(
+        default=3,
+        ge=0,
+        description=(
+            "Retries of a failed chat-completion request (connection errors, timeouts, 429 "
+            "and 5xx answers), with exponential backoff. 0 disables retries."
+        ),
+    )
+    log_level: str = Field(
+        default="INFO",
+        description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL (case-insensitive).",
+    )
+    log_format: Literal["json", "text"] = Field(
+        default="text",
+        description=(
+            "Log line format: 'text' for humans, 'json' (one object per line) for collectors."
+        ),
+    )
+
+    @field_validator("database_url", "llm_base_url", "llm_model", "llm_api_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """``MANA_AI_X=`` (set but empty, common in compose files) means "not set"."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_database_url(cls, value: str | None) -> str | None:
+        return None if value is None else to_async_url(value)
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _check_llm_base_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand_data_dir(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _check_log_level(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            upper = value.strip().upper()
+            if upper not in LOG_LEVELS:
+                raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+            return upper
+        return value
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read ``Settings`` from the environment (``MANA_AI_*``); ``overrides`` win over it.
+
+    Raises:
+        SettingsError: one line per invalid value, e.g.
+            ``MANA_AI_TICK_INTERVAL_S: Input should be greater than 0 (got '-1')``.
+            The API key is never echoed, the database URL only without its password.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        message = error["msg"].removeprefix("Value error, ")
+        value = error.get("input")
+        if field == "llm_api_key":
+            shown = "'***'"
+        elif field == "database_url" and isinstance(value, str):
+            shown = repr(redact_url(value))
+        else:
+            shown = repr(value)
+        lines.append(f"{ENV_PREFIX}{field.upper()}: {message} (got {shown})")
+    return "invalid settings:\n" + "\n".join(lines) if len(lines) > 1 else lines[0]
