@@ -115,4 +115,5 @@ def next_run_after(expr: str, timezone: str, after: datetime) -> datetime | None
     if after.tzinfo is None:
         raise ValueError("after must be timezone-aware")
     trigger = cron_trigger(expr, timezone)
-    return trigger.get_next_fire_time(None, after + timedelta(microseconds=1))
+    fire_time: datetime | None = trigger.get_next_fire_time(None, after + timedelta(microseconds=1))
+    return fire_time

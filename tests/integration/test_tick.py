@@ -1,0 +1,335 @@
+"""The tick and the runner against real PostgreSQL: claims, leases, iterations, schedules.
+
+The LLM is the scripted fake in-process, or the fake OpenAI-compatible server over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import ChatModel, CompletionRequest, CompletionResponse, ToolContext, ToolSpec
+from planner.providers import OpenAICompatibleChatModel
+from planner.testing import FunctionChatModel, final_answer, tool_calls
+from tests.fakes.llm_server import FakeLLMServer, chat_completion_body, down_base_url
+from worker.db.admin import AdminStore
+from worker.db.stores import MissionStore
+from worker.db.tables import mission_iterations, missions, tool_invocations
+from worker.runner import MissionRunner
+from worker.tick import Worker
+from worker.tools import builtin_tools
+
+LEASE = timedelta(seconds=30)
+
+
+def clock_then_answer(request: CompletionRequest) -> CompletionResponse:
+    """Call clock_now on the first round, answer once a tool result is in the log."""
+    if any(m.role == "tool" for m in request.messages):
+        return final_answer("It is late.")
+    return tool_calls(("clock_now", {}))
+
+
+def make_worker(
+    engine: AsyncEngine,
+    llm: ChatModel,
+    *,
+    worker_id: str = "w1",
+    max_concurrent: int = 4,
+    lease: timedelta = LEASE,
+    extra_tools: list[ToolSpec] | None = None,
+) -> Worker:
+    store = MissionStore(engine)
+    tools = [*builtin_tools(engine), *(extra_tools or [])]
+    runner = MissionRunner(
+        store=store, llm=llm, tools_for=lambda m: tools, worker_id=worker_id, lease=lease
+    )
+    return Worker(
+        store=store,
+        runner=runner,
+        worker_id=worker_id,
+        max_concurrent_missions=max_concurrent,
+        lease=lease,
+    )
+
+
+async def add_mission(
+    engine: AsyncEngine,
+    *,
+    cron: str | None = "0 * * * *",
+    due_in: timedelta = timedelta(0),
+    agent: str = "a1",
+    objective: str = "What time is it?",
+) -> int:
+    admin = AdminStore(engine)
+    try:
+        agent_row = await admin.agent_by_name(agent)
+    except Exception:
+        agent_row = await admin.add_agent(name=agent, owner_user_id="u1", system_prompt="Be brief.")
+    mission = await admin.add_mission(
+        agent_id=agent_row["id"],
+        objective=objective,
+        cron=cron,
+        timezone="UTC",
+        next_run_at=datetime.now(UTC) + due_in,
+    )
+    return int(mission["id"])
+
+
+async def iterations(engine: AsyncEngine) -> list[dict[str, Any]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(select(mission_iterations).order_by(mission_iterations.c.id))
+        return [dict(r) for r in rows.mappings()]
+
+
+async def mission_row(engine: AsyncEngine, mission_id: int) -> dict[str, Any]:
+    async with engine.connect() as conn:
+        row = await conn.execute(select(missions).where(missions.c.id == mission_id))
+        return dict(row.mappings().one())
+
+
+async def test_due_mission_runs_and_is_stored_with_its_tool_calls(db: AsyncEngine) -> None:
+    mission_id = await add_mission(db)
+    worker = make_worker(db, FunctionChatModel(clock_then_answer))
+
+    assert await worker.run_once() == ["succeeded"]
+
+    [it] = await iterations(db)
+    assert it["mission_id"] == mission_id and it["status"] == "succeeded"
+    assert it["stop_reason"] == "final_answer" and it["rounds"] == 2
+    assert it["prompt_tokens"] == 20 and it["completion_tokens"] == 10
+    assert [m["role"] for m in it["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    async with db.connect() as conn:
+        [call] = (await conn.execute(select(tool_invocations))).mappings().all()
+    assert call["tool"] == "clock_now" and call["outcome"] == "ok" and call["user_id"] == "u1"
+    mission = await mission_row(db, mission_id)
+    assert mission["lease_owner"] is None and mission["status"] == "active"
+    assert mission["next_run_at"] > datetime.now(UTC)
+    assert mission["next_run_at"].minute == 0  # the next hour, per "0 * * * *"
+    # nothing else is due: a second tick runs nothing
+    assert await worker.run_once() == []
+
+
+async def test_missions_not_yet_due_or_paused_are_left_alone(db: AsyncEngine) -> None:
+    await add_mission(db, due_in=timedelta(hours=1))
+    paused = await add_mission(db)
+    await AdminStore(db).set_mission_status(paused, "paused")
+    assert await make_worker(db, FunctionChatModel(clock_then_answer)).run_once() == []
+
+
+async def test_one_shot_mission_completes_after_its_run(db: AsyncEngine) -> None:
+    mission_id = await add_mission(db, cron=None)
+    assert await make_worker(db, FunctionChatModel(clock_then_answer)).run_once() == ["succeeded"]
+    mission = await mission_row(db, mission_id)
+    assert mission["status"] == "completed" and mission["next_run_at"] is None
+
+
+async def test_endpoint_answering_500_twice_then_200_gives_a_succeeded_iteration(
+    db: AsyncEngine,
+) -> None:
+    with FakeLLMServer() as server:
+        server.enqueue(status=500, json={"error": {"message": "overloaded"}})
+        server.enqueue(status=500, json={"error": {"message": "overloaded"}})
+        server.enqueue(json=chat_completion_body(content="All good."))
+        llm = OpenAICompatibleChatModel(
+            base_url=server.base_url, max_retries=3, backoff_initial_s=0.01, backoff_max_s=0.05
+        )
+        await add_mission(db)
+        async with llm:
+            assert await make_worker(db, llm).run_once() == ["succeeded"]
+        assert len(server.requests) == 3
+    [it] = await iterations(db)
+    assert it["status"] == "succeeded" and it["messages"][-1]["content"] == "All good."
+
+
+async def test_endpoint_down_fails_the_iteration_keeps_the_schedule_and_the_next_tick_runs(
+    db: AsyncEngine,
+) -> None:
+    down = OpenAICompatibleChatModel(
+        base_url=down_base_url(), max_retries=1, backoff_initial_s=0.01, backoff_max_s=0.02
+    )
+    first = await add_mission(db)
+    async with down:
+        assert await make_worker(db, down).run_once() == ["failed"]
+    [it] = await iterations(db)
+    assert it["status"] == "failed" and it["stop_reason"] == "llm_error"
+    assert "could not reach" in it["error"] and "127.0.0.1" in it["error"]
+    mission = await mission_row(db, first)
+    assert mission["status"] == "active" and mission["next_run_at"] > datetime.now(UTC)
+    assert mission["last_error"] == it["error"]
+
+    second = await add_mission(db, agent="a2")
+    assert await make_worker(db, FunctionChatModel(clock_then_answer)).run_once() == ["succeeded"]
+    assert [i["mission_id"] for i in await iterations(db)] == [first, second]
+
+
+async def test_garbage_from_the_llm_is_a_failed_iteration_with_the_reason(db: AsyncEngine) -> None:
+    with FakeLLMServer() as server:
+        server.enqueue_text("<html>502 bad gateway</html>", status=200)
+        llm = OpenAICompatibleChatModel(base_url=server.base_url, max_retries=0)
+        await add_mission(db)
+        async with llm:
+            assert await make_worker(db, llm).run_once() == ["failed"]
+    [it] = await iterations(db)
+    assert it["status"] == "failed" and "bad gateway" in it["error"]
+
+
+async def test_a_raising_tool_is_an_error_result_not_a_failed_run(db: AsyncEngine) -> None:
+    async def explode(args: dict[str, Any], ctx: ToolContext) -> None:
+        raise OSError("disk full")
+
+    boom = ToolSpec("boom", "Fails.", {"type": "object"}, "write", explode)
+
+    def script(request: CompletionRequest) -> CompletionResponse:
+        if any(m.role == "tool" for m in request.messages):
+            return final_answer("The tool failed; stopping.")
+        return tool_calls(("boom", {}))
+
+    await add_mission(db)
+    worker = make_worker(db, FunctionChatModel(script), extra_tools=[boom])
+    assert await worker.run_once() == ["succeeded"]
+    async with db.connect() as conn:
+        [call] = (await conn.execute(select(tool_invocations))).mappings().all()
+    assert call["outcome"] == "error" and "OSError: disk full" in call["error"]
+
+
+async def test_two_workers_on_one_database_run_50_missions_exactly_once(db: AsyncEngine) -> None:
+    ids = [await add_mission(db, agent=f"agent-{i % 5}") for i in range(50)]
+
+    async def slow_answer(request: CompletionRequest) -> CompletionResponse:
+        await asyncio.sleep(0)  # yield so the two workers interleave
+        return clock_then_answer(request)
+
+    workers = [
+        make_worker(db, FunctionChatModel(slow_answer), worker_id=f"w{n}", max_concurrent=4)
+        for n in (1, 2)
+    ]
+
+    async def drain(worker: Worker) -> list[str]:
+        outcomes: list[str] = []
+        while batch := await worker.run_once():
+            outcomes += batch
+        return outcomes
+
+    first, second = await asyncio.gather(drain(workers[0]), drain(workers[1]))
+    assert len(first) + len(second) == 50
+    assert first and second, "both workers should have claimed some missions"
+    stored = await iterations(db)
+    assert len(stored) == 50
+    assert sorted(i["mission_id"] for i in stored) == sorted(ids)
+    assert {i["worker_id"] for i in stored} == {"w1", "w2"}
+    assert all(i["status"] == "succeeded" and i["attempt"] == 1 for i in stored)
+
+
+async def test_expired_lease_of_a_dead_worker_is_taken_over(db: AsyncEngine) -> None:
+    mission_id = await add_mission(db)
+    store = MissionStore(db)
+    # worker "dead" claims the mission, starts the iteration, then vanishes
+    [claimed] = await store.claim_due(worker_id="dead", limit=1, lease=timedelta(seconds=30))
+    started = await store.start_iteration(claimed, worker_id="dead", model=None)
+    assert started is not None and started.attempt == 1
+    alive = make_worker(db, FunctionChatModel(clock_then_answer), worker_id="alive")
+    assert await alive.run_once() == [], "a live lease must not be claimed"
+
+    await _expire_lease(db, mission_id)
+    assert await alive.run_once() == ["succeeded"]
+    [it] = await iterations(db)
+    assert it["id"] == started.id and it["attempt"] == 2
+    assert it["worker_id"] == "alive" and it["status"] == "succeeded"
+
+
+async def test_a_worker_that_lost_its_lease_writes_nothing(db: AsyncEngine) -> None:
+    mission_id = await add_mission(db)
+    taken_over = asyncio.Event()
+
+    async def slow(request: CompletionRequest) -> CompletionResponse:
+        # meanwhile another worker takes the mission over
+        await _expire_lease(db, mission_id)
+        [claimed] = await MissionStore(db).claim_due(worker_id="thief", limit=1, lease=LEASE)
+        assert claimed.id == mission_id
+        taken_over.set()
+        return final_answer("done")
+
+    worker = make_worker(db, FunctionChatModel(slow), worker_id="victim")
+    assert await worker.run_once() == ["lease_lost"]
+    assert taken_over.is_set()
+    [it] = await iterations(db)
+    assert it["status"] == "running"  # the victim did not store its result
+    mission = await mission_row(db, mission_id)
+    assert mission["lease_owner"] == "thief"
+
+
+async def test_drain_interrupts_a_hung_run_and_the_next_worker_reruns_it(db: AsyncEngine) -> None:
+    mission_id = await add_mission(db)
+    entered = asyncio.Event()
+
+    async def hang(request: CompletionRequest) -> CompletionResponse:
+        entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    worker = make_worker(db, FunctionChatModel(hang), worker_id="leaving")
+    [task] = await worker.tick()
+    await entered.wait()
+    await worker.drain(grace_s=0.05)
+    assert task.cancelled()
+    [it] = await iterations(db)
+    assert it["status"] == "failed" and it["stop_reason"] == "interrupted"
+    assert "leaving" in it["error"]
+    assert (await mission_row(db, mission_id))["lease_owner"] is None
+    assert await worker.run_once() == [], "a draining worker claims nothing"
+
+    successor = make_worker(db, FunctionChatModel(clock_then_answer), worker_id="next")
+    assert await successor.run_once() == ["succeeded"]
+    [it] = await iterations(db)
+    assert it["status"] == "succeeded" and it["attempt"] == 2
+
+
+async def test_a_mission_paused_while_running_stays_paused(db: AsyncEngine) -> None:
+    mission_id = await add_mission(db)
+
+    async def pause_meanwhile(request: CompletionRequest) -> CompletionResponse:
+        await AdminStore(db).set_mission_status(mission_id, "paused")
+        return final_answer("done")
+
+    assert await make_worker(db, FunctionChatModel(pause_meanwhile)).run_once() == ["succeeded"]
+    assert (await mission_row(db, mission_id))["status"] == "paused"
+
+
+async def test_a_broken_stored_cron_pauses_the_mission_with_the_reason(db: AsyncEngine) -> None:
+    mission_id = await add_mission(db)
+    async with db.begin() as conn:
+        await conn.execute(update(missions).where(missions.c.id == mission_id).values(cron="bad"))
+    assert await make_worker(db, FunctionChatModel(clock_then_answer)).run_once() == ["succeeded"]
+    mission = await mission_row(db, mission_id)
+    assert (
+        mission["status"] == "paused" and "invalid cron expression 'bad'" in mission["last_error"]
+    )
+
+
+async def test_concurrency_cap_limits_missions_per_tick(db: AsyncEngine) -> None:
+    for i in range(5):
+        await add_mission(db, agent=f"cap-{i}")
+    worker = make_worker(db, FunctionChatModel(clock_then_answer), max_concurrent=2)
+    assert len(await worker.run_once()) == 2
+    assert len(await worker.run_once()) == 2
+    assert len(await worker.run_once()) == 1
+
+
+async def _expire_lease(engine: AsyncEngine, mission_id: int) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE missions SET lease_expires_at = now() - interval '1 second' WHERE id = :id"
+            ),
+            {"id": mission_id},
+        )

@@ -1,0 +1,120 @@
+"""The composition root: Settings → engine, store, tools, chat model, runner, worker.
+
+Nothing below this module reads settings; they receive explicit, typed configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import ChatModel, ToolSpec
+from worker.db.engine import create_engine, resolve_database_url
+from worker.db.migrate import current_revision, head_revision, upgrade_database
+from worker.db.stores import ClaimedMission, MissionStore
+from worker.errors import DatabaseError
+from worker.llm import InstrumentedChatModel, build_chat_model
+from worker.metrics import HealthState
+from worker.runner import MissionRunner
+from worker.settings import Settings
+from worker.tick import Worker
+from worker.tools import builtin_tools
+
+__all__ = ["App", "allowed_tools_for", "open_app", "open_database"]
+
+logger = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def open_database(
+    settings: Settings, *, migrate: bool | None = None
+) -> AsyncIterator[AsyncEngine]:
+    """An engine for the configured (or embedded) database, disposed on exit.
+
+    Args:
+        migrate: ``True`` upgrades the schema to head (under the advisory lock); ``False``
+            requires it to be at head already; ``None`` (default) migrates the embedded
+            database and requires an external one to be migrated.
+
+    Raises:
+        DatabaseError: the database is unreachable, or not migrated when ``migrate`` is false.
+    """
+    url = await resolve_database_url(settings)
+    engine = create_engine(url)
+    try:
+        if migrate is None:
+            migrate = settings.database_url is None
+        if migrate:
+            await upgrade_database(engine)
+        else:
+            current = await current_revision(engine)
+            head = head_revision()
+            if current != head:
+                raise DatabaseError(
+                    f"the database schema is at revision {current or '(none)'}, "
+                    f"this mana-ai needs {head}: run `mana-ai db upgrade` first"
+                )
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) -> list[ToolSpec]:
+    """``tools`` restricted to the agent's allow-list (``None`` = all), in registry order."""
+    if allowed is None:
+        return list(tools)
+    wanted = set(allowed)
+    return [t for t in tools if t.name in wanted]
+
+
+@dataclass
+class App:
+    """The wired worker and what it owns."""
+
+    engine: AsyncEngine
+    store: MissionStore
+    llm: InstrumentedChatModel
+    worker: Worker
+    health: HealthState
+
+
+@asynccontextmanager
+async def open_app(
+    settings: Settings, *, llm: ChatModel | None = None, migrate: bool | None = None
+) -> AsyncIterator[App]:
+    """Wire a Worker from ``settings``; ``llm`` overrides the configured chat model."""
+    async with open_database(settings, migrate=migrate) as engine:
+        store = MissionStore(engine)
+        tools = builtin_tools(engine)
+        chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
+
+        def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
+            return allowed_tools_for(tools, mission.allowed_tools)
+
+        lease = timedelta(seconds=settings.lease_s)
+        runner = MissionRunner(
+            store=store,
+            llm=chat,
+            tools_for=tools_for,
+            worker_id=settings.worker_id,
+            lease=lease,
+            default_model=settings.llm_model,
+        )
+        health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
+        worker = Worker(
+            store=store,
+            runner=runner,
+            worker_id=settings.worker_id,
+            max_concurrent_missions=settings.max_concurrent_missions,
+            lease=lease,
+            health=health,
+        )
+        try:
+            yield App(engine, store, chat, worker, health)
+        finally:
+            await chat.aclose()

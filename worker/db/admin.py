@@ -1,0 +1,193 @@
+"""Queries behind the admin commands: agents, missions, iterations (``mana-ai …``).
+
+Every method validates what it writes before writing anything, so a bad ``missions add``
+leaves the database untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from worker.db.tables import agents, mission_iterations, missions, tool_invocations
+from worker.errors import ConflictError, NotFoundError
+
+__all__ = ["AdminStore"]
+
+Row = dict[str, Any]
+
+
+class AdminStore:
+    """Admin reads and writes over one AsyncEngine. Returns plain dicts (JSON-ready after
+    ``isoformat`` of datetimes)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    # agents -------------------------------------------------------------------------------
+
+    async def add_agent(
+        self,
+        *,
+        name: str,
+        owner_user_id: str,
+        system_prompt: str,
+        model: str | None = None,
+        max_rounds: int = 5,
+        max_tokens_per_day: int | None = None,
+        allowed_tools: Sequence[str] | None = None,
+    ) -> Row:
+        """Create an agent. Raises ConflictError when ``name`` is taken."""
+        stmt = (
+            insert(agents)
+            .values(
+                name=name,
+                owner_user_id=owner_user_id,
+                system_prompt=system_prompt,
+                model=model,
+                max_rounds=max_rounds,
+                max_tokens_per_day=max_tokens_per_day,
+                allowed_tools=list(allowed_tools) if allowed_tools is not None else None,
+            )
+            .returning(*agents.c)
+        )
+        try:
+            async with self.engine.begin() as conn:
+                return dict((await conn.execute(stmt)).mappings().one())
+        except IntegrityError as exc:
+            raise ConflictError(f"an agent named {name!r} already exists") from exc
+
+    async def list_agents(self) -> list[Row]:
+        """Every agent, by name."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(select(agents).order_by(agents.c.name))
+            return [dict(r) for r in rows.mappings()]
+
+    async def agent_by_name(self, name: str) -> Row:
+        """The agent called ``name``. Raises NotFoundError."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(agents).where(agents.c.name == name))).mappings()
+            found = row.first()
+        if found is None:
+            raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
+        return dict(found)
+
+    # missions -----------------------------------------------------------------------------
+
+    async def add_mission(
+        self,
+        *,
+        agent_id: int,
+        objective: str,
+        cron: str | None,
+        timezone: str,
+        next_run_at: datetime,
+        deadline: datetime | None = None,
+    ) -> Row:
+        """Create an active mission due at ``next_run_at`` (validated by the caller)."""
+        stmt = (
+            insert(missions)
+            .values(
+                agent_id=agent_id,
+                objective=objective,
+                cron=cron,
+                timezone=timezone,
+                next_run_at=next_run_at,
+                deadline=deadline,
+            )
+            .returning(*missions.c)
+        )
+        async with self.engine.begin() as conn:
+            return dict((await conn.execute(stmt)).mappings().one())
+
+    async def list_missions(self, *, status: str | None = None, limit: int = 100) -> list[Row]:
+        """Missions with their agent's name, newest first."""
+        stmt = (
+            select(missions, agents.c.name.label("agent"))
+            .join(agents, agents.c.id == missions.c.agent_id)
+            .order_by(missions.c.id.desc())
+            .limit(limit)
+        )
+        if status is not None:
+            stmt = stmt.where(missions.c.status == status)
+        async with self.engine.connect() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
+    async def get_mission(self, mission_id: int) -> Row:
+        """One mission with its agent's name and iteration count. Raises NotFoundError."""
+        count = (
+            select(func.count())
+            .where(mission_iterations.c.mission_id == missions.c.id)
+            .scalar_subquery()
+        )
+        stmt = (
+            select(missions, agents.c.name.label("agent"), count.label("iterations"))
+            .join(agents, agents.c.id == missions.c.agent_id)
+            .where(missions.c.id == mission_id)
+        )
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        if row is None:
+            raise NotFoundError(f"no mission with id {mission_id}")
+        return dict(row)
+
+    async def set_mission_status(
+        self, mission_id: int, status: str, *, next_run_at: datetime | None = None
+    ) -> Row:
+        """Pause (``paused``) or resume (``active``, optionally with a new ``next_run_at``).
+
+        Raises NotFoundError; ConflictError when resuming a completed mission.
+        """
+        values: dict[str, Any] = {"status": status, "updated_at": func.now()}
+        if next_run_at is not None:
+            values["next_run_at"] = next_run_at
+        stmt = (
+            update(missions)
+            .where(missions.c.id == mission_id, missions.c.status != "completed")
+            .values(**values)
+            .returning(*missions.c)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        if row is None:
+            await self.get_mission(mission_id)  # NotFoundError when it does not exist
+            raise ConflictError(f"mission {mission_id} is completed; add a new mission instead")
+        return dict(row)
+
+    # iterations ---------------------------------------------------------------------------
+
+    async def list_iterations(self, *, mission_id: int | None = None, limit: int = 20) -> list[Row]:
+        """Iterations newest first, without their message logs."""
+        cols = [c for c in mission_iterations.c if c.name != "messages"]
+        stmt = select(*cols).order_by(mission_iterations.c.id.desc()).limit(limit)
+        if mission_id is not None:
+            stmt = stmt.where(mission_iterations.c.mission_id == mission_id)
+        async with self.engine.connect() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
+    async def get_iteration(self, iteration_id: int) -> Row:
+        """One iteration with its message log and ``tool_invocations`` (list of dicts, in
+        execution order). Raises NotFoundError."""
+        async with self.engine.connect() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        select(mission_iterations).where(mission_iterations.c.id == iteration_id)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                raise NotFoundError(f"no iteration with id {iteration_id}")
+            calls = await conn.execute(
+                select(tool_invocations)
+                .where(tool_invocations.c.iteration_id == iteration_id)
+                .order_by(tool_invocations.c.id)
+            )
+            return dict(row) | {"tool_invocations": [dict(c) for c in calls.mappings()]}

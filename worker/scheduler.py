@@ -1,0 +1,98 @@
+"""The daemon: an APScheduler 3 job that ticks, signal handling and graceful shutdown.
+
+The tick job runs every ``tick_interval_s`` with ``max_instances=1`` and ``coalesce=True``
+(a slow tick never overlaps the next one, and missed ticks collapse into one), first right at
+start. On SIGTERM or SIGINT the worker stops claiming, lets running missions finish within
+``shutdown_grace_s``, interrupts the rest (their iterations are marked ``interrupted`` and
+their leases released, so another worker reruns them) and returns exit status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from datetime import UTC, datetime
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from planner import ChatModel
+from worker.app import open_app
+from worker.metrics import MetricsServer
+from worker.settings import Settings
+
+__all__ = ["serve"]
+
+logger = logging.getLogger(__name__)
+
+
+async def serve(
+    settings: Settings,
+    *,
+    llm: ChatModel | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run the worker until SIGTERM / SIGINT (or ``stop`` is set); return the exit status.
+
+    Args:
+        settings: the configuration (read once by the caller).
+        llm: overrides the configured chat model (tests, benchmarks).
+        stop: an event that ends the daemon like a signal does.
+
+    Raises:
+        ManaAIError: the database could not be opened or migrated (before anything ran).
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, sig, stop)
+    try:
+        async with open_app(settings, llm=llm, migrate=True) as app:
+            metrics_server = None
+            if settings.metrics_port:
+                metrics_server = MetricsServer(
+                    settings.metrics_host, settings.metrics_port, app.health
+                )
+                metrics_server.start()
+                logger.info(
+                    "metrics on http://%s:%d/metrics and /healthz",
+                    settings.metrics_host,
+                    metrics_server.port,
+                )
+            scheduler = AsyncIOScheduler(timezone=UTC)
+            scheduler.add_job(
+                app.worker.tick_safely,
+                IntervalTrigger(seconds=settings.tick_interval_s, timezone=UTC),
+                id="tick",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=None,
+                next_run_time=datetime.now(UTC),
+            )
+            scheduler.start()
+            logger.info(
+                "worker %s ticking every %.1f s, up to %d mission(s) at once",
+                settings.worker_id,
+                settings.tick_interval_s,
+                settings.max_concurrent_missions,
+                extra={"worker_id": settings.worker_id},
+            )
+            try:
+                await stop.wait()
+            finally:
+                logger.info("shutting down: no new claims")
+                scheduler.shutdown(wait=False)
+                await app.worker.drain(settings.shutdown_grace_s)
+                if metrics_server is not None:
+                    metrics_server.stop()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    logger.info("worker %s stopped", settings.worker_id)
+    return 0
+
+
+def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+    logger.info("received %s", sig.name)
+    stop.set()

@@ -1,0 +1,130 @@
+"""One tick: claim the due missions this worker has room for, and run them.
+
+``Worker.tick()`` claims up to ``max_concurrent_missions - running`` missions and starts one
+task per mission; the tasks outlive the tick, so a long mission never delays the next tick.
+``Worker.run_once()`` is a tick that waits for its missions (``mana-ai tick --once``).
+``Worker.drain(grace)`` stops claiming, waits up to ``grace`` for running missions, then
+cancels the rest (each records an ``interrupted`` iteration and releases its lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+
+from worker import metrics
+from worker.db.stores import ClaimedMission, MissionStore
+from worker.runner import MissionRunner, RunOutcome
+
+__all__ = ["Worker"]
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Claims and runs missions for one worker id.
+
+    Args:
+        store: the database seam.
+        runner: runs one claimed mission.
+        worker_id: the lease owner id (unique per replica).
+        max_concurrent_missions: missions run at once at most (≥ 1).
+        lease: how long a claim lasts before another worker may take the mission.
+        health: updated after every tick (for /healthz); optional.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: MissionStore,
+        runner: MissionRunner,
+        worker_id: str,
+        max_concurrent_missions: int,
+        lease: timedelta,
+        health: metrics.HealthState | None = None,
+    ) -> None:
+        if max_concurrent_missions < 1:
+            raise ValueError(f"max_concurrent_missions must be >= 1, got {max_concurrent_missions}")
+        self.store = store
+        self.runner = runner
+        self.worker_id = worker_id
+        self.max_concurrent_missions = max_concurrent_missions
+        self.lease = lease
+        self.health = health
+        self.running: set[asyncio.Task[RunOutcome]] = set()
+        self.stopping = False
+        self._tick_lock = asyncio.Lock()
+
+    async def tick(self) -> list[asyncio.Task[RunOutcome]]:
+        """Claim due missions into free slots and start them; return the started tasks.
+
+        Raises whatever the database raises on claim (the caller logs it and ticks again).
+        """
+        async with self._tick_lock:
+            if self.stopping:
+                return []
+            started = time.perf_counter()
+            free = self.max_concurrent_missions - len(self.running)
+            claimed = await self.store.claim_due(
+                worker_id=self.worker_id, limit=free, lease=self.lease
+            )
+            tasks = [self._start(m) for m in claimed]
+            metrics.MISSIONS_CLAIMED.inc(len(claimed))
+            metrics.TICK_DURATION.observe(time.perf_counter() - started)
+            if claimed:
+                logger.info("tick claimed %d mission(s): %s", len(claimed), [m.id for m in claimed])
+            return tasks
+
+    async def tick_safely(self) -> None:
+        """``tick()`` that logs and counts a failure instead of raising (the scheduler job)."""
+        try:
+            await self.tick()
+        except Exception as exc:
+            metrics.TICKS.labels(outcome="error").inc()
+            if self.health:
+                self.health.tick_failed(f"{type(exc).__name__}: {exc}")
+            logger.exception("tick failed; retrying at the next tick")
+        else:
+            metrics.TICKS.labels(outcome="ok").inc()
+            if self.health:
+                self.health.tick_ok()
+
+    async def run_once(self) -> list[RunOutcome]:
+        """One tick, then wait for the missions it started; their outcomes in claim order.
+
+        A run that raised (the database went away mid-run) counts as ``error``; its lease
+        expires and another tick runs it again.
+        """
+        tasks = await self.tick()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return [r if isinstance(r, str) else "error" for r in results]
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop claiming; wait up to ``grace_s`` seconds, then cancel what still runs."""
+        self.stopping = True
+        async with self._tick_lock:  # a tick in flight finishes starting its missions
+            pending = set(self.running)
+        if not pending:
+            return
+        logger.info("waiting up to %.1f s for %d running mission(s)", grace_s, len(pending))
+        _, still = await asyncio.wait(pending, timeout=grace_s)
+        for task in still:
+            task.cancel()
+        if still:
+            logger.warning("grace period over: interrupting %d mission(s)", len(still))
+            await asyncio.gather(*still, return_exceptions=True)
+
+    def _start(self, mission: ClaimedMission) -> asyncio.Task[RunOutcome]:
+        task = asyncio.create_task(self.runner.run(mission), name=f"mission-{mission.id}")
+        self.running.add(task)
+        metrics.MISSIONS_RUNNING.set(len(self.running))
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[RunOutcome]) -> None:
+        self.running.discard(task)
+        metrics.MISSIONS_RUNNING.set(len(self.running))
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("mission task failed", exc_info=task.exception())
