@@ -1,0 +1,213 @@
+"""``mana-ai worker`` as a real process: a due mission runs, SIGTERM exits 0, SIGKILL mid-run
+is recovered by another worker once the lease expires.
+
+Each test drives the CLI as an operator would (``agents add``, ``missions add --due-now``),
+against the test database and the fake OpenAI-compatible server over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.fakes import FakeLLMServer, chat_completion_body
+from worker.db.tables import mission_iterations
+
+TIMEOUT_S = 60.0
+
+
+def clock_then_answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Call clock_now first; answer once a tool result is in the conversation."""
+    if any(m.get("role") == "tool" for m in body["messages"]):
+        return 200, chat_completion_body(content="Noted the time.")
+    return 200, chat_completion_body(tool_calls=[("clock_now", {})])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def env_for(database_url: str, llm_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
+    env |= {
+        "MANA_AI_DATABASE_URL": database_url,
+        "MANA_AI_LLM_BASE_URL": llm_url,
+        "MANA_AI_TICK_INTERVAL_S": "0.2",
+        "MANA_AI_LLM_MAX_RETRIES": "0",
+        "MANA_AI_METRICS_HOST": "127.0.0.1",
+        "MANA_AI_METRICS_PORT": "0",
+        "MANA_AI_LOG_FORMAT": "json",
+    }
+    return env | extra
+
+
+async def cli(env: dict[str, str], *args: str) -> Any:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker.cli",
+        *args,
+        "--json",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+    assert proc.returncode == 0, f"mana-ai {' '.join(args)} failed: {err.decode()}"
+    return json.loads(out)
+
+
+async def start_worker(env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker.cli",
+        "worker",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def wait_until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if value := await check():
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+async def finished_iterations(engine: AsyncEngine) -> list[dict[str, Any]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(mission_iterations).where(mission_iterations.c.status != "running")
+        )
+        return [dict(r) for r in rows.mappings()]
+
+
+async def test_worker_runs_a_due_mission_serves_metrics_and_exits_0_on_sigterm(
+    db: AsyncEngine, database_url: str
+) -> None:
+    port = free_port()
+    with FakeLLMServer(clock_then_answer) as llm:
+        env = env_for(
+            database_url, llm.base_url, MANA_AI_METRICS_PORT=str(port), MANA_AI_WORKER_ID="e2e-1"
+        )
+        await cli(env, "agents", "add", "--name", "clockwatcher", "--owner", "alice")
+        mission = await cli(
+            env,
+            "missions",
+            "add",
+            "--agent",
+            "clockwatcher",
+            "--objective",
+            "Note the time.",
+            "--cron",
+            "0 9 * * *",
+            "--due-now",
+        )
+        proc = await start_worker(env)
+        try:
+            [it] = await wait_until(lambda: finished_iterations(db), "a stored iteration")
+            assert it["mission_id"] == mission["id"] and it["status"] == "succeeded"
+            assert it["worker_id"] == "e2e-1"
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                health = await http.get("/healthz")
+                assert health.status_code == 200 and health.json()["status"] == "ok"
+                text = (await http.get("/metrics")).text
+            assert 'mana_ai_missions_run_total{outcome="succeeded"} 1.0' in text
+            assert 'mana_ai_tool_calls_total{outcome="ok",tool="clock_now"} 1.0' in text
+        finally:
+            code, stderr = await stop(proc)
+    assert code == 0, stderr
+    shown = await cli(env, "iterations", "show", str(it["id"]))
+    assert [c["tool"] for c in shown["tool_invocations"]] == ["clock_now"]
+    assert f'"mission_id": {mission["id"]}' in stderr  # structured logs carry the ids
+
+
+async def test_sigkilled_worker_mission_is_rerun_by_another_once_its_lease_expires(
+    db: AsyncEngine, database_url: str
+) -> None:
+    with FakeLLMServer(clock_then_answer) as llm:
+        env = env_for(database_url, llm.base_url, MANA_AI_LEASE_S="2")
+        await cli(env, "agents", "add", "--name", "doomed", "--owner", "bob")
+        mission = await cli(
+            env,
+            "missions",
+            "add",
+            "--agent",
+            "doomed",
+            "--objective",
+            "Note the time.",
+            "--due-now",
+        )
+        llm.hang()
+        victim = await start_worker(env | {"MANA_AI_WORKER_ID": "victim"})
+        await asyncio.to_thread(llm.wait_for_requests, 1, TIMEOUT_S)  # mid-mission now
+        victim.kill()
+        await victim.wait()
+        assert victim.returncode == -signal.SIGKILL
+        llm.release()
+
+        heir = await start_worker(env | {"MANA_AI_WORKER_ID": "heir"})
+        try:
+            [it] = await wait_until(lambda: finished_iterations(db), "the rerun iteration")
+        finally:
+            code, stderr = await stop(heir)
+    assert code == 0, stderr
+    assert it["mission_id"] == mission["id"]
+    assert it["status"] == "succeeded" and it["worker_id"] == "heir" and it["attempt"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "61 * * * *"], "invalid cron expression '61 * * * *'"),
+        (["--cron", "0 9 * * *", "--timezone", "Mars/Base"], "unknown timezone 'Mars/Base'"),
+        (["--agent", "nobody", "--cron", "0 9 * * *"], "no agent named 'nobody'"),
+    ],
+)
+async def test_missions_add_with_bad_input_exits_nonzero_and_writes_nothing(
+    db: AsyncEngine, database_url: str, args: list[str], message: str
+) -> None:
+    env = env_for(database_url, "http://127.0.0.1:9/v1")
+    await cli(env, "agents", "add", "--name", "someone", "--owner", "carol")
+    full = ["missions", "add", "--objective", "x", *args]
+    if "--agent" not in args:
+        full += ["--agent", "someone"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker.cli",
+        *full,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+    assert proc.returncode == 1
+    assert message in err.decode()
+    assert await cli(env, "missions", "list") == []
