@@ -43,6 +43,7 @@ __all__ = [
     "redact_url",
     "resolve_database_url",
     "start_embedded_postgres",
+    "stop_embedded_postgres",
     "to_async_url",
 ]
 
@@ -50,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 EMBEDDED_DATABASE = "mana_ai"
 """The database created in the embedded cluster (next to the default ``postgres`` one)."""
+
+# The servers this process started, by resolved pgdata path (embedded-postgres objects).
+_servers: dict[Path, Any] = {}
 
 _SCHEMES = {"postgresql", "postgres", "postgresql+asyncpg"}
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -148,6 +152,7 @@ def start_embedded_postgres(
         raise ValueError(f"database name must be a lower-case SQL identifier, got {database!r}")
     pgdata = pgdata.expanduser().resolve()
     server = _get_server(pgdata, cleanup_mode)
+    _servers[pgdata] = server
     info = server.get_postmaster_info()
     _ensure_database(server, database, pgdata)
     if info.socket_dir is not None:
@@ -166,6 +171,18 @@ def start_embedded_postgres(
             database=database,
         )
     return url.render_as_string(hide_password=False)
+
+
+def stop_embedded_postgres(pgdata: Path) -> None:
+    """Let go of the embedded server in ``pgdata`` that this process started.
+
+    The server stops when no other process uses it (and ``pgdata`` is deleted if it was started
+    with ``cleanup_mode="delete"``); this also happens at interpreter exit without this call.
+    Blocking (``pg_ctl stop``). A no-op when this process did not start a server there.
+    """
+    server = _servers.pop(pgdata.expanduser().resolve(), None)
+    if server is not None:
+        server.cleanup()
 
 
 async def resolve_database_url(settings: Settings) -> str:

@@ -1,0 +1,129 @@
+"""Shared fixtures.
+
+Database (integration and e2e tests):
+
+* ``postgres_admin_url`` (session): a server to create test databases on. With
+  ``MANA_AI_TEST_DATABASE_URL`` set (CI: ``postgresql://postgres@127.0.0.1:5432/test``) it is
+  that server; otherwise an embedded PostgreSQL in a temporary directory, deleted at the end.
+* ``database_url`` (session, ``str``, asyncpg URL): a fresh, uniquely named, migrated database
+  on that server, dropped at the end of the session.
+* ``engine`` (session): an ``AsyncEngine`` on it, disposed at the end.
+* ``db`` (function): the same engine after emptying every table (identities restarted); at
+  teardown it checks that the test left no connection checked out.
+* ``empty_database_url`` (function): another fresh database, never migrated, dropped after the
+  test (for migration tests).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from worker.db.engine import (
+    create_engine,
+    start_embedded_postgres,
+    stop_embedded_postgres,
+    to_async_url,
+)
+from worker.db.migrate import upgrade_database
+from worker.db.tables import metadata
+
+TEST_DATABASE_URL_ENV = "MANA_AI_TEST_DATABASE_URL"
+
+
+# --- database ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    """asyncpg URL of a database on the test server from which databases can be created."""
+    configured = os.environ.get(TEST_DATABASE_URL_ENV)
+    if configured:
+        yield to_async_url(configured)
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="mana-ai-test-"))
+    pgdata = workdir / "pgdata"
+    try:
+        yield start_embedded_postgres(pgdata, database="postgres", cleanup_mode="delete")
+    finally:
+        stop_embedded_postgres(pgdata)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def create_database(admin_url: str, prefix: str = "mana_ai_test") -> str:
+    """Create a uniquely named empty database next to ``admin_url``'s; return its URL."""
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+    await _admin(admin_url, f'CREATE DATABASE "{name}"')
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+
+
+async def drop_database(admin_url: str, url: str) -> None:
+    """Drop the database ``url`` names, disconnecting whoever is still connected to it."""
+    name = make_url(url).database
+    await _admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _admin(admin_url: str, statement: str) -> None:
+    # CREATE / DROP DATABASE cannot run inside a transaction block.
+    engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+async def database_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A fresh database for this test session, migrated to head; dropped at the end."""
+    url = await create_database(postgres_admin_url)
+    try:
+        migrator = create_engine(url)
+        try:
+            await upgrade_database(migrator)
+        finally:
+            await migrator.dispose()
+        yield url
+    finally:
+        await drop_database(postgres_admin_url, url)
+
+
+@pytest.fixture(scope="session")
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on ``database_url`` shared by the session; disposed at the end."""
+    shared = create_engine(database_url)
+    try:
+        yield shared
+    finally:
+        await shared.dispose()
+
+
+@pytest.fixture
+async def db(engine: AsyncEngine) -> AsyncIterator[AsyncEngine]:
+    """``engine`` on empty tables (identities restarted), for test isolation."""
+    names = ", ".join(f'"{table.name}"' for table in metadata.sorted_tables)
+    async with engine.begin() as conn:
+        await conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+    yield engine
+    checked_out = engine.pool.checkedout()  # type: ignore[attr-defined]
+    assert checked_out == 0, f"the test left {checked_out} database connection(s) checked out"
+
+
+@pytest.fixture
+async def empty_database_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A fresh database that was never migrated; dropped after the test."""
+    url = await create_database(postgres_admin_url, prefix="mana_ai_empty")
+    try:
+        yield url
+    finally:
+        await drop_database(postgres_admin_url, url)

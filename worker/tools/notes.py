@@ -1,0 +1,275 @@
+"""The built-in notes workspace: six tools over the ``notes`` table, scope ``notes``.
+
+Every query is filtered by ``ctx.user_id``: a user's agents see, change and delete only that
+user's notes. A note id that belongs to another user is answered exactly like an id that does
+not exist, so ids leak nothing.
+
+Results are JSON objects (timestamps as ISO-8601 strings in UTC). Failures the model should
+react to (an unknown id, an update with nothing to change) raise ``LookupError`` /
+``ValueError`` with a message written for the model; the loop turns them into error tool
+results.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping, delete, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner.tools import ToolContext, ToolSpec
+from worker.db.tables import notes
+
+__all__ = [
+    "BODY_MAX_CHARS",
+    "LIST_DEFAULT",
+    "LIST_MAX",
+    "QUERY_MAX_CHARS",
+    "SNIPPET_CHARS",
+    "TITLE_MAX_CHARS",
+    "notes_tools",
+]
+
+TITLE_MAX_CHARS = 200
+BODY_MAX_CHARS = 20_000
+QUERY_MAX_CHARS = 200
+LIST_DEFAULT = 20
+LIST_MAX = 100
+SNIPPET_CHARS = 160
+SCOPE = "notes"
+
+_ID = {"type": "integer", "minimum": 1, "description": "The note's id."}
+_LIMIT = {
+    "type": "integer",
+    "minimum": 1,
+    "maximum": LIST_MAX,
+    "default": LIST_DEFAULT,
+    "description": f"At most this many notes (1-{LIST_MAX}, default {LIST_DEFAULT}).",
+}
+_TITLE = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": TITLE_MAX_CHARS,
+    "pattern": r"\S",
+    "description": f"A short title (1-{TITLE_MAX_CHARS} characters, not only spaces).",
+}
+_BODY = {
+    "type": "string",
+    "maxLength": BODY_MAX_CHARS,
+    "description": f"The note's text (at most {BODY_MAX_CHARS} characters).",
+}
+
+
+def _object(properties: dict[str, Any], required: list[str], **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+        **extra,
+    }
+
+
+def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
+    """The notes tools, bound to ``engine``: list, search, read (``read``), create, update
+    (``write``) and delete (``destructive``), all in scope ``notes``."""
+
+    async def notes_list(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        limit = int(args.get("limit", LIST_DEFAULT))
+        query = (
+            select(notes.c.id, notes.c.title, notes.c.updated_at)
+            .where(notes.c.user_id == ctx.user_id)
+            .order_by(notes.c.updated_at.desc(), notes.c.id.desc())
+            .limit(limit)
+        )
+        async with engine.connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return {"notes": [_summary(row) for row in rows], "count": len(rows)}
+
+    async def notes_search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        text = str(args["query"])
+        limit = int(args.get("limit", LIST_DEFAULT))
+        pattern = f"%{escape_like(text)}%"
+        query = (
+            select(notes.c.id, notes.c.title, notes.c.body, notes.c.updated_at)
+            .where(
+                notes.c.user_id == ctx.user_id,
+                or_(
+                    notes.c.title.ilike(pattern, escape="\\"),
+                    notes.c.body.ilike(pattern, escape="\\"),
+                ),
+            )
+            .order_by(notes.c.updated_at.desc(), notes.c.id.desc())
+            .limit(limit)
+        )
+        async with engine.connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        found = [{**_summary(row), "snippet": snippet(row["body"], text)} for row in rows]
+        return {"query": text, "notes": found, "count": len(found)}
+
+    async def notes_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        note_id = int(args["id"])
+        query = select(notes).where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
+        async with engine.connect() as conn:
+            row = (await conn.execute(query)).mappings().one_or_none()
+        if row is None:
+            raise LookupError(_missing(note_id))
+        return _full(row)
+
+    async def notes_create(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        statement = (
+            insert(notes)
+            .values(user_id=ctx.user_id, title=str(args["title"]), body=str(args.get("body", "")))
+            .returning(notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
+        )
+        async with engine.begin() as conn:
+            row = (await conn.execute(statement)).one()
+        return {
+            "id": row.id,
+            "title": row.title,
+            "created_at": _iso(row.created_at),
+            "updated_at": _iso(row.updated_at),
+        }
+
+    async def notes_update(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        note_id = int(args["id"])
+        changes = {key: str(args[key]) for key in ("title", "body") if key in args}
+        if not changes:
+            raise ValueError("nothing to change: give a new title, a new body, or both")
+        statement = (
+            update(notes)
+            .where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
+            .values(**changes, updated_at=func.now())
+            .returning(notes.c.id, notes.c.title, notes.c.updated_at)
+        )
+        async with engine.begin() as conn:
+            row = (await conn.execute(statement)).mappings().one_or_none()
+        if row is None:
+            raise LookupError(_missing(note_id))
+        return {**_summary(row), "changed": sorted(changes)}
+
+    async def notes_delete(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        note_id = int(args["id"])
+        statement = (
+            delete(notes)
+            .where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
+            .returning(notes.c.id, notes.c.title)
+        )
+        async with engine.begin() as conn:
+            row = (await conn.execute(statement)).one_or_none()
+        if row is None:
+            raise LookupError(_missing(note_id))
+        return {"deleted": row.id, "title": row.title}
+
+    return [
+        ToolSpec(
+            name="notes_list",
+            description=(
+                "List your notes, most recently changed first: id, title and last change time "
+                "(no bodies; use notes_read for one note's text)."
+            ),
+            input_schema=_object({"limit": _LIMIT}, []),
+            policy_hint="read",
+            scope=SCOPE,
+            handler=notes_list,
+        ),
+        ToolSpec(
+            name="notes_search",
+            description=(
+                "Find your notes whose title or text contains `query` (plain text, "
+                "case-insensitive; no wildcards). Returns id, title, last change time and a "
+                "short snippet around the first match, most recently changed first."
+            ),
+            input_schema=_object(
+                {
+                    "query": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": QUERY_MAX_CHARS,
+                        "description": "Text to look for, matched literally.",
+                    },
+                    "limit": _LIMIT,
+                },
+                ["query"],
+            ),
+            policy_hint="read",
+            scope=SCOPE,
+            handler=notes_search,
+        ),
+        ToolSpec(
+            name="notes_read",
+            description="Read one of your notes in full: title, text, creation and change times.",
+            input_schema=_object({"id": _ID}, ["id"]),
+            policy_hint="read",
+            scope=SCOPE,
+            handler=notes_read,
+        ),
+        ToolSpec(
+            name="notes_create",
+            description="Create a note with a title and optional text. Returns the new note's id.",
+            input_schema=_object({"title": _TITLE, "body": _BODY}, ["title"]),
+            policy_hint="write",
+            scope=SCOPE,
+            handler=notes_create,
+        ),
+        ToolSpec(
+            name="notes_update",
+            description=(
+                "Change one of your notes: give its id and a new title, a new text, or both "
+                "(the text is replaced, not appended to)."
+            ),
+            input_schema=_object(
+                {"id": _ID, "title": _TITLE, "body": _BODY}, ["id"], minProperties=2
+            ),
+            policy_hint="write",
+            scope=SCOPE,
+            handler=notes_update,
+        ),
+        ToolSpec(
+            name="notes_delete",
+            description="Delete one of your notes for good. This cannot be undone.",
+            input_schema=_object({"id": _ID}, ["id"]),
+            policy_hint="destructive",
+            scope=SCOPE,
+            handler=notes_delete,
+        ),
+    ]
+
+
+def escape_like(text: str) -> str:
+    """``text`` with LIKE's wildcards (``%``, ``_``) and the escape character ``\\`` escaped,
+    for a pattern used with ``ESCAPE '\\'``."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def snippet(body: str, query: str, width: int = SNIPPET_CHARS) -> str:
+    """About ``width`` characters of ``body`` around the first case-insensitive match of
+    ``query`` (the start of the body when the match is in the title), with ``…`` where cut."""
+    at = body.lower().find(query.lower())
+    start = 0 if at < 0 else max(0, at - (width - len(query)) // 2)
+    end = min(len(body), start + width)
+    start = max(0, min(start, end - width))
+    return ("…" if start > 0 else "") + body[start:end] + ("…" if end < len(body) else "")
+
+
+def _missing(note_id: int) -> str:
+    return f"no note with id {note_id}"
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+def _summary(row: RowMapping) -> dict[str, Any]:
+    return {"id": row["id"], "title": row["title"], "updated_at": _iso(row["updated_at"])}
+
+
+def _full(row: RowMapping) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "title": row["title"],
+        "body": row["body"],
+        "created_at": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]),
+    }
