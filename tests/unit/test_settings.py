@@ -1,0 +1,208 @@
+"""Settings: defaults, environment parsing, error messages that name the variable, URL forms."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from worker.db.engine import to_async_url
+from worker.errors import ManaAIError, SettingsError
+from worker.settings import Settings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No MANA_AI_* variable from the caller's shell (or CI) leaks into these tests."""
+    for name in list(os.environ):
+        if name.upper().startswith("MANA_AI_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    settings = load_settings()
+
+    assert settings.database_url is None
+    assert settings.data_dir == Path.home() / ".local" / "share" / "mana-ai"
+    assert settings.llm_base_url is None
+    assert settings.llm_api_key is None
+    assert settings.llm_model is None
+    assert settings.tick_interval_s == 30
+    assert settings.max_concurrent_missions == 4
+    assert settings.lease_s == 60
+    assert settings.metrics_port == 9464
+    assert settings.metrics_host == "0.0.0.0"
+    assert settings.worker_id == f"{socket.gethostname()}:{os.getpid()}"
+    assert settings.shutdown_grace_s == 30
+    assert settings.llm_timeout_s == 60
+    assert settings.llm_max_retries == 3
+    assert settings.log_level == "INFO"
+    assert settings.log_format == "text"
+
+
+def test_every_field_is_documented() -> None:
+    for name, field in Settings.model_fields.items():
+        assert field.description and len(field.description) > 20, name
+
+
+def test_values_are_parsed_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env = {
+        "MANA_AI_DATABASE_URL": "postgres://mana:pw@db.internal:6432/mana",
+        "MANA_AI_DATA_DIR": str(tmp_path),
+        "MANA_AI_LLM_BASE_URL": "https://llm.example/v1/",
+        "MANA_AI_LLM_API_KEY": "sk-secret",
+        "MANA_AI_LLM_MODEL": "gpt-4o-mini",
+        "MANA_AI_TICK_INTERVAL_S": "2.5",
+        "MANA_AI_MAX_CONCURRENT_MISSIONS": "8",
+        "MANA_AI_LEASE_S": "90",
+        "MANA_AI_METRICS_PORT": "0",
+        "MANA_AI_METRICS_HOST": "127.0.0.1",
+        "MANA_AI_WORKER_ID": "worker-a",
+        "MANA_AI_SHUTDOWN_GRACE_S": "5",
+        "MANA_AI_LLM_TIMEOUT_S": "12",
+        "MANA_AI_LLM_MAX_RETRIES": "0",
+        "MANA_AI_LOG_LEVEL": "debug",
+        "MANA_AI_LOG_FORMAT": "json",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    settings = load_settings()
+
+    assert settings.database_url == "postgresql+asyncpg://mana:pw@db.internal:6432/mana"
+    assert settings.data_dir == tmp_path
+    assert settings.llm_base_url == "https://llm.example/v1"
+    assert settings.llm_api_key is not None
+    assert settings.llm_api_key.get_secret_value() == "sk-secret"
+    assert settings.llm_model == "gpt-4o-mini"
+    assert settings.tick_interval_s == 2.5
+    assert settings.max_concurrent_missions == 8
+    assert settings.lease_s == 90
+    assert settings.metrics_port == 0
+    assert settings.metrics_host == "127.0.0.1"
+    assert settings.worker_id == "worker-a"
+    assert settings.shutdown_grace_s == 5
+    assert settings.llm_timeout_s == 12
+    assert settings.llm_max_retries == 0
+    assert settings.log_level == "DEBUG"
+    assert settings.log_format == "json"
+
+
+def test_overrides_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "5")
+    assert load_settings(tick_interval_s=1).tick_interval_s == 1
+
+
+def test_empty_variables_mean_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DATABASE_URL", "LLM_BASE_URL", "LLM_API_KEY", "LLM_MODEL"):
+        monkeypatch.setenv(f"MANA_AI_{name}", "")
+    settings = load_settings()
+    assert settings.database_url is None
+    assert settings.llm_base_url is None
+    assert settings.llm_api_key is None
+    assert settings.llm_model is None
+
+
+def test_data_dir_expands_the_home_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_DATA_DIR", "~/mana-data")
+    assert load_settings().data_dir == Path.home() / "mana-data"
+
+
+def test_an_invalid_value_names_the_variable_and_the_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "-1")
+
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+
+    assert str(caught.value) == (
+        "MANA_AI_TICK_INTERVAL_S: Input should be greater than 0 (got '-1')"
+    )
+    assert isinstance(caught.value, ManaAIError)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("MANA_AI_MAX_CONCURRENT_MISSIONS", "0", "greater than or equal to 1"),
+        ("MANA_AI_MAX_CONCURRENT_MISSIONS", "four", "valid integer"),
+        ("MANA_AI_LEASE_S", "0.5", "greater than or equal to 1"),
+        ("MANA_AI_METRICS_PORT", "70000", "less than or equal to 65535"),
+        ("MANA_AI_METRICS_PORT", "-1", "greater than or equal to 0"),
+        ("MANA_AI_LOG_LEVEL", "loud", "must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ("MANA_AI_LOG_FORMAT", "xml", "'json' or 'text'"),
+        ("MANA_AI_LLM_BASE_URL", "llm.example/v1", "must be an http:// or https:// URL"),
+        ("MANA_AI_LLM_TIMEOUT_S", "0", "greater than 0"),
+        ("MANA_AI_LLM_MAX_RETRIES", "-1", "greater than or equal to 0"),
+        ("MANA_AI_SHUTDOWN_GRACE_S", "-1", "greater than or equal to 0"),
+        ("MANA_AI_WORKER_ID", "", "at least 1 character"),
+        ("MANA_AI_DATABASE_URL", "mysql://u@h/db", "unsupported scheme 'mysql://'"),
+        ("MANA_AI_DATABASE_URL", "not a url", "not a database URL"),
+    ],
+)
+def test_each_invalid_value_is_reported_by_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith(f"{variable}: ")
+    assert expected in message
+
+
+def test_several_invalid_values_are_all_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "0")
+    monkeypatch.setenv("MANA_AI_LOG_FORMAT", "xml")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "invalid settings:"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "MANA_AI_TICK_INTERVAL_S",
+        "MANA_AI_LOG_FORMAT",
+    ]
+
+
+def test_secrets_are_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", "mysql://user:hunter2@db/x")
+    monkeypatch.setenv("MANA_AI_LLM_API_KEY", "sk-hunter2")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(llm_api_key=["not", "a", "string"])
+    assert "hunter2" not in str(caught.value)
+    assert "MANA_AI_LLM_API_KEY" in str(caught.value)
+
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", "postgresql://user:hunter2@db/x")
+    settings = load_settings()
+    assert "hunter2" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("postgresql://u:p@h:5432/db", "postgresql+asyncpg://u:p@h:5432/db"),
+        ("postgres://u:p@h/db", "postgresql+asyncpg://u:p@h/db"),
+        ("postgresql+asyncpg://u@h/db", "postgresql+asyncpg://u@h/db"),
+        ("  postgresql://u@h/db  ", "postgresql+asyncpg://u@h/db"),
+        ("postgresql://u:p%40ss@h/db", "postgresql+asyncpg://u:p%40ss@h/db"),
+        ("postgresql://u@h/db?sslmode=require", "postgresql+asyncpg://u@h/db?ssl=require"),
+        (
+            "postgresql://postgres@/mana_ai?host=/run/pg",
+            "postgresql+asyncpg://postgres@/mana_ai?host=%2Frun%2Fpg",
+        ),
+    ],
+)
+def test_database_urls_are_normalised_to_asyncpg(given: str, expected: str) -> None:
+    assert to_async_url(given) == expected
+
+
+@pytest.mark.parametrize("given", ["mysql://u@h/db", "postgresql+psycopg://u@h/db", "sqlite://"])
+def test_other_database_schemes_are_refused(given: str) -> None:
+    with pytest.raises(ValueError, match="unsupported scheme"):
+        to_async_url(given)
