@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import jsonschema
@@ -52,6 +53,9 @@ class ToolSpec:
         scope: a grouping the policy gate can opt users into (default ``user-space``).
         handler: ``async (arguments, ctx) -> result``; the result must be JSON-serialisable
             (anything else is stringified). Raising makes the call an error tool result.
+
+    Raises:
+        ToolRegistryError: at construction, for an invalid name or JSON schema.
     """
 
     name: str
@@ -60,6 +64,21 @@ class ToolSpec:
     policy_hint: PolicyHint
     handler: ToolHandler
     scope: str = "user-space"
+
+    def __post_init__(self) -> None:
+        """Check the name and the schema once, at construction (raises ToolRegistryError)."""
+        if not _valid_name(self.name):
+            raise ToolRegistryError(f"invalid tool name {self.name!r}: use 1-64 of [a-zA-Z0-9_-]")
+        try:
+            jsonschema.Draft202012Validator.check_schema(self.input_schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise ToolRegistryError(
+                f"invalid JSON schema for tool {self.name!r}: {exc.message}"
+            ) from exc
+
+    @cached_property
+    def _validator(self) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator(self.input_schema)
 
     def to_openai_tool(self) -> dict[str, Any]:
         """This tool in the OpenAI ``tools`` array format."""
@@ -78,8 +97,7 @@ class ToolSpec:
         Returns ``None`` when valid, else a one-line message naming the failing path, for the
         model to read.
         """
-        validator = jsonschema.Draft202012Validator(self.input_schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
@@ -90,7 +108,7 @@ class ToolRegistry:
     """Tools by name, in registration order.
 
     Raises:
-        ToolRegistryError: on a duplicate name, an invalid name or an invalid JSON schema.
+        ToolRegistryError: on a duplicate name (names and schemas are checked by ToolSpec).
     """
 
     def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:

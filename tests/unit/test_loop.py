@@ -17,6 +17,8 @@ from planner import (
     TokenUsage,
     ToolCall,
     ToolContext,
+    ToolRegistry,
+    ToolRegistryError,
     ToolSpec,
     run_planner_loop,
 )
@@ -258,3 +260,22 @@ def test_scripted_model_reports_unused_steps() -> None:
 def test_max_rounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_rounds must be >= 1"):
         _inp(max_rounds=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "message"),
+    [
+        ("bad name!", {"type": "object"}, "invalid tool name"),
+        ("ok", {"type": "not-a-type"}, "invalid JSON schema for tool 'ok'"),
+    ],
+)
+def test_a_tool_with_a_bad_name_or_schema_is_refused_at_construction(
+    name: str, schema: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ToolRegistryError, match=message):
+        ToolSpec(name, "x", schema, "read", _echo)
+
+
+def test_duplicate_tool_names_are_refused() -> None:
+    with pytest.raises(ToolRegistryError, match="duplicate tool name 'echo'"):
+        ToolRegistry([ECHO, ECHO])
