@@ -135,7 +135,8 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "On SIGTERM/SIGINT, seconds to let running missions finish before they are "
-            "cancelled (their leases then expire and another replica retries them)."
+            "interrupted (their iterations are marked interrupted and their leases released, "
+            "so another replica reruns them at its next tick)."
         ),
     )
     llm_timeout_s: float = Field(
