@@ -17,6 +17,7 @@ from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.llm_server import FakeLLMServer, chat_completion_body, down_base_url
 from worker.db.admin import AdminStore
+from worker.db.engine import create_engine
 from worker.db.stores import MissionStore
 from worker.db.tables import mission_iterations, missions, tool_invocations
 from worker.runner import MissionRunner
@@ -202,16 +203,20 @@ async def test_a_raising_tool_is_an_error_result_not_a_failed_run(db: AsyncEngin
     assert call["outcome"] == "error" and "OSError: disk full" in call["error"]
 
 
-async def test_two_workers_on_one_database_run_50_missions_exactly_once(db: AsyncEngine) -> None:
+async def test_two_workers_on_one_database_run_50_missions_exactly_once(
+    db: AsyncEngine, database_url: str
+) -> None:
     ids = [await add_mission(db, agent=f"agent-{i % 5}") for i in range(50)]
 
     async def slow_answer(request: CompletionRequest) -> CompletionResponse:
         await asyncio.sleep(0)  # yield so the two workers interleave
         return clock_then_answer(request)
 
+    # the second worker has its own engine (own pool), as a second replica would
+    other_engine = create_engine(database_url)
     workers = [
-        make_worker(db, FunctionChatModel(slow_answer), worker_id=f"w{n}", max_concurrent=4)
-        for n in (1, 2)
+        make_worker(engine, FunctionChatModel(slow_answer), worker_id=f"w{n}", max_concurrent=4)
+        for n, engine in ((1, db), (2, other_engine))
     ]
 
     async def drain(worker: Worker) -> list[str]:
@@ -220,7 +225,10 @@ async def test_two_workers_on_one_database_run_50_missions_exactly_once(db: Asyn
             outcomes += batch
         return outcomes
 
-    first, second = await asyncio.gather(drain(workers[0]), drain(workers[1]))
+    try:
+        first, second = await asyncio.gather(drain(workers[0]), drain(workers[1]))
+    finally:
+        await other_engine.dispose()
     assert len(first) + len(second) == 50
     assert first and second, "both workers should have claimed some missions"
     stored = await iterations(db)
