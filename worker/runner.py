@@ -106,7 +106,7 @@ class MissionRunner:
         next_run = self._next_run(mission)
         if mission.deadline is not None and mission.scheduled_for > mission.deadline:
             log.info("deadline %s passed; completing mission without a run", mission.deadline)
-            done = IterationOutcome("succeeded", [], 0, 0, 0, None, None, None, "completed")
+            done = _no_run(_NextRun(None, "completed"))
             await self.store.finish_iteration(mission, None, done, worker_id=self.worker_id)
             return "skipped"
 
@@ -116,10 +116,9 @@ class MissionRunner:
             log.warning(
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
             )
-            skip = IterationOutcome(
-                "succeeded", [], 0, 0, 0, None, None, next_run.at, next_run.mission_status
+            await self.store.finish_iteration(
+                mission, None, _no_run(next_run), worker_id=self.worker_id
             )
-            await self.store.finish_iteration(mission, None, skip, worker_id=self.worker_id)
             return "skipped"
         log.iteration_id = iteration.id
         log.info(
@@ -131,8 +130,10 @@ class MissionRunner:
         lease_lost = asyncio.Event()
         this_task = asyncio.current_task()
         renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task, log))
+        result: PlannerLoopResult | None = None
         try:
             result = await self._run_loop(mission, iteration.id, model)
+            outcome = self._outcome(result, next_run)
         except asyncio.CancelledError:
             if lease_lost.is_set() and this_task is not None:
                 this_task.uncancel()
@@ -150,20 +151,17 @@ class MissionRunner:
             raise
         except Exception as exc:  # a crash in our own code must not stop other missions
             log.exception("iteration crashed")
-            result = None
-            crash = f"internal error: {type(exc).__name__}: {exc}"
+            outcome = _no_run(
+                next_run,
+                status="failed",
+                stop_reason="crashed",
+                error=f"internal error: {type(exc).__name__}: {exc}",
+            )
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
-        outcome = (
-            self._outcome(result, next_run)
-            if result
-            else IterationOutcome(
-                "failed", [], 0, 0, 0, "crashed", crash, next_run.at, next_run.mission_status
-            )
-        )
         stored = await self.store.finish_iteration(
             mission, iteration.id, outcome, worker_id=self.worker_id
         )
@@ -254,6 +252,27 @@ class MissionRunner:
                 if run_task is not None:
                     run_task.cancel()
                 return
+
+
+def _no_run(
+    next_run: _NextRun,
+    *,
+    status: str = "succeeded",
+    stop_reason: str | None = None,
+    error: str | None = None,
+) -> IterationOutcome:
+    """An outcome without a loop result: the schedule advances, nothing else is stored."""
+    return IterationOutcome(
+        status=status,
+        messages=[],
+        rounds=0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        stop_reason=stop_reason,
+        error=error or next_run.error,
+        next_run_at=next_run.at,
+        mission_status=next_run.mission_status,
+    )
 
 
 def _call_outcome(call: ExecutedCall) -> str:

@@ -341,3 +341,31 @@ async def _expire_lease(engine: AsyncEngine, mission_id: int) -> None:
             ),
             {"id": mission_id},
         )
+
+
+async def test_a_crash_in_the_run_is_a_failed_iteration_and_the_schedule_advances(
+    db: AsyncEngine,
+) -> None:
+    mission_id = await add_mission(db)
+    store = MissionStore(db)
+
+    def broken_tools(mission: object) -> list[ToolSpec]:
+        raise RuntimeError("tool source unavailable")
+
+    runner = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(clock_then_answer),
+        tools_for=broken_tools,
+        worker_id="w1",
+        lease=LEASE,
+    )
+    worker = Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
+    )
+    assert await worker.run_once() == ["failed"]
+    [it] = await iterations(db)
+    assert it["stop_reason"] == "crashed"
+    assert it["error"] == "internal error: RuntimeError: tool source unavailable"
+    mission = await mission_row(db, mission_id)
+    assert mission["status"] == "active" and mission["next_run_at"] > datetime.now(UTC)
+    assert mission["lease_owner"] is None
