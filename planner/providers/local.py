@@ -14,9 +14,12 @@ message; tool results are shown to the model as user messages, since its chat te
 tool role.
 
 Tuned on a 2-core machine with the first-run mission ("Check what time it is with the clock tool,
-then write a note with the time"; tools ``clock_now``, ``notes_create``): greedy decoding, a
-repeat penalty of 1.15, one call per reply, and no tool offered twice in one turn of the
-conversation give clock_now → notes_create → answer, at 1-3 s per completion.
+then write a note with the time"): greedy decoding, a repeat penalty of 1.15, one call per
+reply, no tool offered twice in one turn and at most two tool-calling replies per turn. With
+the tools ``clock_now`` and ``notes_create`` that gives clock_now → notes_create → answer; with
+the seven built-in tools, clock_now → one notes tool → answer. A completion takes 1-4 s.
+The model's pick among several tools is weak (it favours tools listed early); the loop validates
+every call and the policy gate still decides.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import importlib.util
 import itertools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,11 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MAX_TOOL_CALLS = 1
 """Tool calls the grammar allows per reply by default. With 3, SmolLM2-135M fills the extra
 slots with junk calls (a second note about nothing, an unasked notes_list) and takes ~2x longer."""
+
+DEFAULT_MAX_TOOL_ROUNDS = 2
+"""Tool-calling replies per turn before the model must answer. SmolLM2-135M never chooses the
+answer while a tool is on offer: with the 7 built-in tools it walked through all of them
+(notes_update, notes_delete, ...) until the loop's max_rounds."""
 
 _EXCERPT_CHARS = 500
 _TOOL_RESULT_CHARS = 1200
@@ -104,6 +112,9 @@ class LocalLlamaChatModel:
             calls the first tool over and over; once every tool was called, only the text answer
             is allowed (with ``tool_choice="required"`` all tools stay allowed).
         max_tool_calls: tool calls allowed per reply (default 1, see ``DEFAULT_MAX_TOOL_CALLS``).
+        max_tool_rounds: with ``tool_choice="auto"``, after this many replies with tool calls in
+            the current turn only the text answer is allowed (default 2, see
+            ``DEFAULT_MAX_TOOL_ROUNDS``; ``None`` = no limit).
         repeat_penalty: llama.cpp repeat penalty (default 1.15; 1.0 disables it).
 
     ``CompletionRequest.model`` is ignored (there is one model). The model is loaded on the first
@@ -129,6 +140,7 @@ class LocalLlamaChatModel:
         repeat_tools: bool = False,
         max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
         repeat_penalty: float = _DEFAULT_REPEAT_PENALTY,
+        max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS,
     ) -> None:
         self.model_path = Path(model_path) if model_path is not None else None
         self.n_ctx = n_ctx
@@ -141,6 +153,7 @@ class LocalLlamaChatModel:
             raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
         self.max_tool_calls = max_tool_calls
         self.repeat_penalty = repeat_penalty
+        self.max_tool_rounds = max_tool_rounds
         self._llama: Any = None
         self._grammar_cls: Any = None
         self._grammars: dict[str, Any] = {}
@@ -169,6 +182,11 @@ class LocalLlamaChatModel:
     def _complete_sync(self, request: CompletionRequest) -> CompletionResponse:
         llama = self._load()
         tools = request.tools if request.tool_choice != "none" else []
+        if request.tool_choice == "auto" and (
+            self.max_tool_rounds is not None
+            and tool_rounds_in_turn(request.messages) >= self.max_tool_rounds
+        ):
+            tools = []
         if not self.repeat_tools:
             tools = unused_tools(tools, request.messages) or (
                 tools if request.tool_choice == "required" else []
@@ -229,14 +247,28 @@ class LocalLlamaChatModel:
         try:
             grammar = self._grammar_cls.from_json_schema(key, verbose=False)
         except Exception:
-            loose = reply_schema(
-                tools, tool_choice, max_tool_calls=self.max_tool_calls, strict_arguments=False
+            loose = [name for name, params in _tool_parameters(tools) if not self._converts(params)]
+            schema = reply_schema(
+                tools, tool_choice, max_tool_calls=self.max_tool_calls, loose_tools=loose
             )
-            grammar = self._grammar_cls.from_json_schema(json.dumps(loose), verbose=False)
+            try:
+                grammar = self._grammar_cls.from_json_schema(json.dumps(schema), verbose=False)
+            except Exception as exc:
+                raise LLMError(f"could not build the reply grammar for the tools: {exc}") from exc
         if len(self._grammars) >= 32:  # distinct tool sets are few; keep the cache small
             self._grammars.clear()
         self._grammars[key] = grammar
         return grammar
+
+    def _converts(self, parameters: Any) -> bool:
+        """Whether llama.cpp's converter accepts this tool's (adapted) parameters schema."""
+        try:
+            self._grammar_cls.from_json_schema(
+                json.dumps(_arguments_schema(parameters)), verbose=False
+            )
+        except Exception:
+            return False
+        return True
 
     def _parse(self, raw: Any) -> CompletionResponse:
         choice = raw["choices"][0]
@@ -300,6 +332,17 @@ class LocalLlamaChatModel:
         return str(self.model_path) if self.model_path is not None else GGUF_FILE
 
 
+def tool_rounds_in_turn(messages: Sequence[ChatMessage]) -> int:
+    """Assistant messages with tool calls since the last user message."""
+    count = 0
+    for message in reversed(messages):
+        if message.role == "user":
+            break
+        if message.role == "assistant" and message.tool_calls:
+            count += 1
+    return count
+
+
 def unused_tools(
     tools: Sequence[dict[str, Any]], messages: Sequence[ChatMessage]
 ) -> list[dict[str, Any]]:
@@ -321,20 +364,24 @@ def _tool_function(tool: dict[str, Any]) -> dict[str, Any]:
     return function if isinstance(function, dict) else {}
 
 
+def _tool_parameters(tools: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
+    functions = [_tool_function(t) for t in tools]
+    return [(str(f.get("name")), f.get("parameters")) for f in functions]
+
+
 def reply_schema(
     tools: Sequence[dict[str, Any]],
     tool_choice: ToolChoice,
     *,
     max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
-    strict_arguments: bool = True,
+    loose_tools: Collection[str] = (),
 ) -> dict[str, Any]:
     """The JSON schema every reply is forced into, for OpenAI-format ``tools``.
 
-    One ``anyOf`` branch per tool (``name`` as a const, ``arguments`` as its parameters schema,
-    free strings capped at ``ARGUMENT_STRING_CHARS``; any object when ``strict_arguments`` is
-    false) inside ``{"tool_calls": [1..max_tool_calls calls]}``, or ``{"answer": "<text>"}``.
-    With no tools or ``tool_choice="none"`` only the answer is allowed; with ``"required"``
-    only tool calls.
+    One ``anyOf`` branch per tool (``name`` as a const, ``arguments`` as its parameters schema
+    adapted by ``_bounded``; any object for the tools named in ``loose_tools``) inside
+    ``{"tool_calls": [1..max_tool_calls calls]}``, or ``{"answer": "<text>"}``. With no tools
+    or ``tool_choice="none"`` only the answer is allowed; with ``"required"`` only tool calls.
     """
     answer = {
         "type": "object",
@@ -355,7 +402,7 @@ def reply_schema(
                     "name": {"const": name},
                     "arguments": (
                         _arguments_schema(function.get("parameters"))
-                        if strict_arguments
+                        if name not in loose_tools
                         else {"type": "object"}
                     ),
                 },
@@ -401,21 +448,32 @@ def _arguments_schema(parameters: Any) -> dict[str, Any]:
     return schema
 
 
-_STRING_SHAPING = ("maxLength", "pattern", "enum", "const", "format")
+def _bounded(schema: Any) -> None:
+    """Make a copied parameters schema fit the grammar converter and a small model (in place).
 
-
-def _bounded(schema: Any) -> Any:
-    """``schema`` with ``maxLength: ARGUMENT_STRING_CHARS`` on free strings (mutates, returns)."""
+    Free strings get ``maxLength <= ARGUMENT_STRING_CHARS``. Unanchored ``pattern``s are dropped:
+    JSON Schema patterns match anywhere (``\\S`` = "not only spaces") while llama.cpp's
+    converter only takes ``^…$`` whole-string patterns; the loop still validates the arguments
+    against the tool's real schema.
+    """
     if isinstance(schema, list):
         for item in schema:
             _bounded(item)
-    elif isinstance(schema, dict):
-        if schema.get("type") == "string" and not any(k in schema for k in _STRING_SHAPING):
-            schema["maxLength"] = max(ARGUMENT_STRING_CHARS, int(schema.get("minLength", 0)))
-        for value in schema.values():
-            if isinstance(value, dict | list):
-                _bounded(value)
-    return schema
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+        pattern = schema.get("pattern")
+        if isinstance(pattern, str) and not (pattern.startswith("^") and pattern.endswith("$")):
+            del schema["pattern"]
+        limit = schema.get("maxLength")
+        limit = ARGUMENT_STRING_CHARS if not isinstance(limit, int) else limit
+        schema["maxLength"] = min(limit, ARGUMENT_STRING_CHARS)
+        if isinstance(schema.get("minLength"), int):
+            schema["minLength"] = min(schema["minLength"], schema["maxLength"])
+    for value in schema.values():
+        if isinstance(value, dict | list):
+            _bounded(value)
 
 
 def _describe_parameters(parameters: Any) -> str:
