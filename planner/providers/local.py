@@ -540,7 +540,9 @@ def render_messages(
             text = "Tool results:\n" + "\n".join(pending_results)
             if objective:
                 text += f"\n\nObjective: {objective}"
-            if tool_choice != "required":
+            if not tools or tool_choice == "none":
+                text += "\nAnswer now."
+            elif tool_choice != "required":
                 text += f"\n{_NEXT_STEP}"
             out.append({"role": "user", "content": text})
             pending_results.clear()
