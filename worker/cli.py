@@ -10,12 +10,16 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.errors import ManaAIError, NotFoundError
 from worker.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from worker.db.admin import AdminStore
 
 __all__ = ["main"]
 
@@ -230,19 +234,16 @@ async def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _agents_add(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
     from worker.tools import builtin_tools
 
-    async with open_database(settings) as engine:
+    async with _admin(settings) as admin:
         tools = None
         if args.tools is not None:
             tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-            known = [t.name for t in builtin_tools(engine)]
+            known = [t.name for t in builtin_tools(admin.engine)]
             unknown = sorted(set(tools) - set(known))
             if unknown:
                 raise _usage(f"unknown tool(s) {', '.join(unknown)}; available: {', '.join(known)}")
-        admin = AdminStore(engine)
         if args.if_not_exists:
             try:
                 existing = await admin.agent_by_name(args.name)
@@ -265,11 +266,8 @@ async def _agents_add(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _agents_list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
-
-    async with open_database(settings) as engine:
-        rows = await AdminStore(engine).list_agents()
+    async with _admin(settings) as admin:
+        rows = await admin.list_agents()
     if args.json:
         _print_json(rows)
     else:
@@ -278,8 +276,6 @@ async def _agents_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _missions_add(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
     from worker.schedule import next_run_after, parse_timezone
 
     if not args.objective.strip():
@@ -305,8 +301,7 @@ async def _missions_add(args: argparse.Namespace, settings: Settings) -> int:
         raise _usage(f"cron expression {args.cron!r} never fires")
     if args.deadline is not None and args.deadline < first:
         raise _usage(f"--deadline {args.deadline.isoformat()} is before the first run")
-    async with open_database(settings) as engine:
-        admin = AdminStore(engine)
+    async with _admin(settings) as admin:
         agent = await admin.agent_by_name(args.agent)
         mission = await admin.add_mission(
             agent_id=agent["id"],
@@ -326,11 +321,8 @@ async def _missions_add(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _missions_list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
-
-    async with open_database(settings) as engine:
-        rows = await AdminStore(engine).list_missions(status=args.status, limit=args.limit)
+    async with _admin(settings) as admin:
+        rows = await admin.list_missions(status=args.status, limit=args.limit)
     if args.json:
         _print_json(rows)
     else:
@@ -339,11 +331,8 @@ async def _missions_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _missions_show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
-
-    async with open_database(settings) as engine:
-        mission = await AdminStore(engine).get_mission(args.id)
+    async with _admin(settings) as admin:
+        mission = await admin.get_mission(args.id)
     if args.json:
         _print_json(mission)
     else:
@@ -353,22 +342,16 @@ async def _missions_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _missions_pause(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
-
-    async with open_database(settings) as engine:
-        mission = await AdminStore(engine).set_mission_status(args.id, "paused")
+    async with _admin(settings) as admin:
+        mission = await admin.set_mission_status(args.id, "paused")
     _emit(args, mission, f"mission {args.id} paused")
     return 0
 
 
 async def _missions_resume(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
     from worker.schedule import next_run_after
 
-    async with open_database(settings) as engine:
-        admin = AdminStore(engine)
+    async with _admin(settings) as admin:
         current = await admin.get_mission(args.id)
         next_run = None
         if current["cron"] is not None:
@@ -397,11 +380,8 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _iterations_list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
-
-    async with open_database(settings) as engine:
-        rows = await AdminStore(engine).list_iterations(mission_id=args.mission, limit=args.limit)
+    async with _admin(settings) as admin:
+        rows = await admin.list_iterations(mission_id=args.mission, limit=args.limit)
     if args.json:
         _print_json(rows)
     else:
@@ -425,11 +405,7 @@ async def _iterations_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _iterations_show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.db.admin import AdminStore
-
-    async with open_database(settings) as engine:
-        admin = AdminStore(engine)
+    async with _admin(settings) as admin:
         iteration_id = args.id
         if iteration_id is None:
             latest = await admin.list_iterations(limit=1)
@@ -477,6 +453,15 @@ async def _iterations_show(args: argparse.Namespace, settings: Settings) -> int:
             f"{inv['outcome']} in {inv['duration_ms']:.1f} ms; {detail}"
         )
     return 0
+
+
+@asynccontextmanager
+async def _admin(settings: Settings) -> AsyncIterator[AdminStore]:
+    from worker.app import open_database
+    from worker.db.admin import AdminStore
+
+    async with open_database(settings) as engine:
+        yield AdminStore(engine)
 
 
 # -- output -------------------------------------------------------------------------------

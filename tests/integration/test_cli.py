@@ -1,0 +1,133 @@
+"""The ``mana-ai`` admin commands in-process against the test database: what they print,
+their exit status, and that bad input writes nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from worker.cli import main
+
+
+@pytest.fixture
+def run(
+    db: AsyncEngine,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> Any:
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
+    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", "http://127.0.0.1:9/v1")
+
+    def invoke(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def as_json(run: Any, *argv: str) -> Any:
+    code, out, err = run(*argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_agents_add_and_list(run: Any) -> None:
+    agent = as_json(
+        run,
+        "agents",
+        "add",
+        "--name",
+        "scout",
+        "--owner",
+        "u1",
+        "--tools",
+        "clock_now,notes_list",
+        "--max-rounds",
+        "3",
+    )
+    assert agent["allowed_tools"] == ["clock_now", "notes_list"] and agent["max_rounds"] == 3
+    code, _, err = run("agents", "add", "--name", "scout", "--owner", "u1")
+    assert code == 1 and "an agent named 'scout' already exists" in err
+    again = as_json(run, "agents", "add", "--name", "scout", "--owner", "u1", "--if-not-exists")
+    assert again["id"] == agent["id"]
+    assert [a["name"] for a in as_json(run, "agents", "list")] == ["scout"]
+    code, out, _ = run("agents", "list")
+    assert code == 0 and "scout" in out and "NAME" in out
+
+
+def test_agents_add_refuses_unknown_tools_and_writes_nothing(run: Any) -> None:
+    code, _, err = run("agents", "add", "--name", "x", "--owner", "u", "--tools", "clock_now,rm_rf")
+    assert code == 1 and "unknown tool(s) rm_rf" in err and "notes_list" in err
+    assert as_json(run, "agents", "list") == []
+
+
+def test_missions_lifecycle_add_show_pause_resume(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    mission = as_json(
+        run,
+        "missions",
+        "add",
+        "--agent",
+        "a",
+        "--objective",
+        "Daily digest",
+        "--cron",
+        "30 7 * * 1-5",
+        "--timezone",
+        "Europe/Berlin",
+    )
+    assert mission["status"] == "active" and mission["timezone"] == "Europe/Berlin"
+    shown = as_json(run, "missions", "show", str(mission["id"]))
+    assert shown["agent"] == "a" and shown["iterations"] == 0
+    assert as_json(run, "missions", "pause", str(mission["id"]))["status"] == "paused"
+    assert [m["id"] for m in as_json(run, "missions", "list", "--status", "paused")] == [
+        mission["id"]
+    ]
+    resumed = as_json(run, "missions", "resume", str(mission["id"]))
+    assert resumed["status"] == "active"
+    code, _, err = run("missions", "show", "999")
+    assert code == 1 and "no mission with id 999" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "0 9 * *"], "expected 5 fields"),
+        ([], "give --cron EXPR for a recurring mission"),
+        (["--cron", "0 9 * * *", "--at", "2030-01-01T00:00+00:00"], "--at is for one-shot"),
+        (
+            ["--at", "2030-01-01T00:00+00:00", "--deadline", "2029-01-01T00:00+00:00"],
+            "is before the first run",
+        ),
+    ],
+)
+def test_missions_add_bad_input_writes_nothing(run: Any, args: list[str], message: str) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    code, _, err = run("missions", "add", "--agent", "a", "--objective", "x", *args)
+    assert code == 1 and message in err
+    assert as_json(run, "missions", "list") == []
+
+
+def test_naive_times_are_a_usage_error(run: Any) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run("missions", "add", "--agent", "a", "--objective", "x", "--at", "2030-01-01T00:00")
+    assert exit_info.value.code == 2
+
+
+def test_iterations_list_and_show_latest_when_empty(run: Any) -> None:
+    assert as_json(run, "iterations", "list") == []
+    code, _, err = run("iterations", "show", "latest")
+    assert code == 1 and "no iterations stored yet" in err
+
+
+def test_invalid_settings_exit_2_naming_the_variable(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "-1")
+    code, _, err = run("agents", "list")
+    assert code == 2 and "MANA_AI_TICK_INTERVAL_S" in err
