@@ -112,7 +112,9 @@ async def _execute_one(
         known = ", ".join(registry.names()) or "(none)"
         return done(None, f"unknown tool {call.name!r}; available tools: {known}", None)
     if call.parse_error is not None:
-        return done(None, f"arguments for {call.name} are not valid JSON: {call.parse_error}", None)
+        return done(
+            None, f"could not parse the arguments for {call.name}: {call.parse_error}", None
+        )
     invalid = spec.validate_arguments(call.arguments)
     if invalid is not None:
         return done(None, invalid, None)

@@ -117,7 +117,7 @@ async def test_max_rounds_stops_a_model_that_keeps_calling_tools() -> None:
         (ToolCall(id="c1", name="echo", arguments={}), "'text' is a required property"),
         (
             ToolCall(id="c1", name="echo", arguments={}, parse_error="Expecting value"),
-            "not valid JSON",
+            "could not parse the arguments for echo: Expecting value",
         ),
         (ToolCall(id="c1", name="boom", arguments={}), "RuntimeError: disk on fire"),
     ],
