@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
             "SmolLM2 model answers."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"mana-ai {_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     db = _group(commands, "db", "Database schema.")
@@ -179,6 +180,15 @@ def _parser() -> argparse.ArgumentParser:
     _json_flag(show)
     show.set_defaults(command_fn=_iterations_show)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mana-ai")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "unknown"
 
 
 def _group(commands: Any, name: str, helptext: str) -> Any:
