@@ -14,7 +14,7 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel, ToolSpec
-from worker.db.engine import create_engine, resolve_database_url
+from worker.db.engine import check_connection, create_engine, resolve_database_url
 from worker.db.migrate import current_revision, head_revision, upgrade_database
 from worker.db.stores import ClaimedMission, MissionStore
 from worker.errors import DatabaseError
@@ -45,8 +45,9 @@ async def open_database(
         DatabaseError: the database is unreachable, or not migrated when ``migrate`` is false.
     """
     url = await resolve_database_url(settings)
-    engine = create_engine(url)
+    engine = create_engine(url, pool_size=settings.max_concurrent_missions + 2)
     try:
+        await check_connection(engine)
         if migrate is None:
             migrate = settings.database_url is None
         if migrate:

@@ -15,8 +15,10 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from worker.errors import ManaAIError, NotFoundError
-from worker.settings import Settings, load_settings
+from worker.settings import Settings, load_settings, unknown_variables
 
 if TYPE_CHECKING:
     from worker.db.admin import AdminStore
@@ -48,11 +50,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = not getattr(args, "verbose_logs", False)
     level = "WARNING" if quiet and settings.log_level.upper() == "INFO" else settings.log_level
     configure_logging(level, settings.log_format)
+    for name in unknown_variables():
+        print(f"mana-ai: warning: ignoring unknown setting {name}", file=sys.stderr)
     try:
         status: int = asyncio.run(args.command_fn(args, settings))
         return status
     except ManaAIError as exc:
         print(f"mana-ai: error: {exc}", file=sys.stderr)
+        return 1
+    except (SQLAlchemyError, OSError) as exc:  # the database went away mid-command
+        from worker.db.engine import describe_error
+
+        print(f"mana-ai: database error: {describe_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

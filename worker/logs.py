@@ -1,15 +1,31 @@
 """Log setup: one line per record, as JSON or ``key=value`` text, with the mission and
-iteration ids (passed as ``extra``) on every line that has them."""
+iteration ids on every line logged while a mission runs.
+
+Ids come from ``extra`` on the call, or else from the log context that ``bind_log_context``
+sets for the current asyncio task (each mission runs in its own task, and threads started
+with ``asyncio.to_thread`` inherit it), so lines from the planner, the LLM client or a tool
+carry the ids of the mission they belong to without passing them around."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
+from contextvars import ContextVar
 from datetime import UTC, datetime
+from types import MappingProxyType
 
-__all__ = ["configure_logging"]
+__all__ = ["bind_log_context", "configure_logging"]
 
 _CONTEXT_FIELDS = ("mission_id", "iteration_id", "worker_id")
+_context: ContextVar[Mapping[str, object]] = ContextVar(
+    "mana_ai_log_context", default=MappingProxyType({})
+)
+
+
+def bind_log_context(**fields: object) -> None:
+    """Add ``fields`` (e.g. ``mission_id=7``) to every later log line of this task."""
+    _context.set(MappingProxyType({**_context.get(), **fields}))
 
 
 class _Formatter(logging.Formatter):
@@ -24,8 +40,11 @@ class _Formatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        context = _context.get()
         for name in _CONTEXT_FIELDS:
             value = getattr(record, name, None)
+            if value is None:
+                value = context.get(name)
             if value is not None:
                 fields[name] = value
         if record.exc_info:

@@ -37,6 +37,7 @@ from planner import (
 )
 from worker import metrics
 from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, ToolInvocationRow
+from worker.logs import bind_log_context
 from worker.schedule import ScheduleError, next_run_after
 
 __all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
@@ -95,17 +96,17 @@ class MissionRunner:
     async def run(self, mission: ClaimedMission) -> RunOutcome:
         """Run ``mission`` once and store the result. Never raises except on cancellation
         that is not a lease loss (shutdown), after recording the interruption."""
-        log = _MissionLog(mission.id)
+        bind_log_context(mission_id=mission.id, iteration_id=None)
         started = time.perf_counter()
-        outcome = await self._run(mission, log)
+        outcome = await self._run(mission)
         metrics.MISSIONS_RUN.labels(outcome=outcome).inc()
         metrics.ITERATION_DURATION.observe(time.perf_counter() - started)
         return outcome
 
-    async def _run(self, mission: ClaimedMission, log: _MissionLog) -> RunOutcome:
+    async def _run(self, mission: ClaimedMission) -> RunOutcome:
         next_run = self._next_run(mission)
         if mission.deadline is not None and mission.scheduled_for > mission.deadline:
-            log.info("deadline %s passed; completing mission without a run", mission.deadline)
+            logger.info("deadline %s passed; completing mission without a run", mission.deadline)
             done = _no_run(_NextRun(None, "completed"))
             await self.store.finish_iteration(mission, None, done, worker_id=self.worker_id)
             return "skipped"
@@ -113,15 +114,15 @@ class MissionRunner:
         model = mission.model or self.default_model
         iteration = await self.store.start_iteration(mission, worker_id=self.worker_id, model=model)
         if iteration is None:
-            log.warning(
+            logger.warning(
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
             )
             await self.store.finish_iteration(
                 mission, None, _no_run(next_run), worker_id=self.worker_id
             )
             return "skipped"
-        log.iteration_id = iteration.id
-        log.info(
+        bind_log_context(iteration_id=iteration.id)
+        logger.info(
             "iteration started (attempt %d, scheduled for %s)",
             iteration.attempt,
             mission.scheduled_for.isoformat(),
@@ -129,7 +130,7 @@ class MissionRunner:
 
         lease_lost = asyncio.Event()
         this_task = asyncio.current_task()
-        renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task, log))
+        renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task))
         result: PlannerLoopResult | None = None
         try:
             result = await self._run_loop(mission, iteration.id, model)
@@ -138,7 +139,7 @@ class MissionRunner:
             if lease_lost.is_set() and this_task is not None:
                 this_task.uncancel()
                 metrics.LEASES_LOST.inc()
-                log.error("lease lost while running; another worker owns the mission now")
+                logger.error("lease lost while running; another worker owns the mission now")
                 return "lease_lost"
             await self.store.interrupt_iteration(
                 mission.id,
@@ -146,11 +147,11 @@ class MissionRunner:
                 worker_id=self.worker_id,
                 reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
             )
-            log.warning("iteration interrupted by shutdown; the next worker reruns it")
+            logger.warning("iteration interrupted by shutdown; the next worker reruns it")
             metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
             raise
         except Exception as exc:  # a crash in our own code must not stop other missions
-            log.exception("iteration crashed")
+            logger.exception("iteration crashed")
             outcome = _no_run(
                 next_run,
                 status="failed",
@@ -167,12 +168,12 @@ class MissionRunner:
         )
         if not stored:
             metrics.LEASES_LOST.inc()
-            log.error("lease lost before the iteration could be stored; result dropped")
+            logger.error("lease lost before the iteration could be stored; result dropped")
             return "lease_lost"
         if result is not None:
             for call in result.executed_calls:
                 metrics.TOOL_CALLS.labels(tool=call.call.name, outcome=_call_outcome(call)).inc()
-        log.info(
+        logger.info(
             "iteration %s: stop_reason=%s rounds=%d tokens=%d next_run_at=%s error=%s",
             outcome.status,
             outcome.stop_reason,
@@ -235,7 +236,6 @@ class MissionRunner:
         mission: ClaimedMission,
         lease_lost: asyncio.Event,
         run_task: asyncio.Task[Any] | None,
-        log: _MissionLog,
     ) -> None:
         period = self.lease.total_seconds() / 3
         while True:
@@ -245,7 +245,7 @@ class MissionRunner:
                     mission.id, worker_id=self.worker_id, lease=self.lease
                 )
             except Exception:  # a blip: the lease still has 2/3 of its time left
-                log.exception("lease renewal failed; retrying")
+                logger.exception("lease renewal failed; retrying")
                 continue
             if not owned:
                 lease_lost.set()
@@ -297,26 +297,3 @@ def _invocation_row(call: ExecutedCall) -> ToolInvocationRow:
         duration_ms=call.duration_ms,
         policy_decision=call.decision.model_dump(mode="json") if call.decision else None,
     )
-
-
-class _MissionLog:
-    """Logs with ``mission_id`` / ``iteration_id`` on every record (as ``extra`` fields)."""
-
-    def __init__(self, mission_id: int) -> None:
-        self.mission_id = mission_id
-        self.iteration_id: int | None = None
-
-    def _extra(self) -> dict[str, Any]:
-        return {"mission_id": self.mission_id, "iteration_id": self.iteration_id}
-
-    def info(self, msg: str, *args: Any) -> None:
-        logger.info(msg, *args, extra=self._extra())
-
-    def warning(self, msg: str, *args: Any) -> None:
-        logger.warning(msg, *args, extra=self._extra())
-
-    def error(self, msg: str, *args: Any) -> None:
-        logger.error(msg, *args, extra=self._extra())
-
-    def exception(self, msg: str, *args: Any) -> None:
-        logger.exception(msg, *args, extra=self._extra())

@@ -19,6 +19,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from planner import ChatModel
 from worker.app import open_app
+from worker.errors import SettingsError
 from worker.metrics import MetricsServer
 from worker.settings import Settings
 
@@ -51,9 +52,16 @@ async def serve(
         async with open_app(settings, llm=llm, migrate=True) as app:
             metrics_server = None
             if settings.metrics_port:
-                metrics_server = MetricsServer(
-                    settings.metrics_host, settings.metrics_port, app.health
-                )
+                try:
+                    metrics_server = MetricsServer(
+                        settings.metrics_host, settings.metrics_port, app.health
+                    )
+                except OSError as exc:
+                    raise SettingsError(
+                        f"MANA_AI_METRICS_HOST / MANA_AI_METRICS_PORT: cannot listen on "
+                        f"{settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc} "
+                        "(set another port, or 0 to disable the endpoint)"
+                    ) from exc
                 metrics_server.start()
                 logger.info(
                     "metrics on http://%s:%d/metrics and /healthz",

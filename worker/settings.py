@@ -9,8 +9,10 @@ it), so it states the unit, the default and what the value is for.
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from worker.db.engine import redact_url, to_async_url
 from worker.errors import SettingsError
 
-__all__ = ["ENV_PREFIX", "LOG_LEVELS", "Settings", "load_settings"]
+__all__ = ["ENV_PREFIX", "LOG_LEVELS", "Settings", "load_settings", "unknown_variables"]
 
 ENV_PREFIX = "MANA_AI_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -46,6 +48,7 @@ class Settings(BaseSettings):
         case_sensitive=False,
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,  # MANA_AI_TICK_INTERVAL_S=inf is a typo, not a setting
     )
 
     database_url: str | None = Field(
@@ -186,6 +189,14 @@ class Settings(BaseSettings):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _empty_data_dir_is_default(cls, value: Any) -> Any:
+        """``MANA_AI_DATA_DIR=`` would otherwise mean the current directory."""
+        if isinstance(value, str) and not value.strip():
+            return _default_data_dir()
+        return value
+
     @field_validator("data_dir")
     @classmethod
     def _expand_data_dir(cls, value: Path) -> Path:
@@ -214,6 +225,26 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         raise SettingsError(_describe(exc)) from None
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``MANA_AI_*`` variables in ``environ`` (default: the process environment) that name no
+    setting, each with a suggestion when one is close (``MANA_AI_DATABSE_URL (did you mean
+    MANA_AI_DATABASE_URL?)``). ``MANA_AI_TEST_*`` variables belong to the test suite and are
+    not reported. The entry point warns about them: a typo would otherwise silently fall back
+    to a default (e.g. the embedded database)."""
+    env = os.environ if environ is None else environ
+    known = [ENV_PREFIX + name.upper() for name in Settings.model_fields]
+    found = []
+    for key in sorted(env):
+        upper = key.upper()
+        if not upper.startswith(ENV_PREFIX) or upper.startswith(ENV_PREFIX + "TEST_"):
+            continue
+        if upper in known:
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
+        found.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    return found
 
 
 def _describe(exc: ValidationError) -> str:

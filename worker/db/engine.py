@@ -30,8 +30,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from sqlalchemy import text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.errors import DatabaseError
@@ -41,7 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EMBEDDED_DATABASE",
+    "check_connection",
     "create_engine",
+    "describe_error",
     "redact_url",
     "resolve_database_url",
     "start_embedded_postgres",
@@ -107,6 +110,7 @@ def create_engine(
     pool_size: int = 5,
     max_overflow: int = 10,
     application_name: str = "mana-ai",
+    connect_timeout_s: float = 10.0,
 ) -> AsyncEngine:
     """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts).
 
@@ -114,7 +118,9 @@ def create_engine(
     connection costs one retry, not an error; they are recycled after 30 minutes. Size the pool
     for the work: each running mission holds at most one connection at a time per concurrent
     tool call, so ``pool_size + max_overflow`` of 15 covers 4 missions with a few parallel
-    reads each. ``application_name`` shows up in ``pg_stat_activity``.
+    reads each. ``application_name`` shows up in ``pg_stat_activity``. A server that accepts
+    the TCP connection but never answers fails after ``connect_timeout_s`` (asyncpg's default
+    is 60 s).
 
     The caller owns the engine and must ``await engine.dispose()`` at shutdown.
     """
@@ -124,8 +130,41 @@ def create_engine(
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_recycle=1800,
-        connect_args={"server_settings": {"application_name": application_name}},
+        connect_args={
+            "server_settings": {"application_name": application_name},
+            "timeout": connect_timeout_s,
+        },
     )
+
+
+async def check_connection(engine: AsyncEngine) -> None:
+    """Open one connection and run ``SELECT 1``.
+
+    Raises:
+        DatabaseError: naming the database (without its password) and the reason, e.g.
+            ``could not connect to PostgreSQL at postgresql+asyncpg://u:***@db/x:
+            ConnectionRefusedError: [Errno 111] Connect call failed``.
+    """
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except (SQLAlchemyError, OSError) as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        raise DatabaseError(
+            f"could not connect to PostgreSQL at {where}: {describe_error(exc)}"
+        ) from exc
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of the root cause of a driver error, readable even when the
+    message is empty (a bare ``TimeoutError``)."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None and isinstance(cause, SQLAlchemyError):
+        cause = cause.__cause__
+    detail = str(cause).strip()
+    if isinstance(cause, TimeoutError) and not detail:
+        detail = "no answer in time (is something else listening on that port?)"
+    return f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__
 
 
 def start_embedded_postgres(

@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import migrations
-from worker.db.engine import redact_url
+from worker.db.engine import describe_error, redact_url
 from worker.errors import DatabaseError
 
 __all__ = [
@@ -122,7 +122,7 @@ async def upgrade_database(engine: AsyncEngine) -> str:
     except CommandError as exc:
         raise DatabaseError(f"could not migrate {where}: {exc}") from exc
     except (SQLAlchemyError, OSError) as exc:
-        raise DatabaseError(f"could not migrate {where}: {type(exc).__name__}: {exc}") from exc
+        raise DatabaseError(f"could not migrate {where}: {describe_error(exc)}") from exc
     logger.info("database %s is at schema revision %s", where, revision)
     return revision
 
