@@ -10,7 +10,7 @@ import pytest
 
 from worker.db.engine import to_async_url
 from worker.errors import ManaAIError, SettingsError
-from worker.settings import Settings, load_settings
+from worker.settings import Settings, load_settings, unknown_variables
 
 
 @pytest.fixture(autouse=True)
@@ -206,3 +206,33 @@ def test_database_urls_are_normalised_to_asyncpg(given: str, expected: str) -> N
 def test_other_database_schemes_are_refused(given: str) -> None:
     with pytest.raises(ValueError, match="unsupported scheme"):
         to_async_url(given)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_non_finite_intervals_are_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", value)
+    with pytest.raises(SettingsError, match="MANA_AI_TICK_INTERVAL_S"):
+        load_settings()
+
+
+def test_an_empty_data_dir_means_the_default_not_the_current_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MANA_AI_DATA_DIR", "")
+    assert load_settings().data_dir == Path.home() / ".local" / "share" / "mana-ai"
+
+
+def test_unknown_variables_are_reported_with_the_closest_setting() -> None:
+    found = unknown_variables(
+        {
+            "MANA_AI_DATABSE_URL": "x",
+            "MANA_AI_BOGUS": "1",
+            "MANA_AI_TEST_DATABASE_URL": "belongs to the test suite",
+            "MANA_AI_LEASE_S": "5",
+            "PATH": "/bin",
+        }
+    )
+    assert found == [
+        "MANA_AI_BOGUS",
+        "MANA_AI_DATABSE_URL (did you mean MANA_AI_DATABASE_URL?)",
+    ]
