@@ -138,8 +138,10 @@ def _parser() -> argparse.ArgumentParser:
     _json_flag(add)
     add.set_defaults(command_fn=_missions_add)
     lst = ms.add_parser("list", help="List missions.", description="List missions, newest first.")
-    lst.add_argument("--status", choices=["active", "paused", "completed"])
-    lst.add_argument("--limit", type=_positive_int, default=100)
+    lst.add_argument(
+        "--status", choices=["active", "paused", "completed"], help="only missions in this status"
+    )
+    lst.add_argument("--limit", type=_positive_int, default=100, help="rows at most (100)")
     _json_flag(lst)
     lst.set_defaults(command_fn=_missions_list)
     for name, helptext, fn in (
@@ -148,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
         ("resume", "Resume a paused mission at its next cron time.", _missions_resume),
     ):
         cmd = ms.add_parser(name, help=helptext, description=helptext)
-        cmd.add_argument("id", type=int, help="mission id")
+        cmd.add_argument("id", type=_row_id, help="mission id")
         _json_flag(cmd)
         cmd.set_defaults(command_fn=fn)
 
@@ -175,8 +177,8 @@ def _parser() -> argparse.ArgumentParser:
     lst = it.add_parser(
         "list", help="List iterations.", description="List iterations, newest first."
     )
-    lst.add_argument("--mission", type=int, help="only this mission's iterations")
-    lst.add_argument("--limit", type=_positive_int, default=20)
+    lst.add_argument("--mission", type=_row_id, help="only this mission's iterations")
+    lst.add_argument("--limit", type=_positive_int, default=20, help="rows at most (20)")
     _json_flag(lst)
     lst.set_defaults(command_fn=_iterations_list)
     show = it.add_parser(
@@ -219,12 +221,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+_MAX_ID = 2**63 - 1  # ids are BIGINT
+
+
+def _row_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a numeric id, got {text!r}") from None
+    if not 1 <= value <= _MAX_ID:
+        raise argparse.ArgumentTypeError(f"ids run from 1 to {_MAX_ID}, got {value}")
+    return value
+
+
 def _iteration_ref(text: str) -> int | None:
     if text == "latest":
         return None
     try:
-        return int(text)
-    except ValueError:
+        return _row_id(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected an id or 'latest', got {text!r}") from None
 
 
@@ -255,25 +270,30 @@ async def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
 async def _agents_add(args: argparse.Namespace, settings: Settings) -> int:
     from worker.tools import builtin_tools
 
+    name, owner = args.name.strip(), args.owner.strip()
+    if not name or not owner:
+        raise _usage("--name and --owner must not be empty")
     async with _admin(settings) as admin:
         tools = None
         if args.tools is not None:
-            tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+            tools = list(dict.fromkeys(t.strip() for t in args.tools.split(",") if t.strip()))
+            if not tools:
+                raise _usage("--tools names no tool; leave it out to allow every built-in tool")
             known = [t.name for t in builtin_tools(admin.engine)]
             unknown = sorted(set(tools) - set(known))
             if unknown:
                 raise _usage(f"unknown tool(s) {', '.join(unknown)}; available: {', '.join(known)}")
         if args.if_not_exists:
             try:
-                existing = await admin.agent_by_name(args.name)
+                existing = await admin.agent_by_name(name)
             except NotFoundError:
                 pass
             else:
-                _emit(args, existing, f"agent {args.name} exists (id {existing['id']}); unchanged")
+                _emit(args, existing, f"agent {name} exists (id {existing['id']}); unchanged")
                 return 0
         agent = await admin.add_agent(
-            name=args.name,
-            owner_user_id=args.owner,
+            name=name,
+            owner_user_id=owner,
             system_prompt=args.system_prompt,
             model=args.model,
             max_rounds=args.max_rounds,
@@ -305,12 +325,18 @@ async def _missions_add(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.cron is not None and args.at is not None:
         raise _usage("--at is for one-shot missions; a --cron mission runs at its cron times")
+    if args.at is not None and args.due_now:
+        raise _usage("give either --at TIME or --due-now, not both")
     parse_timezone(args.timezone)
     now = datetime.now(UTC)
     first: datetime | None
     if args.due_now:
         first = now
     elif args.at is not None:
+        if args.at < now:
+            raise _usage(
+                f"--at {args.at.isoformat()} is in the past; use --due-now to run at the next tick"
+            )
         first = args.at
     else:
         first = next_run_after(args.cron, args.timezone, now)  # raises ScheduleError
@@ -362,7 +388,7 @@ async def _missions_show(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _missions_pause(args: argparse.Namespace, settings: Settings) -> int:
     async with _admin(settings) as admin:
-        mission = await admin.set_mission_status(args.id, "paused")
+        mission = await admin.pause_mission(args.id)
     _emit(args, mission, f"mission {args.id} paused")
     return 0
 
@@ -372,10 +398,18 @@ async def _missions_resume(args: argparse.Namespace, settings: Settings) -> int:
 
     async with _admin(settings) as admin:
         current = await admin.get_mission(args.id)
+        if current["status"] == "active":
+            _emit(
+                args,
+                current,
+                f"mission {args.id} is already active; next run at "
+                f"{_fmt(current['next_run_at'])} (unchanged)",
+            )
+            return 0
         next_run = None
         if current["cron"] is not None:
             next_run = next_run_after(current["cron"], current["timezone"], datetime.now(UTC))
-        mission = await admin.set_mission_status(args.id, "active", next_run_at=next_run)
+        mission = await admin.resume_mission(args.id, next_run_at=next_run)
     _emit(args, mission, f"mission {args.id} resumed; next run at {_fmt(mission['next_run_at'])}")
     return 0
 
@@ -529,7 +563,14 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     if not rows:
         print("(none)")
         return
-    cells = [[_fmt(r.get(c)).replace("\n", " ")[:60] for c in columns] for r in rows]
+    last = len(columns) - 1
+    cells = [
+        [
+            _fmt(r.get(c)).replace("\n", " ")[: None if i == last else 60]
+            for i, c in enumerate(columns)
+        ]
+        for r in rows
+    ]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:

@@ -131,3 +131,73 @@ def test_invalid_settings_exit_2_naming_the_variable(
     monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "-1")
     code, _, err = run("agents", "list")
     assert code == 2 and "MANA_AI_TICK_INTERVAL_S" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--name", " ", "--owner", "u"], "--name and --owner must not be empty"),
+        (["--name", "a", "--owner", ""], "--name and --owner must not be empty"),
+        (["--name", "a", "--owner", "u", "--tools", ","], "--tools names no tool"),
+    ],
+)
+def test_agents_add_refuses_blank_values(run: Any, args: list[str], message: str) -> None:
+    code, _, err = run("agents", "add", *args)
+    assert code == 1 and message in err
+    assert as_json(run, "agents", "list") == []
+
+
+def test_agents_add_stores_each_tool_once(run: Any) -> None:
+    agent = as_json(
+        run,
+        "agents",
+        "add",
+        "--name",
+        "a",
+        "--owner",
+        "u",
+        "--tools",
+        "clock_now, clock_now ,notes_read",
+    )
+    assert agent["allowed_tools"] == ["clock_now", "notes_read"]
+
+
+def test_resume_of_an_active_mission_keeps_its_next_run(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    mission = as_json(
+        run,
+        "missions",
+        "add",
+        "--agent",
+        "a",
+        "--objective",
+        "x",
+        "--cron",
+        "0 9 * * *",
+        "--due-now",
+    )
+    resumed = as_json(run, "missions", "resume", str(mission["id"]))
+    assert resumed["next_run_at"] == mission["next_run_at"]
+    assert resumed["status"] == "active"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--at", "2020-01-01T09:00+00:00"], "is in the past; use --due-now"),
+        (["--at", "2999-01-01T09:00+00:00", "--due-now"], "either --at TIME or --due-now"),
+    ],
+)
+def test_one_shot_times_that_would_surprise_are_refused(
+    run: Any, args: list[str], message: str
+) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    code, _, err = run("missions", "add", "--agent", "a", "--objective", "x", *args)
+    assert code == 1 and message in err
+    assert as_json(run, "missions", "list") == []
+
+
+def test_ids_beyond_bigint_are_a_usage_error(run: Any) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run("missions", "show", "99999999999999999999")
+    assert exit_info.value.code == 2

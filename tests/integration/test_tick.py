@@ -123,7 +123,7 @@ async def test_due_mission_runs_and_is_stored_with_its_tool_calls(db: AsyncEngin
 async def test_missions_not_yet_due_or_paused_are_left_alone(db: AsyncEngine) -> None:
     await add_mission(db, due_in=timedelta(hours=1))
     paused = await add_mission(db)
-    await AdminStore(db).set_mission_status(paused, "paused")
+    await AdminStore(db).pause_mission(paused)
     assert await make_worker(db, FunctionChatModel(clock_then_answer)).run_once() == []
 
 
@@ -306,7 +306,7 @@ async def test_a_mission_paused_while_running_stays_paused(db: AsyncEngine) -> N
     mission_id = await add_mission(db)
 
     async def pause_meanwhile(request: CompletionRequest) -> CompletionResponse:
-        await AdminStore(db).set_mission_status(mission_id, "paused")
+        await AdminStore(db).pause_mission(mission_id)
         return final_answer("done")
 
     assert await make_worker(db, FunctionChatModel(pause_meanwhile)).run_once() == ["succeeded"]

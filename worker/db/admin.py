@@ -136,28 +136,49 @@ class AdminStore:
             raise NotFoundError(f"no mission with id {mission_id}")
         return dict(row)
 
-    async def set_mission_status(
-        self, mission_id: int, status: str, *, next_run_at: datetime | None = None
-    ) -> Row:
-        """Pause (``paused``) or resume (``active``, optionally with a new ``next_run_at``).
+    async def pause_mission(self, mission_id: int) -> Row:
+        """Pause a mission (idempotent); a running iteration still finishes.
 
-        Raises NotFoundError; ConflictError when resuming a completed mission.
+        Raises NotFoundError; ConflictError for a completed mission.
         """
-        values: dict[str, Any] = {"status": status, "updated_at": func.now()}
-        if next_run_at is not None:
-            values["next_run_at"] = next_run_at
+        row = await self._set_status(mission_id, "paused", {"active", "paused"}, {})
+        if row is None:
+            raise await self._status_conflict(mission_id, "paused")
+        return row
+
+    async def resume_mission(self, mission_id: int, *, next_run_at: datetime | None) -> Row:
+        """Resume a *paused* mission; ``next_run_at`` (when given) replaces its next run.
+
+        Returns the mission unchanged when it is already active. Raises NotFoundError;
+        ConflictError for a completed mission.
+        """
+        values = {} if next_run_at is None else {"next_run_at": next_run_at}
+        row = await self._set_status(mission_id, "active", {"paused"}, values)
+        if row is None:
+            current = await self.get_mission(mission_id)
+            if current["status"] == "active":
+                return current
+            raise await self._status_conflict(mission_id, "resumed")
+        return row
+
+    async def _set_status(
+        self, mission_id: int, status: str, from_statuses: set[str], values: dict[str, Any]
+    ) -> Row | None:
         stmt = (
             update(missions)
-            .where(missions.c.id == mission_id, missions.c.status != "completed")
-            .values(**values)
+            .where(missions.c.id == mission_id, missions.c.status.in_(sorted(from_statuses)))
+            .values(status=status, updated_at=func.now(), **values)
             .returning(*missions.c)
         )
         async with self.engine.begin() as conn:
             row = (await conn.execute(stmt)).mappings().first()
-        if row is None:
-            await self.get_mission(mission_id)  # NotFoundError when it does not exist
-            raise ConflictError(f"mission {mission_id} is completed; add a new mission instead")
-        return dict(row)
+        return dict(row) if row is not None else None
+
+    async def _status_conflict(self, mission_id: int, verb: str) -> ConflictError:
+        await self.get_mission(mission_id)  # NotFoundError when it does not exist
+        return ConflictError(
+            f"mission {mission_id} is completed and cannot be {verb}; add a new mission instead"
+        )
 
     # iterations ---------------------------------------------------------------------------
 
