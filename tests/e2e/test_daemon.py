@@ -55,19 +55,26 @@ def env_for(database_url: str, llm_url: str, **extra: str) -> dict[str, str]:
     return env | extra
 
 
-async def cli(env: dict[str, str], *args: str) -> Any:
+async def run_cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``mana-ai ARGS`` as a process: (exit status, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "worker.cli",
         *args,
-        "--json",
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
-    assert proc.returncode == 0, f"mana-ai {' '.join(args)} failed: {err.decode()}"
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def cli(env: dict[str, str], *args: str) -> Any:
+    """``mana-ai ARGS --json``, which must succeed; its parsed output."""
+    code, out, err = await run_cli(env, *args, "--json")
+    assert code == 0, f"mana-ai {' '.join(args)} failed: {err}"
     return json.loads(out)
 
 
@@ -198,16 +205,7 @@ async def test_missions_add_with_bad_input_exits_nonzero_and_writes_nothing(
     full = ["missions", "add", "--objective", "x", *args]
     if "--agent" not in args:
         full += ["--agent", "someone"]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker.cli",
-        *full,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
-    assert proc.returncode == 1
-    assert message in err.decode()
+    code, _, err = await run_cli(env, *full)
+    assert code == 1
+    assert message in err
     assert await cli(env, "missions", "list") == []

@@ -373,24 +373,3 @@ class MissionStore:
                     .values(**values)
                 )
         return True
-
-    async def tokens_used_since(self, user_id: str, since: datetime) -> int:
-        """Total tokens of ``user_id``'s iterations started at or after ``since``."""
-        stmt = (
-            select(
-                func.coalesce(
-                    func.sum(
-                        mission_iterations.c.prompt_tokens + mission_iterations.c.completion_tokens
-                    ),
-                    0,
-                )
-            )
-            .select_from(
-                mission_iterations.join(
-                    missions, missions.c.id == mission_iterations.c.mission_id
-                ).join(agents, agents.c.id == missions.c.agent_id)
-            )
-            .where(agents.c.owner_user_id == user_id, mission_iterations.c.started_at >= since)
-        )
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(stmt)).scalar_one())
