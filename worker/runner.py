@@ -163,9 +163,24 @@ class MissionRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
-        stored = await self.store.finish_iteration(
-            mission, iteration.id, outcome, worker_id=self.worker_id
-        )
+        try:
+            stored = await self.store.finish_iteration(
+                mission, iteration.id, outcome, worker_id=self.worker_id
+            )
+        except Exception as exc:
+            # Something in the outcome the database refuses (or the database went away).
+            # Store the failure without the log, so the run is not retried forever with its
+            # tool side effects; if even that fails, the lease expiry reruns it later.
+            logger.exception("could not store the iteration; storing the failure instead")
+            outcome = _no_run(
+                next_run,
+                status="failed",
+                stop_reason="store_failed",
+                error=f"could not store the iteration: {type(exc).__name__}: {exc}"[:2000],
+            )
+            stored = await self.store.finish_iteration(
+                mission, iteration.id, outcome, worker_id=self.worker_id
+            )
         if not stored:
             metrics.LEASES_LOST.inc()
             logger.error("lease lost before the iteration could be stored; result dropped")
@@ -220,12 +235,12 @@ class MissionRunner:
         errors = [e for e in (result.error, next_run.error) if e]
         return IterationOutcome(
             status="failed" if failed else "succeeded",
-            messages=messages_to_json(result.messages),
+            messages=_json_safe(messages_to_json(result.messages)),
             rounds=result.rounds,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
             stop_reason=result.stop_reason,
-            error="; ".join(errors) or None,
+            error=_json_safe("; ".join(errors)) or None,
             next_run_at=next_run.at,
             mission_status=next_run.mission_status,
             tool_invocations=[_invocation_row(c) for c in result.executed_calls],
@@ -282,7 +297,19 @@ def _call_outcome(call: ExecutedCall) -> str:
 
 
 def _json_safe(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+    """``value`` as plain JSON data that PostgreSQL can store: non-JSON values stringified,
+    NUL characters (which neither ``text`` nor ``jsonb`` accept) replaced by U+FFFD."""
+    return _without_nul(json.loads(json.dumps(value, default=str)))
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    return value
 
 
 def _invocation_row(call: ExecutedCall) -> ToolInvocationRow:
@@ -292,7 +319,7 @@ def _invocation_row(call: ExecutedCall) -> ToolInvocationRow:
         tool=call.call.name,
         arguments=_json_safe(call.call.arguments),
         result=_json_safe(call.result) if call.ok else None,
-        error=call.error,
+        error=_json_safe(call.error),
         outcome=_call_outcome(call),
         duration_ms=call.duration_ms,
         policy_decision=call.decision.model_dump(mode="json") if call.decision else None,

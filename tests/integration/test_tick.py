@@ -12,7 +12,14 @@ from typing import Any
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner import ChatModel, CompletionRequest, CompletionResponse, ToolContext, ToolSpec
+from planner import (
+    ChatModel,
+    CompletionRequest,
+    CompletionResponse,
+    TokenUsage,
+    ToolContext,
+    ToolSpec,
+)
 from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.llm_server import FakeLLMServer, chat_completion_body, down_base_url
@@ -369,3 +376,56 @@ async def test_a_crash_in_the_run_is_a_failed_iteration_and_the_schedule_advance
     mission = await mission_row(db, mission_id)
     assert mission["status"] == "active" and mission["next_run_at"] > datetime.now(UTC)
     assert mission["lease_owner"] is None
+
+
+async def test_nul_characters_and_huge_usage_from_the_llm_are_stored(db: AsyncEngine) -> None:
+    # PostgreSQL's text and jsonb refuse U+0000; an LLM can still send it.
+    def script(request: CompletionRequest) -> CompletionResponse:
+        if any(m.role == "tool" for m in request.messages):
+            return final_answer("saved\x00", usage=TokenUsage(prompt_tokens=2**40))
+        return tool_calls(("clock_now", {"timezone": "UTC\x00"}))
+
+    mission_id = await add_mission(db)
+    assert await make_worker(db, FunctionChatModel(script)).run_once() == ["succeeded"]
+    [it] = await iterations(db)
+    assert it["messages"][-1]["content"] == "saved\ufffd"
+    assert it["prompt_tokens"] == 2**40 + 10
+    async with db.connect() as conn:
+        [call] = (await conn.execute(select(tool_invocations))).mappings().all()
+    assert call["arguments"] == {"timezone": "UTC\ufffd"} and call["outcome"] == "error"
+    assert (await mission_row(db, mission_id))["next_run_at"] > datetime.now(UTC)
+
+
+async def test_an_outcome_the_database_refuses_is_stored_as_a_failure_not_rerun(
+    db: AsyncEngine,
+) -> None:
+    class RefusingStore(MissionStore):
+        refused = 0
+
+        async def finish_iteration(self, mission, iteration_id, outcome, *, worker_id):  # type: ignore[no-untyped-def]
+            if outcome.messages and not self.refused:
+                self.refused += 1
+                raise ValueError("value out of range")
+            return await super().finish_iteration(
+                mission, iteration_id, outcome, worker_id=worker_id
+            )
+
+    mission_id = await add_mission(db)
+    store = RefusingStore(db)
+    tools = builtin_tools(db)
+    runner = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(clock_then_answer),
+        tools_for=lambda m: tools,
+        worker_id="w1",
+        lease=LEASE,
+    )
+    worker = Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
+    )
+    assert await worker.run_once() == ["failed"]
+    [it] = await iterations(db)
+    assert it["status"] == "failed" and it["stop_reason"] == "store_failed"
+    assert "could not store the iteration: ValueError: value out of range" in it["error"]
+    mission = await mission_row(db, mission_id)
+    assert mission["lease_owner"] is None and mission["next_run_at"] > datetime.now(UTC)
