@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -55,9 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = asyncio.run(args.command_fn(args, settings))
         return status
+    except _UsageError as exc:
+        print(f"mana-ai: usage error: {exc}", file=sys.stderr)
+        return 2
     except ManaAIError as exc:
         print(f"mana-ai: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `mana-ai … | head`: the reader left; that is not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (SQLAlchemyError, OSError) as exc:  # the database went away mid-command
         from worker.db.engine import describe_error
 
@@ -141,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     lst.add_argument(
         "--status", choices=["active", "paused", "completed"], help="only missions in this status"
     )
-    lst.add_argument("--limit", type=_positive_int, default=100, help="rows at most (100)")
+    lst.add_argument("--limit", type=_limit, default=100, help="rows at most (100)")
     _json_flag(lst)
     lst.set_defaults(command_fn=_missions_list)
     for name, helptext, fn in (
@@ -178,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
         "list", help="List iterations.", description="List iterations, newest first."
     )
     lst.add_argument("--mission", type=_row_id, help="only this mission's iterations")
-    lst.add_argument("--limit", type=_positive_int, default=20, help="rows at most (20)")
+    lst.add_argument("--limit", type=_limit, default=20, help="rows at most (20)")
     _json_flag(lst)
     lst.set_defaults(command_fn=_iterations_list)
     show = it.add_parser(
@@ -211,6 +219,16 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
+_MAX_LIMIT = 10_000
+
+
+def _limit(text: str) -> int:
+    value = _positive_int(text)
+    if value > _MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected at most {_MAX_LIMIT}, got {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -237,10 +255,9 @@ def _row_id(text: str) -> int:
 def _iteration_ref(text: str) -> int | None:
     if text == "latest":
         return None
-    try:
-        return _row_id(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected an id or 'latest', got {text!r}") from None
+    if not text.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected an id or 'latest', got {text!r}")
+    return _row_id(text)
 
 
 def _aware_datetime(text: str) -> datetime:
@@ -319,6 +336,8 @@ async def _missions_add(args: argparse.Namespace, settings: Settings) -> int:
 
     if not args.objective.strip():
         raise _usage("--objective must not be empty")
+    if not args.agent.strip():
+        raise _usage("--agent must not be empty")
     if args.cron is None and args.at is None and not args.due_now:
         raise _usage(
             "give --cron EXPR for a recurring mission, or --at TIME / --due-now for a one-shot"

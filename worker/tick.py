@@ -10,6 +10,7 @@ cancels the rest (each records an ``interrupted`` iteration and releases its lea
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from datetime import timedelta
@@ -56,6 +57,7 @@ class Worker:
         self.running: set[asyncio.Task[RunOutcome]] = set()
         self.stopping = False
         self._tick_lock = asyncio.Lock()
+        self._failed_ticks = 0
 
     async def tick(self) -> list[asyncio.Task[RunOutcome]]:
         """Claim due missions into free slots and start them; return the started tasks.
@@ -78,18 +80,30 @@ class Worker:
             return tasks
 
     async def tick_safely(self) -> None:
-        """``tick()`` that logs and counts a failure instead of raising (the scheduler job)."""
+        """``tick()`` that logs and counts a failure instead of raising (the scheduler job).
+
+        The first failure of a streak is logged with its traceback, the next ones as one line
+        each (a database outage would otherwise flood the log), and the recovery once.
+        """
         try:
             await self.tick()
         except Exception as exc:
             metrics.TICKS.labels(outcome="error").inc()
+            reason = f"{type(exc).__name__}: {exc}".strip()
             if self.health:
-                self.health.tick_failed(f"{type(exc).__name__}: {exc}")
-            logger.exception("tick failed; retrying at the next tick")
+                self.health.tick_failed(reason)
+            self._failed_ticks += 1
+            if self._failed_ticks == 1:
+                logger.exception("tick failed (%s); retrying at every tick", reason)
+            else:
+                logger.warning("tick failed again (%d in a row): %s", self._failed_ticks, reason)
         else:
             metrics.TICKS.labels(outcome="ok").inc()
             if self.health:
                 self.health.tick_ok()
+            if self._failed_ticks:
+                logger.info("tick recovered after %d failed tick(s)", self._failed_ticks)
+                self._failed_ticks = 0
 
     async def run_once(self) -> list[RunOutcome]:
         """One tick, then wait for the missions it started; their outcomes in claim order.
@@ -120,11 +134,16 @@ class Worker:
         task = asyncio.create_task(self.runner.run(mission), name=f"mission-{mission.id}")
         self.running.add(task)
         metrics.MISSIONS_RUNNING.set(len(self.running))
-        task.add_done_callback(self._finished)
+        task.add_done_callback(functools.partial(self._finished, mission.id))
         return task
 
-    def _finished(self, task: asyncio.Task[RunOutcome]) -> None:
+    def _finished(self, mission_id: int, task: asyncio.Task[RunOutcome]) -> None:
         self.running.discard(task)
         metrics.MISSIONS_RUNNING.set(len(self.running))
         if not task.cancelled() and task.exception() is not None:
-            logger.error("mission task failed", exc_info=task.exception())
+            logger.error(
+                "mission run failed before its iteration was stored; another tick reruns it "
+                "once its lease expires",
+                exc_info=task.exception(),
+                extra={"mission_id": mission_id},
+            )

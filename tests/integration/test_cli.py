@@ -62,7 +62,7 @@ def test_agents_add_and_list(run: Any) -> None:
 
 def test_agents_add_refuses_unknown_tools_and_writes_nothing(run: Any) -> None:
     code, _, err = run("agents", "add", "--name", "x", "--owner", "u", "--tools", "clock_now,rm_rf")
-    assert code == 1 and "unknown tool(s) rm_rf" in err and "notes_list" in err
+    assert code == 2 and "unknown tool(s) rm_rf" in err and "notes_list" in err
     assert as_json(run, "agents", "list") == []
 
 
@@ -109,7 +109,8 @@ def test_missions_lifecycle_add_show_pause_resume(run: Any) -> None:
 def test_missions_add_bad_input_writes_nothing(run: Any, args: list[str], message: str) -> None:
     as_json(run, "agents", "add", "--name", "a", "--owner", "u")
     code, _, err = run("missions", "add", "--agent", "a", "--objective", "x", *args)
-    assert code == 1 and message in err
+    # 1: the values were refused (a cron that does not parse); 2: the command line is wrong
+    assert code == (1 if "fields" in message else 2) and message in err
     assert as_json(run, "missions", "list") == []
 
 
@@ -143,7 +144,7 @@ def test_invalid_settings_exit_2_naming_the_variable(
 )
 def test_agents_add_refuses_blank_values(run: Any, args: list[str], message: str) -> None:
     code, _, err = run("agents", "add", *args)
-    assert code == 1 and message in err
+    assert code == 2 and message in err
     assert as_json(run, "agents", "list") == []
 
 
@@ -193,11 +194,17 @@ def test_one_shot_times_that_would_surprise_are_refused(
 ) -> None:
     as_json(run, "agents", "add", "--name", "a", "--owner", "u")
     code, _, err = run("missions", "add", "--agent", "a", "--objective", "x", *args)
-    assert code == 1 and message in err
+    assert code == 2 and message in err
     assert as_json(run, "missions", "list") == []
 
 
 def test_ids_beyond_bigint_are_a_usage_error(run: Any) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run("missions", "show", "99999999999999999999")
+    assert exit_info.value.code == 2
+
+
+def test_limits_beyond_the_cap_are_a_usage_error(run: Any) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run("missions", "list", "--limit", "99999999999999999999")
     assert exit_info.value.code == 2

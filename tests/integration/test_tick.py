@@ -429,3 +429,27 @@ async def test_an_outcome_the_database_refuses_is_stored_as_a_failure_not_rerun(
     assert "could not store the iteration: ValueError: value out of range" in it["error"]
     mission = await mission_row(db, mission_id)
     assert mission["lease_owner"] is None and mission["next_run_at"] > datetime.now(UTC)
+
+
+async def test_a_failing_tick_logs_one_traceback_per_streak_and_the_recovery(
+    db: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = make_worker(db, FunctionChatModel(clock_then_answer))
+    real_claim = worker.store.claim_due
+    failures = iter([OSError("connection refused")] * 3)
+
+    async def flaky_claim(**kwargs: Any) -> Any:
+        exc = next(failures, None)
+        if exc is not None:
+            raise exc
+        return await real_claim(**kwargs)
+
+    worker.store.claim_due = flaky_claim  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="worker.tick"):
+        for _ in range(4):
+            await worker.tick_safely()
+    records = [r for r in caplog.records if r.name == "worker.tick"]
+    assert [r.levelname for r in records] == ["ERROR", "WARNING", "WARNING", "INFO"]
+    assert records[0].exc_info is not None and "connection refused" in records[0].getMessage()
+    assert all(r.exc_info is None for r in records[1:])
+    assert "recovered after 3 failed tick(s)" in records[-1].getMessage()
