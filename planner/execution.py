@@ -73,6 +73,7 @@ async def execute_calls(
     ctx: ToolContext,
     policy: PolicyGate | None = None,
     executor: ToolCallExecutor | None = None,
+    on_executed: Callable[[ExecutedCall], None] | None = None,
 ) -> list[ExecutedCall]:
     """Run ``calls`` in order; return one ExecutedCall per call, in the same order.
 
@@ -83,13 +84,17 @@ async def execute_calls(
         ctx: passed to every handler.
         policy: awaited before each known tool runs; a denial skips the handler.
         executor: when given, runs each allowed call instead of the spec's handler.
+        on_executed: called with each ExecutedCall as soon as that call finished.
     """
-    return [
-        await _execute_one(
+    done: list[ExecutedCall] = []
+    for call in calls:
+        executed = await _execute_one(
             call, round=round, registry=registry, ctx=ctx, policy=policy, executor=executor
         )
-        for call in calls
-    ]
+        done.append(executed)
+        if on_executed is not None:
+            on_executed(executed)
+    return done
 
 
 async def _execute_one(

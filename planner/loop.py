@@ -82,6 +82,9 @@ class PlannerLoopInput:
         ctx: passed to tool handlers; default ``ToolContext(user_id="local")``.
         policy: awaited before each known tool runs (``None`` allows every call).
         temperature, max_tokens: passed through on every request.
+        on_message: called with every message as it enters the stored log (the system and
+            user messages first), so a caller keeps the log of a run that is cancelled.
+        on_executed_call: called with every ExecutedCall as soon as it finished.
     """
 
     system_prompt: str
@@ -95,6 +98,8 @@ class PlannerLoopInput:
     policy: PolicyGate | None = None
     temperature: float | None = None
     max_tokens: int | None = None
+    on_message: Callable[[ChatMessage], None] | None = None
+    on_executed_call: Callable[[ExecutedCall], None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_rounds < 1:
@@ -155,12 +160,23 @@ async def run_planner_loop(
     registry = ToolRegistry(inp.tools)
     openai_tools = [spec.to_openai_tool() for spec in registry.specs()]
     ctx = inp.ctx or ToolContext(user_id="local")
-    messages: list[ChatMessage] = [
-        ChatMessage(role="system", content=inp.system_prompt),
-        *inp.prior_messages,
-        ChatMessage(role="user", content=inp.user_prompt),
-    ]
+    messages: list[ChatMessage] = []
     executed: list[ExecutedCall] = []
+
+    def log(message: ChatMessage) -> None:
+        messages.append(message)
+        if inp.on_message is not None:
+            inp.on_message(message)
+
+    def record(call: ExecutedCall) -> None:
+        executed.append(call)
+        if inp.on_executed_call is not None:
+            inp.on_executed_call(call)
+
+    log(ChatMessage(role="system", content=inp.system_prompt))
+    for message in inp.prior_messages:
+        log(message)
+    log(ChatMessage(role="user", content=inp.user_prompt))
     usage = TokenUsage()
 
     for round_no in range(1, inp.max_rounds + 1):
@@ -190,7 +206,7 @@ async def run_planner_loop(
         reply = response.message
         if reply.role != "assistant":
             reply = reply.model_copy(update={"role": "assistant"})
-        messages.append(reply)
+        log(reply)
         if not reply.tool_calls:
             return PlannerLoopResult(
                 messages, executed, round_no, usage, "final_answer", final_answer=reply.content
@@ -202,8 +218,9 @@ async def run_planner_loop(
             ctx=ctx,
             policy=inp.policy,
             executor=on_tool_call,
+            on_executed=record,
         )
-        executed.extend(outcomes)
-        messages.extend(tool_result_message(o) for o in outcomes)
+        for outcome in outcomes:
+            log(tool_result_message(outcome))
 
     return PlannerLoopResult(messages, executed, inp.max_rounds, usage, "max_rounds")

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from planner import (
+    ChatMessage,
     ChatModel,
     ExecutedCall,
     PlannerLoopInput,
@@ -132,9 +134,10 @@ class MissionRunner:
         this_task = asyncio.current_task()
         renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task))
         result: PlannerLoopResult | None = None
+        transcript = _Transcript(attempt=iteration.attempt)
         try:
-            result = await self._run_loop(mission, iteration.id, model)
-            outcome = self._outcome(result, next_run)
+            result = await self._run_loop(mission, iteration.id, model, transcript)
+            outcome = self._outcome(result, next_run, iteration.attempt)
         except asyncio.CancelledError:
             if lease_lost.is_set() and this_task is not None:
                 this_task.uncancel()
@@ -142,21 +145,27 @@ class MissionRunner:
                 logger.error("lease lost while running; another worker owns the mission now")
                 return "lease_lost"
             await self.store.interrupt_iteration(
-                mission.id,
+                mission,
                 iteration.id,
                 worker_id=self.worker_id,
                 reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
+                messages=transcript.messages_json(),
+                invocations=transcript.invocation_rows(),
             )
             logger.warning("iteration interrupted by shutdown; the next worker reruns it")
             metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
             raise
         except Exception as exc:  # a crash in our own code must not stop other missions
             logger.exception("iteration crashed")
-            outcome = _no_run(
-                next_run,
-                status="failed",
-                stop_reason="crashed",
-                error=f"internal error: {type(exc).__name__}: {exc}",
+            outcome = dataclasses.replace(
+                _no_run(
+                    next_run,
+                    status="failed",
+                    stop_reason="crashed",
+                    error=f"internal error: {type(exc).__name__}: {exc}",
+                ),
+                messages=transcript.messages_json(),
+                tool_invocations=transcript.invocation_rows(),
             )
         finally:
             renewer.cancel()
@@ -200,7 +209,11 @@ class MissionRunner:
         return outcome.status
 
     async def _run_loop(
-        self, mission: ClaimedMission, iteration_id: int, model: str | None
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        model: str | None,
+        transcript: _Transcript,
     ) -> PlannerLoopResult:
         ctx = ToolContext(
             user_id=mission.owner_user_id,
@@ -215,6 +228,8 @@ class MissionRunner:
             max_rounds=mission.max_rounds,
             model=model,
             ctx=ctx,
+            on_message=transcript.messages.append,
+            on_executed_call=transcript.calls.append,
         )
         return await run_planner_loop(inp, llm=self.llm)
 
@@ -230,7 +245,7 @@ class MissionRunner:
         return _NextRun(at, "active")
 
     @staticmethod
-    def _outcome(result: PlannerLoopResult, next_run: _NextRun) -> IterationOutcome:
+    def _outcome(result: PlannerLoopResult, next_run: _NextRun, attempt: int) -> IterationOutcome:
         failed = result.stop_reason == "llm_error"
         errors = [e for e in (result.error, next_run.error) if e]
         return IterationOutcome(
@@ -243,7 +258,7 @@ class MissionRunner:
             error=_json_safe("; ".join(errors)) or None,
             next_run_at=next_run.at,
             mission_status=next_run.mission_status,
-            tool_invocations=[_invocation_row(c) for c in result.executed_calls],
+            tool_invocations=[_invocation_row(c, attempt) for c in result.executed_calls],
         )
 
     async def _renew_until_done(
@@ -267,6 +282,22 @@ class MissionRunner:
                 if run_task is not None:
                     run_task.cancel()
                 return
+
+
+@dataclass
+class _Transcript:
+    """What a run did so far, kept by the loop's callbacks: stored when the run is interrupted
+    or crashes, since its tool calls already happened."""
+
+    attempt: int
+    messages: list[ChatMessage] = field(default_factory=list)
+    calls: list[ExecutedCall] = field(default_factory=list)
+
+    def messages_json(self) -> list[dict[str, Any]]:
+        return list(_json_safe(messages_to_json(self.messages)))
+
+    def invocation_rows(self) -> list[ToolInvocationRow]:
+        return [_invocation_row(c, self.attempt) for c in self.calls]
 
 
 def _no_run(
@@ -312,8 +343,9 @@ def _without_nul(value: Any) -> Any:
     return value
 
 
-def _invocation_row(call: ExecutedCall) -> ToolInvocationRow:
+def _invocation_row(call: ExecutedCall, attempt: int) -> ToolInvocationRow:
     return ToolInvocationRow(
+        attempt=attempt,
         round=call.round,
         call_id=call.call.id,
         tool=call.call.name,

@@ -144,6 +144,7 @@ def upgrade() -> None:
         sa.Column("iteration_id", sa.BigInteger(), nullable=False),
         sa.Column("mission_id", sa.BigInteger(), nullable=False),
         sa.Column("user_id", sa.Text(), nullable=False),
+        sa.Column("attempt", sa.Integer(), nullable=False, server_default=sa.text("1")),
         sa.Column("round", sa.Integer(), nullable=False),
         sa.Column("call_id", sa.Text(), nullable=False),
         sa.Column("tool", sa.Text(), nullable=False),

@@ -288,12 +288,14 @@ async def test_drain_interrupts_a_hung_run_and_the_next_worker_reruns_it(db: Asy
     mission_id = await add_mission(db)
     entered = asyncio.Event()
 
-    async def hang(request: CompletionRequest) -> CompletionResponse:
+    async def call_a_tool_then_hang(request: CompletionRequest) -> CompletionResponse:
+        if not any(m.role == "tool" for m in request.messages):
+            return tool_calls(("clock_now", {}))
         entered.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    worker = make_worker(db, FunctionChatModel(hang), worker_id="leaving")
+    worker = make_worker(db, FunctionChatModel(call_a_tool_then_hang), worker_id="leaving")
     [task] = await worker.tick()
     await entered.wait()
     await worker.drain(grace_s=0.05)
@@ -301,6 +303,8 @@ async def test_drain_interrupts_a_hung_run_and_the_next_worker_reruns_it(db: Asy
     [it] = await iterations(db)
     assert it["status"] == "failed" and it["stop_reason"] == "interrupted"
     assert "leaving" in it["error"]
+    # what the interrupted attempt did is kept: its log so far and its tool call
+    assert [m["role"] for m in it["messages"]] == ["system", "user", "assistant", "tool"]
     assert (await mission_row(db, mission_id))["lease_owner"] is None
     assert await worker.run_once() == [], "a draining worker claims nothing"
 
@@ -308,6 +312,9 @@ async def test_drain_interrupts_a_hung_run_and_the_next_worker_reruns_it(db: Asy
     assert await successor.run_once() == ["succeeded"]
     [it] = await iterations(db)
     assert it["status"] == "succeeded" and it["attempt"] == 2
+    async with db.connect() as conn:
+        calls = (await conn.execute(select(tool_invocations))).mappings().all()
+    assert [(c["attempt"], c["tool"]) for c in calls] == [(1, "clock_now"), (2, "clock_now")]
 
 
 async def test_a_mission_paused_while_running_stays_paused(db: AsyncEngine) -> None:

@@ -279,3 +279,18 @@ def test_a_tool_with_a_bad_name_or_schema_is_refused_at_construction(
 def test_duplicate_tool_names_are_refused() -> None:
     with pytest.raises(ToolRegistryError, match="duplicate tool name 'echo'"):
         ToolRegistry([ECHO, ECHO])
+
+
+async def test_callbacks_see_the_log_and_calls_as_they_happen() -> None:
+    seen_messages: list[ChatMessage] = []
+    seen_calls: list[str] = []
+    llm = ScriptedChatModel([tool_calls(("echo", {"text": "a"}), ("boom", {})), final_answer("ok")])
+    result = await run_planner_loop(
+        _inp(
+            on_message=seen_messages.append,
+            on_executed_call=lambda c: seen_calls.append(c.call.name),
+        ),
+        llm=llm,
+    )
+    assert seen_messages == result.messages
+    assert seen_calls == ["echo", "boom"]

@@ -38,7 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.db.tables import agents, mission_iterations, missions, tool_invocations
 
@@ -96,6 +96,7 @@ class ToolInvocationRow:
     duration_ms: float
     policy_decision: dict[str, Any] | None = None
     policy_mode: str | None = None
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -312,46 +313,27 @@ class MissionStore:
                     finished_at=func.now(),
                 )
             )
-            if outcome.tool_invocations:
-                await conn.execute(
-                    insert(tool_invocations),
-                    [
-                        {
-                            "iteration_id": iteration_id,
-                            "mission_id": mission.id,
-                            "user_id": mission.owner_user_id,
-                            "round": inv.round,
-                            "call_id": inv.call_id,
-                            "tool": inv.tool,
-                            "arguments": inv.arguments,
-                            "result": inv.result,
-                            "error": inv.error,
-                            "outcome": inv.outcome,
-                            "policy_decision": inv.policy_decision,
-                            "policy_mode": inv.policy_mode,
-                            "duration_ms": inv.duration_ms,
-                        }
-                        for inv in outcome.tool_invocations
-                    ],
-                )
+            await _insert_invocations(conn, mission, iteration_id, outcome.tool_invocations)
         return True
 
     async def interrupt_iteration(
         self,
-        mission_id: int,
+        mission: ClaimedMission,
         iteration_id: int | None,
         *,
         worker_id: str,
         reason: str,
         messages: list[dict[str, Any]] | None = None,
+        invocations: Sequence[ToolInvocationRow] = (),
     ) -> bool:
         """Mark a run ``failed`` / ``interrupted`` and release the lease without advancing
-        the schedule, so the next worker runs that scheduled time again. False when this
-        worker no longer owns the lease (nothing written)."""
+        the schedule, so the next worker runs that scheduled time again. ``messages`` and
+        ``invocations`` keep what the interrupted attempt did (its tool calls happened).
+        False when this worker no longer owns the lease (nothing written)."""
         async with self.engine.begin() as conn:
             released = await conn.execute(
                 update(missions)
-                .where(missions.c.id == mission_id, missions.c.lease_owner == worker_id)
+                .where(missions.c.id == mission.id, missions.c.lease_owner == worker_id)
                 .values(lease_owner=None, lease_expires_at=None, updated_at=func.now())
                 .returning(missions.c.id)
             )
@@ -372,4 +354,37 @@ class MissionStore:
                     .where(mission_iterations.c.id == iteration_id)
                     .values(**values)
                 )
+                await _insert_invocations(conn, mission, iteration_id, invocations)
         return True
+
+
+async def _insert_invocations(
+    conn: AsyncConnection,
+    mission: ClaimedMission,
+    iteration_id: int,
+    rows: Sequence[ToolInvocationRow],
+) -> None:
+    if not rows:
+        return
+    await conn.execute(
+        insert(tool_invocations),
+        [
+            {
+                "iteration_id": iteration_id,
+                "mission_id": mission.id,
+                "user_id": mission.owner_user_id,
+                "attempt": row.attempt,
+                "round": row.round,
+                "call_id": row.call_id,
+                "tool": row.tool,
+                "arguments": row.arguments,
+                "result": row.result,
+                "error": row.error,
+                "outcome": row.outcome,
+                "policy_decision": row.policy_decision,
+                "policy_mode": row.policy_mode,
+                "duration_ms": row.duration_ms,
+            }
+            for row in rows
+        ],
+    )

@@ -154,6 +154,7 @@ tool_invocations = Table(
     ),
     Column("mission_id", BigInteger, nullable=False),
     Column("user_id", Text, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default=text("1")),
     Column("round", Integer, nullable=False),
     Column("call_id", Text, nullable=False),
     Column("tool", Text, nullable=False),
