@@ -51,6 +51,10 @@ ToolsFactory = Callable[[ClaimedMission], Sequence[ToolSpec]]
 
 RunOutcome = str  # succeeded | failed | interrupted | lease_lost | skipped
 
+BUDGET_WINDOW = timedelta(hours=24)
+"""An agent's ``max_tokens_per_day`` is checked against its iterations of the last 24 hours
+(a rolling window), before each run; a run that starts under budget may end over it."""
+
 
 @dataclass(frozen=True)
 class _NextRun:
@@ -129,6 +133,22 @@ class MissionRunner:
             iteration.attempt,
             mission.scheduled_for.isoformat(),
         )
+
+        if mission.max_tokens_per_day is not None:
+            used = await self.store.tokens_used(mission.agent_id, window=BUDGET_WINDOW)
+            if used >= mission.max_tokens_per_day:
+                error = (
+                    f"daily token budget used up: agent {mission.agent_name} used {used} of "
+                    f"{mission.max_tokens_per_day} tokens in the last 24 h; run skipped"
+                )
+                logger.warning("%s", error)
+                over = _no_run(
+                    next_run, status="failed", stop_reason="budget_exhausted", error=error
+                )
+                await self.store.finish_iteration(
+                    mission, iteration.id, over, worker_id=self.worker_id
+                )
+                return "failed"
 
         lease_lost = asyncio.Event()
         this_task = asyncio.current_task()

@@ -3,8 +3,9 @@
 The tick job runs every ``tick_interval_s`` with ``max_instances=1`` and ``coalesce=True``
 (a slow tick never overlaps the next one, and missed ticks collapse into one), first right at
 start. On SIGTERM or SIGINT the worker stops claiming, lets running missions finish within
-``shutdown_grace_s``, interrupts the rest (their iterations are marked ``interrupted`` and
-their leases released, so another worker reruns them) and returns exit status 0.
+``shutdown_grace_s`` (a second signal cuts that short), interrupts the rest (their iterations
+are marked ``interrupted`` and their leases released, so another worker reruns them) and
+returns exit status 0.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ async def serve(
         ManaAIError: the database could not be opened or migrated (before anything ran).
     """
     stop = stop or asyncio.Event()
+    hurry = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, sig, stop)
+        loop.add_signal_handler(sig, _on_signal, sig, stop, hurry)
     try:
         async with open_app(settings, llm=llm, migrate=True) as app:
             metrics_server = None
@@ -91,7 +93,7 @@ async def serve(
             finally:
                 logger.info("shutting down: no new claims")
                 scheduler.shutdown(wait=False)
-                await app.worker.drain(settings.shutdown_grace_s)
+                await app.worker.drain(settings.shutdown_grace_s, hurry)
                 if metrics_server is not None:
                     metrics_server.stop()
     finally:
@@ -101,6 +103,11 @@ async def serve(
     return 0
 
 
-def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
-    logger.info("received %s", sig.name)
-    stop.set()
+def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:
+    """First signal: stop claiming and drain. Second: interrupt running missions now."""
+    if stop.is_set():
+        logger.info("received %s again", sig.name)
+        hurry.set()
+    else:
+        logger.info("received %s", sig.name)
+        stop.set()

@@ -14,6 +14,7 @@ import functools
 import logging
 import time
 from datetime import timedelta
+from typing import Any
 
 from worker import metrics
 from worker.db.stores import ClaimedMission, MissionStore
@@ -115,19 +116,37 @@ class Worker:
         results = await asyncio.gather(*tasks, return_exceptions=True)
         return [r if isinstance(r, str) else "error" for r in results]
 
-    async def drain(self, grace_s: float) -> None:
-        """Stop claiming; wait up to ``grace_s`` seconds, then cancel what still runs."""
+    async def drain(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
+        """Stop claiming; wait up to ``grace_s`` seconds (or until ``hurry`` is set), then
+        cancel what still runs and wait for the cancelled runs to record their interruption."""
         self.stopping = True
         async with self._tick_lock:  # a tick in flight finishes starting its missions
             pending = set(self.running)
         if not pending:
             return
         logger.info("waiting up to %.1f s for %d running mission(s)", grace_s, len(pending))
-        _, still = await asyncio.wait(pending, timeout=grace_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        hurried = asyncio.create_task(hurry.wait()) if hurry is not None else None
+        still: set[asyncio.Future[Any]] = set(pending)
+        try:
+            while still and (remaining := deadline - loop.time()) > 0:
+                waiting = still | {hurried} if hurried is not None else still
+                done, _ = await asyncio.wait(
+                    waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                if hurried is not None and hurried in done:
+                    logger.warning("asked again to stop: interrupting now")
+                    break
+                still -= done
+        finally:
+            if hurried is not None:
+                hurried.cancel()
+        still = {task for task in still if not task.done()}
         for task in still:
             task.cancel()
         if still:
-            logger.warning("grace period over: interrupting %d mission(s)", len(still))
+            logger.warning("interrupting %d mission(s)", len(still))
             await asyncio.gather(*still, return_exceptions=True)
 
     def _start(self, mission: ClaimedMission) -> asyncio.Task[RunOutcome]:

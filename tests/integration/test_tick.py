@@ -461,3 +461,43 @@ async def test_a_failing_tick_logs_one_traceback_per_streak_and_the_recovery(
     assert records[0].exc_info is not None and "connection refused" in records[0].getMessage()
     assert all(r.exc_info is None for r in records[1:])
     assert "recovered after 3 failed tick(s)" in records[-1].getMessage()
+
+
+async def test_an_agent_over_its_daily_token_budget_does_not_run(db: AsyncEngine) -> None:
+    admin = AdminStore(db)
+    await admin.add_agent(
+        name="thrifty", owner_user_id="u1", system_prompt="Be brief.", max_tokens_per_day=25
+    )
+    first = await add_mission(db, agent="thrifty")
+    llm = FunctionChatModel(clock_then_answer)  # 30 tokens per run
+    assert await make_worker(db, llm).run_once() == ["succeeded"]
+
+    second = await add_mission(db, agent="thrifty")
+    assert await make_worker(db, llm).run_once() == ["failed"]
+    runs = {it["mission_id"]: it for it in await iterations(db)}
+    assert runs[first]["status"] == "succeeded"
+    assert runs[second]["stop_reason"] == "budget_exhausted"
+    assert "used 30 of 25 tokens in the last 24 h" in runs[second]["error"]
+    assert len(llm.requests) == 2, "the skipped run made no LLM request"
+    assert (await mission_row(db, second))["next_run_at"] > datetime.now(UTC)
+
+
+async def test_a_second_stop_request_cuts_the_grace_period_short(db: AsyncEngine) -> None:
+    await add_mission(db)
+    entered = asyncio.Event()
+
+    async def hang(request: CompletionRequest) -> CompletionResponse:
+        entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    worker = make_worker(db, FunctionChatModel(hang))
+    [task] = await worker.tick()
+    await entered.wait()
+    hurry = asyncio.Event()
+    draining = asyncio.create_task(worker.drain(grace_s=3600, hurry=hurry))
+    hurry.set()
+    await asyncio.wait_for(draining, 30)  # not the hour of grace
+    assert task.cancelled()
+    [it] = await iterations(db)
+    assert it["stop_reason"] == "interrupted"

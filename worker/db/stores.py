@@ -254,6 +254,29 @@ class MissionStore:
             row = (await conn.execute(stmt)).first()
         return StartedIteration(id=row.id, attempt=row.attempt) if row else None
 
+    async def tokens_used(self, agent_id: int, *, window: timedelta) -> int:
+        """Tokens (prompt + completion) of ``agent_id``'s iterations started within ``window``
+        before now (database clock)."""
+        stmt = (
+            select(
+                func.coalesce(
+                    func.sum(
+                        mission_iterations.c.prompt_tokens + mission_iterations.c.completion_tokens
+                    ),
+                    0,
+                )
+            )
+            .select_from(
+                mission_iterations.join(missions, missions.c.id == mission_iterations.c.mission_id)
+            )
+            .where(
+                missions.c.agent_id == agent_id,
+                mission_iterations.c.started_at >= func.now() - window,
+            )
+        )
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(stmt)).scalar_one())
+
     async def renew_lease(self, mission_id: int, *, worker_id: str, lease: timedelta) -> bool:
         """Push the lease ``lease`` past now. False when this worker no longer owns it."""
         stmt = (
