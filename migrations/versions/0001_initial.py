@@ -108,7 +108,9 @@ def upgrade() -> None:
         ),
         sa.Column("rounds", sa.Integer(), nullable=False, server_default=sa.text("0")),
         sa.Column("prompt_tokens", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
-        sa.Column("completion_tokens", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        sa.Column(
+            "completion_tokens", sa.BigInteger(), nullable=False, server_default=sa.text("0")
+        ),
         sa.Column("stop_reason", sa.Text(), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("worker_id", sa.Text(), nullable=False),
