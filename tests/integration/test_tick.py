@@ -28,7 +28,7 @@ from worker.db.admin import AdminStore
 from worker.db.engine import create_engine
 from worker.db.stores import MissionStore
 from worker.db.tables import mission_iterations, missions, tool_invocations
-from worker.runner import MissionRunner
+from worker.runner import MissionRunner, ToolsFactory
 from worker.tick import Worker
 from worker.tools import builtin_tools
 
@@ -50,11 +50,17 @@ def make_worker(
     max_concurrent: int = 4,
     lease: timedelta = LEASE,
     extra_tools: list[ToolSpec] | None = None,
+    store: MissionStore | None = None,
+    tools_for: ToolsFactory | None = None,
 ) -> Worker:
-    store = MissionStore(engine)
+    store = store or MissionStore(engine)
     tools = [*builtin_tools(engine), *(extra_tools or [])]
     runner = MissionRunner(
-        store=store, llm=llm, tools_for=lambda m: tools, worker_id=worker_id, lease=lease
+        store=store,
+        llm=llm,
+        tools_for=tools_for or (lambda m: tools),
+        worker_id=worker_id,
+        lease=lease,
     )
     return Worker(
         store=store,
@@ -362,21 +368,11 @@ async def test_a_crash_in_the_run_is_a_failed_iteration_and_the_schedule_advance
     db: AsyncEngine,
 ) -> None:
     mission_id = await add_mission(db)
-    store = MissionStore(db)
 
     def broken_tools(mission: object) -> list[ToolSpec]:
         raise RuntimeError("tool source unavailable")
 
-    runner = MissionRunner(
-        store=store,
-        llm=FunctionChatModel(clock_then_answer),
-        tools_for=broken_tools,
-        worker_id="w1",
-        lease=LEASE,
-    )
-    worker = Worker(
-        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
-    )
+    worker = make_worker(db, FunctionChatModel(clock_then_answer), tools_for=broken_tools)
     assert await worker.run_once() == ["failed"]
     [it] = await iterations(db)
     assert it["stop_reason"] == "crashed"
@@ -419,18 +415,7 @@ async def test_an_outcome_the_database_refuses_is_stored_as_a_failure_not_rerun(
             )
 
     mission_id = await add_mission(db)
-    store = RefusingStore(db)
-    tools = builtin_tools(db)
-    runner = MissionRunner(
-        store=store,
-        llm=FunctionChatModel(clock_then_answer),
-        tools_for=lambda m: tools,
-        worker_id="w1",
-        lease=LEASE,
-    )
-    worker = Worker(
-        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
-    )
+    worker = make_worker(db, FunctionChatModel(clock_then_answer), store=RefusingStore(db))
     assert await worker.run_once() == ["failed"]
     [it] = await iterations(db)
     assert it["status"] == "failed" and it["stop_reason"] == "store_failed"
