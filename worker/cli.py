@@ -348,7 +348,12 @@ async def _missions_add(args: argparse.Namespace, settings: Settings) -> int:
         raise _usage("give either --at TIME or --due-now, not both")
     parse_timezone(args.timezone)
     now = datetime.now(UTC)
-    first: datetime | None
+    cron_next = None
+    if args.cron is not None:
+        cron_next = next_run_after(args.cron, args.timezone, now)  # raises ScheduleError
+        if cron_next is None:
+            raise _usage(f"cron expression {args.cron!r} never fires")
+    first: datetime
     if args.due_now:
         first = now
     elif args.at is not None:
@@ -358,11 +363,8 @@ async def _missions_add(args: argparse.Namespace, settings: Settings) -> int:
             )
         first = args.at
     else:
-        first = next_run_after(args.cron, args.timezone, now)  # raises ScheduleError
-    if args.cron is not None:
-        next_run_after(args.cron, args.timezone, now)  # validate even with --due-now
-    if first is None:
-        raise _usage(f"cron expression {args.cron!r} never fires")
+        assert cron_next is not None  # one of --cron / --at / --due-now was checked above
+        first = cron_next
     if args.deadline is not None and args.deadline < first:
         raise _usage(f"--deadline {args.deadline.isoformat()} is before the first run")
     async with _admin(settings) as admin:
