@@ -29,10 +29,23 @@ from planner.messages import (
     messages_from_json,
     messages_to_json,
 )
-from planner.policy import PolicyDecision, PolicyGate
+from planner.policy import (
+    CallLedger,
+    PolicyConfig,
+    PolicyDecision,
+    PolicyGate,
+    PolicyInput,
+    PolicyMode,
+    RateLimit,
+    Reservation,
+    RulePolicyGate,
+    UserPolicySettings,
+    evaluate_policy,
+)
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [
+    "CallLedger",
     "ChatMessage",
     "ChatModel",
     "CompletionRequest",
@@ -46,10 +59,16 @@ __all__ = [
     "PlannerError",
     "PlannerLoopInput",
     "PlannerLoopResult",
+    "PolicyConfig",
     "PolicyDecision",
     "PolicyGate",
     "PolicyHint",
+    "PolicyInput",
+    "PolicyMode",
+    "RateLimit",
     "ReminderChannel",
+    "Reservation",
+    "RulePolicyGate",
     "StopReason",
     "TokenUsage",
     "ToolCall",
@@ -57,6 +76,8 @@ __all__ = [
     "ToolRegistry",
     "ToolRegistryError",
     "ToolSpec",
+    "UserPolicySettings",
+    "evaluate_policy",
     "execute_calls",
     "format_reminder",
     "messages_from_json",

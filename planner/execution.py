@@ -20,7 +20,13 @@ from planner.messages import ChatMessage, ToolCall
 from planner.policy import PolicyDecision, PolicyGate
 from planner.tools import ToolContext, ToolRegistry
 
-__all__ = ["ExecutedCall", "ToolCallExecutor", "execute_calls", "tool_result_message"]
+__all__ = [
+    "ExecutedCall",
+    "ToolCallExecutor",
+    "denial_text",
+    "execute_calls",
+    "tool_result_message",
+]
 
 ToolCallExecutor = Callable[[ToolCall], Awaitable[Any]]
 
@@ -63,6 +69,15 @@ def tool_result_message(executed: ExecutedCall) -> ChatMessage:
     else:
         content = json.dumps(executed.result, ensure_ascii=False, default=str)
     return ChatMessage(role="tool", content=content, tool_call_id=executed.call.id)
+
+
+def denial_text(decision: PolicyDecision) -> str:
+    """The error a refused call's tool result carries, e.g. ``denied by policy
+    (destructive_not_opted_in): notes_delete is destructive and …``."""
+    reason = decision.reason or "no reason given"
+    if decision.message:
+        return f"denied by policy ({reason}): {decision.message}"
+    return f"denied by policy: {reason}"
 
 
 async def execute_calls(
@@ -128,7 +143,7 @@ async def _execute_one(
     if policy is not None:
         decision = await policy(spec, call, ctx)
         if not decision.allow:
-            return done(None, f"denied by policy: {decision.reason or 'no reason given'}", decision)
+            return done(None, denial_text(decision), decision)
     try:
         if executor is not None:
             result = await executor(call)

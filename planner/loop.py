@@ -54,6 +54,8 @@ class LoopState:
         last_call: the most recent executed call, or ``None``.
         compactions_done: how many times the context was compacted so far.
         max_rounds: the round limit of this loop.
+        last_round_calls: the calls of the previous round, in the order the model issued
+            them (empty before the first round and after a round without calls).
     """
 
     round: int
@@ -62,6 +64,7 @@ class LoopState:
     last_call: ExecutedCall | None
     compactions_done: int = 0
     max_rounds: int = 5
+    last_round_calls: tuple[ExecutedCall, ...] = ()
 
 
 ReminderChannel = Callable[[LoopState], Sequence[str]]
@@ -178,6 +181,7 @@ async def run_planner_loop(
         log(message)
     log(ChatMessage(role="user", content=inp.user_prompt))
     usage = TokenUsage()
+    last_round: tuple[ExecutedCall, ...] = ()
 
     for round_no in range(1, inp.max_rounds + 1):
         state = LoopState(
@@ -186,6 +190,7 @@ async def run_planner_loop(
             tokens_used=usage,
             last_call=executed[-1] if executed else None,
             max_rounds=inp.max_rounds,
+            last_round_calls=last_round,
         )
         reminders = list(inp.reminder_channel(state)) if inp.reminder_channel else []
         request = CompletionRequest(
@@ -222,5 +227,6 @@ async def run_planner_loop(
         )
         for outcome in outcomes:
             log(tool_result_message(outcome))
+        last_round = tuple(outcomes)
 
     return PlannerLoopResult(messages, executed, inp.max_rounds, usage, "max_rounds")

@@ -1,34 +1,210 @@
-"""The policy gate's decision value.
+"""The policy gate's rules: ``evaluate_policy()`` decides whether one tool call may run.
 
-A decision is a value the loop acts on: ``allow=True`` runs the call; ``allow=False`` turns it
-into an error tool result carrying ``reason`` (the model reads it) and the handler never runs.
-``flags`` records what the gate noticed without blocking (e.g. ``injection-marker``).
+``evaluate_policy(PolicyInput) -> PolicyDecision`` is a pure function: no I/O, no clock (the
+input carries ``now``). The rules, in the order they are checked:
 
-The rules themselves (``evaluate_policy``: destructive opt-in, per-user rate limits, injection
-markers, ``off`` / ``log-only`` / ``enforce``) arrive with the policy-gate issue; until then the
-loop takes any async ``PolicyGate`` callable, and ``None`` allows every call.
+1. **scope exposure** — a consumer (the mission runner, the MCP server) passes the scopes it
+   exposes; a tool outside them is denied (``scope_not_exposed``).
+2. **destructive opt-in** — a ``destructive`` tool is denied unless the user opted in to that
+   tool or to its scope (``destructive_not_opted_in``).
+3. **rate limit per user per tool** — at most ``RateLimit.calls`` calls in a rolling
+   ``RateLimit.window`` (default 30 per 60 s); the input carries the timestamps of the user's
+   recent calls of the tool that took a slot (``rate_limited``). Overrides: per user and tool,
+   per user, per tool (operator), then the default.
+4. **injection markers** — every string of the arguments, at any depth (keys included), is
+   scanned for prompt-injection markers (``{{``, ``<system``, ``ignore previous`` and a
+   configurable list). A match never blocks: it sets the ``injection_marker`` flag, and the
+   matched markers are listed on the decision. Matching is robust to case, runs of whitespace,
+   zero-width and other format characters, combining marks, Unicode compatibility forms (NFKC:
+   full-width letters and brackets) and a few bracket look-alikes.
+
+The scan is bounded (``PolicyConfig.max_inspected_chars`` characters and ``max_inspected_nodes``
+values per call): arguments of 10 MB or 10,000 levels deep get a decision in bounded time, with
+the ``inspection_truncated`` flag saying that not everything was read.
+
+Modes: ``off`` (no rules run, every call allowed), ``log-only`` (rules run and the decision is
+recorded, but the call always runs: a denial is a *would-be* denial) and ``enforce`` (a denied
+call does not run). ``PolicyDecision.verdict`` is what the rules decided, ``allow`` what the
+loop does.
+
+The seam the loop awaits is ``PolicyGate = async (spec, call, ctx) -> PolicyDecision``;
+``RulePolicyGate`` is the gate every consumer uses: it applies ``evaluate_policy`` and takes
+rate-limit slots from a ``CallLedger`` (PostgreSQL in the worker, in memory in
+``planner.testing``), so that counting and reserving a slot are one atomic step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import dataclasses
+import logging
+import unicodedata
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from planner.messages import ToolCall
 from planner.tools import ToolContext, ToolSpec
 
-__all__ = ["PolicyDecision", "PolicyGate"]
+__all__ = [
+    "ALLOWED",
+    "ARGUMENTS_NOT_OBJECT",
+    "DEFAULT_INJECTION_MARKERS",
+    "DEFAULT_RATE_LIMIT",
+    "DENY_REASONS",
+    "DESTRUCTIVE_NOT_OPTED_IN",
+    "INJECTION_MARKER",
+    "INSPECTION_TRUNCATED",
+    "POLICY_MODES",
+    "POLICY_OFF",
+    "POLICY_UNAVAILABLE",
+    "RATE_LIMITED",
+    "SCOPE_NOT_EXPOSED",
+    "CallLedger",
+    "DecisionObserver",
+    "PolicyConfig",
+    "PolicyDecision",
+    "PolicyGate",
+    "PolicyInput",
+    "PolicyMode",
+    "RateLimit",
+    "Reservation",
+    "RulePolicyGate",
+    "UserPolicySettings",
+    "evaluate_policy",
+    "find_injection_markers",
+    "normalize_for_markers",
+]
+
+logger = logging.getLogger(__name__)
+
+PolicyMode = Literal["off", "log-only", "enforce"]
+POLICY_MODES: tuple[PolicyMode, ...] = ("off", "log-only", "enforce")
+
+# Reason codes (machine-readable; stored on every decision and used as a metric label).
+ALLOWED = "allowed"
+POLICY_OFF = "policy_off"
+SCOPE_NOT_EXPOSED = "scope_not_exposed"
+DESTRUCTIVE_NOT_OPTED_IN = "destructive_not_opted_in"
+RATE_LIMITED = "rate_limited"
+POLICY_UNAVAILABLE = "policy_unavailable"
+DENY_REASONS = (SCOPE_NOT_EXPOSED, DESTRUCTIVE_NOT_OPTED_IN, RATE_LIMITED, POLICY_UNAVAILABLE)
+
+# Flags: what the gate noticed without blocking.
+INJECTION_MARKER = "injection_marker"
+INSPECTION_TRUNCATED = "inspection_truncated"
+ARGUMENTS_NOT_OBJECT = "arguments_not_object"
+
+DEFAULT_INJECTION_MARKERS: tuple[str, ...] = ("{{", "<system", "ignore previous")
+"""Markers of the seed design: template injection, fake system tags, the classic override."""
+
+MAX_INSPECTED_CHARS = 65_536
+"""Characters of a call's strings scanned for markers (all strings together); the rest is not
+read and the decision carries ``inspection_truncated``."""
+
+MAX_INSPECTED_NODES = 10_000
+"""Values (strings, numbers, containers) of a call's arguments visited at most."""
+
+MAX_RATE_LIMIT_CALLS = 100_000
+"""Largest accepted ``RateLimit.calls``: the ledger keeps one timestamp per slot taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``calls`` calls per rolling ``window``.
+
+    Raises:
+        ValueError: ``calls`` outside 1..100,000 or a window that is not positive.
+    """
+
+    calls: int
+    window: timedelta
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.calls <= MAX_RATE_LIMIT_CALLS:
+            raise ValueError(
+                f"rate limit calls must be 1..{MAX_RATE_LIMIT_CALLS}, got {self.calls}"
+            )
+        if self.window <= timedelta(0):
+            raise ValueError(f"rate limit window must be positive, got {self.window}")
+
+    def describe(self) -> str:
+        """E.g. ``30 calls per 60 s``."""
+        return f"{self.calls} calls per {self.window.total_seconds():g} s"
+
+
+DEFAULT_RATE_LIMIT = RateLimit(calls=30, window=timedelta(seconds=60))
+"""30 calls per rolling 60 s, per user and tool (the seed design's default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserPolicySettings:
+    """One user's policy settings (table ``user_policy_settings``).
+
+    Attributes:
+        destructive_opt_ins: tool names or scopes whose destructive tools the user allows.
+        rate_limit: calls per window for every tool of this user (``None``: the operator's).
+        tool_rate_limits: calls per window for one tool of this user (wins over the above).
+    """
+
+    destructive_opt_ins: frozenset[str] = frozenset()
+    rate_limit: int | None = None
+    tool_rate_limits: Mapping[str, int] = field(default_factory=dict)
+
+    def opted_in(self, spec: ToolSpec) -> bool:
+        """True when the user opted in to ``spec`` by its name or its scope."""
+        return spec.name in self.destructive_opt_ins or spec.scope in self.destructive_opt_ins
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """What a consumer configures once (from the operator's settings).
+
+    Attributes:
+        rate_limit: the default rate limit per user and tool (30 per 60 s).
+        tool_rate_limits: operator overrides of the call count per tool name.
+        injection_markers: markers to flag (matched after normalisation, see the module doc).
+        exposed_scopes: the scopes this consumer exposes; ``None`` exposes every scope.
+        max_inspected_chars, max_inspected_nodes: bounds of the marker scan per call.
+    """
+
+    rate_limit: RateLimit = DEFAULT_RATE_LIMIT
+    tool_rate_limits: Mapping[str, int] = field(default_factory=dict)
+    injection_markers: tuple[str, ...] = DEFAULT_INJECTION_MARKERS
+    exposed_scopes: frozenset[str] | None = None
+    max_inspected_chars: int = MAX_INSPECTED_CHARS
+    max_inspected_nodes: int = MAX_INSPECTED_NODES
+
+    def rate_limit_for(self, tool: str, user: UserPolicySettings) -> RateLimit:
+        """The limit that applies to ``user`` calling ``tool``: the user's per-tool override,
+        else the user's override, else the operator's per-tool override, else the default."""
+        calls = (
+            user.tool_rate_limits.get(tool) or user.rate_limit or self.tool_rate_limits.get(tool)
+        )
+        if calls is None or calls == self.rate_limit.calls:
+            return self.rate_limit
+        return RateLimit(calls=calls, window=self.rate_limit.window)
 
 
 class PolicyDecision(BaseModel):
-    """Whether one tool call may run.
+    """Whether one tool call may run: a value the loop acts on.
 
     Attributes:
-        allow: run the call (``True``) or deny it (``False``).
-        reason: why it was denied (or flagged); shown to the model on a denial.
-        reminder: an optional hint for the next request's reminder channel.
-        flags: what the gate noticed without blocking, e.g. ``("injection-marker",)``.
+        allow: what the loop does: run the call (``True``) or answer it with an error tool
+            result and never run its handler (``False``). Always ``True`` in ``log-only``.
+        reason: a machine-readable code: ``allowed``, ``policy_off``, ``scope_not_exposed``,
+            ``destructive_not_opted_in``, ``rate_limited`` or ``policy_unavailable``.
+        verdict: what the rules decided (``allow`` | ``deny``), whatever the mode: in
+            ``log-only`` a ``deny`` verdict with ``allow=True`` is a would-be denial.
+        mode: the mode the decision was taken in (``None`` for a hand-made decision).
+        message: why, in words, for the model (on a denial) and the operator.
+        reminder: a hint for the model's next request (reminder channel), on a denial.
+        flags: what the gate noticed without blocking (``injection_marker``,
+            ``inspection_truncated``, ``arguments_not_object``).
+        markers: the injection markers found, as configured.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -37,7 +213,417 @@ class PolicyDecision(BaseModel):
     reason: str | None = None
     reminder: str | None = None
     flags: tuple[str, ...] = ()
+    verdict: Literal["allow", "deny"] | None = None
+    mode: PolicyMode | None = None
+    message: str | None = None
+    markers: tuple[str, ...] = ()
+
+    @property
+    def denied_by_rules(self) -> bool:
+        """True when the rules said deny (enforced or not); hand-made decisions: ``not allow``."""
+        return self.verdict == "deny" if self.verdict is not None else not self.allow
 
 
 PolicyGate = Callable[[ToolSpec, ToolCall, ToolContext], Awaitable[PolicyDecision]]
 """``async (spec, call, ctx) -> PolicyDecision``, awaited before a known tool's handler runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInput:
+    """Everything ``evaluate_policy`` looks at.
+
+    Attributes:
+        spec: the tool called.
+        ctx: who calls it (``ctx.user_id`` is the user the limits and opt-ins belong to).
+        raw_input: the call's arguments as received (normally a dict; anything is accepted).
+        user_settings: the user's opt-ins and rate-limit overrides.
+        recent_invocations: timestamps (UTC-aware) of the user's recent calls of this tool
+            that took a rate-limit slot; ``None`` when they were not counted (the rate rule is
+            then skipped: the caller counts and reserves separately).
+        mode: ``off`` | ``log-only`` | ``enforce``.
+        now: the time the rate limit is judged at (UTC-aware).
+        config: the consumer's configuration.
+    """
+
+    spec: ToolSpec
+    ctx: ToolContext
+    raw_input: Any
+    user_settings: UserPolicySettings
+    recent_invocations: Sequence[datetime] | None
+    mode: PolicyMode
+    now: datetime
+    config: PolicyConfig = PolicyConfig()
+
+
+def evaluate_policy(inp: PolicyInput) -> PolicyDecision:
+    """Decide one call (see the module docstring for the rules and their order).
+
+    Pure and total: never raises for any ``raw_input`` (not an object, huge, deeply nested,
+    lone surrogates); the time it takes is bounded by the config's scan limits.
+    """
+    if inp.mode == "off":
+        return _OFF_DECISION
+    markers, truncated, not_object = find_injection_markers(
+        inp.raw_input,
+        inp.config.injection_markers,
+        max_chars=inp.config.max_inspected_chars,
+        max_nodes=inp.config.max_inspected_nodes,
+    )
+    flags: tuple[str, ...] = ()
+    if markers or truncated or not_object:
+        flags = tuple(
+            flag
+            for flag, on in (
+                (INJECTION_MARKER, bool(markers)),
+                (INSPECTION_TRUNCATED, truncated),
+                (ARGUMENTS_NOT_OBJECT, not_object),
+            )
+            if on
+        )
+    denial = _first_denial(inp)
+    if denial is None:
+        if not flags and inp.mode == "enforce":
+            return _ALLOWED_ENFORCE
+        if not flags:
+            return _ALLOWED_LOG_ONLY
+        return PolicyDecision(
+            allow=True, reason=ALLOWED, verdict="allow", mode=inp.mode, flags=flags, markers=markers
+        )
+    reason, message, reminder = denial
+    return PolicyDecision(
+        allow=inp.mode != "enforce",
+        reason=reason,
+        verdict="deny",
+        mode=inp.mode,
+        message=message,
+        reminder=reminder if inp.mode == "enforce" else None,
+        flags=flags,
+        markers=markers,
+    )
+
+
+_OFF_DECISION = PolicyDecision(allow=True, reason=POLICY_OFF, verdict="allow", mode="off")
+_ALLOWED_ENFORCE = PolicyDecision(allow=True, reason=ALLOWED, verdict="allow", mode="enforce")
+_ALLOWED_LOG_ONLY = PolicyDecision(allow=True, reason=ALLOWED, verdict="allow", mode="log-only")
+
+
+def _first_denial(inp: PolicyInput) -> tuple[str, str, str] | None:
+    """(reason, message, reminder) of the first rule that denies, or ``None``."""
+    spec, config = inp.spec, inp.config
+    if config.exposed_scopes is not None and spec.scope not in config.exposed_scopes:
+        exposed = ", ".join(sorted(config.exposed_scopes)) or "(none)"
+        return (
+            SCOPE_NOT_EXPOSED,
+            f"{spec.name} is in scope {spec.scope!r}, which is not exposed here "
+            f"(exposed scopes: {exposed})",
+            f"{spec.name} is not available here; do not call it again.",
+        )
+    if spec.policy_hint == "destructive" and not inp.user_settings.opted_in(spec):
+        return (
+            DESTRUCTIVE_NOT_OPTED_IN,
+            f"{spec.name} is destructive and user {inp.ctx.user_id!r} has not opted in to it "
+            f"(nor to its scope {spec.scope!r})",
+            f"{spec.name} needs the user's opt-in; do not retry it. Go on without it, or say "
+            "in your answer what you would have done.",
+        )
+    if inp.recent_invocations is not None:
+        limit = config.rate_limit_for(spec.name, inp.user_settings)
+        wait = rate_limit_wait(inp.recent_invocations, limit, inp.now)
+        if wait is not None:
+            return (
+                RATE_LIMITED,
+                f"rate limit reached: user {inp.ctx.user_id!r} may call {spec.name} "
+                f"{limit.describe()}; the next slot frees in {_ceil_s(wait)} s",
+                f"{spec.name} is rate-limited ({limit.describe()}); do not call it again "
+                "right away: work with what you have.",
+            )
+    return None
+
+
+def rate_limit_wait(
+    recent: Sequence[datetime], limit: RateLimit, now: datetime
+) -> timedelta | None:
+    """How long until a slot frees, or ``None`` when a call may take one now.
+
+    A call may run when fewer than ``limit.calls`` of ``recent`` lie in the rolling window
+    ``(now - limit.window, now]``. The PostgreSQL ledger applies the same predicate when it
+    reserves (``worker/db/policy.py``), so the two always agree.
+    """
+    start = now - limit.window
+    in_window = sorted((t for t in recent if t > start), reverse=True)
+    if len(in_window) < limit.calls:
+        return None
+    return in_window[limit.calls - 1] + limit.window - now
+
+
+def _ceil_s(delta: timedelta) -> int:
+    seconds = delta.total_seconds()
+    return max(1, int(seconds) + (0 if seconds == int(seconds) else 1))
+
+
+# -- injection markers ----------------------------------------------------------------------
+
+# Look-alikes that NFKC leaves alone but a reader (or a model) takes for the ASCII character.
+_LOOKALIKES = str.maketrans(
+    {
+        "\u2039": "<",  # single left-pointing angle quotation mark
+        "\u2329": "<",  # left-pointing angle bracket
+        "\u27e8": "<",  # mathematical left angle bracket
+        "\u3008": "<",  # CJK left angle bracket
+        "\u276e": "<",  # heavy left-pointing angle quotation mark ornament
+        "\u02c2": "<",  # modifier letter left arrowhead
+        "\u2774": "{",  # medium left curly bracket ornament
+        "\u2983": "{",  # left white curly bracket
+        # Cyrillic and Greek letters that look like Latin ones.
+        "\u0430": "a",
+        "\u0435": "e",
+        "\u043e": "o",
+        "\u0440": "p",
+        "\u0441": "c",
+        "\u0443": "y",
+        "\u0445": "x",
+        "\u0456": "i",
+        "\u0455": "s",
+        "\u0458": "j",
+        "\u04bb": "h",
+        "\u0501": "d",
+        "\u03bf": "o",
+        "\u03b9": "i",
+        "\u03bd": "v",
+        "\u03c1": "p",
+        "\u0442": "t",
+        "\u043c": "m",
+        "\u0433": "r",
+    }
+)
+
+
+def normalize_for_markers(text: str) -> str:
+    """``text`` in the form markers are matched in: compatibility-decomposed (NFKD), without
+    format characters (zero-width spaces and joiners, soft hyphens, bidi controls: category
+    ``Cf``) and combining marks, recomposed (NFKC), case-folded, look-alike brackets and
+    letters mapped to ASCII, and every run of whitespace turned into one space."""
+    if text.isascii():
+        return " ".join(text.lower().split())
+    decomposed = unicodedata.normalize("NFKD", text)
+    kept = "".join(
+        ch for ch in decomposed if unicodedata.category(ch) not in ("Cf", "Mn", "Me", "Cs")
+    )
+    folded = unicodedata.normalize("NFKC", kept).casefold().translate(_LOOKALIKES)
+    return " ".join(folded.split())
+
+
+@lru_cache(maxsize=64)
+def _normalized_markers(markers: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    pairs = ((m, normalize_for_markers(m)) for m in markers)
+    return tuple((m, n) for m, n in pairs if n)
+
+
+def find_injection_markers(
+    value: Any,
+    markers: Iterable[str] = DEFAULT_INJECTION_MARKERS,
+    *,
+    max_chars: int = MAX_INSPECTED_CHARS,
+    max_nodes: int = MAX_INSPECTED_NODES,
+) -> tuple[tuple[str, ...], bool, bool]:
+    """Scan every string in ``value`` (dict keys and values, list items, at any depth).
+
+    Returns:
+        ``(found, truncated, not_object)``: the markers found (as given, in ``markers`` order),
+        whether the scan stopped early (more than ``max_chars`` characters or ``max_nodes``
+        values), and whether ``value`` is not a dict (tool arguments should be an object).
+
+    Never raises; iterative (no recursion), so nesting depth costs nothing extra.
+    """
+    wanted = _normalized_markers(tuple(markers))
+    not_object = not isinstance(value, dict)
+    found: set[str] = set()
+    budget = max_chars
+    nodes = 0
+    truncated = False
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        nodes += 1
+        if nodes > max_nodes:
+            truncated = True
+            break
+        if isinstance(item, str):
+            if budget <= 0:
+                truncated = True
+                break
+            if len(item) > budget:
+                item, truncated = item[:budget], True
+            budget -= len(item)
+            text = normalize_for_markers(item)
+            for original, normalized in wanted:
+                if normalized in text:
+                    found.add(original)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                stack.append(inner)
+                stack.append(key)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    ordered = tuple(original for original, _ in wanted if original in found)
+    return ordered, truncated, not_object
+
+
+# -- the gate --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What a ``CallLedger`` answered.
+
+    Attributes:
+        reserved: a slot was taken (fewer than ``limit.calls`` calls were in the window).
+        now: the ledger's clock when it counted (UTC-aware); the slot is stamped with it.
+        recent: when refused, the timestamps in the window (at most ``limit.calls``, in any
+            order), from which the rules tell when a slot frees; may be empty when reserved.
+    """
+
+    reserved: bool
+    now: datetime
+    recent: tuple[datetime, ...]
+
+
+class CallLedger(Protocol):
+    """Counts and reserves rate-limit slots, atomically across every process sharing it."""
+
+    async def reserve(
+        self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
+    ) -> Reservation:
+        """Count ``user_id``'s calls of ``tool`` in ``(now - limit.window, now]`` and, when
+        there are fewer than ``limit.calls``, record one at ``now`` — as one atomic step, so
+        two callers can never both take the last slot.
+
+        Raises:
+            Exception: the ledger is unavailable (the gate then fails closed in ``enforce``
+                and open in ``log-only``).
+        """
+        ...
+
+
+DecisionObserver = Callable[[ToolSpec, ToolCall, ToolContext, PolicyDecision], None]
+"""Called with every decision a gate takes (metrics, logs). Must not raise."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class RulePolicyGate:
+    """The ``PolicyGate`` every consumer uses: ``evaluate_policy`` plus a ``CallLedger``.
+
+    Build one per iteration (or per request): the user's settings are read once, by the
+    caller. For each call it evaluates the rules that need no counting; when they allow the
+    call (whatever the mode), it reserves a rate-limit slot in the ledger, and a call the
+    ledger refuses is decided again with the ledger's timestamps (``rate_limited``). Calls the
+    rules deny never take a slot — in ``log-only`` either, so that log-only records exactly
+    what ``enforce`` would do.
+
+    When the ledger fails, the gate fails closed in ``enforce`` (denied,
+    ``policy_unavailable``) and open in ``log-only`` (allowed, with a ``policy_unavailable``
+    would-be denial), and logs a warning. Nothing raises out of the gate.
+
+    Args:
+        mode: ``log-only`` or ``enforce`` (use no gate at all for ``off``).
+        config: the consumer's configuration.
+        user_settings: the settings of the user the calls run for.
+        ledger: where rate-limit slots are counted and taken.
+        consumer: who calls (``mission``, ``mcp``), recorded with each slot.
+        observe: called with every decision (metrics, logs).
+        clock: UTC-aware now, used only when the ledger is unavailable.
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: PolicyMode,
+        config: PolicyConfig,
+        user_settings: UserPolicySettings,
+        ledger: CallLedger,
+        consumer: str = "mission",
+        observe: DecisionObserver | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.mode: PolicyMode = mode
+        self.config = config
+        self.user_settings = user_settings
+        self.ledger = ledger
+        self.consumer = consumer
+        self.observe = observe
+        self.clock = clock
+
+    async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
+        """Decide ``call`` (see the class docstring); never raises except on cancellation."""
+        decision = await self._decide(spec, call, ctx)
+        if self.observe is not None:
+            try:
+                self.observe(spec, call, ctx, decision)
+            except Exception:  # an observer must not change the decision
+                logger.exception("policy decision observer failed")
+        return decision
+
+    async def _decide(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
+        inp = PolicyInput(
+            spec=spec,
+            ctx=ctx,
+            raw_input=call.arguments,
+            user_settings=self.user_settings,
+            recent_invocations=None,
+            mode=self.mode,
+            now=self.clock(),
+            config=self.config,
+        )
+        try:
+            first = evaluate_policy(inp)
+        except Exception as exc:  # a bug in the rules must not crash the loop
+            logger.exception("policy rules failed for %s", spec.name)
+            return self._unavailable(inp, None, f"the policy rules failed: {exc}")
+        if first.verdict == "deny" or self.mode == "off":
+            return first
+        limit = self.config.rate_limit_for(spec.name, self.user_settings)
+        try:
+            reservation = await self.ledger.reserve(
+                user_id=ctx.user_id, tool=spec.name, limit=limit, consumer=self.consumer
+            )
+        except Exception as exc:
+            logger.warning(
+                "policy gate unavailable for %s (%s: %s): %s",
+                spec.name,
+                type(exc).__name__,
+                exc,
+                "denying the call (enforce)" if self.mode == "enforce" else "allowing (log-only)",
+            )
+            return self._unavailable(inp, first, f"the rate limit could not be checked: {exc}")
+        if reservation.reserved:
+            return first
+        counted = evaluate_policy(
+            dataclasses.replace(inp, recent_invocations=reservation.recent, now=reservation.now)
+        )
+        if counted.verdict == "deny":
+            return counted
+        # The ledger refused, so the window is full; the rules must agree.
+        logger.error("ledger refused %s but the rules allow it; denying", spec.name)
+        return self._unavailable(inp, first, "the rate-limit ledger and the rules disagree")
+
+    def _unavailable(
+        self, inp: PolicyInput, first: PolicyDecision | None, detail: str
+    ) -> PolicyDecision:
+        return PolicyDecision(
+            allow=self.mode != "enforce",
+            reason=POLICY_UNAVAILABLE,
+            verdict="deny",
+            mode=self.mode,
+            message=f"the policy gate could not decide this call ({detail})",
+            reminder=(
+                f"{inp.spec.name} could not be checked by the policy gate just now; try "
+                "again later or go on without it."
+                if self.mode == "enforce"
+                else None
+            ),
+            flags=first.flags if first is not None else (),
+            markers=first.markers if first is not None else (),
+        )

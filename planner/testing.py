@@ -3,6 +3,7 @@
 ``ScriptedChatModel`` answers requests from a script, records every request it saw, and fails
 loudly when asked for more steps than scripted; ``assert_exhausted()`` fails the test when
 scripted steps were left over. ``FunctionChatModel`` answers with a function of the request.
+``InMemoryCallLedger`` is the policy gate's rate-limit ledger for one process.
 Nothing here opens a socket.
 """
 
@@ -10,14 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
+from planner.policy import RateLimit, Reservation
 
 __all__ = [
     "FunctionChatModel",
+    "InMemoryCallLedger",
     "ScriptExhaustedError",
     "ScriptStep",
     "ScriptedChatModel",
@@ -122,3 +127,38 @@ class FunctionChatModel:
         if isinstance(answer, Awaitable):
             return await answer
         return answer
+
+
+class InMemoryCallLedger:
+    """A ``planner.policy.CallLedger`` in memory, exact within one process (one event loop).
+
+    Args:
+        clock: UTC-aware now (default: the system clock); tests pass a fake one.
+
+    Attributes:
+        reserved: every slot taken, as ``(user_id, tool, consumer, at)``, in order.
+        fail_with: when set, ``reserve`` raises it (to test a gate whose ledger is down).
+    """
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.reserved: list[tuple[str, str, str, datetime]] = []
+        self.fail_with: BaseException | None = None
+        self._calls: dict[tuple[str, str], deque[datetime]] = {}
+
+    async def reserve(
+        self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
+    ) -> Reservation:
+        """Count and (when a slot is free) take one, with no await in between."""
+        if self.fail_with is not None:
+            raise self.fail_with
+        now = self.clock()
+        calls = self._calls.setdefault((user_id, tool), deque())
+        start = now - limit.window
+        while calls and calls[0] <= start:
+            calls.popleft()
+        if len(calls) < limit.calls:
+            calls.append(now)
+            self.reserved.append((user_id, tool, consumer, now))
+            return Reservation(reserved=True, now=now, recent=())
+        return Reservation(reserved=False, now=now, recent=tuple(calls)[-limit.calls :])

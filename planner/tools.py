@@ -97,7 +97,10 @@ class ToolSpec:
         Returns ``None`` when valid, else a one-line message naming the failing path, for the
         model to read.
         """
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
+        try:
+            error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
+        except RecursionError:
+            return f"invalid arguments for {self.name}: nested too deeply to check"
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"

@@ -16,8 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner import ChatModel, ToolSpec
 from worker.db.engine import check_connection, create_engine, resolve_database_url
 from worker.db.migrate import current_revision, head_revision, upgrade_database
+from worker.db.policy import PostgresCallLedger
 from worker.db.stores import ClaimedMission, MissionStore
 from worker.errors import DatabaseError
+from worker.gate import PolicySetup, policy_config_from_settings
 from worker.llm import InstrumentedChatModel, build_chat_model
 from worker.metrics import HealthState
 from worker.runner import MissionRunner
@@ -25,7 +27,7 @@ from worker.settings import Settings
 from worker.tick import Worker
 from worker.tools import builtin_tools
 
-__all__ = ["App", "allowed_tools_for", "open_app", "open_database"]
+__all__ = ["App", "allowed_tools_for", "mission_policy_setup", "open_app", "open_database"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,36 @@ def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) 
     return [t for t in tools if t.name in wanted]
 
 
+def mission_policy_setup(
+    settings: Settings, engine: AsyncEngine, tools: Sequence[ToolSpec]
+) -> PolicySetup:
+    """The mission runner's policy gate setup: ``MANA_AI_POLICY_*`` with the ledger on
+    ``engine``. Settings that name no known tool or scope are logged as warnings (they may
+    belong to tools this worker does not have)."""
+    names = {t.name for t in tools}
+    scopes = {t.scope for t in tools}
+    unknown_tools = sorted(set(settings.policy_tool_rate_limits) - names)
+    if unknown_tools:
+        logger.warning(
+            "MANA_AI_POLICY_TOOL_RATE_LIMITS names unknown tool(s) %s; known: %s",
+            unknown_tools,
+            sorted(names),
+        )
+    exposed = frozenset(settings.policy_mission_scopes) or None
+    if exposed is not None and exposed - scopes:
+        logger.warning(
+            "MANA_AI_POLICY_MISSION_SCOPES names unknown scope(s) %s; known: %s",
+            sorted(exposed - scopes),
+            sorted(scopes),
+        )
+    return PolicySetup(
+        default_mode=settings.policy_mode,
+        config=policy_config_from_settings(settings, exposed_scopes=exposed),
+        ledger=PostgresCallLedger(engine),
+        consumer="mission",
+    )
+
+
 @dataclass
 class App:
     """The wired worker and what it owns."""
@@ -98,6 +130,7 @@ async def open_app(
             return allowed_tools_for(tools, mission.allowed_tools)
 
         lease = timedelta(seconds=settings.lease_s)
+        policy = mission_policy_setup(settings, engine, tools)
         runner = MissionRunner(
             store=store,
             llm=chat,
@@ -105,6 +138,7 @@ async def open_app(
             worker_id=settings.worker_id,
             lease=lease,
             default_model=settings.llm_model,
+            policy=policy,
         )
         health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
         worker = Worker(

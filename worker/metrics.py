@@ -25,6 +25,8 @@ __all__ = [
     "MISSIONS_CLAIMED",
     "MISSIONS_RUN",
     "MISSIONS_RUNNING",
+    "POLICY_DECISIONS",
+    "POLICY_INJECTION_FLAGS",
     "TICKS",
     "TICK_DURATION",
     "TOOL_CALLS",
@@ -70,6 +72,20 @@ TOOL_CALLS = Counter(
     "mana_ai_tool_calls_total",
     "Tool calls by tool and outcome (ok, error, denied).",
     ["tool", "outcome"],
+)
+
+POLICY_DECISIONS = Counter(
+    "mana_ai_policy_decisions_total",
+    "Policy gate decisions by consumer (mission, mcp), decision (the rules' verdict: allow, "
+    "deny), reason (allowed, scope_not_exposed, destructive_not_opted_in, rate_limited, "
+    "policy_unavailable) and mode (log-only, enforce). In log-only a deny is a would-be denial: "
+    "the call ran.",
+    ["consumer", "decision", "reason", "mode"],
+)
+POLICY_INJECTION_FLAGS = Counter(
+    "mana_ai_policy_injection_flags_total",
+    "Tool calls whose arguments carried prompt-injection markers (flagged, never blocked).",
+    ["tool"],
 )
 
 

@@ -30,6 +30,7 @@ from planner import (
     ChatMessage,
     ChatModel,
     ExecutedCall,
+    LoopState,
     PlannerLoopInput,
     PlannerLoopResult,
     ToolContext,
@@ -37,8 +38,11 @@ from planner import (
     messages_to_json,
     run_planner_loop,
 )
+from planner.policy import POLICY_MODES, PolicyMode
+from reminders import policy_feedback_reminder
 from worker import metrics
 from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, ToolInvocationRow
+from worker.gate import PolicySetup
 from worker.logs import bind_log_context
 from worker.schedule import ScheduleError, next_run_after
 
@@ -77,6 +81,7 @@ class MissionRunner:
         worker_id: this worker's lease owner id.
         lease: lease length; renewed every ``lease / 3`` while a mission runs.
         default_model: model name when the agent sets none (``None`` = provider default).
+        policy: the policy gate's setup; ``None`` runs every call without a gate (mode off).
         clock: returns the current UTC-aware time (injectable for tests).
     """
 
@@ -89,6 +94,7 @@ class MissionRunner:
         worker_id: str,
         lease: timedelta,
         default_model: str | None = None,
+        policy: PolicySetup | None = None,
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.store = store
@@ -97,6 +103,7 @@ class MissionRunner:
         self.worker_id = worker_id
         self.lease = lease
         self.default_model = default_model
+        self.policy = policy
         self.clock = clock
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
@@ -154,10 +161,10 @@ class MissionRunner:
         this_task = asyncio.current_task()
         renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task))
         result: PlannerLoopResult | None = None
-        transcript = _Transcript(attempt=iteration.attempt)
+        transcript = _Transcript(attempt=iteration.attempt, policy_mode=self._policy_mode(mission))
         try:
             result = await self._run_loop(mission, iteration.id, model, transcript)
-            outcome = self._outcome(result, next_run, iteration.attempt)
+            outcome = self._outcome(result, next_run, transcript)
         except asyncio.CancelledError:
             if lease_lost.is_set() and this_task is not None:
                 this_task.uncancel()
@@ -241,6 +248,11 @@ class MissionRunner:
             mission_id=mission.id,
             iteration_id=iteration_id,
         )
+        gate = None
+        if self.policy is not None:
+            gate = self.policy.gate(
+                user_settings=mission.user_policy, mode=_policy_mode_or_none(mission.policy_mode)
+            )
         inp = PlannerLoopInput(
             system_prompt=mission.system_prompt,
             user_prompt=mission.objective,
@@ -248,10 +260,18 @@ class MissionRunner:
             max_rounds=mission.max_rounds,
             model=model,
             ctx=ctx,
+            policy=gate,
+            reminder_channel=_reminders,
             on_message=transcript.messages.append,
             on_executed_call=transcript.calls.append,
         )
         return await run_planner_loop(inp, llm=self.llm)
+
+    def _policy_mode(self, mission: ClaimedMission) -> str:
+        """The policy mode this mission's calls run under (recorded on each invocation)."""
+        if self.policy is None:
+            return "off"
+        return _policy_mode_or_none(mission.policy_mode) or self.policy.default_mode
 
     def _next_run(self, mission: ClaimedMission) -> _NextRun:
         if mission.cron is None:
@@ -265,7 +285,9 @@ class MissionRunner:
         return _NextRun(at, "active")
 
     @staticmethod
-    def _outcome(result: PlannerLoopResult, next_run: _NextRun, attempt: int) -> IterationOutcome:
+    def _outcome(
+        result: PlannerLoopResult, next_run: _NextRun, transcript: _Transcript
+    ) -> IterationOutcome:
         failed = result.stop_reason == "llm_error"
         errors = [e for e in (result.error, next_run.error) if e]
         return IterationOutcome(
@@ -278,7 +300,7 @@ class MissionRunner:
             error=_json_safe("; ".join(errors)) or None,
             next_run_at=next_run.at,
             mission_status=next_run.mission_status,
-            tool_invocations=[_invocation_row(c, attempt) for c in result.executed_calls],
+            tool_invocations=[transcript.invocation_row(c) for c in result.executed_calls],
         )
 
     async def _renew_until_done(
@@ -310,6 +332,7 @@ class _Transcript:
     or crashes, since its tool calls already happened."""
 
     attempt: int
+    policy_mode: str
     messages: list[ChatMessage] = field(default_factory=list)
     calls: list[ExecutedCall] = field(default_factory=list)
 
@@ -317,7 +340,33 @@ class _Transcript:
         return list(_json_safe(messages_to_json(self.messages)))
 
     def invocation_rows(self) -> list[ToolInvocationRow]:
-        return [_invocation_row(c, self.attempt) for c in self.calls]
+        return [self.invocation_row(c) for c in self.calls]
+
+    def invocation_row(self, call: ExecutedCall) -> ToolInvocationRow:
+        decision = call.decision
+        return ToolInvocationRow(
+            attempt=self.attempt,
+            round=call.round,
+            call_id=call.call.id,
+            tool=call.call.name,
+            arguments=_json_safe(call.call.arguments),
+            result=_json_safe(call.result) if call.ok else None,
+            error=_json_safe(call.error),
+            outcome=_call_outcome(call),
+            duration_ms=call.duration_ms,
+            policy_decision=_json_safe(decision.model_dump(mode="json")) if decision else None,
+            policy_mode=(decision.mode if decision and decision.mode else self.policy_mode),
+        )
+
+
+def _reminders(state: LoopState) -> list[str]:
+    """The mission's reminder channel: the policy feedback of the last round."""
+    feedback = policy_feedback_reminder(state)
+    return [feedback] if feedback else []
+
+
+def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
+    return value if value in POLICY_MODES else None
 
 
 def _no_run(
@@ -349,8 +398,12 @@ def _call_outcome(call: ExecutedCall) -> str:
 
 def _json_safe(value: Any) -> Any:
     """``value`` as plain JSON data that PostgreSQL can store: non-JSON values stringified,
-    NUL characters (which neither ``text`` nor ``jsonb`` accept) replaced by U+FFFD."""
-    return _without_nul(json.loads(json.dumps(value, default=str)))
+    NUL characters (which neither ``text`` nor ``jsonb`` accept) replaced by U+FFFD, and a
+    value nested too deeply to encode replaced by a note saying so."""
+    try:
+        return _without_nul(json.loads(json.dumps(value, default=str)))
+    except RecursionError:
+        return "(not stored: nested too deeply to encode as JSON)"
 
 
 def _without_nul(value: Any) -> Any:
@@ -361,18 +414,3 @@ def _without_nul(value: Any) -> Any:
     if isinstance(value, dict):
         return {_without_nul(k): _without_nul(v) for k, v in value.items()}
     return value
-
-
-def _invocation_row(call: ExecutedCall, attempt: int) -> ToolInvocationRow:
-    return ToolInvocationRow(
-        attempt=attempt,
-        round=call.round,
-        call_id=call.call.id,
-        tool=call.call.name,
-        arguments=_json_safe(call.call.arguments),
-        result=_json_safe(call.result) if call.ok else None,
-        error=_json_safe(call.error),
-        outcome=_call_outcome(call),
-        duration_ms=call.duration_ms,
-        policy_decision=call.decision.model_dump(mode="json") if call.decision else None,
-    )

@@ -10,14 +10,15 @@ it), so it states the unit, the default and what the value is for.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.db.engine import redact_url, to_async_url
 from worker.errors import SettingsError
@@ -166,6 +167,58 @@ class Settings(BaseSettings):
         ),
     )
 
+    policy_mode: Literal["off", "log-only", "enforce"] = Field(
+        default="log-only",
+        description=(
+            "The policy gate's mode for every tool call: 'off' (no rules, nothing recorded), "
+            "'log-only' (decide and record every call, never block: roll out with this and read "
+            "`mana-ai policy report`) or 'enforce' (a denied call does not run; the model is "
+            "told why). An agent's --policy-mode overrides it. Default log-only."
+        ),
+    )
+    policy_rate_limit: int = Field(
+        default=30,
+        ge=1,
+        le=100_000,
+        description=(
+            "Tool calls per user and tool allowed in a rolling MANA_AI_POLICY_RATE_WINDOW_S "
+            "window (exact across replicas). Overridable per tool "
+            "(MANA_AI_POLICY_TOOL_RATE_LIMITS) and per user (`mana-ai policy set-rate-limit`). "
+            "Default 30."
+        ),
+    )
+    policy_rate_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="Seconds of the rate limit's rolling window. Default 60.",
+    )
+    policy_tool_rate_limits: Annotated[dict[str, int], NoDecode] = Field(
+        default_factory=dict,
+        description=(
+            "Per-tool rate limits for every user, as tool=calls pairs separated by commas, "
+            "e.g. 'notes_create=10,notes_delete=5'. Unset: MANA_AI_POLICY_RATE_LIMIT for "
+            "every tool."
+        ),
+    )
+    policy_injection_markers: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Extra prompt-injection markers to flag in tool-call arguments, separated by "
+            "commas (or a JSON array when a marker contains a comma), added to the built-in "
+            "'{{', '<system' and 'ignore previous'. Flagged calls are counted and recorded, "
+            "never blocked. Matching ignores case, whitespace runs, zero-width characters and "
+            "Unicode compatibility forms."
+        ),
+    )
+    policy_mission_scopes: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Tool scopes that missions may use, separated by commas (e.g. 'notes,clock'); a "
+            "call of a tool in another scope is denied (scope_not_exposed). Unset: every scope."
+        ),
+    )
+
     @field_validator("database_url", "llm_base_url", "llm_model", "llm_api_key", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
@@ -211,6 +264,47 @@ class Settings(BaseSettings):
                 raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
             return upper
         return value
+
+    @field_validator("policy_mode", mode="before")
+    @classmethod
+    def _lower_policy_mode(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("policy_injection_markers", "policy_mission_scopes", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        """Comma-separated text (or a JSON array) to a tuple of non-empty items."""
+        if not isinstance(value, str):
+            return value
+        if value.strip().startswith("["):
+            try:
+                items = json.loads(value)
+            except ValueError:
+                raise ValueError("looks like a JSON array but does not parse") from None
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise ValueError("must be a JSON array of strings")
+        else:
+            items = value.split(",")
+        return tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+
+    @field_validator("policy_tool_rate_limits", mode="before")
+    @classmethod
+    def _parse_tool_limits(cls, value: Any) -> Any:
+        """``tool=calls,tool=calls`` to a dict; each count 1..100,000."""
+        if not isinstance(value, str):
+            return value
+        limits: dict[str, int] = {}
+        for item in (i.strip() for i in value.split(",")):
+            if not item:
+                continue
+            tool, sep, count = item.partition("=")
+            if not sep or not tool.strip() or not count.strip().isdigit():
+                raise ValueError(f"expected tool=calls pairs separated by commas, got {item!r}")
+            calls = int(count)
+            if not 1 <= calls <= 100_000:
+                raise ValueError(f"calls for {tool.strip()} must be 1..100000, got {calls}")
+            limits[tool.strip()] = calls
+        return limits
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -30,7 +30,15 @@ from worker.db.tables import metadata
 from worker.errors import DatabaseError
 from worker.settings import Settings
 
-EXPECTED_TABLES = {"agents", "missions", "mission_iterations", "tool_invocations", "notes"}
+EXPECTED_TABLES = {
+    "agents",
+    "missions",
+    "mission_iterations",
+    "tool_invocations",
+    "notes",
+    "user_policy_settings",
+    "policy_call_events",
+}
 
 
 @pytest.fixture
@@ -80,7 +88,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0001"
+    assert revision == head_revision() == "0002"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES

@@ -22,7 +22,15 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
-from planner.testing import ScriptedChatModel, ScriptExhaustedError, final_answer, tool_calls
+from planner.policy import PolicyConfig, RulePolicyGate, UserPolicySettings
+from planner.testing import (
+    InMemoryCallLedger,
+    ScriptedChatModel,
+    ScriptExhaustedError,
+    final_answer,
+    tool_calls,
+)
+from reminders import policy_feedback_reminder
 
 
 async def _echo(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -212,6 +220,46 @@ async def test_policy_denial_skips_the_handler_and_tells_the_model() -> None:
     [executed] = result.executed_calls
     assert executed.decision is not None and not executed.decision.allow
     assert "denied by policy: not opted in" in (executed.error or "")
+
+
+async def test_enforced_denial_reaches_the_model_as_a_result_and_a_one_time_reminder() -> None:
+    ran: list[dict[str, Any]] = []
+
+    async def handler(args: dict[str, Any], ctx: ToolContext) -> str:
+        ran.append(args)
+        return "deleted"
+
+    delete = ToolSpec(
+        "notes_delete", "Delete.", {"type": "object"}, "destructive", handler, "notes"
+    )
+    gate = RulePolicyGate(
+        mode="enforce",
+        config=PolicyConfig(),
+        user_settings=UserPolicySettings(),
+        ledger=InMemoryCallLedger(),
+    )
+    llm = ScriptedChatModel(
+        [
+            tool_calls(("notes_delete", {"id": 1}), ("echo", {"text": "hi"})),
+            tool_calls(("echo", {"text": "again"})),
+            final_answer("could not delete"),
+        ]
+    )
+    channel = lambda state: [r for r in [policy_feedback_reminder(state)] if r]  # noqa: E731
+    result = await run_planner_loop(
+        _inp(tools=[delete, ECHO], policy=gate, reminder_channel=channel), llm=llm
+    )
+    assert ran == [] and result.stop_reason == "final_answer"
+    denied, echoed, _ = result.executed_calls
+    assert denied.decision is not None and denied.decision.reason == "destructive_not_opted_in"
+    assert (denied.error or "").startswith("denied by policy (destructive_not_opted_in): ")
+    assert _tool_results(result.messages)[0] == {"error": denied.error}
+    assert echoed.ok and echoed.decision is not None and echoed.decision.allow
+    # the next request (round 2) carries the decision's reminder; round 3 no longer does
+    second, third = llm.requests[1].messages, llm.requests[2].messages
+    assert second[-1].content == f"<reminder>{denied.decision.reminder}</reminder>"
+    assert not any("<reminder>" in (m.content or "") for m in third)
+    assert not any("<reminder>" in (m.content or "") for m in result.messages)
 
 
 async def test_on_tool_call_executes_instead_of_the_handler() -> None:

@@ -19,7 +19,15 @@ CORE_NAMES = {
     "ToolSpec",
     "ToolContext",
     "PolicyDecision",
+    "PolicyInput",
+    "evaluate_policy",
 }
+
+
+def test_reminder_producers_are_exported_from_reminders() -> None:
+    import reminders
+
+    assert "policy_feedback_reminder" in reminders.__all__
 
 
 def test_core_names_are_exported_from_planner() -> None:

@@ -37,10 +37,19 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.db.tables import agents, mission_iterations, missions, tool_invocations
+from planner.policy import UserPolicySettings
+from worker.db.policy import user_settings_from_row
+from worker.db.tables import (
+    agents,
+    mission_iterations,
+    missions,
+    tool_invocations,
+    user_policy_settings,
+)
 
 __all__ = [
     "ClaimedMission",
@@ -53,9 +62,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ClaimedMission:
-    """A mission this worker holds the lease on, with its agent.
+    """A mission this worker holds the lease on, with its agent and the owner's policy
+    settings (read once, at claim time, for the whole iteration).
 
     ``scheduled_for`` is the ``next_run_at`` the mission had when claimed (UTC-aware).
+    ``policy_mode`` is the agent's override of the daemon's policy mode (``None``: none).
     """
 
     id: int
@@ -72,6 +83,8 @@ class ClaimedMission:
     max_rounds: int
     max_tokens_per_day: int | None
     allowed_tools: tuple[str, ...] | None
+    policy_mode: str | None = None
+    user_policy: UserPolicySettings = field(default_factory=UserPolicySettings)
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,23 @@ class MissionStore:
             .with_for_update(skip_locked=True)
             .cte("due")
         )
+        ups = user_policy_settings
+        owner_policy = (
+            select(
+                func.jsonb_build_object(
+                    "destructive_opt_ins",
+                    ups.c.destructive_opt_ins,
+                    "rate_limit",
+                    ups.c.rate_limit,
+                    "tool_rate_limits",
+                    ups.c.tool_rate_limits,
+                    type_=JSONB,
+                )
+            )
+            .where(ups.c.user_id == agents.c.owner_user_id)
+            .correlate(agents)
+            .scalar_subquery()
+        )
         stmt = (
             update(missions)
             .where(missions.c.id == due.c.id, agents.c.id == missions.c.agent_id)
@@ -173,6 +203,8 @@ class MissionStore:
                 agents.c.max_rounds,
                 agents.c.max_tokens_per_day,
                 agents.c.allowed_tools,
+                agents.c.policy_mode,
+                owner_policy.label("owner_policy"),
             )
         )
         async with self.engine.begin() as conn:
@@ -193,6 +225,8 @@ class MissionStore:
                 max_rounds=r["max_rounds"],
                 max_tokens_per_day=r["max_tokens_per_day"],
                 allowed_tools=tuple(r["allowed_tools"]) if r["allowed_tools"] is not None else None,
+                policy_mode=r["policy_mode"],
+                user_policy=user_settings_from_row(r["owner_policy"]),
             )
             for r in rows
         ]

@@ -33,13 +33,16 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 __all__ = [
     "MISSION_STATUSES",
     "NAMING_CONVENTION",
+    "POLICY_MODES",
     "TOOL_OUTCOMES",
     "agents",
     "metadata",
     "mission_iterations",
     "missions",
     "notes",
+    "policy_call_events",
     "tool_invocations",
+    "user_policy_settings",
 ]
 
 NAMING_CONVENTION = {
@@ -55,6 +58,7 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 MISSION_STATUSES = ("active", "paused", "completed")
 ITERATION_STATUSES = ("running", "succeeded", "failed")
 TOOL_OUTCOMES = ("ok", "error", "denied")
+POLICY_MODES = ("off", "log-only", "enforce")
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -82,7 +86,11 @@ agents = Table(
     Column("max_tokens_per_day", Integer, nullable=True, comment="NULL: no daily token budget"),
     Column("allowed_tools", ARRAY(Text), nullable=True, comment="NULL: all built-in tools"),
     _timestamp("created_at", default_now=True),
+    Column("policy_mode", Text, nullable=True, comment="NULL: the daemon's MANA_AI_POLICY_MODE"),
     CheckConstraint("max_rounds >= 1", name="max_rounds_positive"),
+    CheckConstraint(
+        f"policy_mode IS NULL OR {_in('policy_mode', POLICY_MODES)}", name="policy_mode"
+    ),
 )
 
 missions = Table(
@@ -182,4 +190,41 @@ notes = Table(
     _timestamp("created_at", default_now=True),
     _timestamp("updated_at", default_now=True),
     Index("ix_notes_user_id_updated_at", "user_id", "updated_at"),
+)
+
+user_policy_settings = Table(
+    "user_policy_settings",
+    metadata,
+    Column("user_id", Text, primary_key=True),
+    Column(
+        "destructive_opt_ins",
+        ARRAY(Text),
+        nullable=False,
+        server_default=text("'{}'::text[]"),
+        comment="tool names or scopes whose destructive tools the user allows",
+    ),
+    Column("rate_limit", Integer, nullable=True, comment="NULL: the operator's default"),
+    Column(
+        "tool_rate_limits",
+        JSONB,
+        nullable=False,
+        server_default=text("'{}'::jsonb"),
+        comment="tool name -> calls per window, for this user",
+    ),
+    _timestamp("updated_at", default_now=True),
+    CheckConstraint("rate_limit IS NULL OR rate_limit >= 1", name="rate_limit_positive"),
+)
+
+# The rate limit's ledger: one row per call that took a slot, written and counted atomically
+# by the SQL function mana_ai_reserve_tool_call (migration 0002, worker/db/policy.py); rows
+# older than the window are deleted as the same user and tool call again.
+policy_call_events = Table(
+    "policy_call_events",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("user_id", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("consumer", Text, nullable=False),
+    _timestamp("created_at"),
+    Index("ix_policy_call_events_user_id_tool_created_at", "user_id", "tool", "created_at"),
 )

@@ -1,0 +1,271 @@
+"""The policy gate's tables: user settings, the rate-limit ledger, and the rollout report.
+
+* ``PostgresCallLedger`` implements ``planner.policy.CallLedger`` with the SQL function
+  ``mana_ai_reserve_tool_call`` (migration 0002): one statement, in autocommit, that takes a
+  transaction advisory lock per (user, tool), counts the calls in the rolling window, and
+  records one when fewer than the limit — so any number of replicas share the limit exactly.
+  Its predicate (``count(created_at > now - window) < limit``) is the one of
+  ``planner.policy.rate_limit_wait``.
+* ``PolicyStore`` reads and writes ``user_policy_settings`` (the ``mana-ai policy`` commands)
+  and builds the rollout report from ``tool_invocations``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, literal_column, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner.policy import RateLimit, Reservation, UserPolicySettings
+from worker.db.tables import tool_invocations, user_policy_settings
+
+__all__ = [
+    "PolicyReport",
+    "PolicyStore",
+    "PostgresCallLedger",
+    "user_settings_from_row",
+]
+
+_RESERVE = text(
+    "SELECT reserved, checked_at, recent "
+    "FROM mana_ai_reserve_tool_call(:user_id, :tool, :consumer, :window, :limit)"
+)
+
+
+class PostgresCallLedger:
+    """A ``CallLedger`` in PostgreSQL, shared by every replica on the database.
+
+    One round trip per call (autocommit; no session state, so PgBouncer's transaction mode is
+    fine). The database clock stamps the slots, so replicas with skewed clocks agree.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def reserve(
+        self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
+    ) -> Reservation:
+        """See ``planner.policy.CallLedger.reserve``. Raises SQLAlchemy/OS errors when the
+        database is unavailable."""
+        async with self.engine.connect() as conn:
+            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            row = (
+                await auto.execute(
+                    _RESERVE,
+                    {
+                        "user_id": user_id,
+                        "tool": tool,
+                        "consumer": consumer,
+                        "window": limit.window,
+                        "limit": limit.calls,
+                    },
+                )
+            ).one()
+        return Reservation(
+            reserved=bool(row.reserved), now=row.checked_at, recent=tuple(row.recent or ())
+        )
+
+
+def user_settings_from_row(row: Mapping[str, Any] | None) -> UserPolicySettings:
+    """``UserPolicySettings`` from a ``user_policy_settings`` row (or its JSON form); ``None``
+    (no row) gives the defaults. Malformed per-tool entries are skipped."""
+    if not row:
+        return UserPolicySettings()
+    limits = row.get("tool_rate_limits") or {}
+    return UserPolicySettings(
+        destructive_opt_ins=frozenset(row.get("destructive_opt_ins") or ()),
+        rate_limit=row.get("rate_limit"),
+        tool_rate_limits={
+            str(k): int(v) for k, v in limits.items() if isinstance(v, int) and v >= 1
+        },
+    )
+
+
+@dataclass(frozen=True)
+class PolicyReport:
+    """Policy decisions of the tool calls since ``since``, for the log-only → enforce switch.
+
+    Attributes:
+        since: the start of the period (database clock).
+        calls: every tool call in the period, decided or not (mode ``off``, unknown tools and
+            invalid arguments carry no decision).
+        decided: calls that carry a decision.
+        by_mode: ``mode -> {"calls", "allowed", "denied", "flagged"}``; in ``log-only``,
+            ``denied`` counts would-be denials (the calls ran).
+        by_reason: ``(mode, reason) -> calls``.
+        by_tool: ``(mode, tool) -> {"calls", "denied"}``.
+        injection_flags: ``tool -> calls`` flagged with injection markers.
+    """
+
+    since: datetime
+    calls: int
+    decided: int
+    by_mode: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_reason: dict[tuple[str, str], int] = field(default_factory=dict)
+    by_tool: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    injection_flags: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def would_deny_share(self) -> float | None:
+        """Would-be denials among the ``log-only`` calls (0..1), or ``None`` without any."""
+        log_only = self.by_mode.get("log-only")
+        if not log_only or not log_only["calls"]:
+            return None
+        return log_only["denied"] / log_only["calls"]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuple keys flattened into lists of objects)."""
+        return {
+            "since": self.since.isoformat(),
+            "calls": self.calls,
+            "decided": self.decided,
+            "by_mode": self.by_mode,
+            "by_reason": [
+                {"mode": m, "reason": r, "calls": n} for (m, r), n in sorted(self.by_reason.items())
+            ],
+            "by_tool": [
+                {"mode": m, "tool": t, **counts} for (m, t), counts in sorted(self.by_tool.items())
+            ],
+            "injection_flags": self.injection_flags,
+            "would_deny_share": self.would_deny_share,
+        }
+
+
+class PolicyStore:
+    """``user_policy_settings`` reads and writes, and the rollout report, over one engine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def get(self, user_id: str) -> dict[str, Any] | None:
+        """The user's settings row, or ``None`` when the user has none (defaults apply)."""
+        async with self.engine.connect() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        select(user_policy_settings).where(
+                            user_policy_settings.c.user_id == user_id
+                        )
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        return dict(row) if row is not None else None
+
+    async def user_settings(self, user_id: str) -> UserPolicySettings:
+        """The user's settings as the gate takes them."""
+        return user_settings_from_row(await self.get(user_id))
+
+    async def allow_destructive(self, user_id: str, target: str) -> dict[str, Any]:
+        """Add ``target`` (a tool name or scope) to the user's opt-ins (idempotent)."""
+        column = user_policy_settings.c.destructive_opt_ins
+        merged = case((column.contains([target]), column), else_=func.array_append(column, target))
+        return await self._upsert(
+            user_id, {"destructive_opt_ins": [target]}, {"destructive_opt_ins": merged}
+        )
+
+    async def revoke_destructive(self, user_id: str, target: str) -> dict[str, Any]:
+        """Remove ``target`` from the user's opt-ins (idempotent)."""
+        column = user_policy_settings.c.destructive_opt_ins
+        return await self._upsert(
+            user_id,
+            {"destructive_opt_ins": []},
+            {"destructive_opt_ins": func.array_remove(column, target)},
+        )
+
+    async def set_rate_limit(
+        self, user_id: str, calls: int | None, *, tool: str | None = None
+    ) -> dict[str, Any]:
+        """Set (``calls``) or clear (``None``) the user's rate limit, for ``tool`` or for
+        every tool."""
+        if tool is None:
+            return await self._upsert(user_id, {"rate_limit": calls}, {"rate_limit": calls})
+        column = user_policy_settings.c.tool_rate_limits
+        if calls is None:
+            return await self._upsert(
+                user_id, {"tool_rate_limits": {}}, {"tool_rate_limits": column.op("-")(tool)}
+            )
+        entry = func.jsonb_build_object(tool, calls)
+        return await self._upsert(
+            user_id,
+            {"tool_rate_limits": {tool: calls}},
+            {"tool_rate_limits": column.op("||")(entry)},
+        )
+
+    async def _upsert(
+        self, user_id: str, insert_values: dict[str, Any], update_values: dict[str, Any]
+    ) -> dict[str, Any]:
+        stmt = (
+            pg_insert(user_policy_settings)
+            .values(user_id=user_id, **insert_values)
+            .on_conflict_do_update(
+                index_elements=["user_id"], set_={**update_values, "updated_at": func.now()}
+            )
+            .returning(*user_policy_settings.c)
+        )
+        async with self.engine.begin() as conn:
+            return dict((await conn.execute(stmt)).mappings().one())
+
+    async def report(self, *, since: timedelta) -> PolicyReport:
+        """Decisions of the tool calls created within ``since`` before now (database clock)."""
+        decision = tool_invocations.c.policy_decision
+        mode = func.coalesce(tool_invocations.c.policy_mode, decision["mode"].astext)
+        verdict = decision["verdict"].astext
+        reason = decision["reason"].astext
+        flagged = decision["flags"].op("?")(literal_column("'injection_marker'"))
+        stmt = (
+            select(
+                mode.label("mode"),
+                tool_invocations.c.tool,
+                reason.label("reason"),
+                verdict.label("verdict"),
+                decision.is_not(None).label("decided"),
+                func.count().label("calls"),
+                func.count().filter(flagged).label("flagged"),
+                func.now().label("now"),
+            )
+            .where(tool_invocations.c.created_at >= func.now() - since)
+            .group_by(mode, tool_invocations.c.tool, reason, verdict, decision.is_not(None))
+        )
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(stmt)).mappings().all()
+            now = rows[0]["now"] if rows else (await conn.execute(select(func.now()))).scalar_one()
+        by_mode: dict[str, Counter[str]] = defaultdict(Counter)
+        by_reason: Counter[tuple[str, str]] = Counter()
+        by_tool: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        flags: Counter[str] = Counter()
+        calls = decided = 0
+        for row in rows:
+            n = row["calls"]
+            calls += n
+            if not row["decided"]:
+                continue
+            decided += n
+            m = row["mode"] or "unknown"
+            denied = n if row["verdict"] == "deny" else 0
+            by_mode[m].update(
+                {"calls": n, "denied": denied, "allowed": n - denied, "flagged": row["flagged"]}
+            )
+            by_reason[(m, row["reason"] or "unknown")] += n
+            by_tool[(m, row["tool"])].update({"calls": n, "denied": denied})
+            if row["flagged"]:
+                flags[row["tool"]] += row["flagged"]
+        return PolicyReport(
+            since=now - since,
+            calls=calls,
+            decided=decided,
+            by_mode={
+                m: {k: c[k] for k in ("calls", "allowed", "denied", "flagged")}
+                for m, c in sorted(by_mode.items())
+            },
+            by_reason=dict(by_reason),
+            by_tool={k: {"calls": c["calls"], "denied": c["denied"]} for k, c in by_tool.items()},
+            injection_flags=dict(flags),
+        )
