@@ -41,6 +41,7 @@ class AdminStore:
         max_rounds: int = 5,
         max_tokens_per_day: int | None = None,
         allowed_tools: Sequence[str] | None = None,
+        policy_mode: str | None = None,
     ) -> Row:
         """Create an agent. Raises ConflictError when ``name`` is taken."""
         stmt = (
@@ -53,6 +54,7 @@ class AdminStore:
                 max_rounds=max_rounds,
                 max_tokens_per_day=max_tokens_per_day,
                 allowed_tools=list(allowed_tools) if allowed_tools is not None else None,
+                policy_mode=policy_mode,
             )
             .returning(*agents.c)
         )
@@ -61,6 +63,18 @@ class AdminStore:
                 return dict((await conn.execute(stmt)).mappings().one())
         except IntegrityError as exc:
             raise ConflictError(f"an agent named {name!r} already exists") from exc
+
+    async def update_agent(self, name: str, **changes: Any) -> Row:
+        """Change the columns in ``changes`` of the agent called ``name`` (validated by the
+        caller; ``allowed_tools`` may be ``None`` for every tool). Raises NotFoundError."""
+        if "allowed_tools" in changes and changes["allowed_tools"] is not None:
+            changes["allowed_tools"] = list(changes["allowed_tools"])
+        stmt = update(agents).where(agents.c.name == name).values(**changes).returning(*agents.c)
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        if row is None:
+            raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
+        return dict(row)
 
     async def list_agents(self) -> list[Row]:
         """Every agent, by name."""

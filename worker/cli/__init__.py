@@ -1,0 +1,96 @@
+"""The ``mana-ai`` command. Run ``mana-ai --help`` or ``mana-ai COMMAND --help``.
+
+One module per command group (``db``, ``agents``, ``missions``, ``daemon`` for ``tick`` and
+``worker``, ``iterations``, ``policy``), each with a ``register(commands)`` that adds its
+subcommands; ``args`` and ``output`` hold what they share.
+
+Exit status: 0 success, 1 an operator error (the message says what and how to fix it),
+2 bad usage or invalid settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from worker.cli import agents, daemon, db, iterations, missions, policy
+from worker.cli.args import UsageError
+from worker.errors import ManaAIError
+from worker.settings import load_settings, unknown_variables
+
+__all__ = ["main"]
+
+GROUPS = (db, agents, missions, daemon, iterations, policy)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mana-ai`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "command_fn"):
+        parser.print_help()
+        return 2
+    try:
+        settings = load_settings()
+    except ManaAIError as exc:
+        print(f"mana-ai: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    from worker.logs import configure_logging
+
+    quiet = not getattr(args, "verbose_logs", False)
+    level = "WARNING" if quiet and settings.log_level.upper() == "INFO" else settings.log_level
+    configure_logging(level, settings.log_format)
+    for name in unknown_variables():
+        print(f"mana-ai: warning: ignoring unknown setting {name}", file=sys.stderr)
+    try:
+        status: int = asyncio.run(args.command_fn(args, settings))
+        return status
+    except UsageError as exc:
+        print(f"mana-ai: usage error: {exc}", file=sys.stderr)
+        return 2
+    except ManaAIError as exc:
+        print(f"mana-ai: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `mana-ai … | head`: the reader left; that is not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except (SQLAlchemyError, OSError) as exc:  # the database went away mid-command
+        from worker.db.engine import describe_error
+
+        print(f"mana-ai: database error: {describe_error(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: every group's subcommands under ``mana-ai``."""
+    parser = argparse.ArgumentParser(
+        prog="mana-ai",
+        description=(
+            "Run scheduled missions for LLM agents. Settings come from MANA_AI_* environment "
+            "variables (see README). With no MANA_AI_DATABASE_URL an embedded PostgreSQL "
+            "is started in MANA_AI_DATA_DIR; with no MANA_AI_LLM_BASE_URL the embedded "
+            "SmolLM2 model answers."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"mana-ai {_version()}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for module in GROUPS:
+        module.register(commands)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mana-ai")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "unknown"

@@ -1,0 +1,166 @@
+"""``mana-ai agents``: an agent is a model, a system prompt, limits, tools and a policy mode."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from worker.cli.args import UsageError, group, json_flag, positive_int
+from worker.cli.output import emit, print_json, table
+from worker.cli.stores import admin_store
+from worker.errors import NotFoundError
+from worker.settings import Settings
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "register"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful assistant that works through tools. Use the tools to complete the "
+    "objective, then answer with a short summary of what you did."
+)
+
+POLICY_MODE_CHOICES = ("off", "log-only", "enforce")
+_UNSET = object()  # an option left out (``None`` is a value: 'none' / 'default')
+
+
+def register(commands: Any) -> None:
+    """Add ``agents add``, ``agents set`` and ``agents list``."""
+    ag = group(commands, "agents", "Agents: a model, a system prompt, limits and tools.")
+    add = ag.add_parser("add", help="Create an agent.", description="Create an agent.")
+    add.add_argument("--name", required=True, help="unique agent name")
+    add.add_argument("--owner", required=True, help="owner user id; tools act in their space")
+    add.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="agent instructions")
+    add.add_argument("--model", help="model name (default: MANA_AI_LLM_MODEL / provider default)")
+    add.add_argument("--max-rounds", type=positive_int, default=5, help="rounds per run (5)")
+    add.add_argument(
+        "--max-tokens-per-day", type=positive_int, help="daily token budget (none by default)"
+    )
+    add.add_argument(
+        "--tools",
+        help="comma-separated tool names the agent may call (default: all built-in tools)",
+    )
+    add.add_argument(
+        "--policy-mode",
+        choices=POLICY_MODE_CHOICES,
+        help="the policy gate's mode for this agent's tool calls (default: MANA_AI_POLICY_MODE)",
+    )
+    add.add_argument(
+        "--if-not-exists",
+        action="store_true",
+        help="succeed without changes when an agent with this name exists",
+    )
+    json_flag(add)
+    add.set_defaults(command_fn=_add)
+
+    set_ = ag.add_parser(
+        "set",
+        help="Change an agent.",
+        description="Change an agent's settings; what is not given stays as it is. Missions "
+        "running now keep the settings they started with.",
+    )
+    set_.add_argument("name", help="agent name")
+    set_.add_argument("--system-prompt", help="agent instructions")
+    set_.add_argument("--model", help="model name ('default': MANA_AI_LLM_MODEL)")
+    set_.add_argument("--max-rounds", type=positive_int, help="rounds per run")
+    set_.add_argument(
+        "--max-tokens-per-day",
+        type=_budget,
+        default=_UNSET,
+        help="daily token budget ('none': no budget)",
+    )
+    set_.add_argument("--tools", help="comma-separated tool names ('all': every built-in tool)")
+    set_.add_argument(
+        "--policy-mode",
+        choices=(*POLICY_MODE_CHOICES, "default"),
+        help="the policy gate's mode for this agent ('default': MANA_AI_POLICY_MODE)",
+    )
+    json_flag(set_)
+    set_.set_defaults(command_fn=_set)
+
+    lst = ag.add_parser("list", help="List agents.", description="List agents.")
+    json_flag(lst)
+    lst.set_defaults(command_fn=_list)
+
+
+def _budget(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else positive_int(text)
+
+
+def _tool_list(text: str, known: list[str]) -> list[str]:
+    tools = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not tools:
+        raise UsageError("--tools names no tool; leave it out to allow every built-in tool")
+    unknown = sorted(set(tools) - set(known))
+    if unknown:
+        raise UsageError(f"unknown tool(s) {', '.join(unknown)}; available: {', '.join(known)}")
+    return tools
+
+
+async def _add(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.tools import builtin_tools
+
+    name, owner = args.name.strip(), args.owner.strip()
+    if not name or not owner:
+        raise UsageError("--name and --owner must not be empty")
+    async with admin_store(settings) as admin:
+        tools = None
+        if args.tools is not None:
+            tools = _tool_list(args.tools, [t.name for t in builtin_tools(admin.engine)])
+        if args.if_not_exists:
+            try:
+                existing = await admin.agent_by_name(name)
+            except NotFoundError:
+                pass
+            else:
+                emit(args, existing, f"agent {name} exists (id {existing['id']}); unchanged")
+                return 0
+        agent = await admin.add_agent(
+            name=name,
+            owner_user_id=owner,
+            system_prompt=args.system_prompt,
+            model=args.model,
+            max_rounds=args.max_rounds,
+            max_tokens_per_day=args.max_tokens_per_day,
+            allowed_tools=tools,
+            policy_mode=args.policy_mode,
+        )
+    emit(args, agent, f"agent {agent['name']} created (id {agent['id']})")
+    return 0
+
+
+async def _set(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.tools import builtin_tools
+
+    changes: dict[str, Any] = {}
+    if args.system_prompt is not None:
+        changes["system_prompt"] = args.system_prompt
+    if args.model is not None:
+        changes["model"] = None if args.model.strip().lower() == "default" else args.model
+    if args.max_rounds is not None:
+        changes["max_rounds"] = args.max_rounds
+    if args.max_tokens_per_day is not _UNSET:
+        changes["max_tokens_per_day"] = args.max_tokens_per_day
+    if args.policy_mode is not None:
+        changes["policy_mode"] = None if args.policy_mode == "default" else args.policy_mode
+    async with admin_store(settings) as admin:
+        if args.tools is not None:
+            known = [t.name for t in builtin_tools(admin.engine)]
+            all_tools = args.tools.strip().lower() == "all"
+            changes["allowed_tools"] = None if all_tools else _tool_list(args.tools, known)
+        if not changes:
+            raise UsageError("nothing to change: give at least one option (see --help)")
+        agent = await admin.update_agent(args.name.strip(), **changes)
+    emit(args, agent, f"agent {agent['name']} changed: {', '.join(sorted(changes))}")
+    return 0
+
+
+async def _list(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        rows = await admin.list_agents()
+    if args.json:
+        print_json(rows)
+    else:
+        table(
+            rows,
+            ["id", "name", "owner_user_id", "model", "max_rounds", "policy_mode", "allowed_tools"],
+        )
+    return 0

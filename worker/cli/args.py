@@ -1,0 +1,103 @@
+"""Argument types and usage errors shared by the ``mana-ai`` command groups.
+
+A value that does not parse is an ``argparse.ArgumentTypeError`` (argparse prints it and exits
+2); a combination of flags that makes no sense is a ``UsageError`` raised by the command (the
+entry point prints it and exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from worker.errors import ManaAIError
+from worker.settings import Settings
+
+__all__ = [
+    "MAX_ID",
+    "MAX_LIMIT",
+    "Command",
+    "UsageError",
+    "aware_datetime",
+    "group",
+    "iteration_ref",
+    "json_flag",
+    "limit",
+    "positive_int",
+    "row_id",
+]
+
+Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+"""``async (args, settings) -> exit status``: what a subcommand's ``command_fn`` is."""
+
+MAX_LIMIT = 10_000
+MAX_ID = 2**63 - 1  # ids are BIGINT
+
+
+class UsageError(ManaAIError):
+    """A malformed or contradictory command line (exit status 2)."""
+
+
+def group(commands: Any, name: str, helptext: str) -> Any:
+    """A command group (``mana-ai NAME COMMAND``); returns its subparsers."""
+    parser = commands.add_parser(name, help=helptext, description=helptext)
+    return parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--json`` (print JSON for scripts)."""
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def limit(text: str) -> int:
+    """A row limit: a whole number from 1 to 10,000."""
+    value = positive_int(text)
+    if value > MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_LIMIT}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def row_id(text: str) -> int:
+    """A database id: 1 to 2**63 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a numeric id, got {text!r}") from None
+    if not 1 <= value <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"ids run from 1 to {MAX_ID}, got {value}")
+    return value
+
+
+def iteration_ref(text: str) -> int | None:
+    """An iteration id, or ``latest`` (``None``)."""
+    if text == "latest":
+        return None
+    if not text.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected an id or 'latest', got {text!r}")
+    return row_id(text)
+
+
+def aware_datetime(text: str) -> datetime:
+    """An ISO 8601 time with a UTC offset."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected ISO 8601 like 2026-12-01T09:00+01:00, got {text!r}"
+        ) from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset; add one, e.g. +00:00")
+    return value

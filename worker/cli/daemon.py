@@ -1,0 +1,52 @@
+"""``mana-ai tick`` and ``mana-ai worker``: running missions."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from worker.cli.args import json_flag
+from worker.cli.output import print_json
+from worker.settings import Settings
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add ``tick`` and ``worker``."""
+    tick = commands.add_parser(
+        "tick",
+        help="Run one tick: claim due missions, run them, store iterations, exit.",
+        description="Claim the due missions (up to MANA_AI_MAX_CONCURRENT_MISSIONS), run them, "
+        "wait for them and exit. Exit status 1 if any run failed.",
+    )
+    tick.add_argument("--once", action="store_true", help="run a single tick (the default)")
+    json_flag(tick)
+    tick.set_defaults(command_fn=_tick, verbose_logs=True)
+
+    worker = commands.add_parser(
+        "worker",
+        help="Run the daemon: tick every MANA_AI_TICK_INTERVAL_S until SIGTERM/SIGINT.",
+        description="Run the daemon. Migrates the schema at start, serves /metrics and "
+        "/healthz on MANA_AI_METRICS_PORT, and on SIGTERM/SIGINT stops claiming, lets running "
+        "missions finish within MANA_AI_SHUTDOWN_GRACE_S and exits 0.",
+    )
+    worker.set_defaults(command_fn=_worker, verbose_logs=True)
+
+
+async def _tick(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.app import open_app
+
+    async with open_app(settings) as app:
+        outcomes = await app.worker.run_once()
+    if args.json:
+        print_json({"missions_run": len(outcomes), "outcomes": outcomes})
+    else:
+        print(f"tick ran {len(outcomes)} mission(s): {', '.join(outcomes) or 'none due'}")
+    return 1 if any(o in ("failed", "error") for o in outcomes) else 0
+
+
+async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.scheduler import serve
+
+    return await serve(settings)

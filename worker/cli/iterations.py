@@ -1,0 +1,112 @@
+"""``mana-ai iterations``: stored mission runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
+from worker.cli.output import fmt, print_json, table
+from worker.cli.stores import admin_store
+from worker.errors import NotFoundError
+from worker.settings import Settings
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add ``iterations list|show``."""
+    it = group(commands, "iterations", "Iterations: stored mission runs.")
+    lst = it.add_parser(
+        "list", help="List iterations.", description="List iterations, newest first."
+    )
+    lst.add_argument("--mission", type=row_id, help="only this mission's iterations")
+    lst.add_argument("--limit", type=limit, default=20, help="rows at most (20)")
+    json_flag(lst)
+    lst.set_defaults(command_fn=_list)
+    show = it.add_parser(
+        "show",
+        help="Show one iteration: its message log and tool calls.",
+        description="Show one iteration: outcome, usage, the stored message log and every tool "
+        "call with its arguments, result or error.",
+    )
+    show.add_argument("id", type=iteration_ref, help="iteration id, or 'latest'")
+    json_flag(show)
+    show.set_defaults(command_fn=_show)
+
+
+async def _list(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        rows = await admin.list_iterations(mission_id=args.mission, limit=args.limit)
+    if args.json:
+        print_json(rows)
+    else:
+        for row in rows:
+            row["tokens"] = row["prompt_tokens"] + row["completion_tokens"]
+        table(
+            rows,
+            [
+                "id",
+                "mission_id",
+                "scheduled_for",
+                "status",
+                "attempt",
+                "rounds",
+                "tokens",
+                "stop_reason",
+                "error",
+            ],
+        )
+    return 0
+
+
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        iteration_id = args.id
+        if iteration_id is None:
+            latest = await admin.list_iterations(limit=1)
+            if not latest:
+                raise NotFoundError("no iterations stored yet (run `mana-ai tick --once`)")
+            iteration_id = latest[0]["id"]
+        it = await admin.get_iteration(iteration_id)
+    if args.json:
+        print_json(it)
+        return 0
+    print(
+        f"iteration {it['id']} of mission {it['mission_id']}: {it['status']} "
+        f"(attempt {it['attempt']}, worker {it['worker_id']})"
+    )
+    print(
+        f"  scheduled for {fmt(it['scheduled_for'])}, started {fmt(it['started_at'])}, "
+        f"finished {fmt(it['finished_at'])}"
+    )
+    print(
+        f"  rounds {it['rounds']}, tokens {it['prompt_tokens']} prompt + "
+        f"{it['completion_tokens']} completion, stop reason {it['stop_reason']}"
+    )
+    if it["error"]:
+        print(f"  error: {it['error']}")
+    print("\nmessage log:")
+    for message in it["messages"]:
+        role = message["role"]
+        label = f"[{role}{' ' + message['tool_call_id'] if message.get('tool_call_id') else ''}]"
+        if message.get("content") is not None:
+            print(f"  {label} {message['content']}")
+        for call in message.get("tool_calls", []):
+            print(
+                f"  {label} calls {call['name']}({json.dumps(call.get('arguments', {}))}) "
+                f"id={call['id']}"
+            )
+    print("\ntool calls:")
+    if not it["tool_invocations"]:
+        print("  (none)")
+    for inv in it["tool_invocations"]:
+        detail = (
+            f"error: {inv['error']}" if inv["error"] else f"result: {json.dumps(inv['result'])}"
+        )
+        print(
+            f"  round {inv['round']} {inv['tool']}({json.dumps(inv['arguments'])}) "
+            f"{inv['outcome']} in {inv['duration_ms']:.1f} ms; {detail}"
+        )
+    return 0

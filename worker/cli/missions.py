@@ -1,0 +1,158 @@
+"""``mana-ai missions``: a mission is an agent, an objective and a schedule."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from typing import Any
+
+from worker.cli.args import UsageError, aware_datetime, group, json_flag, limit, row_id
+from worker.cli.output import emit, fmt, print_json, table
+from worker.cli.stores import admin_store
+from worker.settings import Settings
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add ``missions add|list|show|pause|resume``."""
+    ms = group(commands, "missions", "Missions: an agent, an objective, a schedule.")
+    add = ms.add_parser(
+        "add",
+        help="Create a mission.",
+        description="Create a mission. Give --cron for a recurring mission (5-field cron, "
+        "evaluated in --timezone), or --at / --due-now alone for a one-shot mission.",
+    )
+    add.add_argument("--agent", required=True, help="agent name")
+    add.add_argument("--objective", required=True, help="what the agent should do each run")
+    add.add_argument("--cron", help="5-field cron expression, e.g. '0 9 * * 1-5'")
+    add.add_argument("--timezone", default="UTC", help="IANA timezone of --cron (UTC)")
+    add.add_argument("--at", type=aware_datetime, help="one-shot run time, ISO 8601 with offset")
+    add.add_argument(
+        "--due-now", action="store_true", help="first run at the next tick instead of per --cron"
+    )
+    add.add_argument(
+        "--deadline", type=aware_datetime, help="no runs after this time (ISO 8601 with offset)"
+    )
+    json_flag(add)
+    add.set_defaults(command_fn=_add)
+    lst = ms.add_parser("list", help="List missions.", description="List missions, newest first.")
+    lst.add_argument(
+        "--status", choices=["active", "paused", "completed"], help="only missions in this status"
+    )
+    lst.add_argument("--limit", type=limit, default=100, help="rows at most (100)")
+    json_flag(lst)
+    lst.set_defaults(command_fn=_list)
+    for name, helptext, fn in (
+        ("show", "Show one mission.", _show),
+        ("pause", "Pause a mission (a running iteration finishes).", _pause),
+        ("resume", "Resume a paused mission at its next cron time.", _resume),
+    ):
+        cmd = ms.add_parser(name, help=helptext, description=helptext)
+        cmd.add_argument("id", type=row_id, help="mission id")
+        json_flag(cmd)
+        cmd.set_defaults(command_fn=fn)
+
+
+async def _add(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.schedule import next_run_after, parse_timezone
+
+    if not args.objective.strip():
+        raise UsageError("--objective must not be empty")
+    if not args.agent.strip():
+        raise UsageError("--agent must not be empty")
+    if args.cron is None and args.at is None and not args.due_now:
+        raise UsageError(
+            "give --cron EXPR for a recurring mission, or --at TIME / --due-now for a one-shot"
+        )
+    if args.cron is not None and args.at is not None:
+        raise UsageError("--at is for one-shot missions; a --cron mission runs at its cron times")
+    if args.at is not None and args.due_now:
+        raise UsageError("give either --at TIME or --due-now, not both")
+    parse_timezone(args.timezone)
+    now = datetime.now(UTC)
+    cron_next = None
+    if args.cron is not None:
+        cron_next = next_run_after(args.cron, args.timezone, now)  # raises ScheduleError
+        if cron_next is None:
+            raise UsageError(f"cron expression {args.cron!r} never fires")
+    first: datetime
+    if args.due_now:
+        first = now
+    elif args.at is not None:
+        if args.at < now:
+            raise UsageError(
+                f"--at {args.at.isoformat()} is in the past; use --due-now to run at the next tick"
+            )
+        first = args.at
+    else:
+        assert cron_next is not None  # one of --cron / --at / --due-now was checked above
+        first = cron_next
+    if args.deadline is not None and args.deadline < first:
+        raise UsageError(f"--deadline {args.deadline.isoformat()} is before the first run")
+    async with admin_store(settings) as admin:
+        agent = await admin.agent_by_name(args.agent)
+        mission = await admin.add_mission(
+            agent_id=agent["id"],
+            objective=args.objective,
+            cron=args.cron,
+            timezone=args.timezone,
+            next_run_at=first,
+            deadline=args.deadline,
+        )
+    emit(
+        args,
+        mission,
+        f"mission {mission['id']} created for agent {args.agent}; "
+        f"next run at {fmt(mission['next_run_at'])}",
+    )
+    return 0
+
+
+async def _list(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        rows = await admin.list_missions(status=args.status, limit=args.limit)
+    if args.json:
+        print_json(rows)
+    else:
+        table(rows, ["id", "agent", "status", "cron", "timezone", "next_run_at", "objective"])
+    return 0
+
+
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        mission = await admin.get_mission(args.id)
+    if args.json:
+        print_json(mission)
+    else:
+        for key, value in mission.items():
+            print(f"{key:>18}: {fmt(value)}")
+    return 0
+
+
+async def _pause(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        mission = await admin.pause_mission(args.id)
+    emit(args, mission, f"mission {args.id} paused")
+    return 0
+
+
+async def _resume(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.schedule import next_run_after
+
+    async with admin_store(settings) as admin:
+        current = await admin.get_mission(args.id)
+        if current["status"] == "active":
+            emit(
+                args,
+                current,
+                f"mission {args.id} is already active; next run at "
+                f"{fmt(current['next_run_at'])} (unchanged)",
+            )
+            return 0
+        next_run = None
+        if current["cron"] is not None:
+            next_run = next_run_after(current["cron"], current["timezone"], datetime.now(UTC))
+        mission = await admin.resume_mission(args.id, next_run_at=next_run)
+    emit(args, mission, f"mission {args.id} resumed; next run at {fmt(mission['next_run_at'])}")
+    return 0

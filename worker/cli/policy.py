@@ -1,0 +1,306 @@
+"""``mana-ai policy``: users' destructive opt-ins and rate limits, and the rollout report.
+
+The rules themselves are ``planner.policy.evaluate_policy``; these commands only change what a
+user allowed (table ``user_policy_settings``) and read what the gate decided
+(``tool_invocations``). A change applies to iterations that start after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from worker.cli.args import UsageError, group, json_flag
+from worker.cli.output import emit, fmt, print_json, table
+from worker.cli.stores import policy_store
+from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from planner import ToolSpec
+    from worker.db.policy import PolicyReport
+
+__all__ = ["ENFORCE_SWITCH_SHARE", "parse_since", "register"]
+
+ENFORCE_SWITCH_SHARE = 0.01
+"""The seed design's switch criterion: under 1 % would-be denials over a week of log-only."""
+
+_MAX_SINCE = timedelta(days=3650)
+
+
+def register(commands: Any) -> None:
+    """Add ``policy show|allow-destructive|revoke-destructive|set-rate-limit|report``."""
+    pol = group(
+        commands,
+        "policy",
+        "The policy gate: users' destructive opt-ins and rate limits, and the rollout report.",
+    )
+    show = pol.add_parser(
+        "show",
+        help="Show a user's policy settings and the limits that apply to them.",
+        description="Show a user's destructive opt-ins, rate-limit overrides and the "
+        "effective rate limit of every tool (users without settings get the defaults).",
+    )
+    show.add_argument("user", help="user id (an agent's --owner)")
+    json_flag(show)
+    show.set_defaults(command_fn=_show)
+
+    for name, verb, fn in (
+        ("allow-destructive", "Let a user's agents call a destructive tool", _allow),
+        ("revoke-destructive", "Take back a user's opt-in to a destructive tool", _revoke),
+    ):
+        cmd = pol.add_parser(
+            name,
+            help=f"{verb} (or every destructive tool of a scope).",
+            description=f"{verb}, or every destructive tool of a scope. Applies to iterations "
+            "that start afterwards.",
+        )
+        cmd.add_argument("user", help="user id (an agent's --owner)")
+        cmd.add_argument("target", metavar="TOOL_OR_SCOPE", help="a tool name or a scope")
+        json_flag(cmd)
+        cmd.set_defaults(command_fn=fn)
+
+    rate = pol.add_parser(
+        "set-rate-limit",
+        help="Set a user's rate limit (calls per window), for one tool or all.",
+        description="Set how many calls of a tool the user's agents may make per rolling "
+        "window (MANA_AI_POLICY_RATE_WINDOW_S), for one --tool or for every tool. "
+        "'default' removes the override.",
+    )
+    rate.add_argument("user", help="user id (an agent's --owner)")
+    rate.add_argument("calls", metavar="N", type=_calls, help="calls per window, or 'default'")
+    rate.add_argument("--tool", help="only this tool (default: every tool of the user)")
+    json_flag(rate)
+    rate.set_defaults(command_fn=_set_rate_limit)
+
+    report = pol.add_parser(
+        "report",
+        help="Decisions by reason, tool and mode; the would-be deny share of log-only.",
+        description="What the gate decided over a period: calls by mode, reason and tool; in "
+        "log-only, how many calls enforce would have denied and their share of all calls "
+        f"(switch to enforce when it stays under {ENFORCE_SWITCH_SHARE:.0%} over a week).",
+    )
+    report.add_argument(
+        "--since",
+        type=parse_since,
+        default=timedelta(days=7),
+        help="period: a duration like 7d, 24h, 30m, 90s (default 7d)",
+    )
+    json_flag(report)
+    report.set_defaults(command_fn=_report)
+
+
+def _calls(text: str) -> int | None:
+    if text.strip().lower() == "default":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of calls or 'default', got {text!r}"
+        ) from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"expected 1 to 100000 calls, got {value}")
+    return value
+
+
+_SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhms])\s*$", re.IGNORECASE)
+_UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+
+
+def parse_since(text: str) -> timedelta:
+    """``7d``, ``24h``, ``30m``, ``90s`` (positive, at most 10 years) as a timedelta.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    match = _SINCE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 7d, 24h, 30m or 90s, got {text!r}"
+        )
+    amount, unit = float(match.group(1)), match.group(2).lower()
+    delta = timedelta(**{_UNITS[unit]: amount})
+    if not timedelta(0) < delta <= _MAX_SINCE:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration above 0 and up to 3650d, got {text!r}"
+        )
+    return delta
+
+
+def _user(text: str) -> str:
+    user = text.strip()
+    if not user:
+        raise UsageError("the user id must not be empty")
+    return user
+
+
+def _known_tools(engine: Any) -> list[ToolSpec]:
+    from worker.tools import builtin_tools
+
+    return builtin_tools(engine)
+
+
+def _check_target(target: str, tools: list[ToolSpec]) -> str:
+    """A known destructive tool or a known scope; anything else is refused with the lists."""
+    target = target.strip()
+    by_name = {t.name: t for t in tools}
+    scopes = sorted({t.scope for t in tools})
+    destructive = sorted(t.name for t in tools if t.policy_hint == "destructive")
+    if target in by_name:
+        if by_name[target].policy_hint != "destructive":
+            raise UsageError(
+                f"{target} is not destructive ({by_name[target].policy_hint}); it needs no "
+                f"opt-in. Destructive tools: {', '.join(destructive) or '(none)'}"
+            )
+        return target
+    if target in scopes:
+        return target
+    raise UsageError(
+        f"unknown tool or scope {target!r}; destructive tools: "
+        f"{', '.join(destructive) or '(none)'}; scopes: {', '.join(scopes)}"
+    )
+
+
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.db.policy import user_settings_from_row
+    from worker.gate import policy_config_from_settings
+
+    user = _user(args.user)
+    async with policy_store(settings) as store:
+        row = await store.get(user)
+        tools = _known_tools(store.engine)
+    config = policy_config_from_settings(settings)
+    user_settings = user_settings_from_row(row)
+    limits = {t.name: config.rate_limit_for(t.name, user_settings) for t in tools}
+    window_s = config.rate_limit.window.total_seconds()
+    result: dict[str, Any] = {
+        "user_id": user,
+        "destructive_opt_ins": sorted(user_settings.destructive_opt_ins),
+        "rate_limit": user_settings.rate_limit,
+        "tool_rate_limits": dict(user_settings.tool_rate_limits),
+        "updated_at": row["updated_at"] if row else None,
+        "default_mode": settings.policy_mode,
+        "window_s": window_s,
+        "tools": [
+            {
+                "tool": t.name,
+                "policy_hint": t.policy_hint,
+                "scope": t.scope,
+                "calls_per_window": limits[t.name].calls,
+                "opted_in": user_settings.opted_in(t) if t.policy_hint == "destructive" else None,
+            }
+            for t in tools
+        ],
+    }
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"user {user}: " + ("no settings of their own (defaults)" if row is None else ""))
+    print(f"  destructive opt-ins: {', '.join(result['destructive_opt_ins']) or '(none)'}")
+    print(f"  rate limit override: {fmt(user_settings.rate_limit)} (all tools)")
+    overrides = ", ".join(f"{k}={v}" for k, v in sorted(user_settings.tool_rate_limits.items()))
+    print(f"  per-tool overrides: {overrides or '(none)'}")
+    print(f"  mode: {settings.policy_mode} (MANA_AI_POLICY_MODE; agents may override it)")
+    print(f"\neffective limits, calls per {window_s:g} s:")
+    table(
+        [
+            t | {"opt_in": "-" if t["opted_in"] is None else ("yes" if t["opted_in"] else "no")}
+            for t in result["tools"]
+        ],
+        ["tool", "policy_hint", "scope", "calls_per_window", "opt_in"],
+    )
+    return 0
+
+
+async def _allow(args: argparse.Namespace, settings: Settings) -> int:
+    user = _user(args.user)
+    async with policy_store(settings) as store:
+        target = _check_target(args.target, _known_tools(store.engine))
+        row = await store.allow_destructive(user, target)
+    emit(
+        args,
+        row,
+        f"user {user} opted in to {target}; opt-ins now: {', '.join(row['destructive_opt_ins'])}",
+    )
+    return 0
+
+
+async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
+    user = _user(args.user)
+    async with policy_store(settings) as store:
+        current = await store.get(user)
+        target = args.target.strip()
+        if target not in (current or {}).get("destructive_opt_ins", ()):
+            target = _check_target(target, _known_tools(store.engine))
+        row = await store.revoke_destructive(user, target)
+    remaining = ", ".join(row["destructive_opt_ins"]) or "(none)"
+    emit(args, row, f"user {user}'s opt-in to {target} revoked; opt-ins now: {remaining}")
+    return 0
+
+
+async def _set_rate_limit(args: argparse.Namespace, settings: Settings) -> int:
+    user = _user(args.user)
+    async with policy_store(settings) as store:
+        tool = None
+        if args.tool is not None:
+            known = [t.name for t in _known_tools(store.engine)]
+            tool = args.tool.strip()
+            if tool not in known:
+                raise UsageError(f"unknown tool {tool!r}; available: {', '.join(known)}")
+        row = await store.set_rate_limit(user, args.calls, tool=tool)
+    what = f"{tool} calls" if tool else "calls of each tool"
+    limit = "the default" if args.calls is None else f"{args.calls} per window"
+    emit(args, row, f"user {user}: {what} limited to {limit}")
+    return 0
+
+
+async def _report(args: argparse.Namespace, settings: Settings) -> int:
+    async with policy_store(settings) as store:
+        report = await store.report(since=args.since)
+    if args.json:
+        print_json(report.to_json())
+        return 0
+    _print_report(report)
+    return 0
+
+
+def _print_report(report: PolicyReport) -> None:
+    print(
+        f"policy decisions since {fmt(report.since)}: {report.calls} tool call(s), "
+        f"{report.decided} decided by the gate"
+    )
+    if not report.decided:
+        print("  (no decisions: the gate was off, or no tool calls ran in this period)")
+        return
+    print(f"\n  {'MODE':<10} {'CALLS':>7} {'ALLOWED':>8} {'DENIED':>7} {'SHARE':>7} {'FLAGGED':>8}")
+    for mode, counts in report.by_mode.items():
+        share = counts["denied"] / counts["calls"] if counts["calls"] else 0.0
+        denied = f"{counts['denied']}" + ("*" if mode == "log-only" else "")
+        print(
+            f"  {mode:<10} {counts['calls']:>7} {counts['allowed']:>8} {denied:>7} "
+            f"{share:>7.1%} {counts['flagged']:>8}"
+        )
+    if "log-only" in report.by_mode:
+        print("  * in log-only: would-be denials (the calls ran)")
+    print("\n  by reason:")
+    for (mode, reason), calls in sorted(report.by_reason.items()):
+        print(f"    {mode:<10} {reason:<26} {calls:>7}")
+    print("\n  by tool:")
+    for (mode, tool), counts in sorted(report.by_tool.items()):
+        print(f"    {mode:<10} {tool:<26} {counts['calls']:>7} calls {counts['denied']:>6} denied")
+    if report.injection_flags:
+        flags = ", ".join(f"{t}: {n}" for t, n in sorted(report.injection_flags.items()))
+        print(f"\n  injection markers flagged: {flags}")
+    would_deny = report.would_deny_share
+    if would_deny is not None:
+        verdict = (
+            "under the 1 % switch criterion: ready for enforce"
+            if would_deny < ENFORCE_SWITCH_SHARE
+            else "at or above the 1 % switch criterion: look at the reasons before enforcing"
+        )
+        print(
+            f"\n  log-only: enforce would have denied {report.by_mode['log-only']['denied']} of "
+            f"{report.by_mode['log-only']['calls']} calls ({would_deny:.2%}), {verdict}"
+        )
