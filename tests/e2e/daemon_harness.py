@@ -1,0 +1,122 @@
+"""Driving ``mana-ai`` as real processes, as an operator would: the CLI, worker daemons, and
+waiting on what they store. Shared by the e2e tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.fakes import chat_completion_body
+from worker.db.tables import mission_iterations
+
+__all__ = [
+    "TIMEOUT_S",
+    "cli",
+    "clock_then_answer",
+    "env_for",
+    "finished_iterations",
+    "free_port",
+    "run_cli",
+    "start_worker",
+    "stop",
+    "wait_until",
+]
+
+TIMEOUT_S = 60.0
+
+
+def clock_then_answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Call clock_now first; answer once a tool result is in the conversation."""
+    if any(m.get("role") == "tool" for m in body["messages"]):
+        return 200, chat_completion_body(content="Noted the time.")
+    return 200, chat_completion_body(tool_calls=[("clock_now", {})])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def env_for(database_url: str, llm_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
+    env |= {
+        "MANA_AI_DATABASE_URL": database_url,
+        "MANA_AI_LLM_BASE_URL": llm_url,
+        "MANA_AI_TICK_INTERVAL_S": "0.2",
+        "MANA_AI_LLM_MAX_RETRIES": "0",
+        "MANA_AI_METRICS_HOST": "127.0.0.1",
+        "MANA_AI_METRICS_PORT": "0",
+        "MANA_AI_LOG_FORMAT": "json",
+    }
+    return env | extra
+
+
+async def run_cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``mana-ai ARGS`` as a process: (exit status, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker.cli",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def cli(env: dict[str, str], *args: str) -> Any:
+    """``mana-ai ARGS --json``, which must succeed; its parsed output."""
+    code, out, err = await run_cli(env, *args, "--json")
+    assert code == 0, f"mana-ai {' '.join(args)} failed: {err}"
+    return json.loads(out)
+
+
+async def start_worker(env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker.cli",
+        "worker",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def wait_until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if value := await check():
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+async def finished_iterations(engine: AsyncEngine) -> list[dict[str, Any]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(mission_iterations).where(mission_iterations.c.status != "running")
+        )
+        return [dict(r) for r in rows.mappings()]
