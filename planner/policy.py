@@ -35,14 +35,13 @@ rate-limit slots from a ``CallLedger`` (PostgreSQL in the worker, in memory in
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -228,9 +227,9 @@ PolicyGate = Callable[[ToolSpec, ToolCall, ToolContext], Awaitable[PolicyDecisio
 """``async (spec, call, ctx) -> PolicyDecision``, awaited before a known tool's handler runs."""
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyInput:
-    """Everything ``evaluate_policy`` looks at.
+class PolicyInput(NamedTuple):
+    """Everything ``evaluate_policy`` looks at (an immutable record; change it with
+    ``_replace``).
 
     Attributes:
         spec: the tool called.
@@ -241,7 +240,8 @@ class PolicyInput:
             that took a rate-limit slot; ``None`` when they were not counted (the rate rule is
             then skipped: the caller counts and reserves separately).
         mode: ``off`` | ``log-only`` | ``enforce``.
-        now: the time the rate limit is judged at (UTC-aware).
+        now: the time the rate limit is judged at (UTC-aware); the rate rule needs it with
+            ``recent_invocations`` and is skipped without it.
         config: the consumer's configuration.
     """
 
@@ -251,7 +251,7 @@ class PolicyInput:
     user_settings: UserPolicySettings
     recent_invocations: Sequence[datetime] | None
     mode: PolicyMode
-    now: datetime
+    now: datetime | None = None
     config: PolicyConfig = PolicyConfig()
 
 
@@ -326,7 +326,7 @@ def _first_denial(inp: PolicyInput) -> tuple[str, str, str] | None:
             f"{spec.name} needs the user's opt-in; do not retry it. Go on without it, or say "
             "in your answer what you would have done.",
         )
-    if inp.recent_invocations is not None:
+    if inp.recent_invocations is not None and inp.now is not None:
         limit = config.rate_limit_for(spec.name, inp.user_settings)
         wait = rate_limit_wait(inp.recent_invocations, limit, inp.now)
         if wait is not None:
@@ -414,9 +414,40 @@ def normalize_for_markers(text: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def _normalized_markers(markers: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+def _normalized_markers(markers: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """``(marker, normalized, first word)`` of each marker that normalizes to something."""
     pairs = ((m, normalize_for_markers(m)) for m in markers)
-    return tuple((m, n) for m, n in pairs if n)
+    return tuple((m, n, n.split(" ", 1)[0]) for m, n in pairs if n)
+
+
+def _matches(text: str, wanted: tuple[tuple[str, str, str], ...]) -> tuple[str, ...]:
+    """The markers of ``wanted`` that ``text`` holds once normalized, in ``wanted`` order.
+
+    ASCII text (the common case) is not normalized as a whole: lower-casing is enough for a
+    marker without spaces (collapsing whitespace cannot create or split a run without
+    whitespace), and a marker with spaces is only looked for after its first word was found.
+    """
+    if text.isascii():
+        low = text.lower()
+        collapsed: str | None = None
+        found: list[str] = []
+        for original, normalized, first in wanted:
+            if first not in low:
+                continue
+            if first != normalized:
+                if collapsed is None:
+                    collapsed = " ".join(low.split())
+                if normalized not in collapsed:
+                    continue
+            found.append(original)
+        return tuple(found)
+    normal = normalize_for_markers(text)
+    return tuple(original for original, normalized, _ in wanted if normalized in normal)
+
+
+_SEPARATOR = "\x00"
+"""Joins the strings of one call for a single scan: not whitespace, not a format character and
+in no marker, so no marker can match across two strings."""
 
 
 def find_injection_markers(
@@ -435,9 +466,9 @@ def find_injection_markers(
 
     Never raises; iterative (no recursion), so nesting depth costs nothing extra.
     """
-    wanted = _normalized_markers(tuple(markers))
+    wanted = _normalized_markers(markers if isinstance(markers, tuple) else tuple(markers))
     not_object = not isinstance(value, dict)
-    found: set[str] = set()
+    texts: list[str] = []
     budget = max_chars
     nodes = 0
     truncated = False
@@ -449,32 +480,31 @@ def find_injection_markers(
             truncated = True
             break
         if isinstance(item, str):
-            if budget <= 0:
-                truncated = True
+            if len(item) >= budget:
+                truncated = truncated or len(item) > budget
+                texts.append(item[:budget])
+                budget = 0
+                if stack:
+                    truncated = True
                 break
-            if len(item) > budget:
-                item, truncated = item[:budget], True
             budget -= len(item)
-            text = normalize_for_markers(item)
-            for original, normalized in wanted:
-                if normalized in text:
-                    found.add(original)
+            texts.append(item)
         elif isinstance(item, dict):
             for key, inner in item.items():
                 stack.append(inner)
                 stack.append(key)
         elif isinstance(item, list | tuple):
             stack.extend(item)
-    ordered = tuple(original for original, _ in wanted if original in found)
-    return ordered, truncated, not_object
+    if not texts:
+        return (), truncated, not_object
+    return _matches(_SEPARATOR.join(texts), wanted), truncated, not_object
 
 
 # -- the gate --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """What a ``CallLedger`` answered.
+class Reservation(NamedTuple):
+    """What a ``CallLedger`` answered (an immutable record).
 
     Attributes:
         reserved: a slot was taken (fewer than ``limit.calls`` calls were in the window).
@@ -509,10 +539,6 @@ DecisionObserver = Callable[[ToolSpec, ToolCall, ToolContext, PolicyDecision], N
 """Called with every decision a gate takes (metrics, logs). Must not raise."""
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class RulePolicyGate:
     """The ``PolicyGate`` every consumer uses: ``evaluate_policy`` plus a ``CallLedger``.
 
@@ -534,7 +560,6 @@ class RulePolicyGate:
         ledger: where rate-limit slots are counted and taken.
         consumer: who calls (``mission``, ``mcp``), recorded with each slot.
         observe: called with every decision (metrics, logs).
-        clock: UTC-aware now, used only when the ledger is unavailable.
     """
 
     def __init__(
@@ -546,7 +571,6 @@ class RulePolicyGate:
         ledger: CallLedger,
         consumer: str = "mission",
         observe: DecisionObserver | None = None,
-        clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.mode: PolicyMode = mode
         self.config = config
@@ -554,11 +578,39 @@ class RulePolicyGate:
         self.ledger = ledger
         self.consumer = consumer
         self.observe = observe
-        self.clock = clock
 
     async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
         """Decide ``call`` (see the class docstring); never raises except on cancellation."""
-        decision = await self._decide(spec, call, ctx)
+        inp = PolicyInput(
+            spec, ctx, call.arguments, self.user_settings, None, self.mode, None, self.config
+        )
+        try:
+            decision = evaluate_policy(inp)
+        except Exception as exc:  # a bug in the rules must not crash the loop
+            logger.exception("policy rules failed for %s", spec.name)
+            decision = self._unavailable(inp, None, f"the policy rules failed: {exc}")
+        if decision.verdict == "allow" and self.mode != "off":
+            # The rules that need no counting allow the call: take a rate-limit slot.
+            limit = self.config.rate_limit_for(spec.name, self.user_settings)
+            try:
+                reservation = await self.ledger.reserve(
+                    user_id=ctx.user_id, tool=spec.name, limit=limit, consumer=self.consumer
+                )
+            except Exception as exc:
+                logger.warning(
+                    "policy gate unavailable for %s (%s: %s): %s",
+                    spec.name,
+                    type(exc).__name__,
+                    exc,
+                    "denying the call (enforce)"
+                    if self.mode == "enforce"
+                    else "allowing it (log-only)",
+                )
+                detail = f"the rate limit could not be checked: {exc}"
+                decision = self._unavailable(inp, decision, detail)
+            else:
+                if not reservation.reserved:
+                    decision = self._refused(inp, decision, reservation)
         if self.observe is not None:
             try:
                 self.observe(spec, call, ctx, decision)
@@ -566,48 +618,18 @@ class RulePolicyGate:
                 logger.exception("policy decision observer failed")
         return decision
 
-    async def _decide(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
-        inp = PolicyInput(
-            spec=spec,
-            ctx=ctx,
-            raw_input=call.arguments,
-            user_settings=self.user_settings,
-            recent_invocations=None,
-            mode=self.mode,
-            now=self.clock(),
-            config=self.config,
-        )
-        try:
-            first = evaluate_policy(inp)
-        except Exception as exc:  # a bug in the rules must not crash the loop
-            logger.exception("policy rules failed for %s", spec.name)
-            return self._unavailable(inp, None, f"the policy rules failed: {exc}")
-        if first.verdict == "deny" or self.mode == "off":
-            return first
-        limit = self.config.rate_limit_for(spec.name, self.user_settings)
-        try:
-            reservation = await self.ledger.reserve(
-                user_id=ctx.user_id, tool=spec.name, limit=limit, consumer=self.consumer
-            )
-        except Exception as exc:
-            logger.warning(
-                "policy gate unavailable for %s (%s: %s): %s",
-                spec.name,
-                type(exc).__name__,
-                exc,
-                "denying the call (enforce)" if self.mode == "enforce" else "allowing (log-only)",
-            )
-            return self._unavailable(inp, first, f"the rate limit could not be checked: {exc}")
-        if reservation.reserved:
-            return first
+    def _refused(
+        self, inp: PolicyInput, allowed: PolicyDecision, reservation: Reservation
+    ) -> PolicyDecision:
+        """The ledger refused a slot: the rules, given its timestamps, say why."""
         counted = evaluate_policy(
-            dataclasses.replace(inp, recent_invocations=reservation.recent, now=reservation.now)
+            inp._replace(recent_invocations=reservation.recent, now=reservation.now)
         )
         if counted.verdict == "deny":
             return counted
         # The ledger refused, so the window is full; the rules must agree.
-        logger.error("ledger refused %s but the rules allow it; denying", spec.name)
-        return self._unavailable(inp, first, "the rate-limit ledger and the rules disagree")
+        logger.error("ledger refused %s but the rules allow it; denying", inp.spec.name)
+        return self._unavailable(inp, allowed, "the rate-limit ledger and the rules disagree")
 
     def _unavailable(
         self, inp: PolicyInput, first: PolicyDecision | None, detail: str

@@ -136,13 +136,13 @@ class InMemoryCallLedger:
         clock: UTC-aware now (default: the system clock); tests pass a fake one.
 
     Attributes:
-        reserved: every slot taken, as ``(user_id, tool, consumer, at)``, in order.
+        slots_taken: how many slots were taken in all.
         fail_with: when set, ``reserve`` raises it (to test a gate whose ledger is down).
     """
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.reserved: list[tuple[str, str, str, datetime]] = []
+        self.slots_taken = 0
         self.fail_with: BaseException | None = None
         self._calls: dict[tuple[str, str], deque[datetime]] = {}
 
@@ -159,6 +159,6 @@ class InMemoryCallLedger:
             calls.popleft()
         if len(calls) < limit.calls:
             calls.append(now)
-            self.reserved.append((user_id, tool, consumer, now))
-            return Reservation(reserved=True, now=now, recent=())
+            self.slots_taken += 1
+            return Reservation(True, now, ())
         return Reservation(reserved=False, now=now, recent=tuple(calls)[-limit.calls :])

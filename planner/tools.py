@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import jsonschema
+import jsonschema_rs
 
 from planner.errors import ToolRegistryError
 
@@ -80,6 +81,16 @@ class ToolSpec:
     def _validator(self) -> jsonschema.Draft202012Validator:
         return jsonschema.Draft202012Validator(self.input_schema)
 
+    @cached_property
+    def _fast_validator(self) -> Any:
+        """jsonschema-rs's compiled validator (about 50 times faster than ``jsonschema`` on
+        small arguments), or ``None`` when it cannot compile the schema (then ``jsonschema``
+        alone judges)."""
+        try:
+            return jsonschema_rs.validator_for(self.input_schema)
+        except Exception:  # e.g. a pattern its regex engine does not support
+            return None
+
     def to_openai_tool(self) -> dict[str, Any]:
         """This tool in the OpenAI ``tools`` array format."""
         return {
@@ -95,14 +106,29 @@ class ToolSpec:
         """Check ``arguments`` against ``input_schema``.
 
         Returns ``None`` when valid, else a one-line message naming the failing path, for the
-        model to read.
+        model to read. Valid arguments (the common case) are recognised by jsonschema-rs; the
+        message for invalid ones is ``jsonschema``'s best match (or jsonschema-rs's first error
+        when the two disagree).
         """
+        fast = self._fast_validator
+        if fast is not None:
+            try:
+                if fast.is_valid(arguments):
+                    return None
+            except Exception:  # arguments it cannot read: let jsonschema judge
+                fast = None
         try:
             error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
         except RecursionError:
             return f"invalid arguments for {self.name}: nested too deeply to check"
         if error is None:
-            return None
+            if fast is None:
+                return None
+            first = next(iter(fast.iter_errors(arguments)), None)
+            if first is None:
+                return None
+            where = "/".join(str(p) for p in first.instance_path) or "(root)"
+            return f"invalid arguments for {self.name} at {where}: {first.message}"
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
         return f"invalid arguments for {self.name} at {where}: {error.message}"
 

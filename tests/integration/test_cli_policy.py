@@ -201,3 +201,19 @@ def test_report_with_nothing_to_report(run: Any) -> None:
     code, out, _ = run("policy", "report", "--since", "1h")
     assert code == 0 and "no decisions" in out
     assert as_json(run, "policy", "report")["would_deny_share"] is None
+
+
+async def test_iterations_show_prints_each_calls_decision(db: AsyncEngine, run: Any) -> None:
+    await _store_calls(
+        db,
+        [
+            ("enforce", "allow", "allowed"),
+            ("log-only", "deny", "destructive_not_opted_in"),
+            ("enforce", "deny", "rate_limited"),
+        ],
+    )
+    code, out, _ = await asyncio.to_thread(run, "iterations", "show", "latest")
+    assert code == 0
+    assert "policy: allowed (enforce); flagged: injection_marker" in out
+    assert "policy: would deny: destructive_not_opted_in (log-only)" in out
+    assert "policy: denied: rate_limited (enforce)" in out

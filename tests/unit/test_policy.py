@@ -370,10 +370,10 @@ async def test_gate_takes_one_slot_per_allowed_call_and_refuses_past_the_limit()
     decisions = [await g(READ, call(), CTX) for _ in range(4)]
     assert [d.reason for d in decisions] == ["allowed"] * 3 + ["rate_limited"]
     assert not decisions[3].allow and "frees in 60 s" in (decisions[3].message or "")
-    assert len(ledger.reserved) == 3
+    assert ledger.slots_taken == 3
     clock.now += timedelta(seconds=60)  # the window slid past the first three
     assert (await g(READ, call(), CTX)).allow
-    assert len(ledger.reserved) == 4
+    assert ledger.slots_taken == 4
 
 
 async def test_denied_calls_take_no_slot_in_enforce_and_in_log_only() -> None:
@@ -382,11 +382,11 @@ async def test_denied_calls_take_no_slot_in_enforce_and_in_log_only() -> None:
         g = gate(mode, ledger=ledger)  # type: ignore[arg-type]
         for _ in range(5):
             await g(DELETE, call("notes_delete"), CTX)
-        assert ledger.reserved == [], mode
+        assert ledger.slots_taken == 0, mode
         decisions = [await g(READ, call(), CTX) for _ in range(5)]
         assert [d.verdict for d in decisions] == ["allow"] * 3 + ["deny"] * 2, mode
         assert all(d.allow for d in decisions) == (mode == "log-only"), mode
-        assert len(ledger.reserved) == 3, mode
+        assert ledger.slots_taken == 3, mode
 
 
 async def test_slots_are_per_user_and_per_tool() -> None:

@@ -109,4 +109,26 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             f"  round {inv['round']} {inv['tool']}({json.dumps(inv['arguments'])}) "
             f"{inv['outcome']} in {inv['duration_ms']:.1f} ms; {detail}"
         )
+        policy = _policy_line(inv.get("policy_decision"), inv.get("policy_mode"))
+        if policy:
+            print(f"    policy: {policy}")
     return 0
+
+
+def _policy_line(decision: dict[str, Any] | None, mode: str | None) -> str | None:
+    """E.g. ``denied: destructive_not_opted_in (enforce)``, ``would deny: rate_limited
+    (log-only)``, ``allowed (enforce); flagged: injection_marker ['{{']``."""
+    if not decision:
+        return None
+    mode = decision.get("mode") or mode or "?"
+    reason = decision.get("reason") or "?"
+    if decision.get("verdict", "allow" if decision.get("allow") else "deny") == "allow":
+        line = f"allowed ({mode})"
+    elif decision.get("allow"):
+        line = f"would deny: {reason} ({mode})"
+    else:
+        line = f"denied: {reason} ({mode})"
+    if decision.get("flags"):
+        markers = decision.get("markers") or []
+        line += f"; flagged: {', '.join(decision['flags'])}" + (f" {markers}" if markers else "")
+    return line

@@ -1,0 +1,146 @@
+"""Loop overhead: microseconds per round of ``run_planner_loop`` with a scripted model and no-op
+tools, with the policy gate and the reminder channel off and on.
+
+Not a test: it prints figures. Usage::
+
+    python bench/loop_overhead.py [--rounds 5] [--tools 1] [--loops 2000] [--repeat 7]
+
+Each loop runs ``--rounds`` rounds; every round but the last asks for ``--tools`` calls of
+no-op ``read`` tools (arguments ``{"text": "hello world"}``), the last answers. The model is
+in-process and instant, so the figure is the loop's own cost: building requests, running
+calls, logging messages — plus, when on, the gate (``RulePolicyGate`` in ``enforce`` over the
+in-memory ledger, with a limit high enough never to refuse) and the reminder channel (the
+runner's producers). The best of ``--repeat`` runs is reported, and each configuration's ratio
+to the bare loop: the gate's target is at most 1.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from planner import (
+    ChatMessage,
+    CompletionRequest,
+    CompletionResponse,
+    LoopState,
+    PlannerLoopInput,
+    TokenUsage,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    run_planner_loop,
+)
+from planner.policy import PolicyConfig, RateLimit, RulePolicyGate, UserPolicySettings
+from planner.testing import InMemoryCallLedger
+from reminders import policy_feedback_reminder
+
+
+async def _noop(args: dict[str, Any], ctx: ToolContext) -> dict[str, bool]:
+    return {"ok": True}
+
+
+class ReplayModel:
+    """Answers with tool calls ``rounds - 1`` times, then with a final answer; no parsing."""
+
+    def __init__(self, rounds: int, calls: tuple[ToolCall, ...]) -> None:
+        self.rounds = rounds
+        self.count = 0
+        usage = TokenUsage(prompt_tokens=1, completion_tokens=1)
+        self.calling = CompletionResponse(
+            message=ChatMessage(role="assistant", tool_calls=calls), usage=usage
+        )
+        self.answer = CompletionResponse(
+            message=ChatMessage(role="assistant", content="done"), usage=usage
+        )
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        self.count += 1
+        return self.calling if self.count < self.rounds else self.answer
+
+
+def reminder_channel(state: LoopState) -> Sequence[str]:
+    feedback = policy_feedback_reminder(state)
+    return [feedback] if feedback else []
+
+
+def configurations(tools: list[ToolSpec]) -> dict[str, Callable[[], dict[str, Any]]]:
+    """Name -> a function giving the extra ``PlannerLoopInput`` fields of that configuration."""
+
+    def gate() -> RulePolicyGate:
+        return RulePolicyGate(
+            mode="enforce",
+            config=PolicyConfig(rate_limit=RateLimit(100_000, timedelta(seconds=1))),
+            user_settings=UserPolicySettings(),
+            ledger=InMemoryCallLedger(),
+        )
+
+    return {
+        "bare loop": lambda: {},
+        "gate": lambda: {"policy": gate()},
+        "reminders": lambda: {"reminder_channel": reminder_channel},
+        "gate + reminders": lambda: {"policy": gate(), "reminder_channel": reminder_channel},
+    }
+
+
+async def measure(rounds: int, k: int, loops: int, repeat: int) -> dict[str, float]:
+    tools = [
+        ToolSpec(
+            name=f"noop_{i}",
+            description="Does nothing.",
+            input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+            policy_hint="read",
+            handler=_noop,
+        )
+        for i in range(k)
+    ]
+    calls = tuple(
+        ToolCall(id=f"call_{i}", name=f"noop_{i}", arguments={"text": "hello world"})
+        for i in range(k)
+    )
+    results: dict[str, float] = {}
+    for name, extra in configurations(tools).items():
+        inp = PlannerLoopInput(
+            system_prompt="You are a benchmark.",
+            user_prompt="Go.",
+            tools=tools,
+            max_rounds=rounds,
+            ctx=ToolContext(user_id="u1"),
+            **extra(),
+        )
+        for _ in range(loops // 10):  # warm up
+            await run_planner_loop(inp, llm=ReplayModel(rounds, calls))
+        best = float("inf")
+        for _ in range(repeat):
+            started = time.perf_counter()
+            for _ in range(loops):
+                await run_planner_loop(inp, llm=ReplayModel(rounds, calls))
+            best = min(best, (time.perf_counter() - started) / (loops * rounds) * 1e6)
+        results[name] = best
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per loop (5)")
+    parser.add_argument("--tools", type=int, default=1, help="tool calls per round (1)")
+    parser.add_argument("--loops", type=int, default=2000, help="loops per run (2000)")
+    parser.add_argument("--repeat", type=int, default=7, help="runs; the best counts (7)")
+    args = parser.parse_args()
+    results = asyncio.run(measure(args.rounds, args.tools, args.loops, args.repeat))
+    base = results["bare loop"]
+    print(f"loop overhead: {args.rounds} rounds x {args.tools} no-op tool call(s) per round")
+    for name, us in results.items():
+        print(f"  {name:<18} {us:8.1f} us/round   ratio {us / base:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
