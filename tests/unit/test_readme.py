@@ -1,0 +1,42 @@
+"""README.md documents every setting and every command (operators read it, not the code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from worker.cli import build_parser
+from worker.settings import ENV_PREFIX, Settings
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(Settings.model_fields))
+def test_every_setting_is_in_the_settings_table(name: str) -> None:
+    start = f"| `{ENV_PREFIX}{name.upper()}` |"
+    row = next((line for line in README.splitlines() if line.startswith(start)), "")
+    assert row, f"{ENV_PREFIX}{name.upper()} has no row in README's settings table"
+    description = Settings.model_fields[name].description or ""
+    assert description and description in row, (
+        f"README's row of {name} differs from its description"
+    )
+
+
+def _commands() -> list[str]:
+    parser = build_parser()
+    found = []
+    [sub] = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    for name, group in sub.choices.items():  # type: ignore[attr-defined]
+        nested = [a for a in group._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if nested:
+            found += [f"{name} {cmd}" for cmd in nested[0].choices]
+        else:
+            found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_is_documented(command: str) -> None:
+    group, _, cmd = command.partition(" ")
+    assert f"mana-ai {command}" in README or (cmd and f"{group} {cmd}" in README), command
