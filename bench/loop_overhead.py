@@ -6,11 +6,11 @@ Not a test: it prints figures. Usage::
     python bench/loop_overhead.py [--rounds 5] [--tools 1] [--loops 2000] [--repeat 7]
 
 Each loop runs ``--rounds`` rounds; every round but the last asks for ``--tools`` calls of
-no-op ``read`` tools (arguments ``{"text": "hello world"}``), the last answers. The model is
+no-op ``read`` tools (arguments ``{"text": "step N"}``), the last answers. The model is
 in-process and instant, so the figure is the loop's own cost: building requests, running
 calls, logging messages — plus, when on, the gate (``RulePolicyGate`` in ``enforce`` over the
 in-memory ledger, with a limit high enough never to refuse) and the reminder channel (the
-runner's producers). The best of ``--repeat`` runs is reported, and each configuration's ratio
+runner's, every producer on: ``worker.reminder_channel.mission_reminder_channel``). The best of ``--repeat`` runs is reported, and each configuration's ratio
 to the bare loop: the gate's target is at most 1.10.
 """
 
@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 import time
-from collections.abc import Callable, Sequence
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from planner import (
     ChatMessage,
     CompletionRequest,
     CompletionResponse,
-    LoopState,
     PlannerLoopInput,
     TokenUsage,
     ToolCall,
@@ -41,7 +41,8 @@ from planner import (
 )
 from planner.policy import PolicyConfig, RateLimit, RulePolicyGate, UserPolicySettings
 from planner.testing import InMemoryCallLedger
-from reminders import policy_feedback_reminder
+from reminders import ReminderComposer
+from worker.reminder_channel import mission_reminder_channel
 
 
 async def _noop(args: dict[str, Any], ctx: ToolContext) -> dict[str, bool]:
@@ -49,36 +50,55 @@ async def _noop(args: dict[str, Any], ctx: ToolContext) -> dict[str, bool]:
 
 
 class ReplayModel:
-    """Answers with tool calls ``rounds - 1`` times, then with a final answer; no parsing."""
+    """Replays ``responses`` (built once, before the clock starts), one per request."""
 
-    def __init__(self, rounds: int, calls: tuple[ToolCall, ...]) -> None:
-        self.rounds = rounds
+    def __init__(self, responses: list[CompletionResponse]) -> None:
+        self.responses = responses
         self.count = 0
-        usage = TokenUsage(prompt_tokens=1, completion_tokens=1)
-        self.calling = CompletionResponse(
-            message=ChatMessage(role="assistant", tool_calls=calls), usage=usage
-        )
-        self.answer = CompletionResponse(
-            message=ChatMessage(role="assistant", content="done"), usage=usage
-        )
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         self.count += 1
-        return self.calling if self.count < self.rounds else self.answer
+        return self.responses[self.count - 1]
 
 
-def reminder_channel(state: LoopState) -> Sequence[str]:
-    feedback = policy_feedback_reminder(state)
-    return [feedback] if feedback else []
+def script(rounds: int, k: int) -> list[CompletionResponse]:
+    """``rounds - 1`` responses that call ``k`` no-op tools (other arguments every round, as a
+    mission that makes progress would), then a final answer."""
+    usage = TokenUsage(prompt_tokens=1, completion_tokens=1)
+    calling = [
+        CompletionResponse(
+            message=ChatMessage(
+                role="assistant",
+                tool_calls=tuple(
+                    ToolCall(id=f"call_{r}_{i}", name=f"noop_{i}", arguments={"text": f"step {r}"})
+                    for i in range(k)
+                ),
+            ),
+            usage=usage,
+        )
+        for r in range(1, rounds)
+    ]
+    answer = CompletionResponse(message=ChatMessage(role="assistant", content="done"), usage=usage)
+    return [*calling, answer]
 
 
-def configurations(tools: list[ToolSpec]) -> dict[str, Callable[[], dict[str, Any]]]:
-    """Name -> a function giving the extra ``PlannerLoopInput`` fields of that configuration."""
+def reminder_channel() -> ReminderComposer:
+    """The runner's channel, every producer on (a budget and a deadline far from reached)."""
+    return mission_reminder_channel(
+        max_tokens_per_day=10**9,
+        tokens_used_24h=0,
+        deadline=datetime.now(UTC) + timedelta(days=365),
+        clock=lambda: datetime.now(UTC),
+    )
+
+
+def configurations() -> dict[str, Callable[[], dict[str, Any]]]:
+    """Name -> a function giving the extra ``PlannerLoopInput`` fields of one loop."""
 
     def gate() -> RulePolicyGate:
         return RulePolicyGate(
             mode="enforce",
-            config=PolicyConfig(rate_limit=RateLimit(100_000, timedelta(seconds=1))),
+            config=PolicyConfig(rate_limit=RateLimit(100_000, timedelta(milliseconds=100))),
             user_settings=UserPolicySettings(),
             ledger=InMemoryCallLedger(),
         )
@@ -86,8 +106,8 @@ def configurations(tools: list[ToolSpec]) -> dict[str, Callable[[], dict[str, An
     return {
         "bare loop": lambda: {},
         "gate": lambda: {"policy": gate()},
-        "reminders": lambda: {"reminder_channel": reminder_channel},
-        "gate + reminders": lambda: {"policy": gate(), "reminder_channel": reminder_channel},
+        "reminders": lambda: {"reminder_channel": reminder_channel()},
+        "gate + reminders": lambda: {"policy": gate(), "reminder_channel": reminder_channel()},
     }
 
 
@@ -102,28 +122,38 @@ async def measure(rounds: int, k: int, loops: int, repeat: int) -> dict[str, flo
         )
         for i in range(k)
     ]
-    calls = tuple(
-        ToolCall(id=f"call_{i}", name=f"noop_{i}", arguments={"text": "hello world"})
-        for i in range(k)
-    )
+    responses = script(rounds, k)
     results: dict[str, float] = {}
-    for name, extra in configurations(tools).items():
-        inp = PlannerLoopInput(
-            system_prompt="You are a benchmark.",
-            user_prompt="Go.",
-            tools=tools,
-            max_rounds=rounds,
-            ctx=ToolContext(user_id="u1"),
-            **extra(),
-        )
-        for _ in range(loops // 10):  # warm up
-            await run_planner_loop(inp, llm=ReplayModel(rounds, calls))
+    for name, extra in configurations().items():
+
+        def inputs(n: int, extra: Callable[[], dict[str, Any]] = extra) -> list[PlannerLoopInput]:
+            # one input per loop (the gate and the channel keep per-loop state), built
+            # before the clock starts
+            return [
+                PlannerLoopInput(
+                    system_prompt="You are a benchmark.",
+                    user_prompt="Go.",
+                    tools=tools,
+                    max_rounds=rounds,
+                    ctx=ToolContext(user_id="u1"),
+                    **extra(),
+                )
+                for _ in range(n)
+            ]
+
+        for inp in inputs(loops // 10):  # warm up
+            await run_planner_loop(inp, llm=ReplayModel(responses))
         best = float("inf")
         for _ in range(repeat):
+            batch = inputs(loops)
+            models = [ReplayModel(responses) for _ in range(loops)]
+            gc.collect()
+            gc.freeze()  # the prebuilt inputs are not the loop's garbage to collect
             started = time.perf_counter()
-            for _ in range(loops):
-                await run_planner_loop(inp, llm=ReplayModel(rounds, calls))
+            for inp, model in zip(batch, models, strict=True):
+                await run_planner_loop(inp, llm=model)
             best = min(best, (time.perf_counter() - started) / (loops * rounds) * 1e6)
+            gc.unfreeze()
         results[name] = best
     return results
 

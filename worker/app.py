@@ -139,6 +139,8 @@ async def open_app(
             lease=lease,
             default_model=settings.llm_model,
             policy=policy,
+            reminders=settings.reminders == "on",
+            reminders_disabled=settings.reminders_disabled,
         )
         health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
         worker = Worker(

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
+
+from prometheus_client import Counter
 
 from planner import ToolCall, ToolContext, ToolSpec
 from planner.policy import (
@@ -59,11 +62,11 @@ def decision_observer(consumer: str) -> DecisionObserver:
     denials and flags as warnings (the ids of the mission come from the log context)."""
 
     def observe(spec: ToolSpec, call: ToolCall, ctx: ToolContext, decision: PolicyDecision) -> None:
-        metrics.POLICY_DECISIONS.labels(
-            consumer=consumer,
-            decision=decision.verdict or ("allow" if decision.allow else "deny"),
-            reason=decision.reason or "allowed",
-            mode=decision.mode or "unknown",
+        _decision_counter(
+            consumer,
+            decision.verdict or ("allow" if decision.allow else "deny"),
+            decision.reason or "allowed",
+            decision.mode or "unknown",
         ).inc()
         if INJECTION_MARKER in decision.flags:
             metrics.POLICY_INJECTION_FLAGS.labels(tool=spec.name).inc()
@@ -89,6 +92,15 @@ def decision_observer(consumer: str) -> DecisionObserver:
             )
 
     return observe
+
+
+@cache
+def _decision_counter(consumer: str, decision: str, reason: str, mode: str) -> Counter:
+    """The labelled child of ``mana_ai_policy_decisions_total`` (looked up once: ``labels()``
+    costs microseconds on every call otherwise)."""
+    return metrics.POLICY_DECISIONS.labels(
+        consumer=consumer, decision=decision, reason=reason, mode=mode
+    )
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ __all__ = [
     "MISSIONS_RUNNING",
     "POLICY_DECISIONS",
     "POLICY_INJECTION_FLAGS",
+    "REMINDERS_INJECTED",
+    "REMINDER_PRODUCER_ERRORS",
     "TICKS",
     "TICK_DURATION",
     "TOOL_CALLS",
@@ -86,6 +88,17 @@ POLICY_INJECTION_FLAGS = Counter(
     "mana_ai_policy_injection_flags_total",
     "Tool calls whose arguments carried prompt-injection markers (flagged, never blocked).",
     ["tool"],
+)
+
+REMINDERS_INJECTED = Counter(
+    "mana_ai_reminders_injected_total",
+    "Reminders sent with a request, by producer.",
+    ["producer"],
+)
+REMINDER_PRODUCER_ERRORS = Counter(
+    "mana_ai_reminder_producer_errors_total",
+    "Reminder producers that raised (skipped; the round went on), by producer.",
+    ["producer"],
 )
 
 

@@ -18,19 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from planner import (
-    ChatMessage,
     ChatModel,
-    ExecutedCall,
-    LoopState,
     PlannerLoopInput,
     PlannerLoopResult,
     ToolContext,
@@ -39,12 +35,13 @@ from planner import (
     run_planner_loop,
 )
 from planner.policy import POLICY_MODES, PolicyMode
-from reminders import policy_feedback_reminder
 from worker import metrics
-from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, ToolInvocationRow
+from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore
 from worker.gate import PolicySetup
 from worker.logs import bind_log_context
+from worker.reminder_channel import mission_reminder_channel
 from worker.schedule import ScheduleError, next_run_after
+from worker.transcript import Transcript, call_outcome, json_safe
 
 __all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
 
@@ -82,6 +79,8 @@ class MissionRunner:
         lease: lease length; renewed every ``lease / 3`` while a mission runs.
         default_model: model name when the agent sets none (``None`` = provider default).
         policy: the policy gate's setup; ``None`` runs every call without a gate (mode off).
+        reminders: send the reminder channel's hints with each request (default on).
+        reminders_disabled: reminder producers to leave out (``PRODUCER_NAMES``).
         clock: returns the current UTC-aware time (injectable for tests).
     """
 
@@ -95,6 +94,8 @@ class MissionRunner:
         lease: timedelta,
         default_model: str | None = None,
         policy: PolicySetup | None = None,
+        reminders: bool = True,
+        reminders_disabled: Collection[str] = (),
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.store = store
@@ -104,6 +105,8 @@ class MissionRunner:
         self.lease = lease
         self.default_model = default_model
         self.policy = policy
+        self.reminders = reminders
+        self.reminders_disabled = frozenset(reminders_disabled)
         self.clock = clock
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
@@ -141,6 +144,7 @@ class MissionRunner:
             mission.scheduled_for.isoformat(),
         )
 
+        used = 0
         if mission.max_tokens_per_day is not None:
             used = await self.store.tokens_used(mission.agent_id, window=BUDGET_WINDOW)
             if used >= mission.max_tokens_per_day:
@@ -161,7 +165,15 @@ class MissionRunner:
         this_task = asyncio.current_task()
         renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task))
         result: PlannerLoopResult | None = None
-        transcript = _Transcript(attempt=iteration.attempt, policy_mode=self._policy_mode(mission))
+        transcript = Transcript(attempt=iteration.attempt, policy_mode=self._policy_mode(mission))
+        if self.reminders:
+            transcript.reminders = mission_reminder_channel(
+                max_tokens_per_day=mission.max_tokens_per_day,
+                tokens_used_24h=used,
+                deadline=mission.deadline,
+                clock=self.clock,
+                disabled=self.reminders_disabled,
+            )
         try:
             result = await self._run_loop(mission, iteration.id, model, transcript)
             outcome = self._outcome(result, next_run, transcript)
@@ -178,6 +190,7 @@ class MissionRunner:
                 reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
                 messages=transcript.messages_json(),
                 invocations=transcript.invocation_rows(),
+                reminders=transcript.reminders_json(),
             )
             logger.warning("iteration interrupted by shutdown; the next worker reruns it")
             metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
@@ -193,6 +206,7 @@ class MissionRunner:
                 ),
                 messages=transcript.messages_json(),
                 tool_invocations=transcript.invocation_rows(),
+                reminders=transcript.reminders_json(),
             )
         finally:
             renewer.cancel()
@@ -223,7 +237,7 @@ class MissionRunner:
             return "lease_lost"
         if result is not None:
             for call in result.executed_calls:
-                metrics.TOOL_CALLS.labels(tool=call.call.name, outcome=_call_outcome(call)).inc()
+                metrics.TOOL_CALLS.labels(tool=call.call.name, outcome=call_outcome(call)).inc()
         logger.info(
             "iteration %s: stop_reason=%s rounds=%d tokens=%d next_run_at=%s error=%s",
             outcome.status,
@@ -240,7 +254,7 @@ class MissionRunner:
         mission: ClaimedMission,
         iteration_id: int,
         model: str | None,
-        transcript: _Transcript,
+        transcript: Transcript,
     ) -> PlannerLoopResult:
         ctx = ToolContext(
             user_id=mission.owner_user_id,
@@ -261,7 +275,7 @@ class MissionRunner:
             model=model,
             ctx=ctx,
             policy=gate,
-            reminder_channel=_reminders,
+            reminder_channel=transcript.reminders,
             on_message=transcript.messages.append,
             on_executed_call=transcript.calls.append,
         )
@@ -286,21 +300,22 @@ class MissionRunner:
 
     @staticmethod
     def _outcome(
-        result: PlannerLoopResult, next_run: _NextRun, transcript: _Transcript
+        result: PlannerLoopResult, next_run: _NextRun, transcript: Transcript
     ) -> IterationOutcome:
         failed = result.stop_reason == "llm_error"
         errors = [e for e in (result.error, next_run.error) if e]
         return IterationOutcome(
             status="failed" if failed else "succeeded",
-            messages=_json_safe(messages_to_json(result.messages)),
+            messages=json_safe(messages_to_json(result.messages)),
             rounds=result.rounds,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
             stop_reason=result.stop_reason,
-            error=_json_safe("; ".join(errors)) or None,
+            error=json_safe("; ".join(errors)) or None,
             next_run_at=next_run.at,
             mission_status=next_run.mission_status,
             tool_invocations=[transcript.invocation_row(c) for c in result.executed_calls],
+            reminders=transcript.reminders_json(),
         )
 
     async def _renew_until_done(
@@ -326,45 +341,6 @@ class MissionRunner:
                 return
 
 
-@dataclass
-class _Transcript:
-    """What a run did so far, kept by the loop's callbacks: stored when the run is interrupted
-    or crashes, since its tool calls already happened."""
-
-    attempt: int
-    policy_mode: str
-    messages: list[ChatMessage] = field(default_factory=list)
-    calls: list[ExecutedCall] = field(default_factory=list)
-
-    def messages_json(self) -> list[dict[str, Any]]:
-        return list(_json_safe(messages_to_json(self.messages)))
-
-    def invocation_rows(self) -> list[ToolInvocationRow]:
-        return [self.invocation_row(c) for c in self.calls]
-
-    def invocation_row(self, call: ExecutedCall) -> ToolInvocationRow:
-        decision = call.decision
-        return ToolInvocationRow(
-            attempt=self.attempt,
-            round=call.round,
-            call_id=call.call.id,
-            tool=call.call.name,
-            arguments=_json_safe(call.call.arguments),
-            result=_json_safe(call.result) if call.ok else None,
-            error=_json_safe(call.error),
-            outcome=_call_outcome(call),
-            duration_ms=call.duration_ms,
-            policy_decision=_json_safe(decision.model_dump(mode="json")) if decision else None,
-            policy_mode=(decision.mode if decision and decision.mode else self.policy_mode),
-        )
-
-
-def _reminders(state: LoopState) -> list[str]:
-    """The mission's reminder channel: the policy feedback of the last round."""
-    feedback = policy_feedback_reminder(state)
-    return [feedback] if feedback else []
-
-
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
     return value if value in POLICY_MODES else None
 
@@ -388,29 +364,3 @@ def _no_run(
         next_run_at=next_run.at,
         mission_status=next_run.mission_status,
     )
-
-
-def _call_outcome(call: ExecutedCall) -> str:
-    if call.decision is not None and not call.decision.allow:
-        return "denied"
-    return "ok" if call.ok else "error"
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` as plain JSON data that PostgreSQL can store: non-JSON values stringified,
-    NUL characters (which neither ``text`` nor ``jsonb`` accept) replaced by U+FFFD, and a
-    value nested too deeply to encode replaced by a note saying so."""
-    try:
-        return _without_nul(json.loads(json.dumps(value, default=str)))
-    except RecursionError:
-        return "(not stored: nested too deeply to encode as JSON)"
-
-
-def _without_nul(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [_without_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    return value

@@ -219,6 +219,23 @@ class Settings(BaseSettings):
         ),
     )
 
+    reminders: Literal["on", "off"] = Field(
+        default="on",
+        description=(
+            "Send the reminder channel's hints (policy refusals, retry loops, rounds and token "
+            "budget left, a close deadline, compaction) with each LLM request, as "
+            "<reminder> system messages that are never stored in the message log; each "
+            "iteration records what was sent. 'on' or 'off'. Default on."
+        ),
+    )
+    reminders_disabled: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Reminder producers to leave out, separated by commas: policy_feedback, "
+            "retry_loop, rounds_left, deadline, token_budget, compacted. Unset: all of them."
+        ),
+    )
+
     @field_validator("database_url", "llm_base_url", "llm_model", "llm_api_key", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
@@ -265,12 +282,27 @@ class Settings(BaseSettings):
             return upper
         return value
 
-    @field_validator("policy_mode", mode="before")
+    @field_validator("policy_mode", "reminders", mode="before")
     @classmethod
-    def _lower_policy_mode(cls, value: Any) -> Any:
+    def _lower_word(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("policy_injection_markers", "policy_mission_scopes", mode="before")
+    @field_validator("reminders_disabled")
+    @classmethod
+    def _check_producers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from worker.reminder_channel import PRODUCER_NAMES
+
+        unknown = [name for name in value if name not in PRODUCER_NAMES]
+        if unknown:
+            raise ValueError(
+                f"unknown reminder producer(s) {', '.join(unknown)}; "
+                f"known: {', '.join(PRODUCER_NAMES)}"
+            )
+        return value
+
+    @field_validator(
+        "policy_injection_markers", "policy_mission_scopes", "reminders_disabled", mode="before"
+    )
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         """Comma-separated text (or a JSON array) to a tuple of non-empty items."""

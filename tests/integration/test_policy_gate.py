@@ -212,7 +212,8 @@ async def test_a_rate_limited_mission_is_refused_past_the_limit_and_goes_on(
     calls = await _invocations(db)
     assert [c["outcome"] for c in calls] == ["ok", "ok", "denied"]
     assert calls[2]["policy_decision"]["reason"] == "rate_limited"
-    assert "clock_now is rate-limited" in second_request[-1]["content"]
+    reminders = [m["content"] for m in second_request if m["role"] == "system"][1:]
+    assert "clock_now is rate-limited" in reminders[0]  # the refusal comes first (critical)
 
 
 async def test_a_gate_whose_database_is_down_fails_closed_in_enforce(db: AsyncEngine) -> None:

@@ -87,17 +87,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     )
     if it["error"]:
         print(f"  error: {it['error']}")
-    print("\nmessage log:")
-    for message in it["messages"]:
-        role = message["role"]
-        label = f"[{role}{' ' + message['tool_call_id'] if message.get('tool_call_id') else ''}]"
-        if message.get("content") is not None:
-            print(f"  {label} {message['content']}")
-        for call in message.get("tool_calls", []):
-            print(
-                f"  {label} calls {call['name']}({json.dumps(call.get('arguments', {}))}) "
-                f"id={call['id']}"
-            )
+    _print_log(it["messages"], it.get("reminders") or [])
     print("\ntool calls:")
     if not it["tool_invocations"]:
         print("  (none)")
@@ -132,3 +122,34 @@ def _policy_line(decision: dict[str, Any] | None, mode: str | None) -> str | Non
         markers = decision.get("markers") or []
         line += f"; flagged: {', '.join(decision['flags'])}" + (f" {markers}" if markers else "")
     return line
+
+
+def _print_log(messages: list[dict[str, Any]], reminders: list[dict[str, Any]]) -> None:
+    """The message log, round by round, with the reminders sent with each round's request
+    under its header (they were never part of the stored log)."""
+    print("\nmessage log (reminders: sent with that round's request only, not in the log):")
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for reminder in reminders:
+        by_round.setdefault(int(reminder.get("round", 0)), []).append(reminder)
+
+    def header(round_no: int, note: str = "") -> None:
+        print(f"  -- round {round_no}{note} --")
+        for reminder in by_round.pop(round_no, []):
+            print(f"  [reminder {reminder.get('producer')}] {reminder.get('text')}")
+
+    round_no = 0
+    for message in messages:
+        role = message["role"]
+        if role == "assistant":
+            round_no += 1
+            header(round_no)
+        label = f"[{role}{' ' + message['tool_call_id'] if message.get('tool_call_id') else ''}]"
+        if message.get("content") is not None:
+            print(f"  {label} {message['content']}")
+        for call in message.get("tool_calls", []):
+            print(
+                f"  {label} calls {call['name']}({json.dumps(call.get('arguments', {}))}) "
+                f"id={call['id']}"
+            )
+    for leftover in sorted(by_round):  # a round whose request got no answer
+        header(leftover, " (no answer)")

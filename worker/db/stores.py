@@ -121,6 +121,8 @@ class IterationOutcome:
         messages: the stored message log (JSON-compatible list).
         next_run_at: the mission's next run (``None`` = no further run).
         mission_status: ``active`` or ``completed`` (a paused mission stays paused).
+        reminders: the reminders sent with the run's requests (``[{"round", "producer",
+            "text"}]``), stored apart from the message log.
     """
 
     status: str
@@ -133,6 +135,7 @@ class IterationOutcome:
     next_run_at: datetime | None
     mission_status: str
     tool_invocations: Sequence[ToolInvocationRow] = field(default_factory=tuple)
+    reminders: list[dict[str, Any]] = field(default_factory=list)
 
 
 class MissionStore:
@@ -268,6 +271,7 @@ class MissionStore:
                 "worker_id": excluded.worker_id,
                 "model": excluded.model,
                 "messages": [],
+                "reminders": [],
                 "rounds": 0,
                 "prompt_tokens": 0,
                 "completion_tokens": 0,
@@ -362,6 +366,7 @@ class MissionStore:
                 .values(
                     status=outcome.status,
                     messages=outcome.messages,
+                    reminders=outcome.reminders,
                     rounds=outcome.rounds,
                     prompt_tokens=outcome.prompt_tokens,
                     completion_tokens=outcome.completion_tokens,
@@ -382,10 +387,12 @@ class MissionStore:
         reason: str,
         messages: list[dict[str, Any]] | None = None,
         invocations: Sequence[ToolInvocationRow] = (),
+        reminders: list[dict[str, Any]] | None = None,
     ) -> bool:
         """Mark a run ``failed`` / ``interrupted`` and release the lease without advancing
-        the schedule, so the next worker runs that scheduled time again. ``messages`` and
-        ``invocations`` keep what the interrupted attempt did (its tool calls happened).
+        the schedule, so the next worker runs that scheduled time again. ``messages``,
+        ``invocations`` and ``reminders`` keep what the interrupted attempt did (its tool
+        calls happened).
         False when this worker no longer owns the lease (nothing written)."""
         async with self.engine.begin() as conn:
             released = await conn.execute(
@@ -406,6 +413,8 @@ class MissionStore:
                 }
                 if messages is not None:
                     values["messages"] = messages
+                if reminders is not None:
+                    values["reminders"] = reminders
                 await conn.execute(
                     update(mission_iterations)
                     .where(mission_iterations.c.id == iteration_id)

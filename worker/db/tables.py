@@ -136,6 +136,13 @@ mission_iterations = Table(
     Column("status", Text, nullable=False),
     Column("attempt", Integer, nullable=False, server_default=text("1")),
     Column("messages", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column(
+        "reminders",
+        JSONB,
+        nullable=False,
+        server_default=text("'[]'::jsonb"),
+        comment="reminders sent with each request: [{round, producer, text}]",
+    ),
     Column("rounds", Integer, nullable=False, server_default=text("0")),
     Column("prompt_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("completion_tokens", BigInteger, nullable=False, server_default=text("0")),
