@@ -10,8 +10,8 @@ no-op ``read`` tools (arguments ``{"text": "step N"}``), the last answers. The m
 in-process and instant, so the figure is the loop's own cost: building requests, running
 calls, logging messages — plus, when on, the gate (``RulePolicyGate`` in ``enforce`` over the
 in-memory ledger, with a limit high enough never to refuse) and the reminder channel (the
-runner's, every producer on: ``worker.reminder_channel.mission_reminder_channel``). The best of ``--repeat`` runs is reported, and each configuration's ratio
-to the bare loop: the gate's target is at most 1.10.
+runner's, every producer on: ``worker.reminder_channel.mission_reminder_channel``). The
+best of ``--repeat`` runs is reported, with each configuration's ratio to the bare loop.
 """
 
 from __future__ import annotations
