@@ -247,7 +247,8 @@ async def _run_segment(
 ) -> int:
     """Check the calls in source order and start each one as soon as a slot is free (at most
     ``cap`` running). Returns how many handlers were started. On any exception (cancellation
-    included) the running calls are cancelled and awaited before it propagates."""
+    included) the running calls are cancelled and awaited before it propagates; calls that
+    finished before the cancellation reached them are still passed to ``finish``."""
     running: set[asyncio.Task[ExecutedCall]] = set()
     started = 0
 
@@ -274,6 +275,9 @@ async def _run_segment(
             task.cancel()
         if running:
             await asyncio.wait(running)
+            for task in running:  # done before the cancellation reached it: it happened
+                if not task.cancelled() and task.exception() is None:
+                    finish(task.result())
     return started
 
 

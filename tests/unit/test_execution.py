@@ -367,6 +367,34 @@ async def test_cancelling_the_run_cancels_every_running_call() -> None:
     assert 3 not in probe.started(), "nothing after the cancellation starts"
 
 
+async def test_a_call_that_finished_just_before_the_cancellation_is_still_reported() -> None:
+    probe = Probe()
+    finished = asyncio.Event()
+
+    async def hold(i: int) -> None:
+        if i == 0:
+            await asyncio.Event().wait()
+        finished.set()  # call 1 returns in this same step, before the shell collects it
+
+    probe.hold = hold
+    seen: list[int] = []
+    task = asyncio.create_task(
+        execute_calls(
+            calls("r", "r"),
+            round=1,
+            registry=ToolRegistry(probe.specs()),
+            ctx=ToolContext(user_id="u"),
+            on_executed=lambda e: seen.append(e.index),
+        )
+    )
+    await finished.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == [1], "call 1 happened: whoever keeps a transcript must hear of it"
+    assert ("cancelled", 0) in probe.events
+
+
 async def test_a_gate_that_raises_cancels_the_running_calls_and_propagates() -> None:
     probe = Probe()
 
