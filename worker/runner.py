@@ -37,6 +37,7 @@ from planner import (
     messages_to_json,
     run_planner_loop,
 )
+from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from worker import metrics
 from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, ToolInvocationRow
 from worker.logs import bind_log_context
@@ -78,6 +79,9 @@ class MissionRunner:
         lease: lease length; renewed every ``lease / 3`` while a mission runs.
         default_model: model name when the agent sets none (``None`` = provider default).
         clock: returns the current UTC-aware time (injectable for tests).
+        max_parallel_reads: read calls of one round running at once, at most (default 10).
+        tool_timeout_s: seconds a tool call may run unless its ToolSpec says otherwise
+            (default 60).
     """
 
     def __init__(
@@ -90,6 +94,8 @@ class MissionRunner:
         lease: timedelta,
         default_model: str | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
+        tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
         self.store = store
         self.llm = llm
@@ -98,6 +104,8 @@ class MissionRunner:
         self.lease = lease
         self.default_model = default_model
         self.clock = clock
+        self.max_parallel_reads = max_parallel_reads
+        self.tool_timeout_s = tool_timeout_s
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
         """Run ``mission`` once and store the result. Never raises except on cancellation
@@ -241,6 +249,11 @@ class MissionRunner:
             mission_id=mission.id,
             iteration_id=iteration_id,
         )
+
+        def on_executed(call: ExecutedCall) -> None:  # completion order
+            transcript.calls.append(call)
+            _time_call(call)
+
         inp = PlannerLoopInput(
             system_prompt=mission.system_prompt,
             user_prompt=mission.objective,
@@ -249,7 +262,10 @@ class MissionRunner:
             model=model,
             ctx=ctx,
             on_message=transcript.messages.append,
-            on_executed_call=transcript.calls.append,
+            on_executed_call=on_executed,
+            max_parallel_reads=self.max_parallel_reads,
+            tool_timeout_s=self.tool_timeout_s,
+            on_read_batch=_count_read_batch,
         )
         return await run_planner_loop(inp, llm=self.llm)
 
@@ -317,7 +333,19 @@ class _Transcript:
         return list(_json_safe(messages_to_json(self.messages)))
 
     def invocation_rows(self) -> list[ToolInvocationRow]:
-        return [_invocation_row(c, self.attempt) for c in self.calls]
+        """The calls so far in source order (round, then position in the round), as stored:
+        concurrent reads finish in any order, the stored story reads as the model wrote it."""
+        ordered = sorted(self.calls, key=lambda c: (c.round, c.index))
+        return [_invocation_row(c, self.attempt) for c in ordered]
+
+
+def _count_read_batch(size: int) -> None:
+    metrics.PARALLEL_READ_BATCHES.inc()
+
+
+def _time_call(call: ExecutedCall) -> None:
+    if call.ran:  # a known tool whose handler started: the label stays a registered name
+        metrics.TOOL_DURATION.labels(tool=call.call.name).observe(call.duration_ms / 1000)
 
 
 def _no_run(
