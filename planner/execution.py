@@ -13,8 +13,10 @@ How a round runs (the plan is the pure function ``plan_segments``, the shell is
   ``max_parallel_reads`` at a time, in a sliding window (a finished call's slot is refilled at
   once). A ``write`` or ``destructive`` call is a *barrier*: it starts after every call before
   it finished, and nothing after it starts before it finished.
-* Checks and the policy gate take every call in source order, one at a time, just before the
-  call would start; a call that fails them gets its error result and takes no slot.
+* Checks and the policy gate take every call in source order, one at a time, before it
+  starts (a read waiting for a free slot has been decided already; a write or destructive call
+  is decided once every call before it finished); a call that fails them gets its error
+  result and takes no slot.
 * Results come back in source order, whatever order the calls finished in; ``on_executed``
   fires in completion order.
 

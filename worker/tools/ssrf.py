@@ -180,16 +180,14 @@ def host_refusal(
 
 
 async def system_resolve(host: str, port: int) -> list[IPAddress]:
-    """The addresses of ``host`` from the system resolver (``getaddrinfo``, TCP, only address
-    families this host has configured), in the resolver's order, without duplicates.
+    """The addresses of ``host`` from the system resolver (``getaddrinfo``, TCP), in the
+    resolver's order (RFC 6724: the families this host can reach first), without duplicates.
 
     Raises:
         OSError (``socket.gaierror``): the name does not resolve.
     """
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_ADDRCONFIG
-    )
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     found: list[IPAddress] = []
     for _family, _type, _proto, _name, sockaddr in infos:
         ip = ip_address(str(sockaddr[0]).split("%", 1)[0])  # drop an IPv6 scope id

@@ -2,10 +2,11 @@
 
 It answers ``{"url", "final_url", "status", "content_type", "title", "text", "truncated",
 "redirects"}``: HTML is reduced to readable text by resiliparse (block structure and list
-bullets kept; scripts, styles and hidden elements dropped), other text types are decoded as
-they are, and the text is cut to ``max_chars`` characters. A non-2xx status is still an answer
-(the page says why); a refused URL, a binary content type, a failed connection or the deadline
-raise ``WebFetchError`` (the loop turns it into an error tool result).
+bullets kept; scripts, styles, ``noscript`` and elements marked hidden dropped), other text
+types are decoded as they are, and the text is cut to ``max_chars`` characters. A non-2xx
+status is still an answer (the page says why). A refused URL raises ``URLRefusedError``; a
+binary content type, a failed connection or the deadline raise ``WebFetchError`` (the loop
+turns either into an error tool result).
 
 Safety (see ``worker.tools.ssrf`` for the address rules):
 
@@ -73,6 +74,13 @@ _TEXT_TYPES = frozenset(
         "application/csv",
     }
 )
+_HIDDEN = [
+    "[hidden]",
+    '[aria-hidden="true"]',
+    '[style*="display:none"]',
+    '[style*="display: none"]',
+]
+"""CSS selectors of elements a reader does not see; their text is left out."""
 _TIMEOUT_MARGIN_S = 5.0
 """The tool's own timeout is the fetch deadline plus this, so the fetch's clearer message wins."""
 
@@ -270,7 +278,8 @@ async def _open(
         "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
         "Accept-Encoding": "gzip",
     }
-    extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
+    sni = url.raw_host.decode("ascii")  # the A-label of an international name
+    extensions = {"sni_hostname": sni} if url.scheme == "https" else {}
     error: httpx.ConnectError | None = None
     for ip in addresses:
         request = client.build_request(
@@ -369,7 +378,13 @@ def _to_text(data: bytes, charset: str | None, html: bool) -> tuple[str | None, 
     tree = HTMLTree.parse(decoded)
     title = (tree.title or "").strip() or None
     text = extract_plain_text(
-        tree, preserve_formatting=True, main_content=False, list_bullets=True, links=False
+        tree,
+        preserve_formatting=True,
+        main_content=False,  # its heuristics drop lists and tables that may be the answer
+        list_bullets=True,
+        alt_texts=False,
+        links=False,
+        skip_elements=_HIDDEN,
     )
     return title, text.strip()
 
