@@ -41,6 +41,7 @@ class _Page:
     held: bool = False
     stream_chunk: bytes | None = None
     stream_max_bytes: int = 0
+    stream_interval_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,11 +152,20 @@ class FakeWebServer:
         """Answer ``path`` with ``status`` and ``Location: location``."""
         self._pages[path] = _Page(status, b"", None, {"Location": location})
 
-    def stream(self, path: str, chunk: bytes, *, max_bytes: int = 50_000_000) -> None:
-        """Answer ``path`` with ``chunk`` repeated (no Content-Length) until the client hangs
-        up or ``max_bytes`` were sent."""
+    def stream(
+        self, path: str, chunk: bytes, *, max_bytes: int = 50_000_000, interval_s: float = 0.0
+    ) -> None:
+        """Answer ``path`` with ``chunk`` repeated (no Content-Length), one every
+        ``interval_s`` seconds, until the client hangs up, ``max_bytes`` were sent or the
+        server stops."""
         self._pages[path] = _Page(
-            200, b"", "text/plain", {}, stream_chunk=chunk, stream_max_bytes=max_bytes
+            200,
+            b"",
+            "text/plain",
+            {},
+            stream_chunk=chunk,
+            stream_max_bytes=max_bytes,
+            stream_interval_s=interval_s,
         )
 
     def release(self) -> None:
@@ -209,9 +219,12 @@ def _make_handler(server: FakeWebServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Connection", "close")
                 self.end_headers()
                 sent = 0
-                while sent < page.stream_max_bytes:
+                while sent < page.stream_max_bytes and server._httpd is not None:
                     self.wfile.write(page.stream_chunk)
+                    self.wfile.flush()
                     sent += len(page.stream_chunk)
+                    if page.stream_interval_s:
+                        server._released.wait(page.stream_interval_s)  # stop() cuts it short
                 self.close_connection = True
                 return
             self.send_header("Content-Length", str(len(page.body)))

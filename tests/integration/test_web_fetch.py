@@ -134,6 +134,15 @@ async def test_a_slow_server_is_timed_out(web: FakeWebServer) -> None:
         await fetch(web.url("/slow"), config)
 
 
+async def test_a_server_that_trickles_its_body_meets_the_overall_deadline(
+    web: FakeWebServer,
+) -> None:
+    web.stream("/drip", b"x", interval_s=0.02)  # every read succeeds quickly; the whole never
+    config = WebFetchConfig(allow_private=True, timeout_s=0.3)
+    with pytest.raises(WebFetchError, match=r"within 0.3 s \(the limit for one fetch"):
+        await fetch(web.url("/drip"), config)
+
+
 async def test_redirects_are_followed_up_to_the_cap(web: FakeWebServer) -> None:
     web.page("/new", "<p>moved here</p>")
     web.redirect("/old", "/new", status=301)
