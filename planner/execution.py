@@ -1,34 +1,61 @@
 """Run one round's tool calls and turn each into exactly one tool result message.
 
 Every call the model issued gets one result, whatever happens: an unknown tool, arguments that
-are not valid JSON or fail the tool's schema, a policy denial and a handler that raises all
-become an *error tool result* that the model reads on the next round. Nothing here raises for
-those; only cancellation propagates.
+are not valid JSON or fail the tool's schema, a policy denial, a handler that raises and a
+handler that runs past its timeout all become an *error tool result* that the model reads on
+the next round. Nothing here raises for those; only cancellation of the whole run propagates
+(and cancels every call still running).
 
-Calls run one at a time, in the order the model issued them.
+How a round runs (the plan is the pure function ``plan_segments``, the shell is
+``execute_calls``):
+
+* Consecutive ``read`` calls form one *parallel segment*: they run concurrently, at most
+  ``max_parallel_reads`` at a time, in a sliding window (a finished call's slot is refilled at
+  once). A ``write`` or ``destructive`` call is a *barrier*: it starts after every call before
+  it finished, and nothing after it starts before it finished.
+* Checks and the policy gate take every call in source order, one at a time, before it
+  starts (a read waiting for a free slot has been decided already; a write or destructive call
+  is decided once every call before it finished); a call that fails them gets its error
+  result and takes no slot.
+* Results come back in source order, whatever order the calls finished in; ``on_executed``
+  fires in completion order.
+
+The model of this split (a pure segmentation, then a thin async shell) is pydantic-ai's
+``_tool_execution.py`` (``_segment_by_barriers``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from planner.messages import ChatMessage, ToolCall
 from planner.policy import PolicyDecision, PolicyGate
-from planner.tools import ToolContext, ToolRegistry
+from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [
+    "DEFAULT_MAX_PARALLEL_READS",
+    "DEFAULT_TOOL_TIMEOUT_S",
     "ExecutedCall",
+    "Segment",
     "ToolCallExecutor",
     "denial_text",
     "execute_calls",
+    "plan_segments",
     "tool_result_message",
 ]
 
 ToolCallExecutor = Callable[[ToolCall], Awaitable[Any]]
+
+DEFAULT_MAX_PARALLEL_READS = 10
+"""Read calls of one round that may run at once, unless the caller says otherwise."""
+
+DEFAULT_TOOL_TIMEOUT_S = 60.0
+"""Seconds one tool call may run when neither its ToolSpec nor the caller sets a limit."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +68,11 @@ class ExecutedCall:
         result: the handler's return value (``None`` on error).
         error: the error text the model read, or ``None`` on success.
         decision: the policy decision, or ``None`` when no gate ran (no gate, or unknown tool).
-        duration_ms: wall time spent on the call, gate included, in milliseconds.
+        duration_ms: the call's own wall time in milliseconds: checks, gate and handler; time
+            spent waiting for a free slot or for a barrier is not included.
+        index: the 0-based position of the call in its assistant message (source order).
+        ran: ``True`` when the handler (or executor) was started: the tool is known, its
+            arguments were valid and the gate allowed it.
     """
 
     round: int
@@ -50,6 +81,8 @@ class ExecutedCall:
     error: str | None
     decision: PolicyDecision | None = None
     duration_ms: float = 0.0
+    index: int = 0
+    ran: bool = False
 
     @property
     def ok(self) -> bool:
@@ -80,6 +113,64 @@ def denial_text(decision: PolicyDecision) -> str:
     return f"denied by policy: {reason}"
 
 
+# --- the plan (pure) --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Calls of one round that run under one rule.
+
+    Attributes:
+        parallel: ``True`` for consecutive reads (run concurrently, up to the cap); ``False``
+            for one barrier call (``write`` or ``destructive``) that runs alone.
+        indices: 0-based positions of the calls in the round, in source order.
+    """
+
+    parallel: bool
+    indices: tuple[int, ...]
+
+
+def plan_segments(hints: Sequence[PolicyHint | None]) -> list[Segment]:
+    """Split a round's calls into segments that run one after the other.
+
+    Args:
+        hints: the policy hint of each call, in source order; ``None`` for a call that cannot
+            run (an unknown tool): it has no effect, so it is planned like a read.
+
+    Returns:
+        Segments covering every index exactly once, in source order: each maximal run of
+        reads is one parallel segment, each ``write`` / ``destructive`` call a segment of its
+        own. ``[]`` for no calls.
+    """
+    segments: list[Segment] = []
+    reads: list[int] = []
+    for index, hint in enumerate(hints):
+        if hint in ("write", "destructive"):
+            if reads:
+                segments.append(Segment(True, tuple(reads)))
+                reads = []
+            segments.append(Segment(False, (index,)))
+        else:
+            reads.append(index)
+    if reads:
+        segments.append(Segment(True, tuple(reads)))
+    return segments
+
+
+# --- the shell ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A call that passed the checks and the gate, about to start."""
+
+    index: int
+    call: ToolCall
+    spec: ToolSpec
+    decision: PolicyDecision | None
+    checked_ms: float
+
+
 async def execute_calls(
     calls: Sequence[ToolCall],
     *,
@@ -89,66 +180,198 @@ async def execute_calls(
     policy: PolicyGate | None = None,
     executor: ToolCallExecutor | None = None,
     on_executed: Callable[[ExecutedCall], None] | None = None,
+    max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
+    tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
+    on_read_batch: Callable[[int], None] | None = None,
 ) -> list[ExecutedCall]:
-    """Run ``calls`` in order; return one ExecutedCall per call, in the same order.
+    """Run one round's ``calls`` (see the module docstring for the rules).
 
     Args:
         calls: the tool calls of one assistant message.
         round: the 1-based round number (recorded on each ExecutedCall).
         registry: the tools the model may call.
         ctx: passed to every handler.
-        policy: awaited before each known tool runs; a denial skips the handler.
+        policy: awaited before each known tool with valid arguments runs, one call at a time
+            in source order; a denial skips the handler.
         executor: when given, runs each allowed call instead of the spec's handler.
-        on_executed: called with each ExecutedCall as soon as that call finished.
+        on_executed: called with each ExecutedCall as soon as that call finished
+            (completion order).
+        max_parallel_reads: read calls running at once, at most (default 10, must be ≥ 1).
+        tool_timeout_s: seconds a call may run when its ToolSpec sets no ``timeout_s``
+            (default 60; ``None``: no limit). A call past its limit is cancelled and gets an
+            error result; for a write the error says its outcome is unknown.
+        on_read_batch: called after each parallel segment in which two or more calls ran
+            concurrently, with how many ran.
+
+    Returns:
+        One ExecutedCall per call, in source order.
+
+    Raises:
+        ValueError: ``max_parallel_reads`` < 1 or ``tool_timeout_s`` ≤ 0.
+        asyncio.CancelledError: the run was cancelled; every call still running is cancelled
+            and awaited first.
+        Whatever ``policy`` or ``on_executed`` raise (operator bugs, not tool failures).
     """
-    done: list[ExecutedCall] = []
-    for call in calls:
-        executed = await _execute_one(
-            call, round=round, registry=registry, ctx=ctx, policy=policy, executor=executor
-        )
-        done.append(executed)
+    if max_parallel_reads < 1:
+        raise ValueError(f"max_parallel_reads must be >= 1, got {max_parallel_reads}")
+    if tool_timeout_s is not None and not tool_timeout_s > 0:
+        raise ValueError(f"tool_timeout_s must be > 0 or None, got {tool_timeout_s}")
+    results: list[ExecutedCall | None] = [None] * len(calls)
+
+    def finish(executed: ExecutedCall) -> None:
+        results[executed.index] = executed
         if on_executed is not None:
             on_executed(executed)
+
+    async def check(index: int) -> ExecutedCall | _Ready:
+        return await _check(
+            index, calls[index], round=round, registry=registry, ctx=ctx, policy=policy
+        )
+
+    async def run(ready: _Ready) -> ExecutedCall:
+        return await _run(
+            ready, round=round, ctx=ctx, executor=executor, default_timeout_s=tool_timeout_s
+        )
+
+    hints = [_hint(registry, call) for call in calls]
+    for segment in plan_segments(hints):
+        cap = max_parallel_reads if segment.parallel else 1
+        ran = await _run_segment(segment.indices, cap, check, run, finish)
+        if segment.parallel and cap > 1 and ran > 1 and on_read_batch is not None:
+            on_read_batch(ran)
+    done = [executed for executed in results if executed is not None]
+    if len(done) != len(calls):  # a bug here, never the tool's fault
+        raise AssertionError(f"{len(calls)} calls but {len(done)} results")
     return done
 
 
-async def _execute_one(
+def _hint(registry: ToolRegistry, call: ToolCall) -> PolicyHint | None:
+    spec = registry.get(call.name)
+    return None if spec is None else spec.policy_hint
+
+
+async def _run_segment(
+    indices: Sequence[int],
+    cap: int,
+    check: Callable[[int], Awaitable[ExecutedCall | _Ready]],
+    run: Callable[[_Ready], Coroutine[Any, Any, ExecutedCall]],
+    finish: Callable[[ExecutedCall], None],
+) -> int:
+    """Check the calls in source order and start each one as soon as a slot is free (at most
+    ``cap`` running). Returns how many handlers were started. On any exception (cancellation
+    included) the running calls are cancelled and awaited before it propagates; calls that
+    finished before the cancellation reached them are still passed to ``finish``."""
+    running: set[asyncio.Task[ExecutedCall]] = set()
+    started = 0
+
+    async def collect() -> None:
+        finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        for task in finished:
+            running.discard(task)
+            finish(task.result())  # _run turns every failure into a value
+
+    try:
+        for index in indices:
+            checked = await check(index)
+            if isinstance(checked, ExecutedCall):
+                finish(checked)
+                continue
+            while len(running) >= cap:
+                await collect()
+            running.add(asyncio.create_task(run(checked)))
+            started += 1
+        while running:
+            await collect()
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+            for task in running:  # done before the cancellation reached it: it happened
+                if not task.cancelled() and task.exception() is None:
+                    finish(task.result())
+    return started
+
+
+async def _check(
+    index: int,
     call: ToolCall,
     *,
     round: int,
     registry: ToolRegistry,
     ctx: ToolContext,
     policy: PolicyGate | None,
-    executor: ToolCallExecutor | None,
-) -> ExecutedCall:
+) -> ExecutedCall | _Ready:
+    """The call's error result when it cannot run, else what it needs to start."""
     started = time.perf_counter()
 
-    def done(result: Any, error: str | None, decision: PolicyDecision | None) -> ExecutedCall:
+    def refused(error: str, decision: PolicyDecision | None) -> ExecutedCall:
         elapsed_ms = (time.perf_counter() - started) * 1000.0
-        return ExecutedCall(round, call, result, error, decision, elapsed_ms)
+        return ExecutedCall(round, call, None, error, decision, elapsed_ms, index)
 
     spec = registry.get(call.name)
     if spec is None:
         known = ", ".join(registry.names()) or "(none)"
-        return done(None, f"unknown tool {call.name!r}; available tools: {known}", None)
+        return refused(f"unknown tool {call.name!r}; available tools: {known}", None)
     if call.parse_error is not None:
-        return done(
-            None, f"could not parse the arguments for {call.name}: {call.parse_error}", None
-        )
+        return refused(f"could not parse the arguments for {call.name}: {call.parse_error}", None)
     invalid = spec.validate_arguments(call.arguments)
     if invalid is not None:
-        return done(None, invalid, None)
-
+        return refused(invalid, None)
     decision: PolicyDecision | None = None
     if policy is not None:
         decision = await policy(spec, call, ctx)
         if not decision.allow:
-            return done(None, denial_text(decision), decision)
+            return refused(denial_text(decision), decision)
+    return _Ready(index, call, spec, decision, (time.perf_counter() - started) * 1000.0)
+
+
+async def _run(
+    ready: _Ready,
+    *,
+    round: int,
+    ctx: ToolContext,
+    executor: ToolCallExecutor | None,
+    default_timeout_s: float | None,
+) -> ExecutedCall:
+    """Run one allowed call under its timeout; every failure becomes the error result."""
+    call, spec = ready.call, ready.spec
+    timeout_s = spec.timeout_s if spec.timeout_s is not None else default_timeout_s
+    started = time.perf_counter()
+
+    def done(result: Any, error: str | None) -> ExecutedCall:
+        elapsed_ms = ready.checked_ms + (time.perf_counter() - started) * 1000.0
+        return ExecutedCall(
+            round, call, result, error, ready.decision, elapsed_ms, ready.index, ran=True
+        )
+
+    deadline = asyncio.timeout(timeout_s)
     try:
-        if executor is not None:
-            result = await executor(call)
-        else:
-            result = await spec.handler(dict(call.arguments), ctx)
+        async with deadline:
+            if executor is not None:
+                result = await executor(call)
+            else:
+                result = await spec.handler(dict(call.arguments), ctx)
+    except TimeoutError as exc:
+        if deadline.expired():
+            return done(None, _timeout_error(spec, timeout_s))
+        return done(None, f"{call.name} failed: TimeoutError: {exc}")
+    except asyncio.CancelledError:
+        this_task = asyncio.current_task()
+        if this_task is not None and this_task.cancelling():
+            raise  # the run (or this round) is being cancelled: not the tool's failure
+        # the handler itself raised CancelledError (e.g. it awaited a cancelled future)
+        return done(None, f"{call.name} failed: it was cancelled from inside the tool")
     except Exception as exc:  # a tool failure is feedback for the model, not a crash
-        return done(None, f"{call.name} failed: {type(exc).__name__}: {exc}", decision)
-    return done(result, None, decision)
+        return done(None, f"{call.name} failed: {type(exc).__name__}: {exc}")
+    return done(result, None)
+
+
+def _timeout_error(spec: ToolSpec, timeout_s: float | None) -> str:
+    text = f"{spec.name} timed out after {timeout_s:g} s and was stopped"
+    if spec.policy_hint == "read":
+        return f"{text}; it returned nothing"
+    return (
+        f"{text}; its outcome is unknown: the {spec.policy_hint} may or may not have taken "
+        "effect, check before retrying it"
+    )

@@ -18,6 +18,8 @@ from typing import Literal
 
 from planner.errors import LLMError
 from planner.execution import (
+    DEFAULT_MAX_PARALLEL_READS,
+    DEFAULT_TOOL_TIMEOUT_S,
     ExecutedCall,
     ToolCallExecutor,
     execute_calls,
@@ -87,7 +89,14 @@ class PlannerLoopInput:
         temperature, max_tokens: passed through on every request.
         on_message: called with every message as it enters the stored log (the system and
             user messages first), so a caller keeps the log of a run that is cancelled.
-        on_executed_call: called with every ExecutedCall as soon as it finished.
+        on_executed_call: called with every ExecutedCall as soon as it finished (in
+            completion order: concurrent reads may finish out of source order).
+        max_parallel_reads: read calls of one round running at once, at most (default 10,
+            must be ≥ 1; 1 runs every call alone). See ``planner.execution``.
+        tool_timeout_s: seconds a tool call may run when its ToolSpec sets no ``timeout_s``
+            (default 60, must be > 0; ``None``: no limit).
+        on_read_batch: called after each group of reads that ran concurrently, with how many
+            ran (for metrics).
     """
 
     system_prompt: str
@@ -103,10 +112,17 @@ class PlannerLoopInput:
     max_tokens: int | None = None
     on_message: Callable[[ChatMessage], None] | None = None
     on_executed_call: Callable[[ExecutedCall], None] | None = None
+    max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS
+    tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S
+    on_read_batch: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_rounds < 1:
             raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
+        if self.max_parallel_reads < 1:
+            raise ValueError(f"max_parallel_reads must be >= 1, got {self.max_parallel_reads}")
+        if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
+            raise ValueError(f"tool_timeout_s must be > 0 or None, got {self.tool_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -116,7 +132,8 @@ class PlannerLoopResult:
     Attributes:
         messages: the stored log: system, prior, user, then assistant and tool messages.
             Reminders never appear here.
-        executed_calls: every tool call with its outcome, in execution order.
+        executed_calls: every tool call with its outcome, round by round, each round's calls
+            in the order the model issued them (source order).
         rounds: completion requests made (failed ones included).
         usage: token usage summed over all requests.
         stop_reason: ``final_answer`` | ``max_rounds`` | ``llm_error``.
@@ -171,11 +188,6 @@ async def run_planner_loop(
         if inp.on_message is not None:
             inp.on_message(message)
 
-    def record(call: ExecutedCall) -> None:
-        executed.append(call)
-        if inp.on_executed_call is not None:
-            inp.on_executed_call(call)
-
     log(ChatMessage(role="system", content=inp.system_prompt))
     for message in inp.prior_messages:
         log(message)
@@ -223,8 +235,12 @@ async def run_planner_loop(
             ctx=ctx,
             policy=inp.policy,
             executor=on_tool_call,
-            on_executed=record,
+            on_executed=inp.on_executed_call,
+            max_parallel_reads=inp.max_parallel_reads,
+            tool_timeout_s=inp.tool_timeout_s,
+            on_read_batch=inp.on_read_batch,
         )
+        executed.extend(outcomes)
         for outcome in outcomes:
             log(tool_result_message(outcome))
         last_round = tuple(outcomes)

@@ -2,7 +2,8 @@
 
 A ToolSpec carries everything the loop and the policy gate need to know about a tool: its
 name, description and JSON schema (sent to the model), its ``policy_hint`` (``read`` tools may
-run in parallel; ``destructive`` ones need an explicit opt-in), its ``scope`` and its handler.
+run in parallel; ``destructive`` ones need an explicit opt-in), its ``scope``, its handler and
+an optional per-call timeout.
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ class ToolSpec:
         scope: a grouping the policy gate can opt users into (default ``user-space``).
         handler: ``async (arguments, ctx) -> result``; the result must be JSON-serialisable
             (anything else is stringified). Raising makes the call an error tool result.
+        timeout_s: seconds one call may run before it is cancelled and answered with an
+            error result; ``None`` (default) takes the loop's ``tool_timeout_s``.
 
     Raises:
-        ToolRegistryError: at construction, for an invalid name or JSON schema.
+        ToolRegistryError: at construction, for an invalid name, JSON schema or timeout.
     """
 
     name: str
@@ -65,11 +68,17 @@ class ToolSpec:
     policy_hint: PolicyHint
     handler: ToolHandler
     scope: str = "user-space"
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        """Check the name and the schema once, at construction (raises ToolRegistryError)."""
+        """Check the name, the schema and the timeout once, at construction (raises
+        ToolRegistryError)."""
         if not _valid_name(self.name):
             raise ToolRegistryError(f"invalid tool name {self.name!r}: use 1-64 of [a-zA-Z0-9_-]")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ToolRegistryError(
+                f"invalid timeout_s for tool {self.name!r}: {self.timeout_s} (must be > 0)"
+            )
         try:
             jsonschema.Draft202012Validator.check_schema(self.input_schema)
         except jsonschema.exceptions.SchemaError as exc:

@@ -25,9 +25,16 @@ from worker.metrics import HealthState
 from worker.runner import MissionRunner
 from worker.settings import Settings
 from worker.tick import Worker
-from worker.tools import builtin_tools
+from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tools
 
-__all__ = ["App", "allowed_tools_for", "mission_policy_setup", "open_app", "open_database"]
+__all__ = [
+    "App",
+    "allowed_tools_for",
+    "mission_policy_setup",
+    "open_app",
+    "open_database",
+    "web_fetch_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +75,10 @@ async def open_database(
 
 
 def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) -> list[ToolSpec]:
-    """``tools`` restricted to the agent's allow-list (``None`` = all), in registry order."""
+    """``tools`` restricted to the agent's allow-list, in registry order. ``None`` (no list)
+    means every tool except the opt-in ones (``web_fetch``), which must be named."""
     if allowed is None:
-        return list(tools)
+        return [t for t in tools if t.name not in OPT_IN_TOOLS]
     wanted = set(allowed)
     return [t for t in tools if t.name in wanted]
 
@@ -105,6 +113,19 @@ def mission_policy_setup(
     )
 
 
+def web_fetch_config(settings: Settings) -> WebFetchConfig:
+    """The ``MANA_AI_WEB_*`` settings as web_fetch's configuration."""
+    return WebFetchConfig(
+        allow_private=settings.web_allow_private,
+        allow_domains=settings.web_allow_domains,
+        deny_domains=settings.web_deny_domains,
+        timeout_s=settings.web_timeout_s,
+        max_bytes=settings.web_max_bytes,
+        max_chars=settings.web_max_chars,
+        max_redirects=settings.web_max_redirects,
+    )
+
+
 @dataclass
 class App:
     """The wired worker and what it owns."""
@@ -123,7 +144,7 @@ async def open_app(
     """Wire a Worker from ``settings``; ``llm`` overrides the configured chat model."""
     async with open_database(settings, migrate=migrate) as engine:
         store = MissionStore(engine)
-        tools = builtin_tools(engine)
+        tools = builtin_tools(engine, web=web_fetch_config(settings))
         chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
 
         def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
@@ -141,6 +162,8 @@ async def open_app(
             policy=policy,
             reminders=settings.reminders == "on",
             reminders_disabled=settings.reminders_disabled,
+            max_parallel_reads=settings.max_parallel_reads,
+            tool_timeout_s=settings.tool_timeout_s,
         )
         health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
         worker = Worker(

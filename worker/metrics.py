@@ -25,6 +25,7 @@ __all__ = [
     "MISSIONS_CLAIMED",
     "MISSIONS_RUN",
     "MISSIONS_RUNNING",
+    "PARALLEL_READ_BATCHES",
     "POLICY_DECISIONS",
     "POLICY_INJECTION_FLAGS",
     "REMINDERS_INJECTED",
@@ -32,6 +33,7 @@ __all__ = [
     "TICKS",
     "TICK_DURATION",
     "TOOL_CALLS",
+    "TOOL_DURATION",
     "HealthState",
     "MetricsServer",
 ]
@@ -74,6 +76,17 @@ TOOL_CALLS = Counter(
     "mana_ai_tool_calls_total",
     "Tool calls by tool and outcome (ok, error, denied).",
     ["tool", "outcome"],
+)
+TOOL_DURATION = Histogram(
+    "mana_ai_tool_duration_seconds",
+    "Wall time of one tool call that ran (policy gate included), by tool.",
+    ["tool"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+PARALLEL_READ_BATCHES = Counter(
+    "mana_ai_parallel_read_batches_total",
+    "Groups of consecutive read-only tool calls of one round that ran concurrently "
+    "(two or more calls each).",
 )
 
 POLICY_DECISIONS = Counter(

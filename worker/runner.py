@@ -27,6 +27,7 @@ from typing import Any
 
 from planner import (
     ChatModel,
+    ExecutedCall,
     PlannerLoopInput,
     PlannerLoopResult,
     ToolContext,
@@ -34,6 +35,7 @@ from planner import (
     messages_to_json,
     run_planner_loop,
 )
+from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from planner.policy import POLICY_MODES, PolicyMode
 from worker import metrics
 from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore
@@ -82,6 +84,9 @@ class MissionRunner:
         reminders: send the reminder channel's hints with each request (default on).
         reminders_disabled: reminder producers to leave out (``PRODUCER_NAMES``).
         clock: returns the current UTC-aware time (injectable for tests).
+        max_parallel_reads: read calls of one round running at once, at most (default 10).
+        tool_timeout_s: seconds a tool call may run unless its ToolSpec says otherwise
+            (default 60).
     """
 
     def __init__(
@@ -97,6 +102,8 @@ class MissionRunner:
         reminders: bool = True,
         reminders_disabled: Collection[str] = (),
         clock: Callable[[], datetime] = _utcnow,
+        max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
+        tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
         self.store = store
         self.llm = llm
@@ -108,6 +115,8 @@ class MissionRunner:
         self.reminders = reminders
         self.reminders_disabled = frozenset(reminders_disabled)
         self.clock = clock
+        self.max_parallel_reads = max_parallel_reads
+        self.tool_timeout_s = tool_timeout_s
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
         """Run ``mission`` once and store the result. Never raises except on cancellation
@@ -267,6 +276,11 @@ class MissionRunner:
             gate = self.policy.gate(
                 user_settings=mission.user_policy, mode=_policy_mode_or_none(mission.policy_mode)
             )
+
+        def on_executed(call: ExecutedCall) -> None:  # completion order
+            transcript.calls.append(call)
+            _time_call(call)
+
         inp = PlannerLoopInput(
             system_prompt=mission.system_prompt,
             user_prompt=mission.objective,
@@ -277,7 +291,10 @@ class MissionRunner:
             policy=gate,
             reminder_channel=transcript.reminders,
             on_message=transcript.messages.append,
-            on_executed_call=transcript.calls.append,
+            on_executed_call=on_executed,
+            max_parallel_reads=self.max_parallel_reads,
+            tool_timeout_s=self.tool_timeout_s,
+            on_read_batch=_count_read_batch,
         )
         return await run_planner_loop(inp, llm=self.llm)
 
@@ -343,6 +360,15 @@ class MissionRunner:
 
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
     return value if value in POLICY_MODES else None
+
+
+def _count_read_batch(size: int) -> None:
+    metrics.PARALLEL_READ_BATCHES.inc()
+
+
+def _time_call(call: ExecutedCall) -> None:
+    if call.ran:  # a known tool whose handler started: the label stays a registered name
+        metrics.TOOL_DURATION.labels(tool=call.call.name).observe(call.duration_ms / 1000)
 
 
 def _no_run(

@@ -156,6 +156,81 @@ class Settings(BaseSettings):
             "and 5xx answers), with exponential backoff. 0 disables retries."
         ),
     )
+    max_parallel_reads: int = Field(
+        default=10,
+        ge=1,
+        le=100,
+        description=(
+            "Read-only tool calls of one round that run at once, at most (1-100). A finished "
+            "call's slot is refilled at once; write and destructive calls always run alone, "
+            "after every call before them. 1 runs every call one by one."
+        ),
+    )
+    tool_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds one tool call may run before it is stopped and the model gets an error "
+            "result saying so (for a write: that its outcome is unknown). A tool may set its "
+            "own limit (web_fetch: MANA_AI_WEB_TIMEOUT_S + 5)."
+        ),
+    )
+    web_allow_private: bool = Field(
+        default=False,
+        description=(
+            "Let web_fetch reach loopback, private (RFC 1918, fc00::/7), link-local, shared "
+            "(100.64.0.0/10) and other non-public addresses. Default false: they are refused "
+            "after DNS resolution and on every redirect, so an agent cannot reach services "
+            "inside your network. Cloud metadata (169.254.169.254, ...), unspecified, "
+            "multicast and reserved addresses stay refused even when true."
+        ),
+    )
+    web_allow_domains: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Comma-separated domains web_fetch may read, each with its subdomains, e.g. "
+            "'python.org,wikipedia.org'. Empty (default): any domain with a public address."
+        ),
+    )
+    web_deny_domains: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Comma-separated domains web_fetch must not read, each with its subdomains; "
+            "wins over MANA_AI_WEB_ALLOW_DOMAINS. Default: none."
+        ),
+    )
+    web_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description=(
+            "Seconds one web_fetch may take in all: DNS, connecting, every redirect and the "
+            "body (one overall deadline, not a per-read timeout)."
+        ),
+    )
+    web_max_bytes: int = Field(
+        default=2_000_000,
+        ge=1,
+        description=(
+            "Response body bytes web_fetch reads at most (after gzip decoding); it stops "
+            "reading there and marks the result truncated."
+        ),
+    )
+    web_max_chars: int = Field(
+        default=20_000,
+        ge=1,
+        description=(
+            "Characters of text web_fetch returns at most (about 5,000 tokens at the default), "
+            "after HTML is reduced to text; longer text is cut and marked truncated."
+        ),
+    )
+    web_max_redirects: int = Field(
+        default=5,
+        ge=0,
+        le=20,
+        description=(
+            "Redirects web_fetch follows at most (0-20); each hop is checked like the first URL."
+        ),
+    )
     log_level: str = Field(
         default="INFO",
         description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL (case-insensitive).",
@@ -258,6 +333,18 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
+
+    @field_validator("web_allow_domains", "web_deny_domains", mode="before")
+    @classmethod
+    def _split_domains(cls, value: Any) -> Any:
+        """``a.org, b.com`` → ``("a.org", "b.com")``, normalised (lower case, IDNA)."""
+        from worker.tools.ssrf import normalize_domain  # not at import: worker.tools is heavy
+
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            return tuple(normalize_domain(str(v)) for v in value if str(v).strip())
+        return value
 
     @field_validator("data_dir", mode="before")
     @classmethod

@@ -42,8 +42,11 @@ class Transcript:
         return list(json_safe(messages_to_json(self.messages)))
 
     def invocation_rows(self) -> list[ToolInvocationRow]:
-        """Every executed call so far as a ``tool_invocations`` row."""
-        return [self.invocation_row(c) for c in self.calls]
+        """Every executed call so far as a ``tool_invocations`` row, in source order (round,
+        then position in the round): concurrent reads finish in any order, the stored story
+        reads as the model wrote it."""
+        ordered = sorted(self.calls, key=lambda c: (c.round, c.index))
+        return [self.invocation_row(c) for c in ordered]
 
     def reminders_json(self) -> list[dict[str, Any]]:
         """The reminders sent so far: ``[{"round", "producer", "text"}]``."""

@@ -1,6 +1,7 @@
 """Fakes of the services mana-ai talks to, for integration and e2e tests.
 
-``FakeLLMServer`` is a real OpenAI-compatible HTTP server on 127.0.0.1 (see ``llm_server``).
+``FakeLLMServer`` is a real OpenAI-compatible HTTP server on 127.0.0.1 (see ``llm_server``);
+``FakeWebServer`` serves scripted web pages on 127.0.0.1 (see ``web_server``).
 """
 
 from tests.fakes.llm_server import (
@@ -11,9 +12,12 @@ from tests.fakes.llm_server import (
     down_base_url,
     final_answer_responder,
 )
+from tests.fakes.web_server import FakeWebServer, RecordedRequest
 
 __all__ = [
     "FakeLLMServer",
+    "FakeWebServer",
+    "RecordedRequest",
     "Responder",
     "ScriptedReply",
     "chat_completion_body",

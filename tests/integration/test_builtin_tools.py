@@ -10,7 +10,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ToolContext, ToolRegistry, ToolSpec
-from worker.tools import builtin_tools, clock_tools, notes_tools
+from worker.app import allowed_tools_for, web_fetch_config
+from worker.settings import load_settings
+from worker.tools import WebFetchConfig, builtin_tools, clock_tools, notes_tools, web_tools
 from worker.tools.notes import BODY_MAX_CHARS, TITLE_MAX_CHARS, escape_like, snippet
 
 # 2025-03-30 00:30 UTC: Europe/Berlin switches to summer time half an hour later.
@@ -46,6 +48,7 @@ def test_the_builtin_tools_form_a_valid_registry(db: AsyncEngine) -> None:
         "notes_update",
         "notes_delete",
         "clock_now",
+        "web_fetch",
     ]
     hints = {spec.name: (spec.policy_hint, spec.scope) for spec in registry.specs()}
     assert hints == {
@@ -56,6 +59,7 @@ def test_the_builtin_tools_form_a_valid_registry(db: AsyncEngine) -> None:
         "notes_update": ("write", "notes"),
         "notes_delete": ("destructive", "notes"),
         "clock_now": ("read", "clock"),
+        "web_fetch": ("read", "web"),
     }
     for spec in registry.specs():
         assert spec.input_schema["type"] == "object"
@@ -66,8 +70,41 @@ def test_the_builtin_tools_form_a_valid_registry(db: AsyncEngine) -> None:
 
 
 def test_the_pack_functions_split_the_builtin_tools(db: AsyncEngine) -> None:
-    names = [spec.name for spec in [*notes_tools(db), *clock_tools()]]
+    names = [spec.name for spec in [*notes_tools(db), *clock_tools(), *web_tools()]]
     assert names == [spec.name for spec in builtin_tools(db)]
+
+
+def test_web_fetch_is_opt_in_an_agent_gets_it_only_when_its_tools_name_it(
+    db: AsyncEngine,
+) -> None:
+    tools = builtin_tools(db)
+    every = [spec.name for spec in allowed_tools_for(tools, None)]
+    assert "web_fetch" not in every and "clock_now" in every and len(every) == len(tools) - 1
+    named = allowed_tools_for(tools, ["web_fetch", "clock_now"])
+    assert [spec.name for spec in named] == ["clock_now", "web_fetch"]
+
+
+def test_the_web_settings_reach_web_fetch() -> None:
+    settings = load_settings(
+        web_allow_private=True,
+        web_allow_domains="Docs.Example.org, example.com",
+        web_deny_domains="ads.example.com",
+        web_timeout_s=3,
+        web_max_bytes=1000,
+        web_max_chars=100,
+        web_max_redirects=1,
+    )
+    assert web_fetch_config(settings) == WebFetchConfig(
+        allow_private=True,
+        allow_domains=("docs.example.org", "example.com"),
+        deny_domains=("ads.example.com",),
+        timeout_s=3,
+        max_bytes=1000,
+        max_chars=100,
+        max_redirects=1,
+    )
+    [spec] = web_tools(web_fetch_config(settings))
+    assert spec.timeout_s == 8 and "at most 100 characters" in spec.description
 
 
 @pytest.mark.parametrize(

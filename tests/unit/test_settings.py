@@ -40,6 +40,14 @@ def test_defaults() -> None:
     assert settings.llm_max_retries == 3
     assert settings.log_level == "INFO"
     assert settings.log_format == "text"
+    assert settings.max_parallel_reads == 10
+    assert settings.tool_timeout_s == 60
+    assert settings.web_allow_private is False
+    assert settings.web_allow_domains == () and settings.web_deny_domains == ()
+    assert settings.web_timeout_s == 20
+    assert settings.web_max_bytes == 2_000_000
+    assert settings.web_max_chars == 20_000
+    assert settings.web_max_redirects == 5
 
 
 def test_every_field_is_documented() -> None:
@@ -67,6 +75,15 @@ def test_values_are_parsed_from_the_environment(
         "MANA_AI_LLM_MAX_RETRIES": "0",
         "MANA_AI_LOG_LEVEL": "debug",
         "MANA_AI_LOG_FORMAT": "json",
+        "MANA_AI_MAX_PARALLEL_READS": "4",
+        "MANA_AI_TOOL_TIMEOUT_S": "7.5",
+        "MANA_AI_WEB_ALLOW_PRIVATE": "true",
+        "MANA_AI_WEB_ALLOW_DOMAINS": " Python.org, *.wikipedia.org ,",
+        "MANA_AI_WEB_DENY_DOMAINS": "ads.example.com",
+        "MANA_AI_WEB_TIMEOUT_S": "3",
+        "MANA_AI_WEB_MAX_BYTES": "1000",
+        "MANA_AI_WEB_MAX_CHARS": "500",
+        "MANA_AI_WEB_MAX_REDIRECTS": "0",
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -85,6 +102,13 @@ def test_values_are_parsed_from_the_environment(
     assert settings.metrics_port == 0
     assert settings.metrics_host == "127.0.0.1"
     assert settings.worker_id == "worker-a"
+    assert settings.max_parallel_reads == 4
+    assert settings.tool_timeout_s == 7.5
+    assert settings.web_allow_private is True
+    assert settings.web_allow_domains == ("python.org", "wikipedia.org")
+    assert settings.web_deny_domains == ("ads.example.com",)
+    assert (settings.web_timeout_s, settings.web_max_bytes) == (3, 1000)
+    assert (settings.web_max_chars, settings.web_max_redirects) == (500, 0)
     assert settings.shutdown_grace_s == 5
     assert settings.llm_timeout_s == 12
     assert settings.llm_max_retries == 0
@@ -144,6 +168,14 @@ def test_an_invalid_value_names_the_variable_and_the_value(
         ("MANA_AI_WORKER_ID", "", "at least 1 character"),
         ("MANA_AI_DATABASE_URL", "mysql://u@h/db", "unsupported scheme 'mysql://'"),
         ("MANA_AI_DATABASE_URL", "not a url", "not a database URL"),
+        ("MANA_AI_MAX_PARALLEL_READS", "0", "greater than or equal to 1"),
+        ("MANA_AI_TOOL_TIMEOUT_S", "0", "greater than 0"),
+        ("MANA_AI_WEB_ALLOW_PRIVATE", "maybe", "valid boolean"),
+        ("MANA_AI_WEB_ALLOW_DOMAINS", "https://example.com", "not a domain name"),
+        ("MANA_AI_WEB_DENY_DOMAINS", "a.com,b.com/x", "not a domain name"),
+        ("MANA_AI_WEB_TIMEOUT_S", "-2", "greater than 0"),
+        ("MANA_AI_WEB_MAX_BYTES", "0", "greater than or equal to 1"),
+        ("MANA_AI_WEB_MAX_REDIRECTS", "21", "less than or equal to 20"),
     ],
 )
 def test_each_invalid_value_is_reported_by_variable(

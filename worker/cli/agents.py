@@ -36,7 +36,8 @@ def register(commands: Any) -> None:
     )
     add.add_argument(
         "--tools",
-        help="comma-separated tool names the agent may call (default: all built-in tools)",
+        help="comma-separated tool names the agent may call (default: every built-in tool but "
+        "web_fetch, which an agent gets only when --tools names it)",
     )
     add.add_argument(
         "--policy-mode",
@@ -67,7 +68,10 @@ def register(commands: Any) -> None:
         default=_UNSET,
         help="daily token budget ('none': no budget)",
     )
-    set_.add_argument("--tools", help="comma-separated tool names ('all': every built-in tool)")
+    set_.add_argument(
+        "--tools",
+        help="comma-separated tool names ('all': every built-in tool but web_fetch)",
+    )
     set_.add_argument(
         "--policy-mode",
         choices=(*POLICY_MODE_CHOICES, "default"),
