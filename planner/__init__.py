@@ -24,6 +24,7 @@ from planner.loop import (
 )
 from planner.messages import (
     ChatMessage,
+    ReplyInfo,
     TokenUsage,
     ToolCall,
     messages_from_json,
@@ -50,6 +51,7 @@ __all__ = [
     "PolicyGate",
     "PolicyHint",
     "ReminderChannel",
+    "ReplyInfo",
     "StopReason",
     "TokenUsage",
     "ToolCall",

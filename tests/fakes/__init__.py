@@ -1,10 +1,12 @@
 """Fakes of the services mana-ai talks to, for integration and e2e tests.
 
-``FakeLLMServer`` is a real OpenAI-compatible HTTP server on 127.0.0.1 (see ``llm_server``).
+``FakeLLMServer`` is a real OpenAI-compatible HTTP server on 127.0.0.1 (see ``llm_server``);
+``provider_zoo`` builds the replies real providers send and the checks strict ones apply.
 """
 
 from tests.fakes.llm_server import (
     FakeLLMServer,
+    RequestCheck,
     Responder,
     ScriptedReply,
     chat_completion_body,
@@ -14,6 +16,7 @@ from tests.fakes.llm_server import (
 
 __all__ = [
     "FakeLLMServer",
+    "RequestCheck",
     "Responder",
     "ScriptedReply",
     "chat_completion_body",
