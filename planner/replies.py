@@ -17,6 +17,8 @@ finish ``content_filter`` (with or     stops; tool calls are not run, each    ``
 without tool calls)                    answered "not run"
 no text (null, empty or blank), no     stops                                  ``empty_answer``
 tool calls, finish ``stop`` or none
+finish ``tool_calls`` but no tool      stops: the calls were lost on the way  ``llm_error``
+calls
 finish ``error``                       stops (providers raise instead)        ``llm_error``
 =====================================  =====================================  ===============
 
@@ -106,6 +108,8 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
         return Verdict("content_filtered", error, not_run)
     if reply.tool_calls:
         return Verdict(None)
+    if reason == "tool_calls":
+        return Verdict("llm_error", f"the endpoint reported tool calls but sent none {said}")
     if reason == "length":
         if round < max_rounds:
             return Verdict(None, follow_up=(ChatMessage(role="user", content=TRUNCATED_NOTE),))

@@ -222,9 +222,11 @@ async def test_a_cut_answer_gets_one_more_round_with_a_note(server: FakeLLMServe
         (reply(None, finish_reason="stop"), "empty_answer", "no text and no tool calls"),
         (reply("\n\n", finish_reason="stop"), "empty_answer", "no text and no tool calls"),
         (reply("", finish_reason=None), "empty_answer", "no text and no tool calls"),
+        # a proxy that lost the tool calls on the way (it still says it had some)
+        (reply("Let me check.", finish_reason="tool_calls"), "llm_error", "sent none"),
     ],
 )
-async def test_no_cut_filtered_or_empty_answer_is_a_success(
+async def test_no_cut_filtered_empty_or_lost_answer_is_a_success(
     server: FakeLLMServer, body: dict[str, Any], stop_reason: str, error: str
 ) -> None:
     server.enqueue(json=body)

@@ -57,6 +57,7 @@ def inp(max_rounds: int = 3) -> PlannerLoopInput:
         (said(None, "content_filter"), "content_filtered", "withheld or filtered"),
         (said("Partial", "content_filter"), "content_filtered", "withheld or filtered"),
         (said(None, "error"), "llm_error", "reported an error instead of an answer"),
+        (said("Let me check.", "tool_calls"), "llm_error", "reported tool calls but sent none"),
     ],
 )
 async def test_each_reply_kind_ends_the_loop_as_decided(
