@@ -22,9 +22,9 @@ layer and Azure:
   ``planner.providers.tool_arguments``.
 * **Usage** is read from ``usage`` (or Gemini's ``usageMetadata``) under the OpenAI, Anthropic
   (``input_tokens``) and Ollama (``prompt_eval_count``) key names; a ``total_tokens`` alone
-  counts in full; counts that are missing are estimated at ``CHARS_PER_TOKEN`` characters per
-  token and the usage is marked ``estimated``. Usage reported on an error body is kept on the
-  error (it may be billed).
+  counts in full; counts that are missing (or all zero for a reply with text) are estimated
+  at ``CHARS_PER_TOKEN`` characters per token and the usage is marked ``estimated``. Usage
+  reported on an error body is kept on the error (it may be billed).
 """
 
 from __future__ import annotations
@@ -213,17 +213,18 @@ def _unusable(response: httpx.Response, url: str, what: str, usage: TokenUsage) 
 
 
 def _body_error(data: dict[str, Any], choice: Any) -> Any:
-    """The error a body reports, or ``None``: a top-level one only when no choice answers."""
+    """The error a body reports (a non-empty ``error``, vLLM's ``"object": "error"``, or a
+    first choice that ended in an error), or ``None``. An error wins over any choices."""
+    if data.get("error"):
+        return data["error"]
+    if data.get("object") == "error":  # vLLM's error shape
+        return data
     if isinstance(choice, dict):
         if choice.get("error"):
             return choice["error"]
         if normalize_finish_reason(choice.get("finish_reason")) == "error":
             return "the endpoint ended the answer with finish_reason 'error'"
-        if isinstance(choice.get("message"), dict):
-            return None
-    if data.get("object") == "error":  # vLLM's error shape
-        return data
-    return data.get("error") or None
+    return None
 
 
 def _error_status(error: Any) -> int:
@@ -247,8 +248,11 @@ def _error_status(error: Any) -> int:
 
 
 def _as_status(value: Any) -> int | None:
+    """``value`` as an HTTP error status (400-599; a number or numeric text), or ``None``."""
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
         return value
     return None
@@ -309,7 +313,11 @@ def _completion_text(reply: ChatMessage) -> str:
 
 
 def _usage(data: dict[str, Any], prompt_estimate: int, completion_text: str) -> TokenUsage:
-    """The reply's usage, estimating what it does not report (see the module docstring)."""
+    """The reply's usage, estimating what it does not report (see the module docstring).
+
+    All-zero counts for a reply that says something are placeholders (some servers and proxies
+    send them), so they are estimated too.
+    """
     raw = data.get("usage") or data.get("usageMetadata")
     raw = raw if isinstance(raw, dict) else {}
     prompt = _count(raw, "prompt_tokens", "input_tokens", "prompt_eval_count", "promptTokenCount")
@@ -317,6 +325,8 @@ def _usage(data: dict[str, Any], prompt_estimate: int, completion_text: str) -> 
         raw, "completion_tokens", "output_tokens", "eval_count", "candidatesTokenCount"
     )
     total = _count(raw, "total_tokens", "totalTokenCount")
+    if completion_text and not any((prompt, completion, total)):
+        prompt = completion = total = None
     if total is not None:  # what is billed: all of it counts, however the parts are given
         if prompt is None and completion is None:
             completion = min(estimate_tokens(completion_text), total)

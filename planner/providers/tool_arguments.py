@@ -55,7 +55,7 @@ def decode_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, An
             return value, None
         if not isinstance(value, str):
             return {}, f"arguments must be a JSON object, got {_json_type(value)}"
-        text = value.strip()
+        text = value.strip().lstrip("\ufeff")  # a byte-order mark is no JSON
         if text.lower() in _NO_ARGUMENTS:
             return {}, None
         fenced = _FENCE.match(text)

@@ -163,6 +163,7 @@ async def test_a_429_inside_a_200_is_retried_like_a_429(server: FakeLLMServer) -
         ([{"error": {"code": 503, "status": "UNAVAILABLE", "message": "busy"}}], 503),  # Gemini
         (error_in_200("500", "internal"), 500),
         ({"error": {"message": "something odd"}}, 502),  # no kind given: a failed upstream
+        (reply("") | error_in_200(429.0, "slow down"), 429),  # an error wins over a choice
     ],
 )
 async def test_retryable_errors_inside_a_200_are_retried_then_reported(
@@ -344,6 +345,8 @@ async def test_no_arguments_in_any_spelling_for_a_tool_without_parameters(
         ({"prompt_tokens": "30", "completion_tokens": 7.0}, 30, 7, False),
         ({"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 50}, 30, 20, False),
         (None, None, None, True),  # nothing: estimated
+        # all zeros for a reply with text: placeholders, estimated
+        ({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, None, None, True),
     ],
 )
 async def test_usage_counts_what_the_reply_gives_and_estimates_the_rest(
@@ -358,7 +361,7 @@ async def test_usage_counts_what_the_reply_gives_and_estimates_the_rest(
     got = result.usage
     assert got.estimated is estimated
     assert got.total_tokens > 0
-    if usage and "total_tokens" in usage:
+    if usage and usage.get("total_tokens"):
         assert got.total_tokens == usage["total_tokens"]
     if prompt is not None:
         assert got.prompt_tokens == prompt

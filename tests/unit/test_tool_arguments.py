@@ -19,6 +19,7 @@ TITLE = {"title": "time"}
         (TITLE, TITLE),  # already an object
         ('"{\\"title\\": \\"time\\"}"', TITLE),  # the example: JSON text of JSON text
         (json.dumps(json.dumps(json.dumps(TITLE))), TITLE),  # nested twice
+        ('\ufeff{"title": "time"}', TITLE),  # a byte-order mark
         ('```json\n{"title": "time"}\n```', TITLE),  # a Markdown code fence
         ('```\n{"title": "time"}\n```', TITLE),
         ("{'title': 'time'}", TITLE),  # a Python dict literal
