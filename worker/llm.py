@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError
+from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError, TokenUsage
 from worker import metrics
 from worker.settings import Settings
 
@@ -31,18 +31,19 @@ class InstrumentedChatModel:
         self.inner = inner
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
-        """Delegate; count the outcome, duration and tokens. Re-raises LLMError."""
+        """Delegate; count the outcome, duration and tokens (those a failed request reported
+        too). Re-raises LLMError."""
         started = time.perf_counter()
         try:
             response = await self.inner.complete(request)
-        except LLMError:
+        except LLMError as exc:
             metrics.LLM_REQUESTS.labels(outcome="error").inc()
+            _count_tokens(exc.usage)
             raise
         finally:
             metrics.LLM_REQUEST_DURATION.observe(time.perf_counter() - started)
         metrics.LLM_REQUESTS.labels(outcome="ok").inc()
-        metrics.LLM_TOKENS.labels(kind="prompt").inc(response.usage.prompt_tokens)
-        metrics.LLM_TOKENS.labels(kind="completion").inc(response.usage.completion_tokens)
+        _count_tokens(response.usage)
         return response
 
     async def aclose(self) -> None:
@@ -50,6 +51,11 @@ class InstrumentedChatModel:
         close = getattr(self.inner, "aclose", None)
         if close is not None:
             await close()
+
+
+def _count_tokens(usage: TokenUsage) -> None:
+    metrics.LLM_TOKENS.labels(kind="prompt").inc(usage.prompt_tokens)
+    metrics.LLM_TOKENS.labels(kind="completion").inc(usage.completion_tokens)
 
 
 def _count_retry(attempt: int, reason: str) -> None:
