@@ -24,6 +24,7 @@ from planner.loop import (
 )
 from planner.messages import (
     ChatMessage,
+    ReplyInfo,
     TokenUsage,
     ToolCall,
     messages_from_json,
@@ -67,6 +68,7 @@ __all__ = [
     "PolicyMode",
     "RateLimit",
     "ReminderChannel",
+    "ReplyInfo",
     "Reservation",
     "RulePolicyGate",
     "StopReason",

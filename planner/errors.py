@@ -15,6 +15,8 @@ handler that raises become an error tool result that the model reads (see ``plan
 
 from __future__ import annotations
 
+from planner.messages import TokenUsage
+
 __all__ = [
     "LLMConnectionError",
     "LLMError",
@@ -34,7 +36,15 @@ class LLMError(PlannerError):
 
     The message says what the endpoint did (status, body excerpt, or the transport error);
     it is stored verbatim as the iteration's error.
+
+    Attributes:
+        usage: tokens the endpoint reported as spent on the failed request (an error or an
+            unusable reply can still be billed); zero when it reported none.
     """
+
+    def __init__(self, message: str, *, usage: TokenUsage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage or TokenUsage()
 
 
 class LLMConnectionError(LLMError):
@@ -49,8 +59,10 @@ class LLMStatusError(LLMError):
         body: the first 500 characters of the last answer's body.
     """
 
-    def __init__(self, message: str, *, status_code: int, body: str) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, status_code: int, body: str, usage: TokenUsage | None = None
+    ) -> None:
+        super().__init__(message, usage=usage)
         self.status_code = status_code
         self.body = body
 

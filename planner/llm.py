@@ -44,7 +44,13 @@ class CompletionRequest(BaseModel):
 class CompletionResponse(BaseModel):
     """The model's answer: one assistant message, the usage it cost, and why it stopped.
 
-    ``finish_reason`` is the provider's (``stop``, ``tool_calls``, ``length``, …) or ``None``.
+    Attributes:
+        message: the assistant message.
+        usage: tokens the request cost, failed attempts of it included.
+        finish_reason: why the model stopped, in the OpenAI vocabulary (``stop``,
+            ``tool_calls``, ``length``, ``content_filter``, ``error``) or as the provider said
+            it; ``None`` when it did not say. ``planner.replies`` decides what each means.
+        endpoint: the name of the endpoint that answered (``None`` for in-process models).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -52,6 +58,7 @@ class CompletionResponse(BaseModel):
     message: ChatMessage
     usage: TokenUsage = TokenUsage()
     finish_reason: str | None = None
+    endpoint: str | None = None
 
 
 @runtime_checkable

@@ -3,7 +3,9 @@
 One round = one completion request, then the tool calls it asked for. The loop stops when the
 model answers without tool calls (``final_answer``), when ``max_rounds`` rounds have run and
 the model still asks for tools (``max_rounds``), or when the model cannot answer
-(``llm_error``; the error is on the result, the log so far is kept).
+(``llm_error``; the error is on the result, the log so far is kept). A reply that is cut,
+filtered or empty is judged by ``planner.replies`` (stop reasons ``truncated``,
+``content_filtered``, ``empty_answer``); those and ``llm_error`` are failures.
 
 Reminders from ``reminder_channel`` are appended to *that request only* as
 ``<reminder>…</reminder>`` system messages; they never enter ``PlannerLoopResult.messages``.
@@ -14,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from planner.errors import LLMError
 from planner.execution import (
@@ -28,6 +29,7 @@ from planner.execution import (
 from planner.llm import ChatModel, CompletionRequest
 from planner.messages import ChatMessage, TokenUsage
 from planner.policy import PolicyGate
+from planner.replies import FAILED_STOP_REASONS, StopReason, judge_reply, stored_reply
 from planner.tools import ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [
@@ -41,8 +43,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-StopReason = Literal["final_answer", "max_rounds", "llm_error"]
 
 
 @dataclass(frozen=True)
@@ -135,10 +135,12 @@ class PlannerLoopResult:
         executed_calls: every tool call with its outcome, round by round, each round's calls
             in the order the model issued them (source order).
         rounds: completion requests made (failed ones included).
-        usage: token usage summed over all requests.
-        stop_reason: ``final_answer`` | ``max_rounds`` | ``llm_error``.
+        usage: token usage summed over all requests, failed ones included when the endpoint
+            reported what they cost.
+        stop_reason: ``final_answer`` | ``max_rounds`` | ``llm_error`` | ``truncated`` |
+            ``content_filtered`` | ``empty_answer`` (see ``planner.replies``).
         compactions_done: times the context was compacted (0 until compaction lands).
-        error: the LLM error text when ``stop_reason == "llm_error"``.
+        error: why the loop failed, for a stop reason in ``FAILED_STOP_REASONS``.
     """
 
     messages: list[ChatMessage]
@@ -149,6 +151,11 @@ class PlannerLoopResult:
     compactions_done: int = 0
     error: str | None = None
     final_answer: str | None = field(default=None)
+
+    @property
+    def failed(self) -> bool:
+        """True when the stop reason is a failure (``planner.replies.FAILED_STOP_REASONS``)."""
+        return self.stop_reason in FAILED_STOP_REASONS
 
 
 def format_reminder(text: str) -> ChatMessage:
@@ -204,6 +211,7 @@ async def run_planner_loop(
             max_rounds=inp.max_rounds,
             last_round_calls=last_round,
         )
+        last_round = ()  # a round that ends without calls leaves none for the next one
         reminders = list(inp.reminder_channel(state)) if inp.reminder_channel else []
         request = CompletionRequest(
             messages=[*messages, *(format_reminder(r) for r in reminders)],
@@ -216,18 +224,29 @@ async def run_planner_loop(
             response = await llm.complete(request)
         except LLMError as exc:
             logger.warning("llm request failed in round %d: %s", round_no, exc)
+            usage = usage + exc.usage
             return PlannerLoopResult(
                 messages, executed, round_no, usage, "llm_error", error=str(exc)
             )
         usage = usage + response.usage
-        reply = response.message
-        if reply.role != "assistant":
-            reply = reply.model_copy(update={"role": "assistant"})
+        reply = stored_reply(response)
         log(reply)
-        if not reply.tool_calls:
+        verdict = judge_reply(response, round=round_no, max_rounds=inp.max_rounds)
+        for message in verdict.follow_up:
+            log(message)
+        if verdict.stop_reason is not None:
+            answer = reply.content if verdict.stop_reason == "final_answer" else None
             return PlannerLoopResult(
-                messages, executed, round_no, usage, "final_answer", final_answer=reply.content
+                messages,
+                executed,
+                round_no,
+                usage,
+                verdict.stop_reason,
+                error=verdict.error,
+                final_answer=answer,
             )
+        if not reply.tool_calls:
+            continue  # the model was told why its reply cannot stand, and asked again
         outcomes = await execute_calls(
             reply.tool_calls,
             round=round_no,

@@ -6,7 +6,11 @@ archive, so it is kept stable: fields are only ever added, with defaults.
 
 Roles and fields follow the OpenAI Chat Completions message shape (``role``, ``content``,
 ``tool_calls``, ``tool_call_id``), with tool-call arguments kept parsed (a dict) rather than as a
-JSON string.
+JSON string. The log keeps what the model said: provider call ids and tool names as received
+(a provider rewrites them on the wire when it must, see ``planner.providers.openai_request``),
+the raw text of arguments that could not be decoded, and the provider-specific fields a
+provider needs back (``provider_fields``). ``reply_info`` records, per assistant message, which
+endpoint answered, why it stopped and what it cost; it is never sent to a model.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ChatMessage",
+    "ReplyInfo",
     "Role",
     "TokenUsage",
     "ToolCall",
@@ -33,10 +38,17 @@ class ToolCall(BaseModel):
 
     Attributes:
         id: the provider's call id; a tool result answers it via ``ChatMessage.tool_call_id``.
-        name: the tool name as the model wrote it (it may name no registered tool).
+            It may repeat an id of an earlier round (some providers number calls per reply).
+        name: the tool name as the model wrote it (it may name no registered tool, or not even
+            be a valid tool name).
         arguments: the parsed JSON arguments object.
         parse_error: set by a provider when the model's arguments were not a JSON object
             (``arguments`` is then empty); the loop answers the call with an error result.
+        raw_arguments: the arguments text as the model sent it, kept when it could not be
+            decoded (``parse_error`` is set); ``None`` otherwise.
+        provider_fields: fields the provider put on the call beyond ``id``, ``type`` and
+            ``function`` (e.g. Gemini's ``extra_content`` with a thought signature); sent back
+            as received to the endpoint that produced them.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -45,15 +57,22 @@ class ToolCall(BaseModel):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     parse_error: str | None = None
+    raw_arguments: str | None = None
+    provider_fields: dict[str, Any] = Field(default_factory=dict)
 
 
 class TokenUsage(BaseModel):
-    """Token counts as the provider reported them (``usage`` of a chat completion)."""
+    """Token counts as the provider reported them (``usage`` of a chat completion).
+
+    ``estimated`` is true when some of the counts were estimated because the provider did not
+    report them (see ``planner.providers.openai_reply``); a sum is estimated when any part is.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    estimated: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -64,7 +83,26 @@ class TokenUsage(BaseModel):
         return TokenUsage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
+            estimated=self.estimated or other.estimated,
         )
+
+
+class ReplyInfo(BaseModel):
+    """What the chat model said about one assistant message; stored, never sent to a model.
+
+    Attributes:
+        endpoint: the name of the endpoint that answered (``primary`` / ``fallback`` for the
+            OpenAI-compatible provider); ``None`` for in-process models.
+        finish_reason: why the model stopped, in the OpenAI vocabulary (``stop``,
+            ``tool_calls``, ``length``, ``content_filter``) or as the provider said it.
+        usage: the tokens this round cost, failed attempts of the same request included.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str | None = None
+    finish_reason: str | None = None
+    usage: TokenUsage | None = None
 
 
 class ChatMessage(BaseModel):
@@ -75,6 +113,11 @@ class ChatMessage(BaseModel):
         content: the text; ``None`` for an assistant message that only calls tools.
         tool_calls: on assistant messages, the calls the model issued, in its order.
         tool_call_id: on tool messages, the id of the call this result answers.
+        provider_fields: on assistant messages, fields the provider put on the message beyond
+            the Chat Completions ones (e.g. DeepSeek's ``reasoning_content``, OpenRouter's
+            ``reasoning_details``), which some providers require back in the next request;
+            sent back as received to the endpoint that produced them.
+        reply_info: on assistant messages from a model, who answered and what it cost.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -83,6 +126,8 @@ class ChatMessage(BaseModel):
     content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    provider_fields: dict[str, Any] = Field(default_factory=dict)
+    reply_info: ReplyInfo | None = None
 
     def to_json(self) -> dict[str, Any]:
         """This message as a JSON-compatible dict (empty optional fields left out)."""

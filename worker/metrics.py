@@ -18,6 +18,7 @@ from prometheus_client.exposition import generate_latest
 __all__ = [
     "ITERATION_DURATION",
     "LEASES_LOST",
+    "LLM_FALLBACKS",
     "LLM_REQUESTS",
     "LLM_REQUEST_DURATION",
     "LLM_RETRIES",
@@ -67,9 +68,13 @@ LLM_REQUEST_DURATION = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 LLM_RETRIES = Counter("mana_ai_llm_retries_total", "Chat completion attempts that were retried.")
+LLM_FALLBACKS = Counter(
+    "mana_ai_llm_fallbacks_total",
+    "Chat completions sent to the fallback endpoint because the primary failed.",
+)
 LLM_TOKENS = Counter(
     "mana_ai_llm_tokens_total",
-    "Tokens reported by the LLM, by kind (prompt, completion).",
+    "Tokens reported by the LLM (estimated when it reports none), by kind (prompt, completion).",
     ["kind"],
 )
 TOOL_CALLS = Counter(

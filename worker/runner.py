@@ -6,8 +6,9 @@ over or creates the iteration row, renews the lease while the loop runs, and sto
 outcome together with the next run in one transaction. Outcomes:
 
 * ``succeeded`` — the loop ended with ``final_answer`` or ``max_rounds``.
-* ``failed`` — the LLM could not answer (after retries) or the run itself crashed; the
-  iteration carries the reason, the mission keeps its schedule.
+* ``failed`` — the LLM could not answer (after retries), its answer was cut, filtered or
+  empty (``planner.replies``), or the run itself crashed; the iteration carries the reason,
+  the mission keeps its schedule.
 * ``interrupted`` — the worker shut down before the run finished; the next worker reruns it.
 * ``lease_lost`` — another worker took the mission over; nothing is written.
 * ``skipped`` — the scheduled run already finished elsewhere, or the deadline passed.
@@ -319,7 +320,7 @@ class MissionRunner:
     def _outcome(
         result: PlannerLoopResult, next_run: _NextRun, transcript: Transcript
     ) -> IterationOutcome:
-        failed = result.stop_reason == "llm_error"
+        failed = result.failed
         errors = [e for e in (result.error, next_run.error) if e]
         return IterationOutcome(
             status="failed" if failed else "succeeded",

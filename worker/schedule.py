@@ -1,9 +1,30 @@
 """Mission schedules: 5-field cron in an IANA timezone, or one-shot.
 
-Cron math is APScheduler 3's ``CronTrigger`` (DST-aware). One translation is ours: standard cron
-(POSIX ``crontab(5)``) numbers the day of week 0-7 with 0 and 7 = Sunday, while APScheduler 3's
-``from_crontab`` passes the field through to its own numbering (0 = Monday). We rewrite the
-day-of-week field to day names, which both agree on, so ``0 9 * * 1`` means Monday as users expect.
+Three layers, each with its own source of truth:
+
+1. **Syntax** is POSIX / Vixie cron's (``crontab(5)``): each field is a comma-separated list of
+   ``*``, ``N``, ``N-M``, each optionally ``/STEP``; ``N/STEP`` means ``N-max/STEP`` (as in
+   cronie). Month and day-of-week accept their three-letter English names (``jan``-``dec``,
+   ``sun``-``sat``, any case) and nothing longer or shorter; day-of-week numbers are 0-7 with
+   0 and 7 = Sunday. Anything else (``monkey``, ``L``, ``#``, ``?``, ``last``) is refused with a
+   ScheduleError that names the field.
+2. **Wall-clock math** (which local date-times match) is APScheduler 3's ``CronTrigger``, run on
+   naive wall-clock time (a UTC trigger, so that it sees no DST at all).
+3. **Mapping wall-clock times to instants across DST** is ours, and follows cronie's rule
+   (``cron(8)``, "Daylight Saving Time and other time changes"; the job classes are cronie's
+   ``MIN_STAR`` / ``HR_STAR`` flags):
+
+   * a *fixed-time* job (neither the minute nor the hour field starts with ``*``, e.g.
+     ``30 2 * * *``) runs once per matching local time: in the repeated hour of an autumn
+     change only the first occurrence runs; a local time skipped by a spring change runs once,
+     at the first instant after the gap (several skipped times collapse into that one run);
+   * an *interval* job (the minute or hour field starts with ``*``, e.g. ``30 * * * *`` or
+     ``*/15 * * * *``) runs on real time: both occurrences of a repeated local time run (they
+     are an hour apart), skipped local times do not exist and are not made up.
+
+   APScheduler's own DST handling is not used: for ``30 2 * * *`` in Europe/Berlin it fires at
+   both 02:30 on 2026-10-25 and then keeps returning the second one (the next run would never
+   move forward), and on 2026-03-29 it fires at a local time that does not exist.
 
 Known difference left as is: when both day-of-month and day-of-week are restricted, cron fires
 when *either* matches, APScheduler when *both* do.
@@ -11,16 +32,31 @@ when *either* matches, APScheduler when *both* do.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.cron import CronTrigger
 
 from worker.errors import ManaAIError
 
-__all__ = ["ScheduleError", "cron_trigger", "next_run_after", "parse_timezone"]
+__all__ = [
+    "CronSchedule",
+    "ScheduleError",
+    "cron_schedule",
+    "next_run_after",
+    "parse_timezone",
+]
 
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+
+_MAX_DST_SHIFT = timedelta(hours=3)
+"""Largest clock change treated as a DST change; cron(8) calls larger ones clock corrections.
+It bounds how far apart a local time and its instant(s) can move, so it sizes the search window
+around an instant."""
+
+_TICK = timedelta(microseconds=1)
 
 
 class ScheduleError(ManaAIError):
@@ -37,83 +73,229 @@ def parse_timezone(name: str) -> ZoneInfo:
         ) from exc
 
 
-def _expand_day_of_week(field: str) -> str:
-    """Rewrite a cron day-of-week field (0-7, Sunday = 0 or 7) as APScheduler day names."""
-    if field in ("*", "?"):
-        return "*"
-    days: set[int] = set()
-    for part in field.split(","):
-        base, _, step_text = part.partition("/")
-        step = int(step_text) if step_text else 1
-        if step < 1:
-            raise ValueError(f"step must be >= 1 in {part!r}")
-        if base == "*":
-            lo, hi = 0, 6
-        elif "-" in base:
-            lo_text, hi_text = base.split("-", 1)
-            lo, hi = _day_number(lo_text), _day_number(hi_text)
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    lo: int
+    hi: int
+    names: tuple[str, ...] = ()
+    name_base: int = 0  # the number of names[0]
+
+
+_FIELDS = (
+    _Field("minute", 0, 59),
+    _Field("hour", 0, 23),
+    _Field("day-of-month", 1, 31),
+    _Field("month", 1, 12, _MONTH_NAMES, 1),
+    _Field("day-of-week", 0, 7, _DAY_NAMES, 0),
+)
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    """A validated cron expression in a timezone, ready for ``next_after``.
+
+    Build it with ``cron_schedule``. ``fixed_time`` says which DST rule applies (see the module
+    docstring).
+    """
+
+    expr: str
+    zone: ZoneInfo
+    fixed_time: bool
+    _wall: CronTrigger
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """The first run strictly after ``after`` (timezone-aware), or ``None`` if none.
+
+        The run is returned in UTC: two aware datetimes that share a ``ZoneInfo`` compare by
+        wall-clock time and ignore ``fold``, so the two 02:30 of an autumn change would look
+        equal in the zone itself.
+
+        Raises:
+            ValueError: ``after`` is naive.
+        """
+        if after.tzinfo is None:
+            raise ValueError("after must be timezone-aware")
+        after = after.astimezone(UTC)
+        quick = self._next_without_transition(after)
+        if quick is not None:
+            return quick
+        best: datetime | None = None
+        wall = self._next_wall(_wall_clock(after, self.zone) - _MAX_DST_SHIFT)
+        while wall is not None:
+            if best is not None and wall > _wall_clock(best, self.zone) + _MAX_DST_SHIFT:
+                break  # no later local time can map to an earlier instant
+            for instant in self._instants(wall):
+                if instant > after and (best is None or instant < best):
+                    best = instant
+            wall = self._next_wall(wall + _TICK)
+        return best
+
+    def _next_wall(self, wall: datetime) -> datetime | None:
+        """The first matching local wall-clock time at or after ``wall`` (both as fake UTC)."""
+        found: datetime | None = self._wall.get_next_fire_time(None, wall)
+        return found
+
+    def _next_without_transition(self, after: datetime) -> datetime | None:
+        """The answer when no clock change is near ``after`` or the candidate, else ``None``.
+
+        Far from any change a local time has exactly one instant, so the first matching local
+        time after ``after``'s is the answer. This skips the windowed search for the common
+        case (an every-minute job would otherwise scan a few hundred local times).
+        """
+        offset = after.astimezone(self.zone).utcoffset()
+        wall = self._next_wall(_wall_clock(after, self.zone) + _TICK)
+        if wall is None:
+            return None
+        candidate = wall.replace(tzinfo=None) - (offset or timedelta(0))
+        candidate = candidate.replace(tzinfo=UTC)
+        probes = (
+            after - _MAX_DST_SHIFT,
+            after + _MAX_DST_SHIFT,
+            candidate - _MAX_DST_SHIFT,
+            candidate,
+            candidate + _MAX_DST_SHIFT,
+        )
+        if any(p.astimezone(self.zone).utcoffset() != offset for p in probes):
+            return None
+        return candidate
+
+    def _instants(self, wall: datetime) -> list[datetime]:
+        """The UTC instants at which local time ``wall`` runs, per the DST rule."""
+        naive = wall.replace(tzinfo=None)
+        first = naive.replace(tzinfo=self.zone, fold=0)
+        second = naive.replace(tzinfo=self.zone, fold=1)
+        first_utc, second_utc = first.astimezone(UTC), second.astimezone(UTC)
+        exists = first_utc.astimezone(self.zone).replace(tzinfo=None) == naive
+        if not exists:  # skipped by a spring change
+            if not self.fixed_time:
+                return []
+            return [_gap_end(min(first_utc, second_utc), max(first_utc, second_utc), self.zone)]
+        if first_utc == second_utc or self.fixed_time:
+            return [first_utc]
+        return [first_utc, second_utc]  # repeated by an autumn change: both, an hour apart
+
+
+def _wall_clock(instant: datetime, zone: ZoneInfo) -> datetime:
+    """``instant``'s local wall-clock time in ``zone``, labelled UTC (for the wall trigger)."""
+    return instant.astimezone(zone).replace(tzinfo=UTC)
+
+
+def _gap_end(lo: datetime, hi: datetime, zone: ZoneInfo) -> datetime:
+    """The first instant after the clock change in ``[lo, hi]`` (UTC): the end of the gap.
+
+    ``lo`` has the offset before the change and ``hi`` the offset after it; bisection to the
+    second (time-zone data has whole-second transitions).
+    """
+    before = lo.astimezone(zone).utcoffset()
+    lo_s, hi_s = 0, int((hi - lo).total_seconds())
+    while hi_s - lo_s > 1:
+        mid = (lo_s + hi_s) // 2
+        if (lo + timedelta(seconds=mid)).astimezone(zone).utcoffset() == before:
+            lo_s = mid
         else:
-            lo = _day_number(base)
-            hi = 6 if step_text else lo
-        if hi == 0 and lo > 0:  # "5-0" / "5-7": through Sunday
-            hi = 7
-        if lo > hi:
-            raise ValueError(f"range {base!r} runs backwards")
-        days.update(d % 7 for d in range(lo, hi + 1, step))
-    return ",".join(_DAY_NAMES[d] for d in sorted(days))
+            hi_s = mid
+    return lo + timedelta(seconds=hi_s)
 
 
-def _day_number(text: str) -> int:
-    lowered = text.strip().lower()
-    if lowered[:3] in _DAY_NAMES and lowered.isalpha():
-        return _DAY_NAMES.index(lowered[:3])
-    value = int(lowered)
-    if not 0 <= value <= 7:
-        raise ValueError(f"day of week {text!r} is outside 0-7")
-    return 7 if value == 7 else value
-
-
-def cron_trigger(expr: str, timezone: str) -> CronTrigger:
-    """A CronTrigger for a standard 5-field cron expression in IANA ``timezone``.
+def cron_schedule(expr: str, timezone: str) -> CronSchedule:
+    """Validate ``expr`` (standard 5-field cron) and ``timezone`` (IANA).
 
     Raises:
-        ScheduleError: the expression does not have 5 fields, a field is out of range, or the
-            timezone is unknown. The message quotes the expression.
+        ScheduleError: not 5 fields, a field that is not cron syntax (see the module
+            docstring) or out of range, or an unknown timezone. The message quotes the
+            expression and names the field.
     """
-    tz = parse_timezone(timezone)
+    zone = parse_timezone(timezone)
     fields = expr.split()
     if len(fields) != 5:
         raise ScheduleError(
             f"invalid cron expression {expr!r}: expected 5 fields "
             f"(minute hour day-of-month month day-of-week), got {len(fields)}"
         )
-    minute, hour, day, month, day_of_week = fields
     try:
-        return CronTrigger(
+        minute, hour, day, month, day_of_week = (
+            _translate(text, spec) for text, spec in zip(fields, _FIELDS, strict=True)
+        )
+        wall = CronTrigger(
             second=0,
             minute=minute,
             hour=hour,
             day=day,
             month=month,
-            day_of_week=_expand_day_of_week(day_of_week),
-            timezone=tz,
+            day_of_week=day_of_week,
+            timezone=UTC,
         )
     except ValueError as exc:
         raise ScheduleError(f"invalid cron expression {expr!r}: {exc}") from exc
+    fixed_time = not (fields[0].startswith("*") or fields[1].startswith("*"))
+    return CronSchedule(expr=expr, zone=zone, fixed_time=fixed_time, _wall=wall)
+
+
+def _translate(text: str, spec: _Field) -> str:
+    """One cron field as an APScheduler expression (numbers; day-of-week as day names).
+
+    Raises ValueError with a message naming the field and the offending part.
+    """
+    values: set[int] = set()
+    for part in text.split(","):
+        values.update(_expand(part, spec))
+    if spec.name == "day-of-week":
+        # POSIX numbers Sunday 0 (or 7); APScheduler 3 numbers Monday 0. Day names agree.
+        if text == "*":
+            return "*"
+        return ",".join(_DAY_NAMES[d] for d in sorted({v % 7 for v in values}))
+    if text == "*":
+        return "*"
+    return ",".join(str(v) for v in sorted(values))
+
+
+def _expand(part: str, spec: _Field) -> range:
+    """The values of one list element: ``*``, ``N``, ``N-M``, each with an optional ``/S``."""
+    base, slash, step_text = part.partition("/")
+    step = 1
+    if slash:
+        if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
+            raise ValueError(f"{spec.name} step {step_text!r} in {part!r} is not a number >= 1")
+        step = int(step_text)
+    if base == "*":
+        lo, hi = spec.lo, spec.hi
+    elif "-" in base:
+        lo_text, _, hi_text = base.partition("-")
+        lo, hi = _value(lo_text, spec, part), _value(hi_text, spec, part)
+        if spec.name == "day-of-week" and hi == 0 and lo > 0:  # "fri-sun" / "5-0": to Sunday
+            hi = 7
+        if lo > hi:
+            raise ValueError(f"{spec.name} range {base!r} runs backwards")
+    else:
+        lo = _value(base, spec, part)
+        hi = spec.hi if slash else lo
+    return range(lo, hi + 1, step)
+
+
+def _value(text: str, spec: _Field, part: str) -> int:
+    """A number in the field's range, or (month, day-of-week) a whole three-letter name."""
+    lowered = text.lower()
+    if lowered in spec.names:
+        return spec.names.index(lowered) + spec.name_base
+    if not (text.isascii() and text.isdigit()):
+        names = f" or a name ({', '.join(spec.names)})" if spec.names else ""
+        raise ValueError(f"{spec.name} {text!r} in {part!r} is not a number{names}")
+    value = int(text)
+    if not spec.lo <= value <= spec.hi:
+        raise ValueError(f"{spec.name} {text!r} is outside {spec.lo}-{spec.hi}")
+    return value
 
 
 def next_run_after(expr: str, timezone: str, after: datetime) -> datetime | None:
-    """The first fire time of ``expr`` strictly after ``after`` (timezone-aware), or ``None``.
+    """The first run of ``expr`` in ``timezone`` strictly after ``after`` (in UTC), or ``None``.
 
     Missed runs coalesce: the caller passes *now*, not the missed time, so a mission that was
     due several times while the daemon was down runs once and is then scheduled in the future.
+    DST changes follow the rule in the module docstring.
 
     Raises:
-        ScheduleError: see ``cron_trigger``.
+        ScheduleError: see ``cron_schedule``.
         ValueError: ``after`` is naive.
     """
-    if after.tzinfo is None:
-        raise ValueError("after must be timezone-aware")
-    trigger = cron_trigger(expr, timezone)
-    fire_time: datetime | None = trigger.get_next_fire_time(None, after + timedelta(microseconds=1))
-    return fire_time
+    return cron_schedule(expr, timezone).next_after(after)

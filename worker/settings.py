@@ -146,7 +146,11 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(
         default=60.0,
         gt=0,
-        description="Seconds to wait for one chat-completion response before it counts as failed.",
+        description=(
+            "Seconds one chat-completion attempt may take in total, from connecting to the "
+            "last byte of the answer, before it counts as failed (a timeout, retried). A body "
+            "that trickles in counts against the same deadline."
+        ),
     )
     llm_max_retries: int = Field(
         default=3,
@@ -231,6 +235,47 @@ class Settings(BaseSettings):
             "Redirects web_fetch follows at most (0-20); each hop is checked like the first URL."
         ),
     )
+    llm_fallback_base_url: str | None = Field(
+        default=None,
+        description=(
+            "Base URL of a second OpenAI-compatible endpoint. A request goes there when the "
+            "primary endpoint still fails after its retries, or answers an error that retrying "
+            "cannot fix (400, 401, 404, a reply that is not a chat completion). Each round's "
+            "assistant message records which endpoint answered. Unset: no fallback."
+        ),
+    )
+    llm_fallback_model: str | None = Field(
+        default=None,
+        description=(
+            "Model name sent to the fallback endpoint in place of the agent's model. "
+            "Unset: the agent's model (or MANA_AI_LLM_MODEL) is sent to the fallback too."
+        ),
+    )
+    llm_fallback_api_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "API key sent as a Bearer token to MANA_AI_LLM_FALLBACK_BASE_URL. Never logged."
+        ),
+    )
+    llm_schema_dialect: Literal["json-schema", "gemini"] = Field(
+        default="json-schema",
+        description=(
+            "How tool parameter schemas are sent: 'json-schema' sends them as written (JSON "
+            "Schema 2020-12); 'gemini' keeps only the keywords of Gemini's function-declaration "
+            "Schema (type, description, properties, required, enum, items, anyOf, format, "
+            "nullable, minimum/maximum, minLength/maxLength, pattern, default, ...) and drops "
+            "others such as additionalProperties and $schema. Arguments are always checked "
+            "against the full schema."
+        ),
+    )
+    llm_schema_strip: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Comma-separated JSON Schema keywords to leave out of the tool schemas sent to the "
+            "endpoints, e.g. 'additionalProperties,default' for an endpoint that answers 400 "
+            "to them (applies on top of MANA_AI_LLM_SCHEMA_DIALECT). Default: none."
+        ),
+    )
     log_level: str = Field(
         default="INFO",
         description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL (case-insensitive).",
@@ -311,7 +356,16 @@ class Settings(BaseSettings):
         ),
     )
 
-    @field_validator("database_url", "llm_base_url", "llm_model", "llm_api_key", mode="before")
+    @field_validator(
+        "database_url",
+        "llm_base_url",
+        "llm_model",
+        "llm_api_key",
+        "llm_fallback_base_url",
+        "llm_fallback_model",
+        "llm_fallback_api_key",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         """``MANA_AI_X=`` (set but empty, common in compose files) means "not set"."""
@@ -324,7 +378,7 @@ class Settings(BaseSettings):
     def _normalise_database_url(cls, value: str | None) -> str | None:
         return None if value is None else to_async_url(value)
 
-    @field_validator("llm_base_url")
+    @field_validator("llm_base_url", "llm_fallback_base_url")
     @classmethod
     def _check_llm_base_url(cls, value: str | None) -> str | None:
         if value is None:
@@ -344,6 +398,14 @@ class Settings(BaseSettings):
             value = value.split(",")
         if isinstance(value, list | tuple):
             return tuple(normalize_domain(str(v)) for v in value if str(v).strip())
+        return value
+
+    @field_validator("llm_schema_strip", mode="before")
+    @classmethod
+    def _split_keywords(cls, value: Any) -> Any:
+        """``additionalProperties, default`` → ``("additionalProperties", "default")``."""
+        if isinstance(value, str):
+            return tuple(k.strip() for k in value.split(",") if k.strip())
         return value
 
     @field_validator("data_dir", mode="before")
@@ -466,7 +528,7 @@ def _describe(exc: ValidationError) -> str:
         field = str(error["loc"][0]) if error["loc"] else "?"
         message = error["msg"].removeprefix("Value error, ")
         value = error.get("input")
-        if field == "llm_api_key":
+        if field in ("llm_api_key", "llm_fallback_api_key"):
             shown = "'***'"
         elif field == "database_url" and isinstance(value, str):
             shown = repr(redact_url(value))

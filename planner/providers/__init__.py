@@ -1,6 +1,7 @@
-"""ChatModel implementations: an OpenAI-compatible HTTP client and the embedded local model.
+"""ChatModel implementations: an OpenAI-compatible HTTP client, the embedded local model, and
+a primary / fallback pair of any two.
 
-Both names are resolved lazily, so ``import planner.providers`` imports neither httpx nor
+The names are resolved lazily, so ``import planner.providers`` imports neither httpx nor
 llama_cpp; ``LocalLlamaChatModel`` imports llama_cpp only when it first loads the model.
 """
 
@@ -10,12 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from planner.providers.fallback import FallbackChatModel
     from planner.providers.local import LocalLlamaChatModel
     from planner.providers.openai_compat import OpenAICompatibleChatModel
 
-__all__ = ["LocalLlamaChatModel", "OpenAICompatibleChatModel"]
+__all__ = ["FallbackChatModel", "LocalLlamaChatModel", "OpenAICompatibleChatModel"]
 
 _MODULES = {
+    "FallbackChatModel": "planner.providers.fallback",
     "LocalLlamaChatModel": "planner.providers.local",
     "OpenAICompatibleChatModel": "planner.providers.openai_compat",
 }

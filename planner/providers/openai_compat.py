@@ -1,15 +1,23 @@
 """A ChatModel for any OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint.
 
-Works with OpenAI, vLLM, Ollama (``/v1``), LiteLLM, mana-llm and anything else that speaks the
-Chat Completions wire format. Message, tool and response shapes follow the OpenAI Chat
-Completions API reference (https://platform.openai.com/docs/api-reference/chat/create).
+Works with OpenAI, vLLM, Ollama (``/v1``), LiteLLM, OpenRouter, DeepSeek, Gemini's
+compatibility layer, Azure, mana-llm and anything else that speaks the Chat Completions wire
+format (https://platform.openai.com/docs/api-reference/chat/create). What each kind of reply
+means is in ``planner.providers.openai_reply``; how the stored log is rewritten for the wire
+is in ``planner.providers.openai_request``; tool schemas per dialect in
+``planner.providers.tool_schema``.
+
+Deadline: each attempt, from connecting to the last byte of the body, must finish within
+``timeout_s`` (httpx's own timeouts apply per read, so a body that trickles in one byte at a
+time would otherwise hold a mission indefinitely).
 
 Retries (via ``tenacity``): a request is retried after HTTP 408, 429 and 5xx answers, after
-timeouts and after transport errors (connect / read failures), with exponential backoff and
-full jitter: before retry *n* (1-based) it sleeps ``uniform(0, min(backoff_max_s,
-backoff_initial_s * 2 ** (n - 1)))`` seconds. When the answer carries ``Retry-After``
-(delta-seconds or an HTTP-date, RFC 9110 §10.2.3) that delay is used instead, capped at
-``backoff_max_s``. Any other non-2xx answer fails at once.
+the same statuses reported inside a 2xx body, after timeouts and after transport errors
+(connect / read failures), with exponential backoff and full jitter: before retry *n*
+(1-based) it sleeps ``uniform(0, min(backoff_max_s, backoff_initial_s * 2 ** (n - 1)))``
+seconds. When the answer carries ``Retry-After`` (delta-seconds or an HTTP-date, RFC 9110
+§10.2.3) that delay is used instead, capped at ``backoff_max_s``. Any other error fails at
+once. Usage reported by failed attempts is added to the request's usage (it may be billed).
 """
 
 from __future__ import annotations
@@ -18,8 +26,7 @@ import asyncio
 import email.utils
 import json
 import math
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
@@ -35,12 +42,18 @@ from tenacity import (
 
 from planner.errors import LLMConnectionError, LLMError, LLMResponseError, LLMStatusError
 from planner.llm import CompletionRequest, CompletionResponse
-from planner.messages import ChatMessage, TokenUsage, ToolCall
+from planner.messages import TokenUsage
+from planner.providers.openai_reply import (
+    EXCERPT_CHARS,
+    ErrorReply,
+    estimate_tokens,
+    excerpt,
+    parse_chat_completion,
+)
+from planner.providers.openai_request import wire_messages
+from planner.providers.tool_schema import SchemaDialect, adapt_schema
 
 __all__ = ["OpenAICompatibleChatModel"]
-
-_EXCERPT_CHARS = 500
-"""Longest body excerpt put into an error message."""
 
 _RETRYABLE_STATUS = frozenset({408, 429})
 """Non-5xx statuses worth retrying: Request Timeout and Too Many Requests (RFC 9110, RFC 6585)."""
@@ -57,7 +70,8 @@ class OpenAICompatibleChatModel:
             ``None`` the ``model`` field is left out of the request body: endpoints that serve a
             single model (vLLM, llama.cpp server) then use it, endpoints that require the field
             (OpenAI, Ollama, LiteLLM) answer 400, which surfaces as ``LLMStatusError``.
-        timeout_s: per-attempt timeout in seconds for connect, read, write and pool (default 60).
+        timeout_s: deadline in seconds for one attempt, from connecting to the last byte of the
+            answer (default 60).
         max_retries: retries after the first attempt (default 3, so 4 attempts at most).
         backoff_initial_s: upper bound of the first jittered backoff, in seconds (default 0.5).
         backoff_max_s: cap on any single wait, ``Retry-After`` included, in seconds (default 30).
@@ -65,12 +79,19 @@ class OpenAICompatibleChatModel:
             tests inject a recorder.
         transport: an httpx transport (e.g. ``httpx.MockTransport``) instead of the network.
         on_retry: called as ``on_retry(attempt, reason)`` before each retry, where ``attempt`` is
-            the 1-based number of the attempt that just failed and ``reason`` is ``http_<status>``,
-            ``timeout`` or ``connection`` (a small, fixed set, fit for a metrics label).
+            the 1-based number of the attempt that just failed and ``reason`` is ``http_<status>``
+            (for an error inside a 2xx body too), ``timeout`` or ``connection`` (a small, fixed
+            set, fit for a metrics label).
+        name: this endpoint's name, recorded on every response (``CompletionResponse.endpoint``)
+            and used to send provider fields back only to the endpoint that produced them.
+        schema_dialect: how tool parameter schemas are sent (``json-schema`` or ``gemini``; see
+            ``planner.providers.tool_schema``).
+        strip_schema_keywords: JSON Schema keywords left out of the tool schemas sent.
 
-    Raises (from ``complete``):
-        LLMStatusError: a non-2xx answer (after retries for 408 / 429 / 5xx).
-        LLMConnectionError: no answer (connect error, timeout) after all retries.
+    Raises (from ``complete``), each carrying in ``usage`` what failed attempts reported:
+        LLMStatusError: a non-2xx answer, or an error inside a 2xx body (after retries for
+            408 / 429 / 5xx); ``status_code`` is the status the error stands for.
+        LLMConnectionError: no whole answer (connect error, deadline) after all retries.
         LLMResponseError: a 2xx answer that is not a usable chat completion.
 
     Use ``async with`` or call ``aclose()`` to release the connection pool.
@@ -89,6 +110,9 @@ class OpenAICompatibleChatModel:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         transport: httpx.AsyncBaseTransport | None = None,
         on_retry: Callable[[int, str], None] | None = None,
+        name: str | None = None,
+        schema_dialect: SchemaDialect = "json-schema",
+        strip_schema_keywords: Collection[str] = (),
     ) -> None:
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
@@ -107,6 +131,10 @@ class OpenAICompatibleChatModel:
         self.max_retries = max_retries
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self.name = name
+        self.schema_dialect: SchemaDialect = schema_dialect
+        self.strip_schema_keywords = frozenset(strip_schema_keywords)
+        adapt_schema({}, dialect=schema_dialect)  # raises ValueError for an unknown dialect
         self._sleep = sleep
         self._on_retry = on_retry
         self._jitter = wait_random_exponential(multiplier=backoff_initial_s, max=backoff_max_s)
@@ -124,14 +152,20 @@ class OpenAICompatibleChatModel:
             LLMStatusError, LLMConnectionError, LLMResponseError: see the class docstring.
         """
         body = self.request_body(request)
+        prompt_estimate = estimate_tokens(
+            json.dumps(body["messages"], ensure_ascii=False)
+            + json.dumps(body.get("tools", []), ensure_ascii=False)
+        )
         attempts = 0
+        billed = TokenUsage()  # usage reported by attempts that failed
 
-        async def attempt() -> httpx.Response:
-            nonlocal attempts
+        async def attempt() -> CompletionResponse:
+            nonlocal attempts, billed
             attempts += 1
             try:
-                response = await self._client.post(self.url, json=body)
-            except httpx.TimeoutException as exc:
+                async with asyncio.timeout(self.timeout_s):
+                    response = await self._client.post(self.url, json=body)
+            except (TimeoutError, httpx.TimeoutException) as exc:
                 raise _Retryable("timeout", exc=exc) from exc
             except httpx.TransportError as exc:
                 raise _Retryable("connection", exc=exc) from exc
@@ -139,13 +173,37 @@ class OpenAICompatibleChatModel:
                 raise LLMResponseError(
                     f"LLM endpoint {self.url} sent a body that could not be decoded: {exc}"
                 ) from exc
-            if response.status_code >= 500 or response.status_code in _RETRYABLE_STATUS:
+            if _retryable(response.status_code):
                 raise _Retryable(
                     f"http_{response.status_code}",
-                    response=response,
+                    status=response.status_code,
+                    answered=_status_text(response),
+                    body=response.text[:EXCERPT_CHARS],
                     retry_after_s=_retry_after_s(response.headers.get("Retry-After")),
                 )
-            return response
+            if not response.is_success:
+                raise _status_error(
+                    self.url,
+                    response.status_code,
+                    _status_text(response),
+                    response.text[:EXCERPT_CHARS],
+                    attempts,
+                )
+            try:
+                return parse_chat_completion(
+                    response, url=self.url, prompt_tokens_estimate=prompt_estimate
+                )
+            except ErrorReply as exc:
+                billed = billed + exc.usage
+                answered = f"{response.status_code} with an error ({exc.status})"
+                if _retryable(exc.status):
+                    raise _Retryable(
+                        f"http_{exc.status}", status=exc.status, answered=answered, body=exc.message
+                    ) from None
+                raise _status_error(self.url, exc.status, answered, exc.message, attempts) from None
+            except LLMResponseError as exc:
+                billed = billed + exc.usage
+                raise
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
@@ -156,25 +214,32 @@ class OpenAICompatibleChatModel:
             reraise=True,
         )
         try:
-            response: httpx.Response = await retrying(attempt)
+            reply: CompletionResponse = await retrying(attempt)
         except _Retryable as exc:
-            raise self._final_error(exc, attempts) from exc.exc
-        if not response.is_success:
-            raise _status_error(self.url, response, attempts)
-        return parse_chat_completion(response, url=self.url)
+            error = self._final_error(exc, attempts)
+            error.usage = billed
+            raise error from exc.exc
+        except LLMError as exc:
+            exc.usage = billed
+            raise
+        return reply.model_copy(update={"usage": reply.usage + billed, "endpoint": self.name})
 
     def request_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (public so callers can log or inspect it).
 
-        ``tool_choice`` is sent only with tools and when not ``auto``; ``temperature`` and
-        ``max_tokens`` only when set.
+        Messages are rewritten for the wire by ``wire_messages``; tool parameter schemas are
+        adapted to ``schema_dialect`` minus ``strip_schema_keywords``. ``tool_choice`` is sent
+        only with tools and when not ``auto``; ``temperature`` and ``max_tokens`` only when set.
         """
-        body: dict[str, Any] = {"messages": [to_openai_message(m) for m in request.messages]}
+        names = [str(t.get("function", {}).get("name", "")) for t in request.tools]
+        body: dict[str, Any] = {
+            "messages": wire_messages(request.messages, endpoint=self.name, tool_names=names)
+        }
         model = request.model or self.default_model
         if model is not None:
             body["model"] = model
         if request.tools:
-            body["tools"] = request.tools
+            body["tools"] = [self._wire_tool(tool) for tool in request.tools]
             if request.tool_choice != "auto":
                 body["tool_choice"] = request.tool_choice
         if request.temperature is not None:
@@ -182,6 +247,19 @@ class OpenAICompatibleChatModel:
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
         return body
+
+    def _wire_tool(self, tool: dict[str, Any]) -> dict[str, Any]:
+        function = tool.get("function")
+        if not isinstance(function, dict) or "parameters" not in function:
+            return tool
+        if self.schema_dialect == "json-schema" and not self.strip_schema_keywords:
+            return tool
+        parameters = adapt_schema(
+            function["parameters"],
+            dialect=self.schema_dialect,
+            strip=self.strip_schema_keywords,
+        )
+        return {**tool, "function": {**function, "parameters": parameters}}
 
     async def aclose(self) -> None:
         """Close the connection pool. The model must not be used afterwards."""
@@ -213,10 +291,12 @@ class OpenAICompatibleChatModel:
         self._on_retry(state.attempt_number, reason)
 
     def _final_error(self, exc: _Retryable, attempts: int) -> LLMError:
-        if exc.response is not None:
-            return _status_error(self.url, exc.response, attempts)
+        if exc.status is not None:
+            return _status_error(self.url, exc.status, exc.answered, exc.body, attempts)
         cause = exc.exc
         detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+        if isinstance(cause, TimeoutError):
+            detail = "the whole answer had not arrived by the deadline"
         if exc.reason == "timeout":
             return LLMConnectionError(
                 f"LLM endpoint {self.url} did not answer within {self.timeout_s:g} s "
@@ -234,34 +314,39 @@ class _Retryable(Exception):
         self,
         reason: str,
         *,
-        response: httpx.Response | None = None,
+        status: int | None = None,
+        answered: str = "",
+        body: str = "",
         exc: BaseException | None = None,
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.response = response
+        self.status = status
+        self.answered = answered
+        self.body = body
         self.exc = exc
         self.retry_after_s = retry_after_s
+
+
+def _retryable(status: int) -> bool:
+    return status >= 500 or status in _RETRYABLE_STATUS
 
 
 def _attempts(n: int) -> str:
     return f"after {n} attempt{'s' if n != 1 else ''}"
 
 
-def _excerpt(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "…"
+def _status_text(response: httpx.Response) -> str:
+    return f"{response.status_code} {response.reason_phrase}".strip()
 
 
-def _status_error(url: str, response: httpx.Response, attempts: int) -> LLMStatusError:
-    body = response.text[:_EXCERPT_CHARS]
-    status = f"{response.status_code} {response.reason_phrase}".strip()
-    excerpt = _excerpt(body) or "(empty body)"
+def _status_error(url: str, status: int, answered: str, body: str, attempts: int) -> LLMStatusError:
     return LLMStatusError(
-        f"LLM endpoint {url} answered {status} {_attempts(attempts)}: {excerpt}",
-        status_code=response.status_code,
-        body=body,
+        f"LLM endpoint {url} answered {answered} {_attempts(attempts)}: "
+        f"{excerpt(body) or '(empty body)'}",
+        status_code=status,
+        body=body[:EXCERPT_CHARS],
     )
 
 
@@ -287,128 +372,3 @@ def _retry_after_s(value: str | None, *, now: datetime | None = None) -> float |
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
-
-
-def to_openai_message(message: ChatMessage) -> dict[str, Any]:
-    """One ChatMessage in the OpenAI Chat Completions request format.
-
-    Assistant tool calls become ``{"id", "type": "function", "function": {"name",
-    "arguments": <JSON string>}}``; tool messages carry ``tool_call_id``.
-    """
-    out: dict[str, Any] = {"role": message.role}
-    if message.role == "assistant" and message.tool_calls:
-        out["content"] = message.content
-        out["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {
-                    "name": call.name,
-                    "arguments": json.dumps(call.arguments, ensure_ascii=False),
-                },
-            }
-            for call in message.tool_calls
-        ]
-    else:
-        out["content"] = message.content or ""
-    if message.role == "tool":
-        out["tool_call_id"] = message.tool_call_id or ""
-    return out
-
-
-def parse_chat_completion(response: httpx.Response, *, url: str) -> CompletionResponse:
-    """Turn a 2xx chat completion answer into a CompletionResponse.
-
-    Reads ``choices[0].message`` (``content``, ``tool_calls``), ``choices[0].finish_reason`` and
-    ``usage`` (missing usage counts as zero tokens). Tool-call arguments that are not a JSON
-    object give ``ToolCall.parse_error`` and empty arguments rather than an exception; a tool
-    call without an id gets a generated ``call_<hex>`` id.
-
-    Raises:
-        LLMResponseError: the body is not JSON, has no choices, or has the wrong shapes; the
-            message says what was wrong and quotes up to 500 characters of the body.
-    """
-
-    def bad(what: str) -> LLMResponseError:
-        return LLMResponseError(
-            f"LLM endpoint {url} answered {response.status_code} with {what}: "
-            f"{_excerpt(response.text) or '(empty body)'}"
-        )
-
-    try:
-        data = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise bad("a body that is not JSON") from None
-    if not isinstance(data, dict):
-        raise bad("JSON that is not an object")
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices:
-        raise bad("no choices")
-    choice = choices[0]
-    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-        raise bad("a first choice without a message object")
-    message = choice["message"]
-
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
-    if content is not None and not isinstance(content, str):
-        raise bad("a message content that is neither a string nor null")
-
-    raw_calls = message.get("tool_calls") or []
-    if not isinstance(raw_calls, list):
-        raise bad("tool_calls that is not a list")
-    calls: list[ToolCall] = []
-    for raw in raw_calls:
-        function = raw.get("function") if isinstance(raw, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(function, dict) or not isinstance(name, str) or not name:
-            raise bad("a tool call without a function name")
-        call_id = raw.get("id")
-        if not isinstance(call_id, str) or not call_id:
-            call_id = f"call_{uuid.uuid4().hex[:24]}"
-        arguments, parse_error = _parse_arguments(function.get("arguments"))
-        calls.append(ToolCall(id=call_id, name=name, arguments=arguments, parse_error=parse_error))
-
-    finish_reason = choice.get("finish_reason")
-    return CompletionResponse(
-        message=ChatMessage(role="assistant", content=content, tool_calls=tuple(calls)),
-        usage=_parse_usage(data.get("usage")),
-        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-    )
-
-
-def _parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
-    """(arguments, parse_error) from a tool call's ``arguments`` (a JSON string per the API).
-
-    An already-decoded object is accepted (some compatible servers send one); an empty string
-    or null means no arguments.
-    """
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return {}, None
-    if isinstance(raw, dict):
-        return raw, None
-    if not isinstance(raw, str):
-        return {}, f"arguments must be a JSON string, got {type(raw).__name__}"
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return {}, f"arguments are not valid JSON: {exc.msg} at position {exc.pos}"
-    if not isinstance(value, dict):
-        return {}, f"arguments must be a JSON object, got {type(value).__name__}"
-    return value, None
-
-
-def _parse_usage(raw: Any) -> TokenUsage:
-    if not isinstance(raw, dict):
-        return TokenUsage()
-
-    def count(key: str) -> int:
-        value = raw.get(key)
-        return value if isinstance(value, int) and value >= 0 else 0
-
-    return TokenUsage(
-        prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens")
-    )

@@ -2,10 +2,12 @@
 
 ``FakeLLMServer`` is a real OpenAI-compatible HTTP server on 127.0.0.1 (see ``llm_server``);
 ``FakeWebServer`` serves scripted web pages on 127.0.0.1 (see ``web_server``).
+``provider_zoo`` builds the replies real providers send and the checks strict ones apply.
 """
 
 from tests.fakes.llm_server import (
     FakeLLMServer,
+    RequestCheck,
     Responder,
     ScriptedReply,
     chat_completion_body,
@@ -18,6 +20,7 @@ __all__ = [
     "FakeLLMServer",
     "FakeWebServer",
     "RecordedRequest",
+    "RequestCheck",
     "Responder",
     "ScriptedReply",
     "chat_completion_body",

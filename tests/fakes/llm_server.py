@@ -7,7 +7,13 @@ test process and for a daemon started as a subprocess (pass it ``base_url``).
 Answers come from a queue of scripted replies (``enqueue`` / ``enqueue_text``); when the queue
 is empty the default responder answers (a function of the parsed request body). Every parsed
 request body is recorded in ``requests``. ``hang()`` makes every answer block until ``release()``
-or ``stop()``, for tests that kill a worker mid-mission.
+or ``stop()``, for tests that kill a worker mid-mission. ``enqueue(..., trickle_s=0.15)`` sends
+the body one byte at a time.
+
+``checks`` make it a strict backend: each is ``request body -> error text | None``, and the
+first error is answered with a 400 in OpenAI's error shape instead of the next reply, as real
+providers refuse what they cannot take back (see ``tests.fakes.provider_zoo``, which also builds
+the reply shapes real providers send).
 
 Example::
 
@@ -33,6 +39,7 @@ from typing import Any, Self
 
 __all__ = [
     "FakeLLMServer",
+    "RequestCheck",
     "Responder",
     "ScriptedReply",
     "chat_completion_body",
@@ -46,15 +53,21 @@ Responder = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
 COMPLETIONS_PATH = "/v1/chat/completions"
 
 
+RequestCheck = Callable[[dict[str, Any]], str | None]
+"""``request body -> why a strict backend refuses it`` (``None``: accepted)."""
+
+
 @dataclass(frozen=True)
 class ScriptedReply:
-    """One queued answer: status, raw body bytes, extra headers, delay before answering."""
+    """One queued answer: status, raw body bytes, extra headers, delay before answering, and
+    ``trickle_s`` > 0 to send the body one byte per that many seconds."""
 
     status: int
     body: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     content_type: str = "application/json"
+    trickle_s: float = 0.0
 
 
 _call_ids = itertools.count(1)
@@ -135,15 +148,21 @@ class FakeLLMServer:
 
     Args:
         responder: answers requests when the queue is empty; default: the final answer "Done.".
+        checks: strict-backend checks run on every request (see the module docstring).
 
     Attributes:
         requests: every parsed JSON request body to ``/v1/chat/completions``, in arrival order
             (requests whose body is not JSON are recorded as ``{"_raw": <text>}``).
         headers: the request headers of each recorded request, same order.
+        refusals: the check errors answered with 400, in order.
     """
 
-    def __init__(self, responder: Responder | None = None) -> None:
+    def __init__(
+        self, responder: Responder | None = None, *, checks: Iterable[RequestCheck] = ()
+    ) -> None:
         self.responder: Responder = responder or final_answer_responder()
+        self.checks = list(checks)
+        self.refusals: list[str] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._queue: deque[ScriptedReply] = deque()
@@ -164,7 +183,7 @@ class FakeLLMServer:
         httpd.daemon_threads = True
         self._httpd = httpd
         self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
         )
         self._thread.start()
         return self
@@ -213,10 +232,11 @@ class FakeLLMServer:
         json: Any = None,
         headers: Mapping[str, str] | None = None,
         delay_s: float = 0.0,
+        trickle_s: float = 0.0,
     ) -> None:
         """Queue one JSON answer (``json=None`` sends ``{}``) for the next request."""
         body = jsonlib.dumps({} if json is None else json).encode()
-        self._push(ScriptedReply(status, body, dict(headers or {}), delay_s))
+        self._push(ScriptedReply(status, body, dict(headers or {}), delay_s, trickle_s=trickle_s))
 
     def enqueue_text(
         self,
@@ -282,6 +302,15 @@ class FakeLLMServer:
 
     def _answer(self, body: dict[str, Any], headers: dict[str, str]) -> ScriptedReply | None:
         """The reply for one request, or ``None`` when the server stopped while it hung."""
+        refusal = next((error for check in self.checks if (error := check(body))), None)
+        if refusal is not None:
+            with self._arrived:
+                self.requests.append(body)
+                self.headers.append(headers)
+                self.refusals.append(refusal)
+                self._arrived.notify_all()
+            error = {"error": {"message": refusal, "type": "invalid_request_error", "code": 400}}
+            return ScriptedReply(400, jsonlib.dumps(error).encode())
         reply = self._record(body, headers)
         self._released.wait()
         if self._httpd is None:
@@ -295,6 +324,9 @@ class FakeLLMServer:
 def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body go out in separate writes; with Nagle's algorithm the body then
+        # waits for the client's delayed ACK (~40 ms per request on Linux)
+        disable_nagle_algorithm = True
 
         def do_POST(self) -> None:
             if self.path.rstrip("/") != COMPLETIONS_PATH:
@@ -322,7 +354,19 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             for name, value in reply.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(reply.body)
+            if not reply.trickle_s:
+                self.wfile.write(reply.body)
+                return
+            for i in range(len(reply.body)):  # until the client gives up or the server stops
+                if server._httpd is None:
+                    return
+                try:
+                    self.wfile.write(reply.body[i : i + 1])
+                    self.wfile.flush()
+                except OSError:
+                    self.close_connection = True
+                    return
+                time.sleep(reply.trickle_s)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output quiet

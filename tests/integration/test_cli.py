@@ -114,6 +114,23 @@ def test_missions_add_bad_input_writes_nothing(run: Any, args: list[str], messag
     assert as_json(run, "missions", "list") == []
 
 
+@pytest.mark.parametrize(
+    ("cron", "message"),
+    [
+        ("0 9 * * monkey", "day-of-week 'monkey' in 'monkey' is not a number or a name"),
+        ("0 9 * * monday", "day-of-week 'monday'"),
+        ("0 9 L * *", "day-of-month 'L'"),
+    ],
+)
+def test_missions_add_refuses_what_is_not_cron_with_exit_1(
+    run: Any, cron: str, message: str
+) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    code, _, err = run("missions", "add", "--agent", "a", "--objective", "x", "--cron", cron)
+    assert code == 1 and f"invalid cron expression {cron!r}" in err and message in err
+    assert as_json(run, "missions", "list") == []
+
+
 def test_naive_times_are_a_usage_error(run: Any) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run("missions", "add", "--agent", "a", "--objective", "x", "--at", "2030-01-01T00:00")

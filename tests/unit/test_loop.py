@@ -10,6 +10,7 @@ import pytest
 from planner import (
     ChatMessage,
     CompletionRequest,
+    CompletionResponse,
     LLMStatusError,
     LoopState,
     PlannerLoopInput,
@@ -342,3 +343,19 @@ async def test_callbacks_see_the_log_and_calls_as_they_happen() -> None:
     )
     assert seen_messages == result.messages
     assert seen_calls == ["echo", "boom"]
+
+
+async def test_a_round_without_calls_leaves_no_calls_to_the_next_rounds_state() -> None:
+    seen: list[LoopState] = []
+
+    def channel(state: LoopState) -> list[str]:
+        seen.append(state)
+        return []
+
+    cut = CompletionResponse(
+        message=ChatMessage(role="assistant", content="1. Re"), finish_reason="length"
+    )
+    llm = ScriptedChatModel([tool_calls(("echo", {"text": "a"})), cut, final_answer("done")])
+    result = await run_planner_loop(_inp(reminder_channel=channel), llm=llm)
+    assert result.stop_reason == "final_answer" and result.rounds == 3
+    assert [len(s.last_round_calls) for s in seen] == [0, 1, 0]

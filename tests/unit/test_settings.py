@@ -48,6 +48,26 @@ def test_defaults() -> None:
     assert settings.web_max_bytes == 2_000_000
     assert settings.web_max_chars == 20_000
     assert settings.web_max_redirects == 5
+    assert settings.llm_fallback_base_url is None
+    assert settings.llm_fallback_model is None
+    assert settings.llm_fallback_api_key is None
+    assert settings.llm_schema_dialect == "json-schema"
+    assert settings.llm_schema_strip == ()
+
+
+def test_llm_endpoint_settings_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_LLM_FALLBACK_BASE_URL", "http://backup.example/v1/")
+    monkeypatch.setenv("MANA_AI_LLM_FALLBACK_MODEL", "small")
+    monkeypatch.setenv("MANA_AI_LLM_FALLBACK_API_KEY", "sk-backup")
+    monkeypatch.setenv("MANA_AI_LLM_SCHEMA_DIALECT", "gemini")
+    monkeypatch.setenv("MANA_AI_LLM_SCHEMA_STRIP", " additionalProperties, default ,")
+    settings = load_settings()
+    assert settings.llm_fallback_base_url == "http://backup.example/v1"
+    assert settings.llm_fallback_model == "small"
+    assert settings.llm_fallback_api_key is not None
+    assert settings.llm_fallback_api_key.get_secret_value() == "sk-backup"
+    assert settings.llm_schema_dialect == "gemini"
+    assert settings.llm_schema_strip == ("additionalProperties", "default")
 
 
 def test_every_field_is_documented() -> None:
@@ -162,6 +182,8 @@ def test_an_invalid_value_names_the_variable_and_the_value(
         ("MANA_AI_LOG_LEVEL", "loud", "must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
         ("MANA_AI_LOG_FORMAT", "xml", "'json' or 'text'"),
         ("MANA_AI_LLM_BASE_URL", "llm.example/v1", "must be an http:// or https:// URL"),
+        ("MANA_AI_LLM_FALLBACK_BASE_URL", "ftp://x/v1", "must be an http:// or https:// URL"),
+        ("MANA_AI_LLM_SCHEMA_DIALECT", "openapi", "'json-schema' or 'gemini'"),
         ("MANA_AI_LLM_TIMEOUT_S", "0", "greater than 0"),
         ("MANA_AI_LLM_MAX_RETRIES", "-1", "greater than or equal to 0"),
         ("MANA_AI_SHUTDOWN_GRACE_S", "-1", "greater than or equal to 0"),
@@ -209,6 +231,9 @@ def test_secrets_are_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings(llm_api_key=["not", "a", "string"])
     assert "hunter2" not in str(caught.value)
     assert "MANA_AI_LLM_API_KEY" in str(caught.value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings(llm_fallback_api_key=["hunter2"])
+    assert "hunter2" not in str(caught.value)
 
     monkeypatch.setenv("MANA_AI_DATABASE_URL", "postgresql://user:hunter2@db/x")
     settings = load_settings()

@@ -81,9 +81,13 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         f"  scheduled for {fmt(it['scheduled_for'])}, started {fmt(it['started_at'])}, "
         f"finished {fmt(it['finished_at'])}"
     )
+    infos = [m["reply_info"] for m in it["messages"] if m.get("reply_info")]
+    estimated = any((i.get("usage") or {}).get("estimated") for i in infos)
     print(
         f"  rounds {it['rounds']}, tokens {it['prompt_tokens']} prompt + "
-        f"{it['completion_tokens']} completion, stop reason {it['stop_reason']}"
+        f"{it['completion_tokens']} completion"
+        f"{' (partly estimated: the endpoint did not report all usage)' if estimated else ''}, "
+        f"stop reason {it['stop_reason']}"
     )
     if it["error"]:
         print(f"  error: {it['error']}")
@@ -143,13 +147,30 @@ def _print_log(messages: list[dict[str, Any]], reminders: list[dict[str, Any]]) 
         if role == "assistant":
             round_no += 1
             header(round_no)
-        label = f"[{role}{' ' + message['tool_call_id'] if message.get('tool_call_id') else ''}]"
+        label = _message_label(message)
         if message.get("content") is not None:
             print(f"  {label} {message['content']}")
         for call in message.get("tool_calls", []):
-            print(
-                f"  {label} calls {call['name']}({json.dumps(call.get('arguments', {}))}) "
-                f"id={call['id']}"
-            )
+            arguments = json.dumps(call.get("arguments", {}))
+            if call.get("raw_arguments") is not None:
+                arguments = f"<undecodable: {call['raw_arguments']!r}>"
+            print(f"  {label} calls {call['name']}({arguments}) id={call['id']}")
     for leftover in sorted(by_round):  # a round whose request got no answer
         header(leftover, " (no answer)")
+
+
+def _message_label(message: dict[str, Any]) -> str:
+    """``[role]``, ``[tool <call id>]`` or ``[assistant via <endpoint>, finish_reason …]``.
+
+    Provider fields (reasoning text, signatures) are left out here; ``--json`` shows them.
+    """
+    parts = [message["role"]]
+    if message.get("tool_call_id"):
+        parts.append(message["tool_call_id"])
+    info = message.get("reply_info") or {}
+    if info.get("endpoint"):
+        parts.append(f"via {info['endpoint']}")
+    label = " ".join(parts)
+    if info.get("finish_reason") not in (None, "stop", "tool_calls"):
+        label += f", finish_reason {info['finish_reason']}"
+    return f"[{label}]"

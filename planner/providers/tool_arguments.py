@@ -1,0 +1,104 @@
+"""Tool-call arguments in the encodings real endpoints send, decoded before they are judged.
+
+The Chat Completions API says ``function.arguments`` is a JSON string holding an object. What
+arrives instead (shapes from public bug reports of agent runtimes against vLLM, Ollama,
+LiteLLM, OpenRouter and Gemini's compatibility layer), each decoded here:
+
+* an object that is already decoded (``{"title": "time"}``);
+* JSON text of JSON text: a JSON string whose value is the object's JSON text (sent by some
+  proxies that encode the arguments twice), up to ``MAX_NESTING`` levels deep;
+* empty or blank text, ``null``, ``None``, ``{}`` or ``""``: no arguments (a tool that needs
+  some then fails its schema check with a message naming the missing property);
+* the JSON inside a Markdown code fence (```` ```json … ``` ````);
+* a Python dict literal (``{'title': 'time'}``), read with ``ast.literal_eval``, which
+  evaluates literals only and runs nothing.
+
+Anything else is a parse error that the model reads as the call's tool result; when the reply
+was cut at the output-token limit the error says so, since the model can fix that one.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+__all__ = ["MAX_NESTING", "decode_arguments"]
+
+MAX_NESTING = 3
+"""How many layers of JSON-text-in-JSON-text are unwrapped before giving up."""
+
+_LITERAL_MAX_CHARS = 100_000
+"""Longest text handed to ``ast.literal_eval`` (its parser is recursive)."""
+
+_NO_ARGUMENTS = frozenset({"", "null", "none", "{}", '""', "''"})
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
+
+
+def decode_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, Any], str | None]:
+    """``(arguments, parse_error)`` for one tool call's ``function.arguments``.
+
+    Args:
+        raw: the value as received: a string (the documented form), an object, ``None``, …
+        truncated: the reply stopped at the output-token limit (``finish_reason`` ``length``);
+            an undecodable text is then reported as cut off.
+
+    Returns:
+        The arguments object and ``None``, or ``{}`` and a one-line error for the model.
+    """
+    value: Any = raw
+    for _ in range(MAX_NESTING + 1):
+        if value is None:
+            return {}, None
+        if isinstance(value, dict):
+            return value, None
+        if not isinstance(value, str):
+            return {}, f"arguments must be a JSON object, got {_json_type(value)}"
+        text = value.strip().lstrip("\ufeff")  # a byte-order mark is no JSON
+        if text.lower() in _NO_ARGUMENTS:
+            return {}, None
+        fenced = _FENCE.match(text)
+        if fenced is not None:
+            text = fenced.group(1).strip()
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            literal = _python_literal(text)
+            if literal is not None:
+                return literal, None
+            if truncated:
+                return {}, (
+                    "your output was cut off at the output-token limit in the middle of these "
+                    "arguments, so they are incomplete JSON "
+                    f"({exc.msg} at position {exc.pos}); call the tool again with shorter "
+                    "arguments"
+                )
+            return {}, f"arguments are not valid JSON: {exc.msg} at position {exc.pos}"
+        if not isinstance(value, str | dict):
+            return {}, f"arguments must be a JSON object, got {_json_type(value)}"
+    return {}, f"arguments are JSON text nested more than {MAX_NESTING} levels deep"
+
+
+def _python_literal(text: str) -> dict[str, Any] | None:
+    """A dict from a Python literal with string keys and JSON-compatible values, or ``None``."""
+    if not text.startswith("{") or len(text) > _LITERAL_MAX_CHARS:
+        return None
+    try:
+        value = ast.literal_eval(text)
+        json.dumps(value)  # sets, bytes, complex numbers are not arguments
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        return None
+    return value
+
+
+def _json_type(value: Any) -> str:
+    return {
+        list: "an array",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+    }.get(type(value), type(value).__name__)
