@@ -100,7 +100,12 @@ def tool_result_message(executed: ExecutedCall) -> ChatMessage:
     elif isinstance(executed.result, str):
         content = executed.result
     else:
-        content = json.dumps(executed.result, ensure_ascii=False, default=str)
+        try:
+            content = json.dumps(executed.result, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError) as exc:  # circular or absurdly deep results
+            content = json.dumps(
+                {"error": f"{executed.call.name} returned a result that is not JSON ({exc})"}
+            )
     return ChatMessage(role="tool", content=content, tool_call_id=executed.call.id)
 
 

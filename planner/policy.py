@@ -36,6 +36,7 @@ rate-limit slots from a ``CallLedger`` (PostgreSQL in the worker, in memory in
 from __future__ import annotations
 
 import logging
+import re
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,8 +98,14 @@ INJECTION_MARKER = "injection_marker"
 INSPECTION_TRUNCATED = "inspection_truncated"
 ARGUMENTS_NOT_OBJECT = "arguments_not_object"
 
-DEFAULT_INJECTION_MARKERS: tuple[str, ...] = ("{{", "<system", "ignore previous")
-"""Markers of the seed design: template injection, fake system tags, the classic override."""
+DEFAULT_INJECTION_MARKERS: tuple[str, ...] = (
+    "{{",
+    "<system",
+    "ignore previous",
+    "ignore all previous",
+)
+"""The seed design's markers (template injection, fake system tags, the classic override) and
+the override's most common wording."""
 
 MAX_INSPECTED_CHARS = 65_536
 """Characters of a call's strings scanned for markers (all strings together); the rest is not
@@ -178,14 +185,25 @@ class PolicyConfig:
     max_inspected_nodes: int = MAX_INSPECTED_NODES
 
     def rate_limit_for(self, tool: str, user: UserPolicySettings) -> RateLimit:
-        """The limit that applies to ``user`` calling ``tool``: the user's per-tool override,
-        else the user's override, else the operator's per-tool override, else the default."""
-        calls = (
-            user.tool_rate_limits.get(tool) or user.rate_limit or self.tool_rate_limits.get(tool)
-        )
-        if calls is None or calls == self.rate_limit.calls:
+        """The limit that applies to ``user`` calling ``tool``; the most specific setting
+        wins: the user's limit for this tool, else the operator's limit for this tool, else the
+        user's limit for every tool, else the default."""
+        calls, _ = self.rate_limit_source(tool, user)
+        if calls == self.rate_limit.calls:
             return self.rate_limit
         return RateLimit(calls=calls, window=self.rate_limit.window)
+
+    def rate_limit_source(self, tool: str, user: UserPolicySettings) -> tuple[int, str]:
+        """``(calls, where from)`` of ``rate_limit_for``: ``user+tool``, ``tool``, ``user``
+        or ``default``."""
+        for calls, source in (
+            (user.tool_rate_limits.get(tool), "user+tool"),
+            (self.tool_rate_limits.get(tool), "tool"),
+            (user.rate_limit, "user"),
+        ):
+            if calls is not None:
+                return calls, source
+        return self.rate_limit.calls, "default"
 
 
 class PolicyDecision(BaseModel):
@@ -394,23 +412,62 @@ _LOOKALIKES = str.maketrans(
         "\u0442": "t",
         "\u043c": "m",
         "\u0433": "r",
+        "\u0131": "i",  # dotless i
+        # small capitals
+        "\u1d00": "a",
+        "\u0299": "b",
+        "\u1d04": "c",
+        "\u1d05": "d",
+        "\u1d07": "e",
+        "\ua730": "f",
+        "\u0262": "g",
+        "\u029c": "h",
+        "\u026a": "i",
+        "\u1d0a": "j",
+        "\u1d0b": "k",
+        "\u029f": "l",
+        "\u1d0d": "m",
+        "\u0274": "n",
+        "\u1d0f": "o",
+        "\u1d18": "p",
+        "\u0280": "r",
+        "\ua731": "s",
+        "\u1d1b": "t",
+        "\u1d1c": "u",
+        "\u1d20": "v",
+        "\u1d21": "w",
+        "\u028f": "y",
+        "\u1d22": "z",
     }
 )
 
 
-def normalize_for_markers(text: str) -> str:
+def normalize_for_markers(text: str, format_as_space: bool = False) -> str:
     """``text`` in the form markers are matched in: compatibility-decomposed (NFKD), without
     format characters (zero-width spaces and joiners, soft hyphens, bidi controls: category
-    ``Cf``) and combining marks, recomposed (NFKC), case-folded, look-alike brackets and
-    letters mapped to ASCII, and every run of whitespace turned into one space."""
-    if text.isascii():
+    ``Cf``; with ``format_as_space`` they become spaces instead, for text that uses them as
+    word breaks), control characters other than whitespace and combining marks, recomposed
+    (NFKC), case-folded, look-alike brackets and letters (Cyrillic, Greek, small capitals,
+    dotless i) mapped to ASCII, and every run of whitespace turned into one space."""
+    if text.isascii() and _CONTROL.search(text) is None:
         return " ".join(text.lower().split())
     decomposed = unicodedata.normalize("NFKD", text)
-    kept = "".join(
-        ch for ch in decomposed if unicodedata.category(ch) not in ("Cf", "Mn", "Me", "Cs")
-    )
+    kept = "".join(_keep(ch, format_as_space) for ch in decomposed)
     folded = unicodedata.normalize("NFKC", kept).casefold().translate(_LOOKALIKES)
     return " ".join(folded.split())
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""ASCII control characters other than whitespace: dropped before matching."""
+
+
+def _keep(ch: str, format_as_space: bool) -> str:
+    category = unicodedata.category(ch)
+    if category == "Cf":
+        return " " if format_as_space else ""
+    if category in ("Mn", "Me", "Cs") or (category == "Cc" and not ch.isspace()):
+        return ""
+    return ch
 
 
 @lru_cache(maxsize=64)
@@ -420,15 +477,16 @@ def _normalized_markers(markers: tuple[str, ...]) -> tuple[tuple[str, str, str],
     return tuple((m, n, n.split(" ", 1)[0]) for m, n in pairs if n)
 
 
-def _matches(text: str, wanted: tuple[tuple[str, str, str], ...]) -> tuple[str, ...]:
-    """The markers of ``wanted`` that ``text`` holds once normalized, in ``wanted`` order.
+def _matches(texts: list[str], wanted: tuple[tuple[str, str, str], ...]) -> tuple[str, ...]:
+    """The markers of ``wanted`` that one of ``texts`` holds once normalized, in ``wanted``
+    order. The texts are joined with a separator no marker can match across.
 
-    ASCII text (the common case) is not normalized as a whole: lower-casing is enough for a
-    marker without spaces (collapsing whitespace cannot create or split a run without
+    Plain ASCII text (the common case) is not normalized as a whole: lower-casing is enough for
+    a marker without spaces (collapsing whitespace cannot create or split a run without
     whitespace), and a marker with spaces is only looked for after its first word was found.
     """
-    if text.isascii():
-        low = text.lower()
+    if all(t.isascii() and _CONTROL.search(t) is None for t in texts):
+        low = "\x00".join(texts).lower()
         collapsed: str | None = None
         found: list[str] = []
         for original, normalized, first in wanted:
@@ -441,13 +499,11 @@ def _matches(text: str, wanted: tuple[tuple[str, str, str], ...]) -> tuple[str, 
                     continue
             found.append(original)
         return tuple(found)
-    normal = normalize_for_markers(text)
-    return tuple(original for original, normalized, _ in wanted if normalized in normal)
-
-
-_SEPARATOR = "\x00"
-"""Joins the strings of one call for a single scan: not whitespace, not a format character and
-in no marker, so no marker can match across two strings."""
+    joined = "\uffff".join(texts)  # a noncharacter: kept by the normalization, in no marker
+    forms = (normalize_for_markers(joined), normalize_for_markers(joined, format_as_space=True))
+    return tuple(
+        original for original, normalized, _ in wanted if any(normalized in f for f in forms)
+    )
 
 
 def find_injection_markers(
@@ -497,7 +553,7 @@ def find_injection_markers(
             stack.extend(item)
     if not texts:
         return (), truncated, not_object
-    return _matches(_SEPARATOR.join(texts), wanted), truncated, not_object
+    return _matches(texts, wanted), truncated, not_object
 
 
 # -- the gate --------------------------------------------------------------------------------
@@ -588,7 +644,7 @@ class RulePolicyGate:
             decision = evaluate_policy(inp)
         except Exception as exc:  # a bug in the rules must not crash the loop
             logger.exception("policy rules failed for %s", spec.name)
-            decision = self._unavailable(inp, None, f"the policy rules failed: {exc}")
+            decision = self._unavailable(inp, None, f"its rules failed: {type(exc).__name__}")
         if decision.verdict == "allow" and self.mode != "off":
             # The rules that need no counting allow the call: take a rate-limit slot.
             limit = self.config.rate_limit_for(spec.name, self.user_settings)
@@ -606,7 +662,9 @@ class RulePolicyGate:
                     if self.mode == "enforce"
                     else "allowing it (log-only)",
                 )
-                detail = f"the rate limit could not be checked: {exc}"
+                # the model reads the message: the exception's class, not its text (which may
+                # quote SQL or addresses); the log above has the details
+                detail = f"its rate-limit store did not answer: {type(exc).__name__}"
                 decision = self._unavailable(inp, decision, detail)
             else:
                 if not reservation.reserved:

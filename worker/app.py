@@ -18,18 +18,19 @@ from worker.db.engine import check_connection, create_engine, resolve_database_u
 from worker.db.migrate import current_revision, head_revision, upgrade_database
 from worker.db.policy import PostgresCallLedger
 from worker.db.stores import ClaimedMission, MissionStore
-from worker.errors import DatabaseError
+from worker.errors import DatabaseError, SettingsError
 from worker.gate import PolicySetup, policy_config_from_settings
 from worker.llm import InstrumentedChatModel, build_chat_model
 from worker.metrics import HealthState
 from worker.runner import MissionRunner
 from worker.settings import Settings
 from worker.tick import Worker
-from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tools
+from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
 
 __all__ = [
     "App",
     "allowed_tools_for",
+    "check_policy_settings",
     "mission_policy_setup",
     "open_app",
     "open_database",
@@ -83,28 +84,40 @@ def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) 
     return [t for t in tools if t.name in wanted]
 
 
+def check_policy_settings(settings: Settings, tools: Sequence[ToolSpec]) -> None:
+    """Refuse ``MANA_AI_POLICY_TOOL_RATE_LIMITS`` / ``MANA_AI_POLICY_MISSION_SCOPES`` that name
+    no tool or scope of ``tools`` (raises SettingsError with the known names)."""
+    names = sorted({t.name for t in tools})
+    scopes = sorted({t.scope for t in tools})
+    problems = []
+    unknown_tools = sorted(set(settings.policy_tool_rate_limits) - set(names))
+    if unknown_tools:
+        problems.append(
+            f"MANA_AI_POLICY_TOOL_RATE_LIMITS: unknown tool(s) {', '.join(unknown_tools)}; "
+            f"known: {', '.join(names)}"
+        )
+    unknown_scopes = sorted(set(settings.policy_mission_scopes) - set(scopes))
+    if unknown_scopes:
+        problems.append(
+            f"MANA_AI_POLICY_MISSION_SCOPES: unknown scope(s) {', '.join(unknown_scopes)}; "
+            f"known: {', '.join(scopes)}"
+        )
+    if problems:
+        raise SettingsError("\n".join(problems))
+
+
 def mission_policy_setup(
     settings: Settings, engine: AsyncEngine, tools: Sequence[ToolSpec]
 ) -> PolicySetup:
     """The mission runner's policy gate setup: ``MANA_AI_POLICY_*`` with the ledger on
-    ``engine``. Settings that name no known tool or scope are logged as warnings (they may
-    belong to tools this worker does not have)."""
-    names = {t.name for t in tools}
-    scopes = {t.scope for t in tools}
-    unknown_tools = sorted(set(settings.policy_tool_rate_limits) - names)
-    if unknown_tools:
-        logger.warning(
-            "MANA_AI_POLICY_TOOL_RATE_LIMITS names unknown tool(s) %s; known: %s",
-            unknown_tools,
-            sorted(names),
-        )
+    ``engine``.
+
+    Raises:
+        SettingsError: a setting names a tool or scope that none of ``tools`` has (a typo
+            would otherwise deny every call, or limit nothing).
+    """
+    check_policy_settings(settings, tools)
     exposed = frozenset(settings.policy_mission_scopes) or None
-    if exposed is not None and exposed - scopes:
-        logger.warning(
-            "MANA_AI_POLICY_MISSION_SCOPES names unknown scope(s) %s; known: %s",
-            sorted(exposed - scopes),
-            sorted(scopes),
-        )
     return PolicySetup(
         default_mode=settings.policy_mode,
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
@@ -141,14 +154,26 @@ class App:
 async def open_app(
     settings: Settings, *, llm: ChatModel | None = None, migrate: bool | None = None
 ) -> AsyncIterator[App]:
-    """Wire a Worker from ``settings``; ``llm`` overrides the configured chat model."""
+    """Wire a Worker from ``settings``; ``llm`` overrides the configured chat model.
+
+    Raises:
+        SettingsError: a policy setting names an unknown tool or scope (before the database
+            is opened).
+        ManaAIError: the database could not be opened or migrated.
+    """
+    check_policy_settings(settings, builtin_tool_catalog())
     async with open_database(settings, migrate=migrate) as engine:
         store = MissionStore(engine)
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
 
+        exposed = set(settings.policy_mission_scopes)
+
         def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
-            return allowed_tools_for(tools, mission.allowed_tools)
+            # tools outside the scopes missions may use are not offered (the gate still
+            # refuses them, should a model call one anyway)
+            offered = allowed_tools_for(tools, mission.allowed_tools)
+            return [t for t in offered if not exposed or t.scope in exposed]
 
         lease = timedelta(seconds=settings.lease_s)
         policy = mission_policy_setup(settings, engine, tools)

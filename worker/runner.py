@@ -33,7 +33,6 @@ from planner import (
     PlannerLoopResult,
     ToolContext,
     ToolSpec,
-    messages_to_json,
     run_planner_loop,
 )
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
@@ -44,7 +43,7 @@ from worker.gate import PolicySetup
 from worker.logs import bind_log_context
 from worker.reminder_channel import mission_reminder_channel
 from worker.schedule import ScheduleError, next_run_after
-from worker.transcript import Transcript, call_outcome, json_safe
+from worker.transcript import Transcript, call_outcome, json_safe, messages_json
 
 __all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
 
@@ -247,7 +246,9 @@ class MissionRunner:
             return "lease_lost"
         if result is not None:
             for call in result.executed_calls:
-                metrics.TOOL_CALLS.labels(tool=call.call.name, outcome=call_outcome(call)).inc()
+                # a name the model invented is not a label value: it would be unbounded
+                tool = call.call.name if call.call.name in transcript.tool_names else "(unknown)"
+                metrics.TOOL_CALLS.labels(tool=tool, outcome=call_outcome(call)).inc()
         logger.info(
             "iteration %s: stop_reason=%s rounds=%d tokens=%d next_run_at=%s error=%s",
             outcome.status,
@@ -282,10 +283,12 @@ class MissionRunner:
             transcript.calls.append(call)
             _time_call(call)
 
+        tools = list(self.tools_for(mission))
+        transcript.tool_names = frozenset(t.name for t in tools)
         inp = PlannerLoopInput(
             system_prompt=mission.system_prompt,
             user_prompt=mission.objective,
-            tools=list(self.tools_for(mission)),
+            tools=tools,
             max_rounds=mission.max_rounds,
             model=model,
             ctx=ctx,
@@ -324,7 +327,7 @@ class MissionRunner:
         errors = [e for e in (result.error, next_run.error) if e]
         return IterationOutcome(
             status="failed" if failed else "succeeded",
-            messages=json_safe(messages_to_json(result.messages)),
+            messages=messages_json(result.messages),
             rounds=result.rounds,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,

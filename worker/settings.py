@@ -50,6 +50,7 @@ class Settings(BaseSettings):
         extra="forbid",
         frozen=True,
         allow_inf_nan=False,  # MANA_AI_TICK_INTERVAL_S=inf is a typo, not a setting
+        env_ignore_empty=True,  # MANA_AI_X= (set but empty, common in compose files): unset
     )
 
     database_url: str | None = Field(
@@ -326,9 +327,9 @@ class Settings(BaseSettings):
         description=(
             "Extra prompt-injection markers to flag in tool-call arguments, separated by "
             "commas (or a JSON array when a marker contains a comma), added to the built-in "
-            "'{{', '<system' and 'ignore previous'. Flagged calls are counted and recorded, "
-            "never blocked. Matching ignores case, whitespace runs, zero-width characters and "
-            "Unicode compatibility forms."
+            "'{{', '<system', 'ignore previous' and 'ignore all previous'. Flagged calls are "
+            "counted and recorded, never blocked. Matching ignores case, whitespace runs, "
+            "accents, zero-width characters and Unicode compatibility forms."
         ),
     )
     policy_mission_scopes: Annotated[tuple[str, ...], NoDecode] = Field(
@@ -480,10 +481,11 @@ class Settings(BaseSettings):
                 continue
             tool, sep, count = item.partition("=")
             if not sep or not tool.strip() or not count.strip().isdigit():
-                raise ValueError(f"expected tool=calls pairs separated by commas, got {item!r}")
+                where = f" ({item!r} is not one)" if item != value.strip() else ""
+                raise ValueError(f"expected tool=calls pairs separated by commas{where}")
             calls = int(count)
             if not 1 <= calls <= 100_000:
-                raise ValueError(f"calls for {tool.strip()} must be 1..100000, got {calls}")
+                raise ValueError(f"the calls for {tool.strip()} must be 1 to 100000")
             limits[tool.strip()] = calls
         return limits
 

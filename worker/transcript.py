@@ -9,6 +9,8 @@ run stores what it did (its tool calls already happened). Values are made storab
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +18,7 @@ from planner import ChatMessage, ExecutedCall, messages_to_json
 from reminders import ReminderComposer
 from worker.db.stores import ToolInvocationRow
 
-__all__ = ["Transcript", "call_outcome", "json_safe"]
+__all__ = ["Transcript", "call_outcome", "json_safe", "messages_json"]
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Transcript:
         messages: the stored message log so far (no reminders, ever).
         calls: executed calls so far, as they finished.
         reminders: the run's reminder channel, whose audit is stored (``None``: none).
+        tool_names: the tools the run offered the model.
     """
 
     attempt: int
@@ -36,10 +39,11 @@ class Transcript:
     messages: list[ChatMessage] = field(default_factory=list)
     calls: list[ExecutedCall] = field(default_factory=list)
     reminders: ReminderComposer | None = None
+    tool_names: frozenset[str] = frozenset()
 
     def messages_json(self) -> list[dict[str, Any]]:
-        """The message log as stored."""
-        return list(json_safe(messages_to_json(self.messages)))
+        """The message log as stored (see ``messages_json``)."""
+        return messages_json(self.messages)
 
     def invocation_rows(self) -> list[ToolInvocationRow]:
         """Every executed call so far as a ``tool_invocations`` row, in source order (round,
@@ -58,8 +62,8 @@ class Transcript:
         return ToolInvocationRow(
             attempt=self.attempt,
             round=call.round,
-            call_id=call.call.id,
-            tool=call.call.name,
+            call_id=json_safe(call.call.id),
+            tool=json_safe(call.call.name),
             arguments=json_safe(call.call.arguments),
             result=json_safe(call.result) if call.ok else None,
             error=json_safe(call.error),
@@ -68,6 +72,23 @@ class Transcript:
             policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
             policy_mode=(decision.mode if decision and decision.mode else self.policy_mode),
         )
+
+
+def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """``messages`` in the stored format, made storable by ``json_safe``. A message that cannot
+    be encoded at all is stored as its role with a note saying why, so the rest of the log is
+    kept."""
+    try:
+        return list(json_safe(messages_to_json(messages)))
+    except Exception:  # find the message(s) at fault
+        stored: list[dict[str, Any]] = []
+        for message in messages:
+            try:
+                stored.append(json_safe(message.to_json()))
+            except Exception as exc:
+                note = f"(not stored: this message could not be encoded: {type(exc).__name__})"
+                stored.append({"role": message.role, "content": note})
+        return stored
 
 
 def call_outcome(call: ExecutedCall) -> str:
@@ -79,19 +100,23 @@ def call_outcome(call: ExecutedCall) -> str:
 
 def json_safe(value: Any) -> Any:
     """``value`` as plain JSON data that PostgreSQL can store: non-JSON values stringified,
-    NUL characters (which neither ``text`` nor ``jsonb`` accept) replaced by U+FFFD, and a
-    value nested too deeply to encode replaced by a note saying so."""
+    characters that neither ``text`` nor ``jsonb`` accept (NUL, lone UTF-16 surrogates)
+    replaced by U+FFFD, and a value that cannot be encoded (nested too deeply, circular)
+    replaced by a note saying so. Never raises."""
     try:
-        return _without_nul(json.loads(json.dumps(value, default=str)))
-    except RecursionError:
-        return "(not stored: nested too deeply to encode as JSON)"
+        return _storable(json.loads(json.dumps(value, default=str)))
+    except (RecursionError, ValueError, TypeError) as exc:
+        return f"(not stored: cannot be encoded as JSON: {type(exc).__name__})"
 
 
-def _without_nul(value: Any) -> Any:
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(value: Any) -> Any:
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        return _UNSTORABLE.sub("\ufffd", value)
     if isinstance(value, list):
-        return [_without_nul(v) for v in value]
+        return [_storable(v) for v in value]
     if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+        return {_storable(k): _storable(v) for k, v in value.items()}
     return value

@@ -26,6 +26,7 @@ import asyncio
 import email.utils
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from types import TracebackType
@@ -152,6 +153,7 @@ class OpenAICompatibleChatModel:
             LLMStatusError, LLMConnectionError, LLMResponseError: see the class docstring.
         """
         body = self.request_body(request)
+        payload = encode_body(body)
         prompt_estimate = estimate_tokens(
             json.dumps(body["messages"], ensure_ascii=False)
             + json.dumps(body.get("tools", []), ensure_ascii=False)
@@ -164,7 +166,9 @@ class OpenAICompatibleChatModel:
             attempts += 1
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    response = await self._client.post(self.url, json=body)
+                    response = await self._client.post(
+                        self.url, content=payload, headers=_JSON_CONTENT
+                    )
             except (TimeoutError, httpx.TimeoutException) as exc:
                 raise _Retryable("timeout", exc=exc) from exc
             except httpx.TransportError as exc:
@@ -372,3 +376,17 @@ def _retry_after_s(value: str | None, *, now: datetime | None = None) -> float |
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
+
+
+_JSON_CONTENT = {"Content-Type": "application/json"}
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """``body`` as UTF-8 JSON. Lone UTF-16 surrogates (a model or a tool can produce them; UTF-8
+    cannot encode them) become U+FFFD instead of failing the request."""
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATES.sub("\ufffd", text).encode("utf-8")

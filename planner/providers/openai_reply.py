@@ -160,6 +160,8 @@ def parse_chat_completion(
         data = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise _unusable(response, url, "a body that is not JSON", TokenUsage()) from None
+    except RecursionError:
+        raise _unusable(response, url, "JSON nested too deeply to read", TokenUsage()) from None
     if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict):
         data = data[0]  # Gemini wraps errors in a list
     if not isinstance(data, dict):

@@ -24,10 +24,15 @@ import json
 import re
 from typing import Any
 
-__all__ = ["MAX_NESTING", "decode_arguments"]
+__all__ = ["MAX_DEPTH", "MAX_NESTING", "decode_arguments", "nesting_depth"]
 
 MAX_NESTING = 3
 """How many layers of JSON-text-in-JSON-text are unwrapped before giving up."""
+
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays accepted in arguments. Real tool arguments are a few
+levels deep; hundreds of levels only break what reads them later (encoders, validators and
+storage are recursive), so deeper arguments are a parse error the model reads."""
 
 _LITERAL_MAX_CHARS = 100_000
 """Longest text handed to ``ast.literal_eval`` (its parser is recursive)."""
@@ -52,6 +57,8 @@ def decode_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, An
         if value is None:
             return {}, None
         if isinstance(value, dict):
+            if nesting_depth(value, MAX_DEPTH) > MAX_DEPTH:
+                return {}, _too_deep()
             return value, None
         if not isinstance(value, str):
             return {}, f"arguments must be a JSON object, got {_json_type(value)}"
@@ -63,6 +70,8 @@ def decode_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, An
             text = fenced.group(1).strip()
         try:
             value = json.loads(text)
+        except RecursionError:
+            return {}, _too_deep()
         except json.JSONDecodeError as exc:
             literal = _python_literal(text)
             if literal is not None:
@@ -78,6 +87,30 @@ def decode_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, An
         if not isinstance(value, str | dict):
             return {}, f"arguments must be a JSON object, got {_json_type(value)}"
     return {}, f"arguments are JSON text nested more than {MAX_NESTING} levels deep"
+
+
+def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """How deep objects and arrays nest in ``value`` (a scalar is 0, ``{}`` is 1), counted
+    without recursion and only up to ``limit + 1``: deeper values report ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return limit + 1
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _too_deep() -> str:
+    return f"arguments are nested more than {MAX_DEPTH} levels deep; send a flatter object"
 
 
 def _python_literal(text: str) -> dict[str, Any] | None:

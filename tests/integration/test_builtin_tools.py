@@ -342,3 +342,18 @@ async def test_a_naive_clock_is_refused() -> None:
     [spec] = clock_tools(now=lambda: datetime(2025, 1, 1))  # noqa: DTZ001 - the point of the test
     with pytest.raises(RuntimeError, match="naive"):
         await spec.handler({}, ToolContext(user_id="alice"))
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"),
+    [
+        ("notes_create", {"title": "a\x00b"}, "title contains a NUL character"),
+        ("notes_create", {"title": "t", "body": "x\ud800"}, "body contains an unpaired surrogate"),
+        ("notes_search", {"query": "\x00"}, "query contains a NUL character"),
+    ],
+)
+async def test_text_postgresql_cannot_hold_is_refused_in_words_the_model_reads(
+    tools: dict[str, ToolSpec], name: str, args: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        await call(tools, name, args)

@@ -154,8 +154,11 @@ def test_invalid_settings_exit_2_naming_the_variable(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--name", " ", "--owner", "u"], "--name and --owner must not be empty"),
-        (["--name", "a", "--owner", ""], "--name and --owner must not be empty"),
+        (["--name", " ", "--owner", "u"], "--name must not be empty"),
+        (["--name", "a", "--owner", ""], "--owner must not be empty"),
+        (["--name", "a\nb", "--owner", "u"], "--name must not contain control"),
+        (["--name", "a", "--owner", "u" * 201], "--owner is 201 characters long; at most 200"),
+        (["--name", "a\u200bb", "--owner", "u"], "--name must not contain control or invisible"),
         (["--name", "a", "--owner", "u", "--tools", ","], "--tools names no tool"),
     ],
 )

@@ -72,8 +72,15 @@ def test_allow_and_revoke_destructive_by_tool_and_by_scope(run: Any) -> None:
     [
         (["allow-destructive", "u1", "rm_rf"], "unknown tool or scope 'rm_rf'"),
         (["allow-destructive", "u1", "notes_list"], "notes_list is not destructive"),
-        (["revoke-destructive", "u1", "nope"], "scopes: clock, notes"),
+        (
+            ["revoke-destructive", "u1", "nope"],
+            "destructive tools: notes_delete; their scopes: notes",
+        ),
         (["allow-destructive", " ", "notes"], "the user id must not be empty"),
+        (["allow-destructive", "u1", "clock"], "scope 'clock' has no destructive tools"),
+        (["allow-destructive", "eve\nmallory", "notes"], "must not contain control"),
+        (["allow-destructive", "x" * 10_000, "notes"], "10000 characters long; at most 200"),
+        (["set-rate-limit", "x" * 201, "5"], "201 characters long"),
         (["set-rate-limit", "u1", "5", "--tool", "rm_rf"], "unknown tool 'rm_rf'"),
     ],
 )
@@ -217,3 +224,91 @@ async def test_iterations_show_prints_each_calls_decision(db: AsyncEngine, run: 
     assert "policy: allowed (enforce); flagged: injection_marker" in out
     assert "policy: would deny: destructive_not_opted_in (log-only)" in out
     assert "policy: denied: rate_limited (enforce)" in out
+
+
+def test_bad_names_are_refused_before_the_database_is_opened(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    code, _, err = run("policy", "allow-destructive", "alice", "nope")
+    assert code == 2 and "unknown tool or scope 'nope'" in err
+
+
+def test_revoke_says_what_still_allows_the_tool_and_writes_nothing_when_nothing_to_revoke(
+    run: Any,
+) -> None:
+    code, out, _ = run("policy", "revoke-destructive", "bob", "notes_delete")
+    assert code == 0 and "bob had not opted in to notes_delete; nothing changed" in out
+    assert as_json(run, "policy", "show", "bob")["updated_at"] is None  # no row written
+    as_json(run, "policy", "allow-destructive", "bob", "notes")
+    as_json(run, "policy", "allow-destructive", "bob", "notes_delete")
+    code, out, _ = run("policy", "revoke-destructive", "bob", "notes_delete")
+    assert code == 0 and "stays allowed through its scope notes" in out
+
+
+def test_a_setting_for_a_user_without_agents_is_kept_with_a_note(run: Any) -> None:
+    code, _, err = run("policy", "set-rate-limit", "typo-user", "5")
+    assert code == 0 and "no agent is owned by user 'typo-user'" in err
+    as_json(run, "agents", "add", "--name", "a", "--owner", "alice")
+    code, _, err = run("policy", "set-rate-limit", "alice", "5")
+    assert code == 0 and "no agent" not in err
+
+
+def test_show_says_where_each_limit_comes_from(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_POLICY_TOOL_RATE_LIMITS", "notes_delete=2")
+    monkeypatch.setenv("MANA_AI_POLICY_MISSION_SCOPES", "notes")
+    as_json(run, "policy", "set-rate-limit", "carol", "100")
+    as_json(run, "policy", "set-rate-limit", "carol", "7", "--tool", "notes_create")
+    shown = as_json(run, "policy", "show", "carol")
+    by_tool = {t["tool"]: t for t in shown["tools"]}
+    # the most specific setting wins: user+tool, then the operator's per-tool limit, then user
+    assert (by_tool["notes_create"]["calls_per_window"], by_tool["notes_create"]["limit_from"]) == (
+        7,
+        "user+tool",
+    )
+    assert (by_tool["notes_delete"]["calls_per_window"], by_tool["notes_delete"]["limit_from"]) == (
+        2,
+        "tool",
+    )
+    assert (by_tool["notes_list"]["calls_per_window"], by_tool["notes_list"]["limit_from"]) == (
+        100,
+        "user",
+    )
+    assert shown["mission_scopes"] == ["notes"]
+    assert by_tool["clock_now"]["exposed_to_missions"] is False
+    code, out, _ = run("policy", "show", "carol")
+    assert code == 0 and "scopes missions may use: notes" in out and "2 (tool)" in out
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "MANA_AI_POLICY_MISSION_SCOPES",
+            "clocks",
+            "unknown scope(s) clocks; known: clock, notes, web",
+        ),
+        ("MANA_AI_POLICY_TOOL_RATE_LIMITS", "notes_creat=1", "unknown tool(s) notes_creat"),
+    ],
+)
+def test_policy_settings_naming_unknown_tools_or_scopes_stop_the_tick(
+    run: Any, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    code, _, err = run("tick", "--once")
+    assert code == 2 and message in err
+
+
+def test_policy_mode_is_case_insensitive_on_the_command_line_too(run: Any) -> None:
+    agent = as_json(run, "agents", "add", "--name", "a", "--owner", "u", "--policy-mode", "Enforce")
+    assert agent["policy_mode"] == "enforce"
+    code, out, _ = run("agents", "set", "a", "--policy-mode", "DEFAULT")
+    assert code == 0 and "changed: policy_mode default" in out
+    code, out, _ = run("agents", "list")
+    assert "default (log-only)" in out
+
+
+def test_report_since_overflow_is_a_usage_error(run: Any) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run("policy", "report", "--since", "99999999999999999999d")
+    assert exit_info.value.code == 2

@@ -7,6 +7,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -270,3 +271,20 @@ async def test_injection_markers_are_flagged_counted_and_recorded_not_blocked(
     assert after == flagged + 1
     report = await PolicyStore(db).report(since=timedelta(hours=1))
     assert report.injection_flags == {"notes_create": 1}
+
+
+async def test_tools_outside_the_mission_scopes_are_not_offered(
+    db: AsyncEngine, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.cli import main
+
+    await add_mission(db, cron=None)
+    with FakeLLMServer() as server:
+        server.enqueue_completion(content="Done.")
+        monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
+        monkeypatch.setenv("MANA_AI_LLM_BASE_URL", server.base_url)
+        monkeypatch.setenv("MANA_AI_LLM_MAX_RETRIES", "0")
+        monkeypatch.setenv("MANA_AI_POLICY_MISSION_SCOPES", "clock")
+        assert await asyncio.to_thread(main, ["tick", "--once"]) == 0
+        [request] = server.requests
+    assert [t["function"]["name"] for t in request["tools"]] == ["clock_now"]

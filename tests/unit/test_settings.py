@@ -142,13 +142,17 @@ def test_overrides_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_empty_variables_mean_unset(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("DATABASE_URL", "LLM_BASE_URL", "LLM_API_KEY", "LLM_MODEL"):
-        monkeypatch.setenv(f"MANA_AI_{name}", "")
+    for name in Settings.model_fields:
+        monkeypatch.setenv(f"MANA_AI_{name.upper()}", "")
     settings = load_settings()
     assert settings.database_url is None
     assert settings.llm_base_url is None
     assert settings.llm_api_key is None
     assert settings.llm_model is None
+    # every setting falls back to its default, as if it were not set at all
+    assert settings.policy_mode == "log-only" and settings.policy_rate_limit == 30
+    assert settings.tick_interval_s == 30 and settings.log_level == "INFO"
+    assert settings.worker_id
 
 
 def test_data_dir_expands_the_home_directory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,7 +191,7 @@ def test_an_invalid_value_names_the_variable_and_the_value(
         ("MANA_AI_LLM_TIMEOUT_S", "0", "greater than 0"),
         ("MANA_AI_LLM_MAX_RETRIES", "-1", "greater than or equal to 0"),
         ("MANA_AI_SHUTDOWN_GRACE_S", "-1", "greater than or equal to 0"),
-        ("MANA_AI_WORKER_ID", "", "at least 1 character"),
+        ("MANA_AI_WORKER_ID", "x" * 201, "at most 200 characters"),
         ("MANA_AI_DATABASE_URL", "mysql://u@h/db", "unsupported scheme 'mysql://'"),
         ("MANA_AI_DATABASE_URL", "not a url", "not a database URL"),
         ("MANA_AI_MAX_PARALLEL_READS", "0", "greater than or equal to 1"),

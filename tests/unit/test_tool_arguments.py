@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from planner.providers.tool_arguments import decode_arguments
+from planner.providers.tool_arguments import decode_arguments, nesting_depth
 
 TITLE = {"title": "time"}
 
@@ -65,3 +65,31 @@ def test_a_cut_reply_says_the_arguments_were_truncated() -> None:
     assert "call the tool again with shorter arguments" in error
     # complete arguments in a cut reply are fine
     assert decode_arguments('{"title": "time"}', truncated=True) == (TITLE, None)
+
+
+def nested(depth: int) -> str:
+    return '{"x": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "ok"),
+    [
+        (nested(64), True),  # at the limit
+        (nested(65), False),  # just past it
+        (nested(990), False),  # deep enough to break encoders later
+        (nested(10_000), False),  # deep enough to break the JSON parser
+        ({"x": json.loads(nested(70))}, False),  # already decoded, still too deep
+    ],
+)
+def test_arguments_nested_too_deeply_are_a_parse_error(raw: Any, ok: bool) -> None:
+    arguments, error = decode_arguments(raw)
+    assert (error is None) is ok
+    if not ok:
+        assert arguments == {} and "nested more than 64 levels deep" in (error or "")
+
+
+@pytest.mark.parametrize(
+    ("value", "depth"), [(1, 0), ({}, 1), ([], 1), ({"a": [1, {"b": []}]}, 4), ([[[[]]]], 4)]
+)
+def test_nesting_depth(value: Any, depth: int) -> None:
+    assert nesting_depth(value) == depth

@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from worker.cli import agents, daemon, db, iterations, missions, policy
 from worker.cli.args import UsageError
-from worker.errors import ManaAIError
+from worker.errors import ManaAIError, SettingsError
 from worker.settings import load_settings, unknown_variables
 
 __all__ = ["main"]
@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except UsageError as exc:
         print(f"mana-ai: usage error: {exc}", file=sys.stderr)
+        return 2
+    except SettingsError as exc:  # a setting found wrong only once its context is known
+        print(f"mana-ai: invalid settings: {exc}", file=sys.stderr)
         return 2
     except ManaAIError as exc:
         print(f"mana-ai: error: {exc}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from worker.cli.args import UsageError, group, json_flag, positive_int
+from worker.cli.args import UsageError, checked_name, group, json_flag, positive_int
 from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
@@ -41,6 +41,7 @@ def register(commands: Any) -> None:
     )
     add.add_argument(
         "--policy-mode",
+        type=str.lower,
         choices=POLICY_MODE_CHOICES,
         help="the policy gate's mode for this agent's tool calls (default: MANA_AI_POLICY_MODE)",
     )
@@ -74,6 +75,7 @@ def register(commands: Any) -> None:
     )
     set_.add_argument(
         "--policy-mode",
+        type=str.lower,
         choices=(*POLICY_MODE_CHOICES, "default"),
         help="the policy gate's mode for this agent ('default': MANA_AI_POLICY_MODE)",
     )
@@ -83,6 +85,13 @@ def register(commands: Any) -> None:
     lst = ag.add_parser("list", help="List agents.", description="List agents.")
     json_flag(lst)
     lst.set_defaults(command_fn=_list)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "default"
+    text = ",".join(value) if isinstance(value, list) else str(value)
+    return repr(text[:60] + "…") if len(text) > 60 else text
 
 
 def _budget(text: str) -> int | None:
@@ -102,9 +111,7 @@ def _tool_list(text: str, known: list[str]) -> list[str]:
 async def _add(args: argparse.Namespace, settings: Settings) -> int:
     from worker.tools import builtin_tools
 
-    name, owner = args.name.strip(), args.owner.strip()
-    if not name or not owner:
-        raise UsageError("--name and --owner must not be empty")
+    name, owner = checked_name(args.name, "--name"), checked_name(args.owner, "--owner")
     async with admin_store(settings) as admin:
         tools = None
         if args.tools is not None:
@@ -152,8 +159,9 @@ async def _set(args: argparse.Namespace, settings: Settings) -> int:
             changes["allowed_tools"] = None if all_tools else _tool_list(args.tools, known)
         if not changes:
             raise UsageError("nothing to change: give at least one option (see --help)")
-        agent = await admin.update_agent(args.name.strip(), **changes)
-    emit(args, agent, f"agent {agent['name']} changed: {', '.join(sorted(changes))}")
+        agent = await admin.update_agent(checked_name(args.name, "the agent name"), **changes)
+    shown = ", ".join(f"{key} {_shown(agent[key])}" for key in sorted(changes))
+    emit(args, agent, f"agent {agent['name']} changed: {shown}")
     return 0
 
 
@@ -163,6 +171,9 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json(rows)
     else:
+        for row in rows:
+            if row["policy_mode"] is None:
+                row["policy_mode"] = f"default ({settings.policy_mode})"
         table(
             rows,
             ["id", "name", "owner_user_id", "model", "max_rounds", "policy_mode", "allowed_tools"],

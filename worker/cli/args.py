@@ -8,6 +8,7 @@ entry point prints it and exits 2).
 from __future__ import annotations
 
 import argparse
+import unicodedata
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -18,9 +19,11 @@ from worker.settings import Settings
 __all__ = [
     "MAX_ID",
     "MAX_LIMIT",
+    "MAX_NAME_CHARS",
     "Command",
     "UsageError",
     "aware_datetime",
+    "checked_name",
     "group",
     "iteration_ref",
     "json_flag",
@@ -34,10 +37,31 @@ Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
 MAX_LIMIT = 10_000
 MAX_ID = 2**63 - 1  # ids are BIGINT
+MAX_NAME_CHARS = 200
+"""Longest agent name or user id: fits any index (PostgreSQL's btree rows stop near 2.7 kB)
+and any terminal line."""
 
 
 class UsageError(ManaAIError):
     """A malformed or contradictory command line (exit status 2)."""
+
+
+def checked_name(text: str, what: str) -> str:
+    """The one rule for every name and id a command takes (agent names, user ids): trimmed,
+    1 to 200 characters, no control or format characters (newlines, NUL, zero-width, bidi).
+
+    Raises:
+        UsageError: naming ``what`` (e.g. ``--owner``) and what is wrong.
+    """
+    value = text.strip()
+    if not value:
+        raise UsageError(f"{what} must not be empty")
+    if len(value) > MAX_NAME_CHARS:
+        raise UsageError(f"{what} is {len(value)} characters long; at most {MAX_NAME_CHARS}")
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co")), None)
+    if bad is not None:
+        raise UsageError(f"{what} must not contain control or invisible characters ({bad!r})")
+    return value
 
 
 def group(commands: Any, name: str, helptext: str) -> Any:

@@ -6,7 +6,15 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from worker.cli.args import UsageError, aware_datetime, group, json_flag, limit, row_id
+from worker.cli.args import (
+    UsageError,
+    aware_datetime,
+    checked_name,
+    group,
+    json_flag,
+    limit,
+    row_id,
+)
 from worker.cli.output import emit, fmt, print_json, table
 from worker.cli.stores import admin_store
 from worker.settings import Settings
@@ -59,8 +67,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
 
     if not args.objective.strip():
         raise UsageError("--objective must not be empty")
-    if not args.agent.strip():
-        raise UsageError("--agent must not be empty")
+    agent_name = checked_name(args.agent, "--agent")
     if args.cron is None and args.at is None and not args.due_now:
         raise UsageError(
             "give --cron EXPR for a recurring mission, or --at TIME / --due-now for a one-shot"
@@ -91,7 +98,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
     if args.deadline is not None and args.deadline < first:
         raise UsageError(f"--deadline {args.deadline.isoformat()} is before the first run")
     async with admin_store(settings) as admin:
-        agent = await admin.agent_by_name(args.agent)
+        agent = await admin.agent_by_name(agent_name)
         mission = await admin.add_mission(
             agent_id=agent["id"],
             objective=args.objective,
@@ -103,7 +110,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
     emit(
         args,
         mission,
-        f"mission {mission['id']} created for agent {args.agent}; "
+        f"mission {mission['id']} created for agent {agent_name}; "
         f"next run at {fmt(mission['next_run_at'])}",
     )
     return 0

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from worker.cli.args import UsageError, group, json_flag
+from worker.cli.args import UsageError, checked_name, group, json_flag
 from worker.cli.output import emit, fmt, print_json, table
 from worker.cli.stores import policy_store
 from worker.settings import Settings
 
 if TYPE_CHECKING:
     from planner import ToolSpec
-    from worker.db.policy import PolicyReport
+    from worker.db.policy import PolicyReport, PolicyStore
 
 __all__ = ["ENFORCE_SWITCH_SHARE", "parse_since", "register"]
 
@@ -106,7 +107,6 @@ def _calls(text: str) -> int | None:
 
 
 _SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhms])\s*$", re.IGNORECASE)
-_UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 
 
 def parse_since(text: str) -> timedelta:
@@ -121,75 +121,95 @@ def parse_since(text: str) -> timedelta:
             f"expected a duration like 7d, 24h, 30m or 90s, got {text!r}"
         )
     amount, unit = float(match.group(1)), match.group(2).lower()
-    delta = timedelta(**{_UNITS[unit]: amount})
-    if not timedelta(0) < delta <= _MAX_SINCE:
+    seconds = amount * {"d": 86_400, "h": 3_600, "m": 60, "s": 1}[unit]
+    if not 0 < seconds <= _MAX_SINCE.total_seconds():
         raise argparse.ArgumentTypeError(
             f"expected a duration above 0 and up to 3650d, got {text!r}"
         )
-    return delta
+    return timedelta(seconds=seconds)
 
 
-def _user(text: str) -> str:
-    user = text.strip()
-    if not user:
-        raise UsageError("the user id must not be empty")
-    return user
+def _known_tools() -> list[ToolSpec]:
+    from worker.tools import builtin_tool_catalog
 
-
-def _known_tools(engine: Any) -> list[ToolSpec]:
-    from worker.tools import builtin_tools
-
-    return builtin_tools(engine)
+    return builtin_tool_catalog()
 
 
 def _check_target(target: str, tools: list[ToolSpec]) -> str:
-    """A known destructive tool or a known scope; anything else is refused with the lists."""
+    """A known destructive tool, or a scope with destructive tools; anything else is refused
+    with the lists (before the database is opened)."""
     target = target.strip()
     by_name = {t.name: t for t in tools}
-    scopes = sorted({t.scope for t in tools})
     destructive = sorted(t.name for t in tools if t.policy_hint == "destructive")
+    scopes = sorted({t.scope for t in tools if t.policy_hint == "destructive"})
+    known = (
+        f"destructive tools: {', '.join(destructive) or '(none)'}; "
+        f"their scopes: {', '.join(scopes) or '(none)'}"
+    )
     if target in by_name:
         if by_name[target].policy_hint != "destructive":
             raise UsageError(
                 f"{target} is not destructive ({by_name[target].policy_hint}); it needs no "
-                f"opt-in. Destructive tools: {', '.join(destructive) or '(none)'}"
+                f"opt-in. {known[0].upper()}{known[1:]}"
             )
         return target
     if target in scopes:
         return target
-    raise UsageError(
-        f"unknown tool or scope {target!r}; destructive tools: "
-        f"{', '.join(destructive) or '(none)'}; scopes: {', '.join(scopes)}"
-    )
+    if target in {t.scope for t in tools}:
+        raise UsageError(f"scope {target!r} has no destructive tools; {known}")
+    raise UsageError(f"unknown tool or scope {target!r}; {known}")
+
+
+def _check_tool(tool: str | None) -> str | None:
+    if tool is None:
+        return None
+    known = [t.name for t in _known_tools()]
+    if tool.strip() not in known:
+        raise UsageError(f"unknown tool {tool.strip()!r}; available: {', '.join(known)}")
+    return tool.strip()
+
+
+async def _warn_if_no_agent(store: PolicyStore, user: str) -> None:
+    if not await store.owns_agents(user):
+        print(
+            f"mana-ai: note: no agent is owned by user {user!r} (yet); the setting applies "
+            "to agents whose --owner is that user",
+            file=sys.stderr,
+        )
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     from worker.db.policy import user_settings_from_row
     from worker.gate import policy_config_from_settings
 
-    user = _user(args.user)
+    user = checked_name(args.user, "the user id")
+    tools = _known_tools()
     async with policy_store(settings) as store:
         row = await store.get(user)
-        tools = _known_tools(store.engine)
+        owns = await store.owns_agents(user)
     config = policy_config_from_settings(settings)
     user_settings = user_settings_from_row(row)
-    limits = {t.name: config.rate_limit_for(t.name, user_settings) for t in tools}
     window_s = config.rate_limit.window.total_seconds()
+    scopes = list(settings.policy_mission_scopes)
     result: dict[str, Any] = {
         "user_id": user,
+        "owns_agents": owns,
         "destructive_opt_ins": sorted(user_settings.destructive_opt_ins),
         "rate_limit": user_settings.rate_limit,
         "tool_rate_limits": dict(user_settings.tool_rate_limits),
         "updated_at": row["updated_at"] if row else None,
         "default_mode": settings.policy_mode,
+        "mission_scopes": scopes or None,
         "window_s": window_s,
         "tools": [
             {
                 "tool": t.name,
                 "policy_hint": t.policy_hint,
                 "scope": t.scope,
-                "calls_per_window": limits[t.name].calls,
+                "calls_per_window": config.rate_limit_source(t.name, user_settings)[0],
+                "limit_from": config.rate_limit_source(t.name, user_settings)[1],
                 "opted_in": user_settings.opted_in(t) if t.policy_hint == "destructive" else None,
+                "exposed_to_missions": not scopes or t.scope in scopes,
             }
             for t in tools
         ],
@@ -197,28 +217,38 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json(result)
         return 0
-    print(f"user {user}: " + ("no settings of their own (defaults)" if row is None else ""))
+    saved = f"settings saved {fmt(row['updated_at'])}" if row else "no settings of their own"
+    print(f"user {user}: {saved}" + ("" if owns else "; owns no agent"))
     print(f"  destructive opt-ins: {', '.join(result['destructive_opt_ins']) or '(none)'}")
-    print(f"  rate limit override: {fmt(user_settings.rate_limit)} (all tools)")
+    print(f"  rate limit for every tool: {fmt(user_settings.rate_limit)}")
     overrides = ", ".join(f"{k}={v}" for k, v in sorted(user_settings.tool_rate_limits.items()))
-    print(f"  per-tool overrides: {overrides or '(none)'}")
+    print(f"  rate limits per tool: {overrides or '(none)'}")
     print(f"  mode: {settings.policy_mode} (MANA_AI_POLICY_MODE; agents may override it)")
-    print(f"\neffective limits, calls per {window_s:g} s:")
+    print(f"  scopes missions may use: {', '.join(scopes) or 'every scope'}")
+    print(
+        f"\nlimits in effect, calls per {window_s:g} s (the most specific wins: user+tool, "
+        "tool, user, default):"
+    )
     table(
         [
-            t | {"opt_in": "-" if t["opted_in"] is None else ("yes" if t["opted_in"] else "no")}
+            t
+            | {
+                "calls": f"{t['calls_per_window']} ({t['limit_from']})",
+                "opt_in": "-" if t["opted_in"] is None else ("yes" if t["opted_in"] else "no"),
+            }
             for t in result["tools"]
         ],
-        ["tool", "policy_hint", "scope", "calls_per_window", "opt_in"],
+        ["tool", "policy_hint", "scope", "calls", "opt_in"],
     )
     return 0
 
 
 async def _allow(args: argparse.Namespace, settings: Settings) -> int:
-    user = _user(args.user)
+    user = checked_name(args.user, "the user id")
+    target = _check_target(args.target, _known_tools())
     async with policy_store(settings) as store:
-        target = _check_target(args.target, _known_tools(store.engine))
         row = await store.allow_destructive(user, target)
+        await _warn_if_no_agent(store, user)
     emit(
         args,
         row,
@@ -228,28 +258,39 @@ async def _allow(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
-    user = _user(args.user)
+    user = checked_name(args.user, "the user id")
+    target = args.target.strip()
+    tools = _known_tools()
     async with policy_store(settings) as store:
         current = await store.get(user)
-        target = args.target.strip()
-        if target not in (current or {}).get("destructive_opt_ins", ()):
-            target = _check_target(target, _known_tools(store.engine))
+        opt_ins = list((current or {}).get("destructive_opt_ins") or ())
+        if target not in opt_ins:
+            _check_target(target, tools)  # a typo is refused with the known names
+            emit(
+                args,
+                current or {"user_id": user, "destructive_opt_ins": []},
+                f"user {user} had not opted in to {target}; nothing changed "
+                f"(opt-ins: {', '.join(opt_ins) or '(none)'})",
+            )
+            return 0
         row = await store.revoke_destructive(user, target)
-    remaining = ", ".join(row["destructive_opt_ins"]) or "(none)"
-    emit(args, row, f"user {user}'s opt-in to {target} revoked; opt-ins now: {remaining}")
+    remaining = list(row["destructive_opt_ins"])
+    text = (
+        f"user {user}'s opt-in to {target} revoked; opt-ins now: {', '.join(remaining) or '(none)'}"
+    )
+    spec = next((t for t in tools if t.name == target), None)
+    if spec is not None and spec.scope in remaining:
+        text += f" ({target} stays allowed through its scope {spec.scope}: revoke that too)"
+    emit(args, row, text)
     return 0
 
 
 async def _set_rate_limit(args: argparse.Namespace, settings: Settings) -> int:
-    user = _user(args.user)
+    user = checked_name(args.user, "the user id")
+    tool = _check_tool(args.tool)
     async with policy_store(settings) as store:
-        tool = None
-        if args.tool is not None:
-            known = [t.name for t in _known_tools(store.engine)]
-            tool = args.tool.strip()
-            if tool not in known:
-                raise UsageError(f"unknown tool {tool!r}; available: {', '.join(known)}")
         row = await store.set_rate_limit(user, args.calls, tool=tool)
+        await _warn_if_no_agent(store, user)
     what = f"{tool} calls" if tool else "calls of each tool"
     limit = "the default" if args.calls is None else f"{args.calls} per window"
     emit(args, row, f"user {user}: {what} limited to {limit}")

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import RateLimit, Reservation, UserPolicySettings
-from worker.db.tables import tool_invocations, user_policy_settings
+from worker.db.tables import agents, tool_invocations, user_policy_settings
 
 __all__ = [
     "PolicyReport",
@@ -43,17 +44,24 @@ class PostgresCallLedger:
 
     One round trip per call (autocommit; no session state, so PgBouncer's transaction mode is
     fine). The database clock stamps the slots, so replicas with skewed clocks agree.
+
+    Args:
+        engine: the database.
+        timeout_s: how long one reservation may take, connecting included (default 5 s);
+            past it the call raises ``TimeoutError`` and the gate fails closed (``enforce``) or
+            open (``log-only``) at once instead of waiting for the connect timeout.
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, timeout_s: float = 5.0) -> None:
         self.engine = engine
+        self.timeout_s = timeout_s
 
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
     ) -> Reservation:
         """See ``planner.policy.CallLedger.reserve``. Raises SQLAlchemy/OS errors when the
         database is unavailable."""
-        async with self.engine.connect() as conn:
+        async with asyncio.timeout(self.timeout_s), self.engine.connect() as conn:
             auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
             row = (
                 await auto.execute(
@@ -159,6 +167,12 @@ class PolicyStore:
             )
         return dict(row) if row is not None else None
 
+    async def owns_agents(self, user_id: str) -> bool:
+        """True when an agent has ``user_id`` as its owner."""
+        stmt = select(agents.c.id).where(agents.c.owner_user_id == user_id).limit(1)
+        async with self.engine.connect() as conn:
+            return (await conn.execute(stmt)).first() is not None
+
     async def user_settings(self, user_id: str) -> UserPolicySettings:
         """The user's settings as the gate takes them."""
         return user_settings_from_row(await self.get(user_id))
@@ -220,19 +234,22 @@ class PolicyStore:
         verdict = decision["verdict"].astext
         reason = decision["reason"].astext
         flagged = decision["flags"].op("?")(literal_column("'injection_marker'"))
+        # decided: a decision object (rows of mode off, unknown tools and invalid arguments
+        # have none: SQL NULL, or JSON null in rows written by earlier versions)
+        is_decided = func.coalesce(func.jsonb_typeof(decision) == "object", False)
         stmt = (
             select(
                 mode.label("mode"),
                 tool_invocations.c.tool,
                 reason.label("reason"),
                 verdict.label("verdict"),
-                decision.is_not(None).label("decided"),
+                is_decided.label("decided"),
                 func.count().label("calls"),
                 func.count().filter(flagged).label("flagged"),
                 func.now().label("now"),
             )
             .where(tool_invocations.c.created_at >= func.now() - since)
-            .group_by(mode, tool_invocations.c.tool, reason, verdict, decision.is_not(None))
+            .group_by(mode, tool_invocations.c.tool, reason, verdict, is_decided)
         )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).mappings().all()

@@ -33,6 +33,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    null,
     or_,
     select,
     update,
@@ -444,10 +445,11 @@ async def _insert_invocations(
                 "call_id": row.call_id,
                 "tool": row.tool,
                 "arguments": row.arguments,
-                "result": row.result,
+                "result": null() if row.result is None else row.result,
                 "error": row.error,
                 "outcome": row.outcome,
-                "policy_decision": row.policy_decision,
+                # SQL NULL, not JSON null: "no decision" must read as such in reports
+                "policy_decision": null() if row.policy_decision is None else row.policy_decision,
                 "policy_mode": row.policy_mode,
                 "duration_ms": row.duration_ms,
             }

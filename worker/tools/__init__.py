@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,6 +25,7 @@ __all__ = [
     "BUILTIN_SCOPES",
     "OPT_IN_TOOLS",
     "WebFetchConfig",
+    "builtin_tool_catalog",
     "builtin_tools",
     "clock_tools",
     "notes_tools",
@@ -44,3 +46,10 @@ def builtin_tools(
     """Every built-in tool: the notes tools on ``engine``, the clock reading ``now``, then
     ``web_fetch`` under ``web`` (default ``WebFetchConfig()``: public addresses only)."""
     return [*notes_tools(engine), *clock_tools(now), *web_tools(web)]
+
+
+def builtin_tool_catalog() -> list[ToolSpec]:
+    """The built-in tools for their names, policy hints, scopes and schemas only (to check a
+    command line without a database): their handlers are bound to no database and must not
+    be called."""
+    return builtin_tools(cast(AsyncEngine, None))

@@ -88,7 +88,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
         return {"notes": [_summary(row) for row in rows], "count": len(rows)}
 
     async def notes_search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        text = str(args["query"])
+        text = _text(args, "query")
         limit = int(args.get("limit", LIST_DEFAULT))
         pattern = f"%{escape_like(text)}%"
         query = (
@@ -120,7 +120,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
     async def notes_create(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         statement = (
             insert(notes)
-            .values(user_id=ctx.user_id, title=str(args["title"]), body=str(args.get("body", "")))
+            .values(user_id=ctx.user_id, title=_text(args, "title"), body=_text(args, "body"))
             .returning(notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
         )
         async with engine.begin() as conn:
@@ -134,7 +134,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
 
     async def notes_update(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         note_id = int(args["id"])
-        changes = {key: str(args[key]) for key in ("title", "body") if key in args}
+        changes = {key: _text(args, key) for key in ("title", "body") if key in args}
         if not changes:
             raise ValueError("nothing to change: give a new title, a new body, or both")
         statement = (
@@ -251,6 +251,17 @@ def snippet(body: str, query: str, width: int = SNIPPET_CHARS) -> str:
     end = min(len(body), start + width)
     start = max(0, min(start, end - width))
     return ("…" if start > 0 else "") + body[start:end] + ("…" if end < len(body) else "")
+
+
+def _text(args: dict[str, Any], key: str) -> str:
+    """``args[key]`` as text (``""`` when absent). Raises ValueError, for the model to read,
+    on what PostgreSQL text cannot hold: a NUL character or an unpaired UTF-16 surrogate."""
+    value = str(args.get(key, ""))
+    if "\x00" in value:
+        raise ValueError(f"{key} contains a NUL character (\\x00), which notes cannot hold")
+    if any("\ud800" <= c <= "\udfff" for c in value):
+        raise ValueError(f"{key} contains an unpaired surrogate, which is not valid text")
+    return value
 
 
 def _missing(note_id: int) -> str:
