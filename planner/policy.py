@@ -485,8 +485,13 @@ def _matches(texts: list[str], wanted: tuple[tuple[str, str, str], ...]) -> tupl
     a marker without spaces (collapsing whitespace cannot create or split a run without
     whitespace), and a marker with spaces is only looked for after its first word was found.
     """
-    if all(t.isascii() and _CONTROL.search(t) is None for t in texts):
-        low = "\x00".join(texts).lower()
+    plain = True
+    for text in texts:
+        if not text.isascii() or _CONTROL.search(text) is not None:
+            plain = False
+            break
+    if plain:
+        low = texts[0].lower() if len(texts) == 1 else "\x00".join(texts).lower()
         collapsed: str | None = None
         found: list[str] = []
         for original, normalized, first in wanted:
@@ -506,6 +511,28 @@ def _matches(texts: list[str], wanted: tuple[tuple[str, str, str], ...]) -> tupl
     )
 
 
+_SCALARS = (int, float, bool, type(None))
+
+
+def _flat_texts(value: dict[Any, Any], max_chars: int) -> list[str] | None:
+    """The keys and string values of an object without nested containers whose text fits
+    ``max_chars``; ``None`` when it is not that simple (the full scan handles it)."""
+    texts: list[str] = []
+    size = 0
+    for key, inner in value.items():
+        if type(key) is not str:
+            return None
+        texts.append(key)
+        size += len(key)
+        kind = type(inner)
+        if kind is str:
+            texts.append(inner)
+            size += len(inner)
+        elif kind not in _SCALARS:
+            return None
+    return texts if size <= max_chars else None
+
+
 def find_injection_markers(
     value: Any,
     markers: Iterable[str] = DEFAULT_INJECTION_MARKERS,
@@ -523,8 +550,12 @@ def find_injection_markers(
     Never raises; iterative (no recursion), so nesting depth costs nothing extra.
     """
     wanted = _normalized_markers(markers if isinstance(markers, tuple) else tuple(markers))
+    if type(value) is dict and len(value) < max_nodes:
+        texts = _flat_texts(value, max_chars)
+        if texts is not None:  # the common case: an object of short strings and numbers
+            return (_matches(texts, wanted) if texts else ()), False, False
     not_object = not isinstance(value, dict)
-    texts: list[str] = []
+    texts = []
     budget = max_chars
     nodes = 0
     truncated = False

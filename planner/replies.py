@@ -84,7 +84,17 @@ def stored_reply(response: CompletionResponse) -> ChatMessage:
     info = ReplyInfo(
         endpoint=response.endpoint, finish_reason=response.finish_reason, usage=response.usage
     )
-    return response.message.model_copy(update={"role": "assistant", "reply_info": info})
+    message = response.message
+    # a new message rather than model_copy(update=...): the loop does this every round, and
+    # pydantic's validation of instances is several times cheaper than its copy
+    return ChatMessage(
+        role="assistant",
+        content=message.content,
+        tool_calls=message.tool_calls,
+        tool_call_id=message.tool_call_id,
+        provider_fields=message.provider_fields,
+        reply_info=info,
+    )
 
 
 def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) -> Verdict:

@@ -153,7 +153,10 @@ class InMemoryCallLedger:
         if self.fail_with is not None:
             raise self.fail_with
         now = self.clock()
-        calls = self._calls.setdefault((user_id, tool), deque())
+        key = (user_id, tool)
+        calls = self._calls.get(key)
+        if calls is None:
+            calls = self._calls[key] = deque()
         start = now - limit.window
         while calls and calls[0] <= start:
             calls.popleft()

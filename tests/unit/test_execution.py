@@ -471,3 +471,25 @@ def test_loop_limits_are_checked(field: str, value: float, message: str) -> None
 def test_a_tool_timeout_must_be_positive(timeout_s: float) -> None:
     with pytest.raises(ToolRegistryError, match="invalid timeout_s for tool 'x'"):
         ToolSpec("x", "x", {"type": "object"}, "read", Probe().handler, timeout_s=timeout_s)
+
+
+async def test_a_handler_that_swallows_its_timeout_leaves_no_cancellation_behind() -> None:
+    async def stubborn(args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "I ignored the timeout"
+        return "slept"
+
+    spec = ToolSpec("stubborn", "s", {"type": "object"}, "read", stubborn)
+    [executed] = await execute_calls(
+        [ToolCall(id="c", name="stubborn", arguments={})],
+        round=1,
+        registry=ToolRegistry([spec]),
+        ctx=ToolContext(user_id="u"),
+        tool_timeout_s=0.01,
+    )
+    assert executed.result == "I ignored the timeout"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    await asyncio.sleep(0)  # a later await is not hit by the swallowed cancellation
