@@ -11,9 +11,10 @@ from planner.errors import (
     PlannerError,
     ToolRegistryError,
 )
-from planner.execution import ExecutedCall, execute_calls, tool_result_message
+from planner.execution import CallJournal, ExecutedCall, execute_calls, tool_result_message
 from planner.llm import ChatModel, CompletionRequest, CompletionResponse
 from planner.loop import (
+    Checkpoint,
     LoopState,
     PlannerLoopInput,
     PlannerLoopResult,
@@ -46,9 +47,11 @@ from planner.policy import (
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [
+    "CallJournal",
     "CallLedger",
     "ChatMessage",
     "ChatModel",
+    "Checkpoint",
     "CompletionRequest",
     "CompletionResponse",
     "ExecutedCall",

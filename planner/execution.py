@@ -19,6 +19,10 @@ How a round runs (the plan is the pure function ``plan_segments``, the shell is
   result and takes no slot.
 * Results come back in source order, whatever order the calls finished in; ``on_executed``
   fires in completion order.
+* A ``write`` or ``destructive`` call gets its own idempotency key in ``ctx`` and, with a
+  ``CallJournal``, is recorded durably before its handler starts and again as soon as it
+  finished, so that a worker taking over after a crash knows which writes were in flight
+  (``planner.loop`` resumes from such a record).
 
 The model of this split (a pure segmentation, then a thin async shell) is pydantic-ai's
 ``_tool_execution.py`` (``_segment_by_barriers``).
@@ -28,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from planner.messages import ChatMessage, ToolCall
 from planner.policy import PolicyDecision, PolicyGate
@@ -40,6 +45,7 @@ from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 __all__ = [
     "DEFAULT_MAX_PARALLEL_READS",
     "DEFAULT_TOOL_TIMEOUT_S",
+    "CallJournal",
     "ExecutedCall",
     "Segment",
     "ToolCallExecutor",
@@ -51,11 +57,41 @@ __all__ = [
 
 ToolCallExecutor = Callable[[ToolCall], Awaitable[Any]]
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_MAX_PARALLEL_READS = 10
 """Read calls of one round that may run at once, unless the caller says otherwise."""
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 """Seconds one tool call may run when neither its ToolSpec nor the caller sets a limit."""
+
+
+class CallJournal(Protocol):
+    """Where ``write`` and ``destructive`` calls are recorded around their handler, so that a
+    call in flight when the worker died is known (and never run again silently).
+
+    ``started`` is awaited before the handler; if it raises, the call does not run and its
+    result says why. ``finished`` is awaited as soon as the call has its outcome (not when the
+    run is cancelled mid-call: that call's outcome is then unknown); what it raises is logged
+    and otherwise ignored.
+    """
+
+    async def started(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        *,
+        round: int,
+        position: int,
+        decision: PolicyDecision | None,
+        ctx: ToolContext,
+    ) -> None:
+        """Record durably that ``call`` (0-based ``position`` in ``round``) is about to run."""
+        ...
+
+    async def finished(self, executed: ExecutedCall) -> None:
+        """Record the outcome of a call ``started`` recorded."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -73,6 +109,8 @@ class ExecutedCall:
         index: the 0-based position of the call in its assistant message (source order).
         ran: ``True`` when the handler (or executor) was started: the tool is known, its
             arguments were valid and the gate allowed it.
+        outcome_unknown: the call was running when its worker stopped, and what it did is
+            not known (a resumed run answers it with an error result saying so).
     """
 
     round: int
@@ -83,6 +121,7 @@ class ExecutedCall:
     duration_ms: float = 0.0
     index: int = 0
     ran: bool = False
+    outcome_unknown: bool = False
 
     @property
     def ok(self) -> bool:
@@ -188,6 +227,8 @@ async def execute_calls(
     max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
     tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
     on_read_batch: Callable[[int], None] | None = None,
+    journal: CallJournal | None = None,
+    settled: Mapping[int, ExecutedCall] | None = None,
 ) -> list[ExecutedCall]:
     """Run one round's ``calls`` (see the module docstring for the rules).
 
@@ -207,6 +248,9 @@ async def execute_calls(
             error result; for a write the error says its outcome is unknown.
         on_read_batch: called after each parallel segment in which two or more calls ran
             concurrently, with how many ran.
+        journal: records ``write`` / ``destructive`` calls around their handler.
+        settled: results already known, by 0-based position (a resumed round: calls an
+            earlier attempt finished, or whose outcome is unknown); those calls do not run.
 
     Returns:
         One ExecutedCall per call, in source order.
@@ -229,13 +273,20 @@ async def execute_calls(
             on_executed(executed)
 
     async def check(index: int) -> ExecutedCall | _Ready:
+        if settled and index in settled:
+            return settled[index]
         return await _check(
             index, calls[index], round=round, registry=registry, ctx=ctx, policy=policy
         )
 
     async def run(ready: _Ready) -> ExecutedCall:
         return await _run(
-            ready, round=round, ctx=ctx, executor=executor, default_timeout_s=tool_timeout_s
+            ready,
+            round=round,
+            ctx=ctx,
+            executor=executor,
+            default_timeout_s=tool_timeout_s,
+            journal=journal,
         )
 
     hints = [_hint(registry, call) for call in calls]
@@ -348,18 +399,52 @@ async def _run(
     ctx: ToolContext,
     executor: ToolCallExecutor | None,
     default_timeout_s: float | None,
+    journal: CallJournal | None = None,
 ) -> ExecutedCall:
-    """Run one allowed call under its timeout; every failure becomes the error result."""
+    """Run one allowed call under its timeout; every failure becomes the error result.
+    A write or destructive call gets its idempotency key, and the journal's records."""
     call, spec = ready.call, ready.spec
     timeout_s = spec.timeout_s if spec.timeout_s is not None else default_timeout_s
     started = time.perf_counter()
 
-    def done(result: Any, error: str | None) -> ExecutedCall:
+    def done(result: Any, error: str | None, ran: bool = True) -> ExecutedCall:
         elapsed_ms = ready.checked_ms + (time.perf_counter() - started) * 1000.0
         return ExecutedCall(
-            round, call, result, error, ready.decision, elapsed_ms, ready.position, ran=True
+            round, call, result, error, ready.decision, elapsed_ms, ready.position, ran=ran
         )
 
+    if spec.policy_hint == "read":
+        return await _run_handler(ready, ctx, executor, timeout_s, done)
+    ctx = ctx.for_call(round, ready.position)
+    if journal is not None:
+        try:
+            await journal.started(
+                call, spec, round=round, position=ready.position, decision=ready.decision, ctx=ctx
+            )
+        except Exception as exc:  # not recorded, not run: a write must never run unrecorded
+            return done(
+                None,
+                f"{call.name} was not run: its start could not be recorded "
+                f"({type(exc).__name__}); try again later",
+                ran=False,
+            )
+    executed = await _run_handler(ready, ctx, executor, timeout_s, done)
+    if journal is not None:
+        try:
+            await journal.finished(executed)
+        except Exception:  # the call happened; a resume will say its outcome is unknown
+            logger.exception("could not record the outcome of %s", call.name)
+    return executed
+
+
+async def _run_handler(
+    ready: _Ready,
+    ctx: ToolContext,
+    executor: ToolCallExecutor | None,
+    timeout_s: float | None,
+    done: Callable[[Any, str | None], ExecutedCall],
+) -> ExecutedCall:
+    call, spec = ready.call, ready.spec
     deadline = _Deadline(timeout_s)
     try:
         if executor is not None:

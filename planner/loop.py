@@ -14,25 +14,27 @@ Reminders from ``reminder_channel`` are appended to *that request only* as
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from planner.errors import LLMError
 from planner.execution import (
     DEFAULT_MAX_PARALLEL_READS,
     DEFAULT_TOOL_TIMEOUT_S,
+    CallJournal,
     ExecutedCall,
     ToolCallExecutor,
     execute_calls,
     tool_result_message,
 )
 from planner.llm import ChatModel, CompletionRequest
-from planner.messages import ChatMessage, TokenUsage
+from planner.messages import ChatMessage, TokenUsage, ToolCall
 from planner.policy import PolicyGate
 from planner.replies import FAILED_STOP_REASONS, StopReason, judge_reply, stored_reply
 from planner.tools import ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [
+    "Checkpoint",
     "LoopState",
     "PlannerLoopInput",
     "PlannerLoopResult",
@@ -73,6 +75,37 @@ ReminderChannel = Callable[[LoopState], Sequence[str]]
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """Where an earlier attempt at a run stopped, to go on from (a resume).
+
+    Attributes:
+        messages: the stored log so far: system, prior and user messages, then the rounds.
+            When it ends with an assistant message that calls tools, that round was under
+            way: its calls get their results first (``settled`` ones as given, the others
+            run), then the loop goes on with the next round.
+        rounds_done: completion requests the log answers (they count toward ``max_rounds``).
+        usage: tokens those requests cost (they count toward the usage reported).
+        settled: results of the pending round's calls that must not run again, by 0-based
+            position: calls an earlier attempt finished, and writes whose outcome is unknown.
+        compactions_done: compactions the earlier attempts did.
+    """
+
+    messages: Sequence[ChatMessage]
+    rounds_done: int
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    settled: Mapping[int, ExecutedCall] = field(default_factory=dict)
+    compactions_done: int = 0
+
+    def pending_calls(self) -> tuple[ToolCall, ...]:
+        """The calls of the round under way when the checkpoint was taken (none when the log
+        does not end with an assistant message that calls tools)."""
+        last = self.messages[-1] if self.messages else None
+        if last is None or last.role != "assistant":
+            return ()
+        return last.tool_calls
+
+
+@dataclass(frozen=True)
 class PlannerLoopInput:
     """Everything one run of the loop needs besides the model.
 
@@ -97,6 +130,13 @@ class PlannerLoopInput:
             (default 60, must be > 0; ``None``: no limit).
         on_read_batch: called after each group of reads that ran concurrently, with how many
             ran (for metrics).
+        journal: records ``write`` / ``destructive`` calls around their handler (see
+            ``planner.execution.CallJournal``); ``None``: not recorded.
+        on_round_end: awaited after each round whose calls ran, with the round number and
+            its calls in source order, once their results are in the log (a checkpoint);
+            what it raises propagates.
+        resume: continue an earlier attempt from its checkpoint instead of starting anew
+            (``system_prompt``, ``prior_messages`` and ``user_prompt`` are then in it).
     """
 
     system_prompt: str
@@ -115,6 +155,9 @@ class PlannerLoopInput:
     max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS
     tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S
     on_read_batch: Callable[[int], None] | None = None
+    journal: CallJournal | None = None
+    on_round_end: Callable[[int, Sequence[ExecutedCall]], Awaitable[None]] | None = None
+    resume: Checkpoint | None = None
 
     def __post_init__(self) -> None:
         if self.max_rounds < 1:
@@ -195,14 +238,53 @@ async def run_planner_loop(
         if inp.on_message is not None:
             inp.on_message(message)
 
-    log(ChatMessage(role="system", content=inp.system_prompt))
-    for message in inp.prior_messages:
-        log(message)
-    log(ChatMessage(role="user", content=inp.user_prompt))
+    async def run_calls(
+        calls: Sequence[ToolCall],
+        round_no: int,
+        settled: Mapping[int, ExecutedCall] | None = None,
+    ) -> tuple[ExecutedCall, ...]:
+        outcomes = await execute_calls(
+            calls,
+            round=round_no,
+            registry=registry,
+            ctx=ctx,
+            policy=inp.policy,
+            executor=on_tool_call,
+            on_executed=inp.on_executed_call,
+            max_parallel_reads=inp.max_parallel_reads,
+            tool_timeout_s=inp.tool_timeout_s,
+            on_read_batch=inp.on_read_batch,
+            journal=inp.journal,
+            settled=settled,
+        )
+        executed.extend(outcomes)
+        for outcome in outcomes:
+            log(tool_result_message(outcome))
+        if inp.on_round_end is not None:
+            await inp.on_round_end(round_no, outcomes)
+        return tuple(outcomes)
+
     usage = TokenUsage()
     last_round: tuple[ExecutedCall, ...] = ()
+    first_round = 1
+    if inp.resume is None:
+        log(ChatMessage(role="system", content=inp.system_prompt))
+        for message in inp.prior_messages:
+            log(message)
+        log(ChatMessage(role="user", content=inp.user_prompt))
+    else:
+        for message in inp.resume.messages:
+            log(message)
+        usage = inp.resume.usage
+        first_round = inp.resume.rounds_done + 1
+        pending = inp.resume.pending_calls()
+        if pending:  # the round under way when the earlier attempt stopped
+            last_round = await run_calls(pending, inp.resume.rounds_done, inp.resume.settled)
+        if first_round > inp.max_rounds:
+            rounds = inp.resume.rounds_done
+            return PlannerLoopResult(messages, executed, rounds, usage, "max_rounds")
 
-    for round_no in range(1, inp.max_rounds + 1):
+    for round_no in range(first_round, inp.max_rounds + 1):
         state = LoopState(
             round=round_no,
             tool_call_count=len(executed),
@@ -247,21 +329,6 @@ async def run_planner_loop(
             )
         if not reply.tool_calls:
             continue  # the model was told why its reply cannot stand, and asked again
-        outcomes = await execute_calls(
-            reply.tool_calls,
-            round=round_no,
-            registry=registry,
-            ctx=ctx,
-            policy=inp.policy,
-            executor=on_tool_call,
-            on_executed=inp.on_executed_call,
-            max_parallel_reads=inp.max_parallel_reads,
-            tool_timeout_s=inp.tool_timeout_s,
-            on_read_batch=inp.on_read_batch,
-        )
-        executed.extend(outcomes)
-        for outcome in outcomes:
-            log(tool_result_message(outcome))
-        last_round = tuple(outcomes)
+        last_round = await run_calls(reply.tool_calls, round_no)
 
     return PlannerLoopResult(messages, executed, inp.max_rounds, usage, "max_rounds")

@@ -3,7 +3,8 @@
 ``ScriptedChatModel`` answers requests from a script, records every request it saw, and fails
 loudly when asked for more steps than scripted; ``assert_exhausted()`` fails the test when
 scripted steps were left over. ``FunctionChatModel`` answers with a function of the request.
-``InMemoryCallLedger`` is the policy gate's rate-limit ledger for one process.
+``InMemoryCallLedger`` is the policy gate's rate-limit ledger for one process;
+``InMemoryCallJournal`` records write calls around their handler as the worker's does.
 Nothing here opens a socket.
 """
 
@@ -16,12 +17,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from planner.execution import ExecutedCall
 from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
-from planner.policy import RateLimit, Reservation
+from planner.policy import PolicyDecision, RateLimit, Reservation
+from planner.tools import ToolContext, ToolSpec
 
 __all__ = [
     "FunctionChatModel",
+    "InMemoryCallJournal",
     "InMemoryCallLedger",
     "ScriptExhaustedError",
     "ScriptStep",
@@ -165,3 +169,37 @@ class InMemoryCallLedger:
             self.slots_taken += 1
             return Reservation(True, now, ())
         return Reservation(reserved=False, now=now, recent=tuple(calls)[-limit.calls :])
+
+
+class InMemoryCallJournal:
+    """A ``planner.execution.CallJournal`` that keeps its records in lists.
+
+    Attributes:
+        started_calls: ``(round, position, call id, idempotency key)`` of each call, in order.
+        finished_calls: each finished call's ExecutedCall, in order.
+        fail_start_with: when set, ``started`` raises it (the call must then not run).
+    """
+
+    def __init__(self) -> None:
+        self.started_calls: list[tuple[int, int, str, str | None]] = []
+        self.finished_calls: list[ExecutedCall] = []
+        self.fail_start_with: BaseException | None = None
+
+    async def started(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        *,
+        round: int,
+        position: int,
+        decision: PolicyDecision | None,
+        ctx: ToolContext,
+    ) -> None:
+        """Record the start (or raise ``fail_start_with``)."""
+        if self.fail_start_with is not None:
+            raise self.fail_start_with
+        self.started_calls.append((round, position, call.id, ctx.idempotency_key))
+
+    async def finished(self, executed: ExecutedCall) -> None:
+        """Record the outcome."""
+        self.finished_calls.append(executed)

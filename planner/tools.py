@@ -8,6 +8,7 @@ an optional per-call timeout.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,7 +19,14 @@ import jsonschema_rs
 
 from planner.errors import ToolRegistryError
 
-__all__ = ["PolicyHint", "ToolContext", "ToolHandler", "ToolRegistry", "ToolSpec"]
+__all__ = [
+    "OutcomeLookup",
+    "PolicyHint",
+    "ToolContext",
+    "ToolHandler",
+    "ToolRegistry",
+    "ToolSpec",
+]
 
 PolicyHint = Literal["read", "write", "destructive"]
 
@@ -31,6 +39,11 @@ class ToolContext:
         user_id: the agent owner's user id (tools act in this user's space).
         agent_id, mission_id, iteration_id: ids of the running iteration; ``None`` outside one.
         extra: anything else a tool source needs (read-only by convention).
+        idempotency_key: set for each ``write`` and ``destructive`` call of an iteration: the
+            same for every attempt at that call (iteration id, round, position), different for
+            every other call. A tool that applies its effect at most once per key (and can
+            report what an earlier attempt did: ``ToolSpec.outcome_of``) makes a call that was
+            in flight when a worker died safe; ``None`` for reads and outside an iteration.
     """
 
     user_id: str
@@ -38,9 +51,19 @@ class ToolContext:
     mission_id: int | None = None
     iteration_id: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+
+    def for_call(self, round: int, position: int) -> ToolContext:
+        """This context with the idempotency key of call ``position`` (0-based) of ``round``
+        (1-based): ``"<iteration id>:<round>:<position>"``, or no key outside an iteration."""
+        if self.iteration_id is None:
+            return self
+        key = f"{self.iteration_id}:{round}:{position}"
+        return dataclasses.replace(self, idempotency_key=key)
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+OutcomeLookup = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -57,6 +80,12 @@ class ToolSpec:
             (anything else is stringified). Raising makes the call an error tool result.
         timeout_s: seconds one call may run before it is cancelled and answered with an
             error result; ``None`` (default) takes the loop's ``tool_timeout_s``.
+        outcome_of: for a ``write`` or ``destructive`` tool, ``async (arguments, ctx) ->
+            report``: what the tool can tell about a call with ``ctx.idempotency_key`` that was
+            in flight when its worker died (e.g. "note 7 exists, created by that call"), or
+            ``None`` when it cannot tell. Read by the resuming worker and shown to the model;
+            must not change anything. ``None`` (default): the model is told the outcome is
+            unknown.
 
     Raises:
         ToolRegistryError: at construction, for an invalid name, JSON schema or timeout.
@@ -69,6 +98,7 @@ class ToolSpec:
     handler: ToolHandler
     scope: str = "user-space"
     timeout_s: float | None = None
+    outcome_of: OutcomeLookup | None = None
 
     def __post_init__(self) -> None:
         """Check the name, the schema and the timeout once, at construction (raises

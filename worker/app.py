@@ -187,6 +187,7 @@ async def open_app(
             policy=policy,
             reminders=settings.reminders == "on",
             reminders_disabled=settings.reminders_disabled,
+            checkpoint_every=settings.checkpoint_every_rounds,
             max_parallel_reads=settings.max_parallel_reads,
             tool_timeout_s=settings.tool_timeout_s,
         )

@@ -37,9 +37,11 @@ from planner import (
 )
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from planner.policy import POLICY_MODES, PolicyMode
+from reminders import SentReminder
 from worker import metrics
-from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore
+from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, StartedIteration
 from worker.gate import PolicySetup
+from worker.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
 from worker.logs import bind_log_context
 from worker.reminder_channel import mission_reminder_channel
 from worker.schedule import ScheduleError, next_run_after
@@ -83,6 +85,8 @@ class MissionRunner:
         policy: the policy gate's setup; ``None`` runs every call without a gate (mode off).
         reminders: send the reminder channel's hints with each request (default on).
         reminders_disabled: reminder producers to leave out (``PRODUCER_NAMES``).
+        checkpoint_every: commit a run's read-only rounds at least this often (rounds that
+            ran a write or destructive call are always committed; default 3).
         clock: returns the current UTC-aware time (injectable for tests).
         max_parallel_reads: read calls of one round running at once, at most (default 10).
         tool_timeout_s: seconds a tool call may run unless its ToolSpec says otherwise
@@ -101,6 +105,7 @@ class MissionRunner:
         policy: PolicySetup | None = None,
         reminders: bool = True,
         reminders_disabled: Collection[str] = (),
+        checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
         clock: Callable[[], datetime] = _utcnow,
         max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
         tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
@@ -114,6 +119,7 @@ class MissionRunner:
         self.policy = policy
         self.reminders = reminders
         self.reminders_disabled = frozenset(reminders_disabled)
+        self.checkpoint_every = checkpoint_every
         self.clock = clock
         self.max_parallel_reads = max_parallel_reads
         self.tool_timeout_s = tool_timeout_s
@@ -176,15 +182,21 @@ class MissionRunner:
         result: PlannerLoopResult | None = None
         transcript = Transcript(attempt=iteration.attempt, policy_mode=self._policy_mode(mission))
         if self.reminders:
+            checkpoint_tokens = iteration.prompt_tokens + iteration.completion_tokens
             transcript.reminders = mission_reminder_channel(
                 max_tokens_per_day=mission.max_tokens_per_day,
-                tokens_used_24h=used,
+                # the loop adds its usage, which starts from the checkpoint's on a resume
+                tokens_used_24h=max(0, used - checkpoint_tokens),
                 deadline=mission.deadline,
                 clock=self.clock,
                 disabled=self.reminders_disabled,
             )
+            transcript.reminders.sent.extend(  # the audit goes on where it stopped
+                SentReminder(int(r["round"]), str(r["producer"]), str(r["text"]))
+                for r in iteration.reminders
+            )
         try:
-            result = await self._run_loop(mission, iteration.id, model, transcript)
+            result = await self._run_loop(mission, iteration, model, transcript)
             outcome = self._outcome(result, next_run, transcript)
         except asyncio.CancelledError:
             if lease_lost.is_set() and this_task is not None:
@@ -197,11 +209,10 @@ class MissionRunner:
                 iteration.id,
                 worker_id=self.worker_id,
                 reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
-                messages=transcript.messages_json(),
+                checkpoint=transcript.checkpoint(),
                 invocations=transcript.invocation_rows(),
-                reminders=transcript.reminders_json(),
             )
-            logger.warning("iteration interrupted by shutdown; the next worker reruns it")
+            logger.warning("iteration interrupted by shutdown; the next worker resumes it")
             metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
             raise
         except Exception as exc:  # a crash in our own code must not stop other missions
@@ -216,6 +227,9 @@ class MissionRunner:
                 messages=transcript.messages_json(),
                 tool_invocations=transcript.invocation_rows(),
                 reminders=transcript.reminders_json(),
+                rounds=transcript.rounds(),
+                prompt_tokens=transcript.usage().prompt_tokens,
+                completion_tokens=transcript.usage().completion_tokens,
             )
         finally:
             renewer.cancel()
@@ -246,6 +260,8 @@ class MissionRunner:
             return "lease_lost"
         if result is not None:
             for call in result.executed_calls:
+                if (call.round, call.index) in transcript.settled_earlier:
+                    continue  # an earlier attempt's call, counted by the worker that ran it
                 # a name the model invented is not a label value: it would be unbounded
                 tool = call.call.name if call.call.name in transcript.tool_names else "(unknown)"
                 metrics.TOOL_CALLS.labels(tool=tool, outcome=call_outcome(call)).inc()
@@ -263,7 +279,7 @@ class MissionRunner:
     async def _run_loop(
         self,
         mission: ClaimedMission,
-        iteration_id: int,
+        iteration: StartedIteration,
         model: str | None,
         transcript: Transcript,
     ) -> PlannerLoopResult:
@@ -271,7 +287,7 @@ class MissionRunner:
             user_id=mission.owner_user_id,
             agent_id=mission.agent_id,
             mission_id=mission.id,
-            iteration_id=iteration_id,
+            iteration_id=iteration.id,
         )
         gate = None
         if self.policy is not None:
@@ -285,6 +301,27 @@ class MissionRunner:
 
         tools = list(self.tools_for(mission))
         transcript.tool_names = frozenset(t.name for t in tools)
+        specs = {t.name: t for t in tools}
+        journal = MissionJournal(
+            store=self.store,
+            mission=mission,
+            iteration_id=iteration.id,
+            worker_id=self.worker_id,
+            transcript=transcript,
+            specs=specs,
+            checkpoint_every=self.checkpoint_every,
+        )
+        resume = None
+        if iteration.resumable:
+            resume = await resume_checkpoint(iteration, transcript=transcript, specs=specs, ctx=ctx)
+            unknown = sum(c.outcome_unknown for c in resume.settled.values())
+            logger.warning(
+                "resuming after round %d of attempt %d (%d call(s) in flight with an unknown "
+                "outcome: not run again)",
+                resume.rounds_done,
+                iteration.attempt - 1,
+                unknown,
+            )
         inp = PlannerLoopInput(
             system_prompt=mission.system_prompt,
             user_prompt=mission.objective,
@@ -299,6 +336,9 @@ class MissionRunner:
             max_parallel_reads=self.max_parallel_reads,
             tool_timeout_s=self.tool_timeout_s,
             on_read_batch=_count_read_batch,
+            journal=journal,
+            on_round_end=journal.round_end,
+            resume=resume,
         )
         return await run_planner_loop(inp, llm=self.llm)
 
@@ -335,7 +375,7 @@ class MissionRunner:
             error=json_safe("; ".join(errors)) or None,
             next_run_at=next_run.at,
             mission_status=next_run.mission_status,
-            tool_invocations=[transcript.invocation_row(c) for c in result.executed_calls],
+            tool_invocations=transcript.invocation_rows(),
             reminders=transcript.reminders_json(),
         )
 

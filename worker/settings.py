@@ -141,7 +141,18 @@ class Settings(BaseSettings):
         description=(
             "On SIGTERM/SIGINT, seconds to let running missions finish before they are "
             "interrupted (their iterations are marked interrupted and their leases released, "
-            "so another replica reruns them at its next tick)."
+            "so another replica resumes them at its next tick)."
+        ),
+    )
+    checkpoint_every_rounds: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description=(
+            "A running mission stores a checkpoint after every round that ran a write or "
+            "destructive tool call, and at least every this many rounds otherwise (read-only "
+            "rounds are cheap to redo). A worker taking over a mission whose worker died "
+            "resumes from the last checkpoint. Default 3."
         ),
     )
     llm_timeout_s: float = Field(

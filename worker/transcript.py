@@ -14,9 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner import ChatMessage, ExecutedCall, messages_to_json
+from planner import (
+    ChatMessage,
+    ExecutedCall,
+    PolicyDecision,
+    TokenUsage,
+    ToolCall,
+    messages_to_json,
+)
 from reminders import ReminderComposer
-from worker.db.stores import ToolInvocationRow
+from worker.db.stores import RoundCheckpoint, ToolInvocationRow
 
 __all__ = ["Transcript", "call_outcome", "json_safe", "messages_json"]
 
@@ -32,6 +39,10 @@ class Transcript:
         calls: executed calls so far, as they finished.
         reminders: the run's reminder channel, whose audit is stored (``None``: none).
         tool_names: the tools the run offered the model.
+        stored: ``(round, position) -> row id`` of the calls whose ``tool_invocations`` row
+            exists (journaled writes, committed rounds, an earlier attempt's calls).
+        current: the stored rows whose outcome is up to date (nothing to write for them).
+        settled_earlier: calls of a resumed round that an earlier attempt finished.
     """
 
     attempt: int
@@ -40,17 +51,77 @@ class Transcript:
     calls: list[ExecutedCall] = field(default_factory=list)
     reminders: ReminderComposer | None = None
     tool_names: frozenset[str] = frozenset()
+    stored: dict[tuple[int, int], int] = field(default_factory=dict)
+    current: set[tuple[int, int]] = field(default_factory=set)
+    settled_earlier: set[tuple[int, int]] = field(default_factory=set)
 
     def messages_json(self) -> list[dict[str, Any]]:
         """The message log as stored (see ``messages_json``)."""
         return messages_json(self.messages)
 
+    def usage(self) -> TokenUsage:
+        """Tokens of the rounds in the log so far (each reply's ``reply_info.usage``; earlier
+        attempts' rounds included)."""
+        total = TokenUsage()
+        for message in self.messages:
+            if message.reply_info is not None and message.reply_info.usage is not None:
+                total = total + message.reply_info.usage
+        return total
+
+    def rounds(self) -> int:
+        """Rounds in the log so far: one per assistant reply."""
+        return sum(1 for m in self.messages if m.role == "assistant")
+
+    def checkpoint(self) -> RoundCheckpoint:
+        """What a round commit stores on the iteration row."""
+        usage = self.usage()
+        return RoundCheckpoint(
+            messages=self.messages_json(),
+            rounds=self.rounds(),
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            reminders=self.reminders_json(),
+        )
+
     def invocation_rows(self) -> list[ToolInvocationRow]:
-        """Every executed call so far as a ``tool_invocations`` row, in source order (round,
-        then position in the round): concurrent reads finish in any order, the stored story
-        reads as the model wrote it."""
+        """The ``tool_invocations`` rows still to write, in source order (round, then position
+        in the round: concurrent reads finish in any order, the stored story reads as the model
+        wrote it): new calls to insert, and stored rows whose outcome changed to update."""
         ordered = sorted(self.calls, key=lambda c: (c.round, c.index))
-        return [self.invocation_row(c) for c in ordered]
+        return [self.invocation_row(c) for c in ordered if (c.round, c.index) not in self.current]
+
+    def mark_written(self, rows: Sequence[ToolInvocationRow], new_ids: Sequence[int]) -> None:
+        """``rows`` were written; the new ones (no ``row_id``) got ``new_ids``, in order."""
+        fresh = iter(new_ids)
+        for row in rows:
+            key = (row.round, row.position)
+            self.stored[key] = row.row_id if row.row_id is not None else next(fresh)
+            self.current.add(key)
+
+    def started_row(
+        self,
+        call: ToolCall,
+        round: int,
+        position: int,
+        key: str | None,
+        decision: PolicyDecision | None,
+    ) -> ToolInvocationRow:
+        """The ``started`` row of a write or destructive call about to run."""
+        return ToolInvocationRow(
+            attempt=self.attempt,
+            round=round,
+            position=position,
+            call_id=json_safe(call.id),
+            tool=json_safe(call.name),
+            arguments=json_safe(call.arguments),
+            result=None,
+            error=None,
+            outcome="started",
+            duration_ms=0.0,
+            policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
+            policy_mode=(decision.mode if decision and decision.mode else self.policy_mode),
+            idempotency_key=key,
+        )
 
     def reminders_json(self) -> list[dict[str, Any]]:
         """The reminders sent so far: ``[{"round", "producer", "text"}]``."""
@@ -62,6 +133,8 @@ class Transcript:
         return ToolInvocationRow(
             attempt=self.attempt,
             round=call.round,
+            position=call.index,
+            row_id=self.stored.get((call.round, call.index)),
             call_id=json_safe(call.call.id),
             tool=json_safe(call.call.name),
             arguments=json_safe(call.call.arguments),
@@ -92,7 +165,10 @@ def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def call_outcome(call: ExecutedCall) -> str:
-    """``denied`` (refused by the gate), ``ok`` or ``error``."""
+    """``unknown`` (in flight when its worker stopped), ``denied`` (refused by the gate),
+    ``ok`` or ``error``."""
+    if call.outcome_unknown:
+        return "unknown"
     if call.decision is not None and not call.decision.allow:
         return "denied"
     return "ok" if call.ok else "error"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -357,3 +358,27 @@ async def test_text_postgresql_cannot_hold_is_refused_in_words_the_model_reads(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         await call(tools, name, args)
+
+
+async def test_notes_create_makes_one_note_per_idempotency_key_and_reports_it(
+    tools: dict[str, ToolSpec], db: AsyncEngine
+) -> None:
+    ctx = ToolContext(user_id="alice", iteration_id=9).for_call(2, 0)
+    assert ctx.idempotency_key == "9:2:0"
+    spec = tools["notes_create"]
+    assert spec.outcome_of is not None
+    assert "no note was created" in await spec.outcome_of({"title": "t"}, ctx)
+    first = await spec.handler({"title": "once"}, ctx)
+    again = await spec.handler({"title": "once"}, ctx)  # a second attempt at the same call
+    assert again["id"] == first["id"]
+    other = await spec.handler({"title": "once"}, ctx.for_call(3, 0))  # another call
+    assert other["id"] != first["id"]
+    report = await spec.outcome_of({"title": "once"}, ctx)
+    assert f"that call created note {first['id']}" in report
+    # keys are per user: bob's call with the same key makes bob's note
+    bob = await spec.handler({"title": "b"}, dataclasses.replace(ctx, user_id="bob"))
+    assert bob["id"] not in (first["id"], other["id"])
+    delete_state = tools["notes_delete"].outcome_of
+    assert delete_state is not None
+    assert "exists now" in await delete_state({"id": first["id"]}, ctx)
+    assert "does not exist now" in await delete_state({"id": 999}, ctx)

@@ -222,7 +222,9 @@ async def test_a_worker_that_lost_its_lease_writes_nothing(db: AsyncEngine) -> N
     assert mission["lease_owner"] == "thief"
 
 
-async def test_drain_interrupts_a_hung_run_and_the_next_worker_reruns_it(db: AsyncEngine) -> None:
+async def test_drain_interrupts_a_hung_run_and_the_next_worker_resumes_it(
+    db: AsyncEngine,
+) -> None:
     mission_id = await add_mission(db)
     entered = asyncio.Event()
 
@@ -250,9 +252,19 @@ async def test_drain_interrupts_a_hung_run_and_the_next_worker_reruns_it(db: Asy
     assert await successor.run_once() == ["succeeded"]
     [it] = await iterations(db)
     assert it["status"] == "succeeded" and it["attempt"] == 2
+    # the successor went on after round 1 instead of starting over: one call, one log
+    assert it["rounds"] == 2 and [m["role"] for m in it["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert [(a["attempt"], a["worker_id"]) for a in it["attempts"]] == [(1, "leaving"), (2, "next")]
+    assert it["attempts"][1]["resumed_after_round"] == 1
     async with db.connect() as conn:
         calls = (await conn.execute(select(tool_invocations))).mappings().all()
-    assert [(c["attempt"], c["tool"]) for c in calls] == [(1, "clock_now"), (2, "clock_now")]
+    assert [(c["attempt"], c["tool"]) for c in calls] == [(1, "clock_now")]
 
 
 async def test_a_mission_paused_while_running_stays_paused(db: AsyncEngine) -> None:

@@ -91,7 +91,10 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     )
     if it["error"]:
         print(f"  error: {it['error']}")
-    _print_log(it["messages"], it.get("reminders") or [])
+    attempts = it.get("attempts") or []
+    if len(attempts) > 1:
+        print("  attempts: " + "; ".join(_attempt_text(a) for a in attempts))
+    _print_log(it["messages"], it.get("reminders") or [], attempts)
     print("\ntool calls:")
     if not it["tool_invocations"]:
         print("  (none)")
@@ -128,15 +131,38 @@ def _policy_line(decision: dict[str, Any] | None, mode: str | None) -> str | Non
     return line
 
 
-def _print_log(messages: list[dict[str, Any]], reminders: list[dict[str, Any]]) -> None:
+def _attempt_text(attempt: dict[str, Any]) -> str:
+    text = f"{attempt.get('attempt')} by {attempt.get('worker_id')}"
+    resumed = attempt.get("resumed_after_round")
+    if resumed is not None:
+        text += f" (resumed after round {resumed})" if resumed else " (started over)"
+    return text
+
+
+def _print_log(
+    messages: list[dict[str, Any]],
+    reminders: list[dict[str, Any]],
+    attempts: list[dict[str, Any]] | None = None,
+) -> None:
     """The message log, round by round, with the reminders sent with each round's request
-    under its header (they were never part of the stored log)."""
+    under its header (they were never part of the stored log), and a line where a takeover
+    resumed the run."""
     print("\nmessage log (reminders: sent with that round's request only, not in the log):")
     by_round: dict[int, list[dict[str, Any]]] = {}
     for reminder in reminders:
         by_round.setdefault(int(reminder.get("round", 0)), []).append(reminder)
+    resumed: dict[int, list[dict[str, Any]]] = {}
+    for attempt in attempts or []:
+        after = attempt.get("resumed_after_round")
+        if after:  # 0 or absent: that attempt started from the beginning
+            resumed.setdefault(int(after) + 1, []).append(attempt)
 
     def header(round_no: int, note: str = "") -> None:
+        for attempt in resumed.pop(round_no, []):
+            print(
+                f"  == attempt {attempt.get('attempt')} (worker {attempt.get('worker_id')}) "
+                f"resumed here, after round {round_no - 1} =="
+            )
         print(f"  -- round {round_no}{note} --")
         for reminder in by_round.pop(round_no, []):
             print(f"  [reminder {reminder.get('producer')}] {reminder.get('text')}")

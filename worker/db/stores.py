@@ -55,7 +55,9 @@ from worker.db.tables import (
 __all__ = [
     "ClaimedMission",
     "IterationOutcome",
+    "LeaseLostError",
     "MissionStore",
+    "RoundCheckpoint",
     "StartedIteration",
     "ToolInvocationRow",
 ]
@@ -90,10 +92,27 @@ class ClaimedMission:
 
 @dataclass(frozen=True)
 class StartedIteration:
-    """The iteration row a run writes into; ``attempt`` > 1 when it took over a dead run."""
+    """The iteration row a run writes into; ``attempt`` > 1 when it took over a dead run.
+
+    A takeover gets the checkpoint the earlier attempts stored: the message log, the rounds
+    done, their tokens and reminders, and the ``tool_invocations`` rows of the last round
+    (``pending_rows``: ``id``, ``position``, ``outcome``, ``result``, ``error``,
+    ``policy_decision``), so it can go on where they stopped.
+    """
 
     id: int
     attempt: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    rounds: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reminders: list[dict[str, Any]] = field(default_factory=list)
+    pending_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def resumable(self) -> bool:
+        """True when an earlier attempt left a checkpoint to go on from."""
+        return self.attempt > 1 and bool(self.messages)
 
 
 @dataclass(frozen=True)
@@ -106,11 +125,30 @@ class ToolInvocationRow:
     arguments: dict[str, Any]
     result: Any
     error: str | None
-    outcome: str  # ok | error | denied
+    outcome: str  # ok | error | denied | started | unknown
     duration_ms: float
     policy_decision: dict[str, Any] | None = None
     policy_mode: str | None = None
     attempt: int = 1
+    position: int = 0
+    idempotency_key: str | None = None
+    row_id: int | None = None  # set: the row exists (a journaled write): update it
+
+
+@dataclass(frozen=True)
+class RoundCheckpoint:
+    """What a round commit stores on the iteration row: the message log so far (the stored
+    format), the rounds done, their tokens and the reminders sent."""
+
+    messages: list[dict[str, Any]]
+    rounds: int
+    prompt_tokens: int
+    completion_tokens: int
+    reminders: list[dict[str, Any]]
+
+
+class LeaseLostError(Exception):
+    """This worker no longer owns the mission's lease: it must not write or run anything."""
 
 
 @dataclass(frozen=True)
@@ -253,29 +291,41 @@ class MissionStore:
             )
             .exists()
         )
+        first_attempt = func.jsonb_build_array(
+            func.jsonb_build_object("attempt", 1, "worker_id", worker_id, "started_at", func.now())
+        )
         values = select(
             cast(literal(mission.id), BigInteger).label("mission_id"),
             cast(literal(mission.scheduled_for), DateTime(timezone=True)).label("scheduled_for"),
             cast(literal("running"), Text).label("status"),
             cast(literal(worker_id), Text).label("worker_id"),
             cast(literal(model), Text).label("model"),
+            first_attempt.label("attempts"),
         ).where(owns_lease)
         insert_stmt = pg_insert(mission_iterations).from_select(
-            ["mission_id", "scheduled_for", "status", "worker_id", "model"], values
+            ["mission_id", "scheduled_for", "status", "worker_id", "model", "attempts"], values
         )
         excluded = insert_stmt.excluded
+        iterations = mission_iterations.c
+        takeover = func.jsonb_build_object(
+            "attempt",
+            iterations.attempt + 1,
+            "worker_id",
+            excluded.worker_id,
+            "started_at",
+            func.now(),
+            "resumed_after_round",
+            iterations.rounds,
+        )
+        # A takeover keeps what the earlier attempts stored (the checkpoint) to go on from.
         stmt = insert_stmt.on_conflict_do_update(
             index_elements=["mission_id", "scheduled_for"],
             set_={
                 "status": "running",
-                "attempt": mission_iterations.c.attempt + 1,
+                "attempt": iterations.attempt + 1,
                 "worker_id": excluded.worker_id,
                 "model": excluded.model,
-                "messages": [],
-                "reminders": [],
-                "rounds": 0,
-                "prompt_tokens": 0,
-                "completion_tokens": 0,
+                "attempts": iterations.attempts.op("||")(func.jsonb_build_array(takeover)),
                 "stop_reason": None,
                 "error": None,
                 "started_at": func.now(),
@@ -288,10 +338,45 @@ class MissionStore:
                     mission_iterations.c.stop_reason == "interrupted",
                 ),
             ),
-        ).returning(mission_iterations.c.id, mission_iterations.c.attempt)
+        ).returning(
+            iterations.id,
+            iterations.attempt,
+            iterations.messages,
+            iterations.rounds,
+            iterations.prompt_tokens,
+            iterations.completion_tokens,
+            iterations.reminders,
+        )
         async with self.engine.begin() as conn:
-            row = (await conn.execute(stmt)).first()
-        return StartedIteration(id=row.id, attempt=row.attempt) if row else None
+            row = (await conn.execute(stmt)).mappings().first()
+            if row is None:
+                return None
+            pending: list[dict[str, Any]] = []
+            if row["attempt"] > 1 and row["messages"]:
+                calls = tool_invocations.c
+                found = await conn.execute(
+                    select(
+                        calls.id,
+                        calls.position,
+                        calls.outcome,
+                        calls.result,
+                        calls.error,
+                        calls.policy_decision,
+                    )
+                    .where(calls.iteration_id == row["id"], calls.round == row["rounds"])
+                    .order_by(calls.id)
+                )
+                pending = [dict(r) for r in found.mappings()]
+        return StartedIteration(
+            id=row["id"],
+            attempt=row["attempt"],
+            messages=list(row["messages"]),
+            rounds=row["rounds"],
+            prompt_tokens=row["prompt_tokens"],
+            completion_tokens=row["completion_tokens"],
+            reminders=list(row["reminders"]),
+            pending_rows=pending,
+        )
 
     async def tokens_used(self, agent_id: int, *, window: timedelta) -> int:
         """Tokens (prompt + completion) of ``agent_id``'s iterations started within ``window``
@@ -379,6 +464,59 @@ class MissionStore:
             await _insert_invocations(conn, mission, iteration_id, outcome.tool_invocations)
         return True
 
+    async def record_call_start(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        checkpoint: RoundCheckpoint,
+        row: ToolInvocationRow,
+        *,
+        worker_id: str,
+    ) -> int:
+        """Before a write or destructive call runs: store the log so far (it ends with the
+        assistant message that issued the call) and the call's ``started`` row, in one
+        transaction under the lease. Returns the row's id.
+
+        Raises:
+            LeaseLostError: this worker no longer owns the mission (the call must not run).
+        """
+        async with self.engine.begin() as conn:
+            if not await _store_checkpoint(conn, mission, iteration_id, checkpoint, worker_id):
+                raise LeaseLostError(f"mission {mission.id}: lease lost; the call was not run")
+            [row_id] = await _insert_invocations(conn, mission, iteration_id, [row])
+        return row_id
+
+    async def record_call_outcome(self, row: ToolInvocationRow) -> None:
+        """A journaled call's outcome (``row.row_id`` set), recorded as soon as it is known,
+        whoever owns the lease now: the call happened."""
+        if row.row_id is None:
+            raise ValueError("record_call_outcome needs the row id of the started call")
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(tool_invocations)
+                .where(tool_invocations.c.id == row.row_id)
+                .values(_outcome_values(row))
+            )
+
+    async def commit_round(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        checkpoint: RoundCheckpoint,
+        rows: Sequence[ToolInvocationRow],
+        *,
+        worker_id: str,
+    ) -> list[int] | None:
+        """The round commit: the log, rounds, tokens and reminders so far and the round's
+        ``tool_invocations`` rows (new ones inserted, journaled ones brought up to date), in one
+        transaction under the lease — a checkpoint a takeover resumes from. Returns the new
+        rows' ids, or ``None`` (writing nothing) when this worker no longer owns the lease."""
+        async with self.engine.begin() as conn:
+            if not await _store_checkpoint(conn, mission, iteration_id, checkpoint, worker_id):
+                await conn.rollback()
+                return None
+            return await _insert_invocations(conn, mission, iteration_id, rows)
+
     async def interrupt_iteration(
         self,
         mission: ClaimedMission,
@@ -386,14 +524,13 @@ class MissionStore:
         *,
         worker_id: str,
         reason: str,
-        messages: list[dict[str, Any]] | None = None,
+        checkpoint: RoundCheckpoint | None = None,
         invocations: Sequence[ToolInvocationRow] = (),
-        reminders: list[dict[str, Any]] | None = None,
     ) -> bool:
         """Mark a run ``failed`` / ``interrupted`` and release the lease without advancing
-        the schedule, so the next worker runs that scheduled time again. ``messages``,
-        ``invocations`` and ``reminders`` keep what the interrupted attempt did (its tool
-        calls happened).
+        the schedule, so the next worker takes that scheduled run over and resumes it from
+        ``checkpoint`` (the log, rounds, tokens and reminders so far); ``invocations`` are
+        the calls not yet written (they happened).
         False when this worker no longer owns the lease (nothing written)."""
         async with self.engine.begin() as conn:
             released = await conn.execute(
@@ -412,10 +549,14 @@ class MissionStore:
                     "error": reason,
                     "finished_at": func.now(),
                 }
-                if messages is not None:
-                    values["messages"] = messages
-                if reminders is not None:
-                    values["reminders"] = reminders
+                if checkpoint is not None:
+                    values |= {
+                        "messages": checkpoint.messages,
+                        "rounds": checkpoint.rounds,
+                        "prompt_tokens": checkpoint.prompt_tokens,
+                        "completion_tokens": checkpoint.completion_tokens,
+                        "reminders": checkpoint.reminders,
+                    }
                 await conn.execute(
                     update(mission_iterations)
                     .where(mission_iterations.c.id == iteration_id)
@@ -425,34 +566,85 @@ class MissionStore:
         return True
 
 
+async def _store_checkpoint(
+    conn: AsyncConnection,
+    mission: ClaimedMission,
+    iteration_id: int,
+    checkpoint: RoundCheckpoint,
+    worker_id: str,
+) -> bool:
+    """Update the iteration row with ``checkpoint`` if ``worker_id`` owns the lease."""
+    owns_lease = (
+        select(missions.c.id)
+        .where(missions.c.id == mission.id, missions.c.lease_owner == worker_id)
+        .exists()
+    )
+    stored = await conn.execute(
+        update(mission_iterations)
+        .where(mission_iterations.c.id == iteration_id, owns_lease)
+        .values(
+            messages=checkpoint.messages,
+            rounds=checkpoint.rounds,
+            prompt_tokens=checkpoint.prompt_tokens,
+            completion_tokens=checkpoint.completion_tokens,
+            reminders=checkpoint.reminders,
+        )
+        .returning(mission_iterations.c.id)
+    )
+    return stored.first() is not None
+
+
 async def _insert_invocations(
     conn: AsyncConnection,
     mission: ClaimedMission,
     iteration_id: int,
     rows: Sequence[ToolInvocationRow],
-) -> None:
-    if not rows:
-        return
-    await conn.execute(
-        insert(tool_invocations),
-        [
-            {
-                "iteration_id": iteration_id,
-                "mission_id": mission.id,
-                "user_id": mission.owner_user_id,
-                "attempt": row.attempt,
-                "round": row.round,
-                "call_id": row.call_id,
-                "tool": row.tool,
-                "arguments": row.arguments,
-                "result": null() if row.result is None else row.result,
-                "error": row.error,
-                "outcome": row.outcome,
-                # SQL NULL, not JSON null: "no decision" must read as such in reports
-                "policy_decision": null() if row.policy_decision is None else row.policy_decision,
-                "policy_mode": row.policy_mode,
-                "duration_ms": row.duration_ms,
-            }
-            for row in rows
-        ],
-    )
+) -> list[int]:
+    """Insert the new rows and update the ones that exist (``row_id``); the new rows' ids, in
+    order."""
+    new = [row for row in rows if row.row_id is None]
+    ids: list[int] = []
+    if new:
+        found = await conn.execute(
+            insert(tool_invocations).returning(tool_invocations.c.id),
+            [_invocation_values(mission, iteration_id, row) for row in new],
+        )
+        ids = [int(r) for r in found.scalars()]
+    for row in rows:
+        if row.row_id is not None:
+            await conn.execute(
+                update(tool_invocations)
+                .where(tool_invocations.c.id == row.row_id)
+                .values(_outcome_values(row))
+            )
+    return ids
+
+
+def _outcome_values(row: ToolInvocationRow) -> dict[str, Any]:
+    return {
+        "result": null() if row.result is None else row.result,
+        "error": row.error,
+        "outcome": row.outcome,
+        # SQL NULL, not JSON null: "no decision" must read as such in reports
+        "policy_decision": null() if row.policy_decision is None else row.policy_decision,
+        "policy_mode": row.policy_mode,
+        "duration_ms": row.duration_ms,
+    }
+
+
+def _invocation_values(
+    mission: ClaimedMission, iteration_id: int, row: ToolInvocationRow
+) -> dict[str, Any]:
+    return {
+        "iteration_id": iteration_id,
+        "mission_id": mission.id,
+        "user_id": mission.owner_user_id,
+        "attempt": row.attempt,
+        "round": row.round,
+        "position": row.position,
+        "call_id": row.call_id,
+        "tool": row.tool,
+        "arguments": row.arguments,
+        "idempotency_key": row.idempotency_key,
+        **_outcome_values(row),
+    }

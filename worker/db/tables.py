@@ -57,7 +57,9 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 MISSION_STATUSES = ("active", "paused", "completed")
 ITERATION_STATUSES = ("running", "succeeded", "failed")
-TOOL_OUTCOMES = ("ok", "error", "denied")
+TOOL_OUTCOMES = ("ok", "error", "denied", "started", "unknown")
+"""``started``: a write or destructive call about to run (recorded before its handler);
+``unknown``: such a call whose worker stopped before its outcome was recorded."""
 POLICY_MODES = ("off", "log-only", "enforce")
 
 
@@ -143,6 +145,13 @@ mission_iterations = Table(
         server_default=text("'[]'::jsonb"),
         comment="reminders sent with each request: [{round, producer, text}]",
     ),
+    Column(
+        "attempts",
+        JSONB,
+        nullable=False,
+        server_default=text("'[]'::jsonb"),
+        comment="each attempt: [{attempt, worker_id, started_at, resumed_after_round}]",
+    ),
     Column("rounds", Integer, nullable=False, server_default=text("0")),
     Column("prompt_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("completion_tokens", BigInteger, nullable=False, server_default=text("0")),
@@ -171,6 +180,13 @@ tool_invocations = Table(
     Column("user_id", Text, nullable=False),
     Column("attempt", Integer, nullable=False, server_default=text("1")),
     Column("round", Integer, nullable=False),
+    Column(
+        "position",
+        Integer,
+        nullable=False,
+        server_default=text("0"),
+        comment="0-based position of the call in its assistant message",
+    ),
     Column("call_id", Text, nullable=False),
     Column("tool", Text, nullable=False),
     Column("arguments", JSONB, nullable=False),
@@ -179,6 +195,7 @@ tool_invocations = Table(
     Column("outcome", Text, nullable=False),
     Column("policy_decision", JSONB, nullable=True),
     Column("policy_mode", Text, nullable=True),
+    Column("idempotency_key", Text, nullable=True, comment="write and destructive calls"),
     Column("duration_ms", Double, nullable=False, server_default=text("0")),
     _timestamp("created_at", default_now=True),
     CheckConstraint(_in("outcome", TOOL_OUTCOMES), name="outcome"),
@@ -196,7 +213,20 @@ notes = Table(
     Column("body", Text, nullable=False, server_default=text("''")),
     _timestamp("created_at", default_now=True),
     _timestamp("updated_at", default_now=True),
+    Column(
+        "idempotency_key",
+        Text,
+        nullable=True,
+        comment="the notes_create call that made it: at most one note per call",
+    ),
     Index("ix_notes_user_id_updated_at", "user_id", "updated_at"),
+    Index(
+        "uq_notes_user_id_idempotency_key",
+        "user_id",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
 )
 
 user_policy_settings = Table(

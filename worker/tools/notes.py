@@ -4,6 +4,10 @@ Every query is filtered by ``ctx.user_id``: a user's agents see, change and dele
 user's notes. A note id that belongs to another user is answered exactly like an id that does
 not exist, so ids leak nothing.
 
+Writes are safe to retry: ``notes_create`` makes at most one note per idempotency key (a
+second attempt at the same call returns the note the first made), and each write tool's
+``outcome_of`` tells a resuming worker what a call that was in flight did.
+
 Results are JSON objects (timestamps as ISO-8601 strings in UTC). Failures the model should
 react to (an unknown id, an update with nothing to change) raise ``LookupError`` /
 ``ValueError`` with a message written for the model; the loop turns them into error tool
@@ -15,7 +19,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, delete, func, insert, or_, select, update
+from sqlalchemy import RowMapping, delete, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.tools import ToolContext, ToolSpec
@@ -118,19 +123,65 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
         return _full(row)
 
     async def notes_create(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        # At most one note per call: a second attempt at the same call (same idempotency
+        # key) returns the note the first one made.
+        columns = (notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
         statement = (
-            insert(notes)
-            .values(user_id=ctx.user_id, title=_text(args, "title"), body=_text(args, "body"))
-            .returning(notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
+            pg_insert(notes)
+            .values(
+                user_id=ctx.user_id,
+                title=_text(args, "title"),
+                body=_text(args, "body"),
+                idempotency_key=ctx.idempotency_key,
+            )
+            .on_conflict_do_nothing(
+                index_elements=["user_id", "idempotency_key"],
+                index_where=notes.c.idempotency_key.is_not(None),
+            )
+            .returning(*columns)
         )
         async with engine.begin() as conn:
-            row = (await conn.execute(statement)).one()
+            row = (await conn.execute(statement)).first()
+            if row is None:  # made by an earlier attempt at this call
+                row = (
+                    await conn.execute(
+                        select(*columns).where(
+                            notes.c.user_id == ctx.user_id,
+                            notes.c.idempotency_key == ctx.idempotency_key,
+                        )
+                    )
+                ).one()
         return {
             "id": row.id,
             "title": row.title,
             "created_at": _iso(row.created_at),
             "updated_at": _iso(row.updated_at),
         }
+
+    async def notes_create_outcome(args: dict[str, Any], ctx: ToolContext) -> str | None:
+        if ctx.idempotency_key is None:
+            return None
+        query = select(notes.c.id, notes.c.title).where(
+            notes.c.user_id == ctx.user_id, notes.c.idempotency_key == ctx.idempotency_key
+        )
+        async with engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        if row is None:
+            return "no note was created by that call (it can safely be made again)"
+        return f"that call created note {row.id} titled {row.title!r}; do not create it again"
+
+    async def note_state(args: dict[str, Any], ctx: ToolContext) -> str:
+        note_id = int(args["id"])
+        query = select(notes.c.title, notes.c.updated_at).where(
+            notes.c.id == note_id, notes.c.user_id == ctx.user_id
+        )
+        async with engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        if row is None:
+            return f"note {note_id} does not exist now"
+        return (
+            f"note {note_id} exists now, titled {row.title!r}, last changed {_iso(row.updated_at)}"
+        )
 
     async def notes_update(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         note_id = int(args["id"])
@@ -212,6 +263,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             policy_hint="write",
             scope=SCOPE,
             handler=notes_create,
+            outcome_of=notes_create_outcome,
         ),
         ToolSpec(
             name="notes_update",
@@ -225,6 +277,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             policy_hint="write",
             scope=SCOPE,
             handler=notes_update,
+            outcome_of=note_state,
         ),
         ToolSpec(
             name="notes_delete",
@@ -233,6 +286,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             policy_hint="destructive",
             scope=SCOPE,
             handler=notes_delete,
+            outcome_of=note_state,
         ),
     ]
 
