@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from planner.errors import LLMError
 from planner.execution import (
@@ -72,6 +73,7 @@ class LoopState:
 
 
 ReminderChannel = Callable[[LoopState], Sequence[str]]
+ReminderRole = Literal["system", "user"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class PlannerLoopInput:
             what it raises propagates.
         resume: continue an earlier attempt from its checkpoint instead of starting anew
             (``system_prompt``, ``prior_messages`` and ``user_prompt`` are then in it).
+        reminder_role: the role reminders are sent with (``system``, default, or ``user``).
     """
 
     system_prompt: str
@@ -158,6 +161,7 @@ class PlannerLoopInput:
     journal: CallJournal | None = None
     on_round_end: Callable[[int, Sequence[ExecutedCall]], Awaitable[None]] | None = None
     resume: Checkpoint | None = None
+    reminder_role: ReminderRole = "system"
 
     def __post_init__(self) -> None:
         if self.max_rounds < 1:
@@ -201,9 +205,11 @@ class PlannerLoopResult:
         return self.stop_reason in FAILED_STOP_REASONS
 
 
-def format_reminder(text: str) -> ChatMessage:
-    """A reminder as the system message sent with one request."""
-    return ChatMessage(role="system", content=f"<reminder>{text}</reminder>")
+def format_reminder(text: str, role: ReminderRole = "system") -> ChatMessage:
+    """A reminder as the message sent with one request: ``<reminder>text</reminder>`` as a
+    ``system`` message (default), or a ``user`` message for endpoints whose chat templates
+    refuse a system message after the first (Mistral's, Gemma's)."""
+    return ChatMessage(role=role, content=f"<reminder>{text}</reminder>")
 
 
 async def run_planner_loop(
@@ -296,7 +302,7 @@ async def run_planner_loop(
         last_round = ()  # a round that ends without calls leaves none for the next one
         reminders = list(inp.reminder_channel(state)) if inp.reminder_channel else []
         request = CompletionRequest(
-            messages=[*messages, *(format_reminder(r) for r in reminders)],
+            messages=[*messages, *(format_reminder(r, inp.reminder_role) for r in reminders)],
             tools=openai_tools,
             model=inp.model,
             temperature=inp.temperature,

@@ -15,8 +15,9 @@ finish ``length``, no tool calls,      stops                                  ``
 last round
 finish ``content_filter`` (with or     stops; tool calls are not run, each    ``content_filtered``
 without tool calls)                    answered "not run"
-no text (null, empty or blank), no     stops                                  ``empty_answer``
-tool calls, finish ``stop`` or none
+no text (null, empty, blank, or only  stops                                  ``empty_answer``
+``<think>…</think>``), no tool calls,
+finish ``stop`` or none
 finish ``tool_calls`` but no tool      stops: the calls were lost on the way  ``llm_error``
 calls
 finish ``error``                       stops (providers raise instead)        ``llm_error``
@@ -29,6 +30,7 @@ its answer. The error text says which and quotes the finish reason.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -127,6 +129,16 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
             "truncated",
             f"the answer was cut off at the output-token limit in the last round {said}",
         )
-    if not (reply.content or "").strip():
+    if not answer_text(reply.content):
         return Verdict("empty_answer", f"the model answered with no text and no tool calls {said}")
     return Verdict("final_answer")
+
+
+_THINKING = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def answer_text(content: str | None) -> str:
+    """``content`` without reasoning blocks (``<think>…</think>``, as DeepSeek-R1, Qwen3 and
+    others send in the text when the endpoint does not split them out), stripped: what the
+    answer says."""
+    return _THINKING.sub("", content or "").strip()

@@ -70,9 +70,13 @@ def rounds_left_reminder(
     state: LoopState, max_rounds: int, when_left: int = ROUNDS_LEFT
 ) -> str | None:
     """From ``when_left`` (2) rounds left on, counting the one about to run: e.g. "Round 4 of
-    5: finish or save progress"; in the last round, that it is the last."""
+    5: finish or save progress"; in the last round, that it is the last. An agent that only
+    ever has ``when_left`` rounds or fewer is told about its last round only, and a one-round
+    agent nothing (it would be told so on every request)."""
     left = max_rounds - state.round + 1
-    if left > when_left or left < 1:
+    if left < 1 or max_rounds <= 1:
+        return None
+    if left > 1 and (left > when_left or max_rounds <= when_left):
         return None
     if left == 1:
         return (
@@ -121,11 +125,17 @@ def _retry_text(last: ExecutedCall, repeats: int, same: bool, all_failed: bool) 
     tool = last.call.name
     last_error = _short(last.error or "")
     if same:
-        outcome = f" and it failed each time (last error: {last_error})" if all_failed else ""
+        if all_failed:
+            return (
+                f"You called {tool} with the same arguments {repeats} times in a row and it "
+                f"failed each time (last error: {last_error}). Repeating it will not change the "
+                "result: change your approach (other arguments, another tool) or answer with "
+                "what you have."
+            )
         return (
-            f"You called {tool} with the same arguments {repeats} times in a row{outcome}. "
-            "Repeating it will not change the result: change your approach (other arguments, "
-            "another tool) or answer with what you have."
+            f"You called {tool} with the same arguments {repeats} times in a row. Unless you "
+            "are waiting for something to change, do not call it again: use what it returned, "
+            "change your approach, or answer."
         )
     if all_failed:
         return (

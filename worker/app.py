@@ -188,6 +188,7 @@ async def open_app(
             reminders=settings.reminders == "on",
             reminders_disabled=settings.reminders_disabled,
             checkpoint_every=settings.checkpoint_every_rounds,
+            reminder_role=settings.reminder_role,
             max_parallel_reads=settings.max_parallel_reads,
             tool_timeout_s=settings.tool_timeout_s,
         )

@@ -36,9 +36,11 @@ from planner import (
     run_planner_loop,
 )
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
+from planner.loop import ReminderRole
 from planner.policy import POLICY_MODES, PolicyMode
 from reminders import SentReminder
 from worker import metrics
+from worker.db.engine import describe_error
 from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, StartedIteration
 from worker.gate import PolicySetup
 from worker.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
@@ -87,6 +89,7 @@ class MissionRunner:
         reminders_disabled: reminder producers to leave out (``PRODUCER_NAMES``).
         checkpoint_every: commit a run's read-only rounds at least this often (rounds that
             ran a write or destructive call are always committed; default 3).
+        reminder_role: the role reminders are sent with (``system`` or ``user``).
         clock: returns the current UTC-aware time (injectable for tests).
         max_parallel_reads: read calls of one round running at once, at most (default 10).
         tool_timeout_s: seconds a tool call may run unless its ToolSpec says otherwise
@@ -106,6 +109,7 @@ class MissionRunner:
         reminders: bool = True,
         reminders_disabled: Collection[str] = (),
         checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
+        reminder_role: ReminderRole = "system",
         clock: Callable[[], datetime] = _utcnow,
         max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
         tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
@@ -120,6 +124,7 @@ class MissionRunner:
         self.reminders = reminders
         self.reminders_disabled = frozenset(reminders_disabled)
         self.checkpoint_every = checkpoint_every
+        self.reminder_role: ReminderRole = reminder_role
         self.clock = clock
         self.max_parallel_reads = max_parallel_reads
         self.tool_timeout_s = tool_timeout_s
@@ -249,7 +254,8 @@ class MissionRunner:
                 next_run,
                 status="failed",
                 stop_reason="store_failed",
-                error=f"could not store the iteration: {type(exc).__name__}: {exc}"[:2000],
+                # the cause, not SQLAlchemy's dump of the statement and its parameters
+                error=f"could not store the iteration: {describe_error(exc)}"[:500],
             )
             stored = await self.store.finish_iteration(
                 mission, iteration.id, outcome, worker_id=self.worker_id
@@ -331,6 +337,7 @@ class MissionRunner:
             ctx=ctx,
             policy=gate,
             reminder_channel=transcript.reminders,
+            reminder_role=self.reminder_role,
             on_message=transcript.messages.append,
             on_executed_call=on_executed,
             max_parallel_reads=self.max_parallel_reads,

@@ -26,8 +26,10 @@ Three layers, each with its own source of truth:
    both 02:30 on 2026-10-25 and then keeps returning the second one (the next run would never
    move forward), and on 2026-03-29 it fires at a local time that does not exist.
 
-Known difference left as is: when both day-of-month and day-of-week are restricted, cron fires
-when *either* matches, APScheduler when *both* do.
+When both day-of-month and day-of-week are restricted (neither starts with ``*``), a day
+matches when *either* does, as ``crontab(5)`` says (``0 9 1 * mon``: the 1st of each month and
+every Monday); APScheduler would want both, so such an expression is two triggers whose
+earliest time wins.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class CronSchedule:
     expr: str
     zone: ZoneInfo
     fixed_time: bool
-    _wall: CronTrigger
+    _walls: tuple[CronTrigger, ...]
 
     def next_after(self, after: datetime) -> datetime | None:
         """The first run strictly after ``after`` (timezone-aware), or ``None`` if none.
@@ -133,8 +135,9 @@ class CronSchedule:
 
     def _next_wall(self, wall: datetime) -> datetime | None:
         """The first matching local wall-clock time at or after ``wall`` (both as fake UTC)."""
-        found: datetime | None = self._wall.get_next_fire_time(None, wall)
-        return found
+        found = [t.get_next_fire_time(None, wall) for t in self._walls]
+        times: list[datetime] = [f for f in found if f is not None]
+        return min(times) if times else None
 
     def _next_without_transition(self, after: datetime) -> datetime | None:
         """The answer when no clock change is near ``after`` or the candidate, else ``None``.
@@ -217,19 +220,26 @@ def cron_schedule(expr: str, timezone: str) -> CronSchedule:
         minute, hour, day, month, day_of_week = (
             _translate(text, spec) for text, spec in zip(fields, _FIELDS, strict=True)
         )
-        wall = CronTrigger(
-            second=0,
-            minute=minute,
-            hour=hour,
-            day=day,
-            month=month,
-            day_of_week=day_of_week,
-            timezone=UTC,
+        if fields[2].startswith("*") or fields[4].startswith("*"):
+            days = [(day, day_of_week)]
+        else:  # both restricted: either matches (crontab(5))
+            days = [(day, "*"), ("*", day_of_week)]
+        walls = tuple(
+            CronTrigger(
+                second=0,
+                minute=minute,
+                hour=hour,
+                day=d,
+                month=month,
+                day_of_week=w,
+                timezone=UTC,
+            )
+            for d, w in days
         )
     except ValueError as exc:
         raise ScheduleError(f"invalid cron expression {expr!r}: {exc}") from exc
     fixed_time = not (fields[0].startswith("*") or fields[1].startswith("*"))
-    return CronSchedule(expr=expr, zone=zone, fixed_time=fixed_time, _wall=wall)
+    return CronSchedule(expr=expr, zone=zone, fixed_time=fixed_time, _walls=walls)
 
 
 def _translate(text: str, spec: _Field) -> str:

@@ -364,7 +364,16 @@ class Settings(BaseSettings):
         default=(),
         description=(
             "Reminder producers to leave out, separated by commas: policy_feedback, "
-            "retry_loop, rounds_left, deadline, token_budget, compacted. Unset: all of them."
+            "retry_loop, rounds_left, deadline, token_budget, compacted. Unset: none is left "
+            "out."
+        ),
+    )
+    reminder_role: Literal["system", "user"] = Field(
+        default="system",
+        description=(
+            "The role reminders are sent with: 'system' (default) or 'user'. Set 'user' for "
+            "endpoints whose chat template refuses a system message after the first one "
+            "(e.g. Mistral's and Gemma's templates on vLLM or Ollama answer 400 or 500)."
         ),
     )
 
@@ -443,10 +452,27 @@ class Settings(BaseSettings):
             return upper
         return value
 
-    @field_validator("policy_mode", "reminders", mode="before")
+    @field_validator(
+        "policy_mode", "reminder_role", "log_format", "llm_schema_dialect", mode="before"
+    )
     @classmethod
     def _lower_word(cls, value: Any) -> Any:
+        """Words are case-insensitive (``Enforce``, ``JSON``, ``Gemini``)."""
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("reminders", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        """``on`` / ``off``, any case, or the usual boolean spellings (``true``, ``yes``,
+        ``1``, ``false``, ``no``, ``0``)."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if not isinstance(value, str):
+            return value
+        word = value.strip().lower()
+        return {"true": "on", "yes": "on", "1": "on", "false": "off", "no": "off", "0": "off"}.get(
+            word, word
+        )
 
     @field_validator("reminders_disabled")
     @classmethod

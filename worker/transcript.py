@@ -9,6 +9,7 @@ run stores what it did (its tool calls already happened). Values are made storab
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -113,7 +114,7 @@ class Transcript:
             position=position,
             call_id=json_safe(call.id),
             tool=json_safe(call.name),
-            arguments=json_safe(call.arguments),
+            arguments=_arguments(call),
             result=None,
             error=None,
             outcome="started",
@@ -137,7 +138,7 @@ class Transcript:
             row_id=self.stored.get((call.round, call.index)),
             call_id=json_safe(call.call.id),
             tool=json_safe(call.call.name),
-            arguments=json_safe(call.call.arguments),
+            arguments=_arguments(call.call),
             result=json_safe(call.result) if call.ok else None,
             error=json_safe(call.error),
             outcome=call_outcome(call),
@@ -164,6 +165,14 @@ def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         return stored
 
 
+def _arguments(call: ToolCall) -> Any:
+    """The arguments as stored: the decoded object, or the model's text when it could not be
+    decoded (``{"raw_arguments": …}``), so the record shows what the model sent."""
+    if call.raw_arguments is not None and not call.arguments:
+        return {"raw_arguments": json_safe(call.raw_arguments)}
+    return json_safe(call.arguments)
+
+
 def call_outcome(call: ExecutedCall) -> str:
     """``unknown`` (in flight when its worker stopped), ``denied`` (refused by the gate),
     ``ok`` or ``error``."""
@@ -177,8 +186,8 @@ def call_outcome(call: ExecutedCall) -> str:
 def json_safe(value: Any) -> Any:
     """``value`` as plain JSON data that PostgreSQL can store: non-JSON values stringified,
     characters that neither ``text`` nor ``jsonb`` accept (NUL, lone UTF-16 surrogates)
-    replaced by U+FFFD, and a value that cannot be encoded (nested too deeply, circular)
-    replaced by a note saying so. Never raises."""
+    replaced by U+FFFD, NaN and infinities stored as text, and a value that cannot be
+    encoded (nested too deeply, circular) replaced by a note saying so. Never raises."""
     try:
         return _storable(json.loads(json.dumps(value, default=str)))
     except (RecursionError, ValueError, TypeError) as exc:
@@ -191,6 +200,8 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 def _storable(value: Any) -> Any:
     if isinstance(value, str):
         return _UNSTORABLE.sub("\ufffd", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # NaN and infinities are not JSON; jsonb refuses them
     if isinstance(value, list):
         return [_storable(v) for v in value]
     if isinstance(value, dict):

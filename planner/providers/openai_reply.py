@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from typing import Any
 
@@ -193,6 +194,11 @@ def parse_chat_completion(
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
         raw_calls = [raw_calls]
+    if not raw_calls and isinstance(message.get("function_call"), dict):
+        # the legacy function-calling shape (one call, no id), still sent by some servers
+        raw_calls = [{"type": "function", "function": message["function_call"]}]
+    if not raw_calls and content and "<tool_call>" in content:
+        content, raw_calls = _text_tool_calls(content)
     calls = tuple(_tool_call(raw, truncated=finish_reason == "length") for raw in raw_calls)
     fields = _provider_fields(message, _MESSAGE_KEYS | _RESPONSE_ONLY_KEYS)
     if fields.get("refusal") and not (content or "").strip() and not calls:
@@ -297,6 +303,33 @@ def _tool_call(raw: Any, *, truncated: bool) -> ToolCall:
     )
 
 
+_TEXT_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _text_tool_calls(content: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Tool calls written into the text as ``<tool_call>{"name": …, "arguments": …}
+    </tool_call>`` (Hermes / Qwen chat templates, served by vLLM or Ollama without a tool-call
+    parser): each block that holds such an object becomes a call and leaves the text; blocks
+    that do not are left as they are."""
+    calls: list[dict[str, Any]] = []
+
+    def take(match: re.Match[str]) -> str:
+        try:
+            value = json.loads(match.group(1))
+        except (ValueError, RecursionError):
+            return match.group(0)
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return match.group(0)
+        arguments = value.get("arguments", value.get("parameters", {}))
+        calls.append(
+            {"type": "function", "function": {"name": value["name"], "arguments": arguments}}
+        )
+        return ""
+
+    rest = _TEXT_TOOL_CALL.sub(take, content).strip()
+    return (rest or None), calls
+
+
 def _new_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -353,14 +386,24 @@ def _reported_usage(data: dict[str, Any]) -> TokenUsage:
     return _usage(data, 0, "").model_copy(update={"estimated": False})
 
 
+MAX_REPORTED_TOKENS = 10**9
+"""Largest token count believed for one request: a billion tokens is far past any model's
+context; bigger (or negative, fractional, NaN) counts are a provider's bug, read as "not
+reported" (then estimated) rather than stored."""
+
+
 def _count(raw: dict[str, Any], *keys: str) -> int | None:
-    """The first non-negative whole count under ``keys`` (numbers or numeric text), or None."""
+    """The first sensible whole count under ``keys`` (numbers or numeric text, 0 to
+    ``MAX_REPORTED_TOKENS``), or None."""
     for key in keys:
         value = raw.get(key)
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value.strip())
-        if isinstance(value, float) and value.is_integer() and value >= 0:
-            return int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
+        count: int | None = None
+        if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 12:
+            count = int(value.strip())
+        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            count = int(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            count = value
+        if count is not None and 0 <= count <= MAX_REPORTED_TOKENS:
+            return count
     return None

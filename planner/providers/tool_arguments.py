@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from typing import Any
 
@@ -69,9 +70,11 @@ def decode_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, An
         if fenced is not None:
             text = fenced.group(1).strip()
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
         except RecursionError:
             return {}, _too_deep()
+        except _NonFiniteNumber as exc:
+            return {}, f"arguments hold {exc}, which JSON does not allow; send a number"
         except json.JSONDecodeError as exc:
             literal = _python_literal(text)
             if literal is not None:
@@ -80,10 +83,10 @@ def decode_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, An
                 return {}, (
                     "your output was cut off at the output-token limit in the middle of these "
                     "arguments, so they are incomplete JSON "
-                    f"({exc.msg} at position {exc.pos}); call the tool again with shorter "
+                    f"({exc.msg}, position {exc.pos}); call the tool again with shorter "
                     "arguments"
                 )
-            return {}, f"arguments are not valid JSON: {exc.msg} at position {exc.pos}"
+            return {}, f"arguments are not valid JSON: {exc.msg} (position {exc.pos})"
         if not isinstance(value, str | dict):
             return {}, f"arguments must be a JSON object, got {_json_type(value)}"
     return {}, f"arguments are JSON text nested more than {MAX_NESTING} levels deep"
@@ -107,6 +110,22 @@ def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
             return limit + 1
         stack.extend((child, depth + 1) for child in children)
     return deepest
+
+
+class _NonFiniteNumber(ValueError):
+    """NaN or an infinity in arguments: Python's JSON reader accepts them, JSON does not, and
+    neither can PostgreSQL store them."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFiniteNumber(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFiniteNumber(text)
+    return value
 
 
 def _too_deep() -> str:

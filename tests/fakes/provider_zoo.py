@@ -143,6 +143,15 @@ def unique_tool_call_ids(body: dict[str, Any]) -> str | None:
     return None
 
 
+def system_message_first_only(body: dict[str, Any]) -> str | None:
+    """A system message only at the start (the chat templates of Mistral and Gemma raise on
+    any other, so vLLM and Ollama answer 400 or 500)."""
+    for i, message in enumerate(body.get("messages", [])):
+        if i > 0 and message.get("role") == "system":
+            return f"messages[{i}]: a system message after the first"
+    return None
+
+
 def valid_tool_names(body: dict[str, Any]) -> str | None:
     """Function names in the history match ``^[a-zA-Z0-9_-]{1,64}$`` (OpenAI's rule)."""
     for i, message in enumerate(body.get("messages", [])):

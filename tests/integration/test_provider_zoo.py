@@ -225,6 +225,9 @@ async def test_a_cut_answer_gets_one_more_round_with_a_note(server: FakeLLMServe
         (reply("", finish_reason=None), "empty_answer", "no text and no tool calls"),
         # a proxy that lost the tool calls on the way (it still says it had some)
         (reply("Let me check.", finish_reason="tool_calls"), "llm_error", "sent none"),
+        # a reasoning model whose answer is only its thinking (Ollama, vLLM without a parser)
+        (reply("<think>\nI need the clock.\n</think>\n\n"), "empty_answer", "no text"),
+        (reply("<THINK>never closed"), "empty_answer", "no text"),
     ],
 )
 async def test_no_cut_filtered_empty_or_lost_answer_is_a_success(
@@ -528,3 +531,37 @@ def _raw_arguments_reply(name: str, arguments: Any) -> dict[str, Any]:
     body = reply(calls=[Call(name, {})])
     body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = arguments
     return body
+
+
+# -- tool calls in shapes other than message.tool_calls --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Hermes / Qwen templates without a tool-call parser: the call is in the text
+        reply('<tool_call>\n{"name": "clock_now", "arguments": {}}\n</tool_call>'),
+        reply('Let me look.<tool_call>{"name": "clock_now", "parameters": {}}</tool_call>'),
+        # the legacy function-calling shape: message.function_call, no id
+        reply(
+            None,
+            finish_reason="function_call",
+            message_extra={"function_call": {"name": "clock_now", "arguments": "{}"}},
+        ),
+    ],
+)
+async def test_tool_calls_written_in_other_shapes_run(
+    server: FakeLLMServer, body: dict[str, Any]
+) -> None:
+    server.enqueue(json=body)
+    server.enqueue(json=reply("It is noon."))
+    result = await run(server)
+    assert [c.call.name for c in result.executed_calls] == ["clock_now"]
+    assert result.executed_calls[0].ok and result.stop_reason == "final_answer"
+
+
+async def test_a_text_tool_call_block_that_is_no_call_stays_text(server: FakeLLMServer) -> None:
+    server.enqueue(json=reply("Use <tool_call>like this</tool_call> to call tools."))
+    result = await run(server, max_rounds=1)
+    assert result.stop_reason == "final_answer" and result.executed_calls == []
+    assert "<tool_call>like this</tool_call>" in (result.final_answer or "")

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
+from tests.fakes.provider_zoo import system_message_first_only
 from tests.integration.worker_harness import add_mission, iterations, make_worker
 from worker.cli import main
 from worker.db.tables import agents, mission_iterations
@@ -146,3 +147,25 @@ async def test_reminders_can_be_turned_off(db: AsyncEngine) -> None:
     async with db.connect() as conn:
         stored = (await conn.execute(select(mission_iterations.c.reminders))).scalars().all()
     assert stored and all(r == [] for r in stored)
+
+
+@pytest.mark.parametrize(("role", "outcome"), [("system", "failed"), ("user", "succeeded")])
+async def test_reminders_as_user_messages_pass_templates_that_refuse_late_system_messages(
+    db: AsyncEngine, role: str, outcome: str
+) -> None:
+    await add_mission(db, cron=None)
+    async with db.begin() as conn:
+        await conn.execute(update(agents).values(max_rounds=2))
+    with FakeLLMServer(checks=[system_message_first_only]) as server:
+        server.enqueue_completion(tool_calls=[("clock_now", {})])
+        server.enqueue_completion(content="Done.")
+        llm = OpenAICompatibleChatModel(base_url=server.base_url, max_retries=0)
+        try:
+            worker = make_worker(db, llm)
+            worker.runner.reminder_role = role  # type: ignore[assignment]
+            assert await worker.run_once() == [outcome]
+        finally:
+            await llm.aclose()
+        last = server.requests[-1]["messages"][-1]
+    # round 2 of 2 carries the last-round reminder, as the configured role
+    assert last["role"] == role and "the last one" in last["content"]

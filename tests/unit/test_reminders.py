@@ -88,8 +88,10 @@ def test_token_budget_threshold_is_a_parameter() -> None:
         (3, 5, None),  # 3 left: just above the threshold
         (4, 5, "Round 4 of 5: 2 rounds left, this one included. Finish or save progress."),
         (5, 5, "Round 5 of 5, the last one"),
-        (1, 1, "Round 1 of 1, the last one"),
-        (1, 2, "Round 1 of 2: 2 rounds left"),
+        (1, 1, None),  # a one-round agent would hear it on every request
+        (1, 2, None),  # an agent that always has two rounds or fewer hears of its last only
+        (2, 2, "Round 2 of 2, the last one"),
+        (2, 3, "Round 2 of 3: 2 rounds left"),
         (6, 5, None),  # past the end: nothing sensible to say
     ],
 )
@@ -122,7 +124,7 @@ SAME_OK = [executed(name="clock_now", args={"tz": "UTC"})] * 3
             "You called notes_read with the same arguments 3 times in a row and it failed",
         ),
         (SAME_FAILING * 2, "3 times in a row"),  # above: still a loop
-        (SAME_OK, "You called clock_now with the same arguments 3 times in a row. Repeating"),
+        (SAME_OK, "You called clock_now with the same arguments 3 times in a row. Unless you"),
         (
             [executed(name="notes_read", args={"id": n}, error=FAIL) for n in (1, 2, 3)],
             "notes_read failed 3 times in a row (last error: LookupError: no note with id 7)",

@@ -103,3 +103,38 @@ def test_bad_schedules_raise_a_schedule_error_naming_the_value(
 def test_naive_datetimes_are_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         next_run_after("0 9 * * *", "UTC", datetime(2026, 11, 29, 12, 0))  # noqa: DTZ001
+
+
+@pytest.mark.parametrize(
+    ("expr", "after", "expected"),
+    [
+        # both day fields restricted: the 1st of the month OR a Monday (crontab(5))
+        (
+            "0 9 1 * mon",
+            "2026-06-01T12:00+00:00",
+            [
+                "2026-06-08T09:00",
+                "2026-06-15T09:00",
+                "2026-06-22T09:00",
+                "2026-06-29T09:00",
+                "2026-07-01T09:00",
+                "2026-07-06T09:00",
+            ],
+        ),
+        ("0 0 13 * 5", "2026-02-12T00:00+00:00", ["2026-02-13T00:00", "2026-02-20T00:00"]),
+        # one of them starts with * (cronie's DOM_STAR/DOW_STAR): both must match
+        ("0 9 */10 * mon", "2026-06-01T12:00+00:00", ["2026-08-31T09:00", "2026-09-21T09:00"]),
+        ("0 9 1 * *", "2026-06-01T12:00+00:00", ["2026-07-01T09:00", "2026-08-01T09:00"]),
+    ],
+)
+def test_day_of_month_and_day_of_week_follow_crontab(
+    expr: str, after: str, expected: list[str]
+) -> None:
+    runs: list[str] = []
+    moment = datetime.fromisoformat(after)
+    for _ in expected:
+        found = next_run_after(expr, "UTC", moment)
+        assert found is not None
+        runs.append(found.strftime("%Y-%m-%dT%H:%M"))
+        moment = found
+    assert runs == expected

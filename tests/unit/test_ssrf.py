@@ -202,3 +202,14 @@ async def test_an_ip_literal_is_checked_without_dns_and_obeys_the_allow_list() -
     with pytest.raises(URLRefusedError, match="allow-list"):
         await check("http://93.184.216.34/", allow_domains=("public.test",))
     assert await check("http://public.test/", allow_domains=("public.test",))
+
+
+@pytest.mark.parametrize("text", ["*", "*.*", "exa*mple.org"])
+def test_wildcards_are_refused_with_what_to_do_instead(text: str) -> None:
+    with pytest.raises(ValueError, match="wildcards are not supported"):
+        normalize_domain(text)
+
+
+async def test_a_port_out_of_range_is_refused_before_connecting() -> None:
+    with pytest.raises(URLRefusedError, match="port 99999 is not a TCP port"):
+        await check_destination(httpx.URL("http://127.0.0.1:99999/"), allow_private=True)

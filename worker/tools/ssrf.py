@@ -151,6 +151,11 @@ def normalize_domain(text: str) -> str:
         ValueError: ``text`` is not a host name (empty, a URL, a path, a port...).
     """
     name = text.strip().lower().removeprefix("*.").removeprefix(".").rstrip(".")
+    if "*" in name:
+        raise ValueError(
+            f"{text!r}: wildcards are not supported; a domain covers its subdomains, and an "
+            "empty allow-list allows every public domain"
+        )
     if not name or any(c in name for c in "/:@?#[] "):
         raise ValueError(f"not a domain name: {text!r}")
     try:
@@ -217,6 +222,8 @@ async def check_destination(
         )
     if url.userinfo:
         raise URLRefusedError(f"refused a URL with credentials in it (host {url.host})")
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise URLRefusedError(f"refused {url}: port {url.port} is not a TCP port (1-65535)")
     raw = url.raw_host.decode("ascii")
     if not raw:
         raise URLRefusedError(f"refused {url}: it names no host")

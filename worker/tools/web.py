@@ -74,13 +74,10 @@ _TEXT_TYPES = frozenset(
         "application/csv",
     }
 )
-_HIDDEN = [
-    "[hidden]",
-    '[aria-hidden="true"]',
-    '[style*="display:none"]',
-    '[style*="display: none"]',
-]
-"""CSS selectors of elements a reader does not see; their text is left out."""
+_HIDDEN = ["[hidden]", '[aria-hidden="true" i]']
+"""CSS selectors of elements a reader does not see; their text is left out (and so are the
+elements whose inline style hides them, whatever its spelling: ``_drop_styled_hidden``)."""
+_HIDING_STYLES = ("display:none", "visibility:hidden", "visibility:collapse")
 _TIMEOUT_MARGIN_S = 5.0
 """The tool's own timeout is the fetch deadline plus this, so the fetch's clearer message wins."""
 
@@ -376,6 +373,7 @@ def _to_text(data: bytes, charset: str | None, html: bool) -> tuple[str | None, 
     if not html:
         return None, decoded
     tree = HTMLTree.parse(decoded)
+    _drop_styled_hidden(tree)
     title = (tree.title or "").strip() or None
     text = extract_plain_text(
         tree,
@@ -387,6 +385,21 @@ def _to_text(data: bytes, charset: str | None, html: bool) -> tuple[str | None, 
         skip_elements=_HIDDEN,
     )
     return title, text.strip()
+
+
+def _drop_styled_hidden(tree: HTMLTree) -> None:
+    """Remove the elements whose inline style hides them, matched after lower-casing and
+    removing whitespace (``DISPLAY : None`` counts): hidden text is a classic place for
+    instructions aimed at a model, not at the reader."""
+    root = tree.document
+    if root is None:
+        return
+    # in reverse document order, so a hidden element inside another is removed before its
+    # ancestor (never touched after the ancestor, and its memory, are gone)
+    for node in reversed(list(root.query_selector_all("[style]"))):
+        style = "".join((node.getattr("style") or "").lower().split())
+        if any(hiding in style for hiding in _HIDING_STYLES):
+            node.decompose()
 
 
 def _charset(params: str) -> str | None:
