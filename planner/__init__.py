@@ -3,12 +3,20 @@
 The public surface is pinned by ``tests/unit/test_public_api.py``.
 """
 
+from planner.compaction import (
+    Compaction,
+    CompactionError,
+    Compactor,
+    compact_history,
+    should_compact,
+)
 from planner.errors import (
     LLMConnectionError,
     LLMError,
     LLMResponseError,
     LLMStatusError,
     PlannerError,
+    ToolError,
     ToolRegistryError,
 )
 from planner.execution import CallJournal, ExecutedCall, execute_calls, tool_result_message
@@ -52,6 +60,9 @@ __all__ = [
     "ChatMessage",
     "ChatModel",
     "Checkpoint",
+    "Compaction",
+    "CompactionError",
+    "Compactor",
     "CompletionRequest",
     "CompletionResponse",
     "ExecutedCall",
@@ -78,15 +89,18 @@ __all__ = [
     "TokenUsage",
     "ToolCall",
     "ToolContext",
+    "ToolError",
     "ToolRegistry",
     "ToolRegistryError",
     "ToolSpec",
     "UserPolicySettings",
+    "compact_history",
     "evaluate_policy",
     "execute_calls",
     "format_reminder",
     "messages_from_json",
     "messages_to_json",
     "run_planner_loop",
+    "should_compact",
     "tool_result_message",
 ]

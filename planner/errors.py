@@ -7,7 +7,8 @@ Tree::
     │   ├── LLMConnectionError        connect / read failure, timeout (after retries)
     │   ├── LLMStatusError            the endpoint answered a non-2xx status (after retries)
     │   └── LLMResponseError          the endpoint answered 2xx with something unusable
-    └── ToolRegistryError             a tool registry was built wrong (duplicate name, bad schema)
+    ├── ToolRegistryError             a tool registry was built wrong (duplicate name, bad schema)
+    └── ToolError                     raised by a tool handler: its message is the call's error
 
 Tool failures are *not* exceptions at this level: an unknown tool, invalid arguments or a
 handler that raises become an error tool result that the model reads (see ``planner.execution``).
@@ -23,6 +24,7 @@ __all__ = [
     "LLMResponseError",
     "LLMStatusError",
     "PlannerError",
+    "ToolError",
     "ToolRegistryError",
 ]
 
@@ -73,3 +75,9 @@ class LLMResponseError(LLMError):
 
 class ToolRegistryError(PlannerError):
     """A tool registry was built wrong: a duplicate tool name or an invalid JSON schema."""
+
+
+class ToolError(PlannerError):
+    """Raised by a tool handler (or executor) whose failure already has the words the model
+    should read: the call's error is ``str(exc)`` verbatim. Any other exception becomes
+    ``"<tool> failed: <ExceptionClass>: <message>"``."""

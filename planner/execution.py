@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from planner.errors import ToolError
 from planner.messages import ChatMessage, ToolCall
 from planner.policy import PolicyDecision, PolicyGate
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
@@ -459,6 +460,8 @@ async def _run_handler(
             raise  # the run (or this round) is being cancelled: not the tool's failure
         # the handler itself raised CancelledError (e.g. it awaited a cancelled future)
         return done(None, f"{call.name} failed: it was cancelled from inside the tool")
+    except ToolError as exc:  # the handler's own words
+        return done(None, str(exc))
     except Exception as exc:  # a tool failure is feedback for the model, not a crash
         return done(None, f"{call.name} failed: {type(exc).__name__}: {exc}")
     finally:

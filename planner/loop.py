@@ -16,8 +16,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from planner.compaction import (
+    Compaction,
+    CompactionError,
+    Compactor,
+    compact_history,
+    estimate_message_tokens,
+    should_compact,
+)
 from planner.errors import LLMError
 from planner.execution import (
     DEFAULT_MAX_PARALLEL_READS,
@@ -90,6 +98,8 @@ class Checkpoint:
         settled: results of the pending round's calls that must not run again, by 0-based
             position: calls an earlier attempt finished, and writes whose outcome is unknown.
         compactions_done: compactions the earlier attempts did.
+        compaction_attempts: compactions they tried, failed ones included (default:
+            ``compactions_done``); they count toward ``Compactor.max_per_iteration``.
     """
 
     messages: Sequence[ChatMessage]
@@ -97,6 +107,7 @@ class Checkpoint:
     usage: TokenUsage = field(default_factory=TokenUsage)
     settled: Mapping[int, ExecutedCall] = field(default_factory=dict)
     compactions_done: int = 0
+    compaction_attempts: int | None = None
 
     def pending_calls(self) -> tuple[ToolCall, ...]:
         """The calls of the round under way when the checkpoint was taken (none when the log
@@ -140,6 +151,12 @@ class PlannerLoopInput:
         resume: continue an earlier attempt from its checkpoint instead of starting anew
             (``system_prompt``, ``prior_messages`` and ``user_prompt`` are then in it).
         reminder_role: the role reminders are sent with (``system``, default, or ``user``).
+        compactor: summarise the middle of the conversation when it nears the context (see
+            ``planner.compaction``); ``None``: never.
+        on_compaction: called with the round about to run and each Compaction made (its
+            ``folded`` messages are what the caller archives).
+        on_compaction_failed: called with the round and the CompactionError of a compaction
+            that was tried and did not happen.
     """
 
     system_prompt: str
@@ -162,6 +179,9 @@ class PlannerLoopInput:
     on_round_end: Callable[[int, Sequence[ExecutedCall]], Awaitable[None]] | None = None
     resume: Checkpoint | None = None
     reminder_role: ReminderRole = "system"
+    compactor: Compactor | None = None
+    on_compaction: Callable[[int, Compaction], None] | None = None
+    on_compaction_failed: Callable[[int, CompactionError], None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_rounds < 1:
@@ -177,16 +197,19 @@ class PlannerLoopResult:
     """What one run of the loop did.
 
     Attributes:
-        messages: the stored log: system, prior, user, then assistant and tool messages.
-            Reminders never appear here.
+        messages: the stored log: system, prior, user, then assistant and tool messages (the
+            middle replaced by a summary message where the context was compacted; what was
+            folded reached ``on_compaction``). Reminders never appear here.
         executed_calls: every tool call with its outcome, round by round, each round's calls
             in the order the model issued them (source order).
         rounds: completion requests made (failed ones included).
         usage: token usage summed over all requests, failed ones included when the endpoint
             reported what they cost.
         stop_reason: ``final_answer`` | ``max_rounds`` | ``llm_error`` | ``truncated`` |
-            ``content_filtered`` | ``empty_answer`` (see ``planner.replies``).
-        compactions_done: times the context was compacted (0 until compaction lands).
+            ``content_filtered`` | ``empty_answer`` | ``context_exhausted`` (see
+            ``planner.replies``).
+        compactions_done: times the context was compacted in this iteration.
+        compaction_errors: why compactions that were tried did not happen.
         error: why the loop failed, for a stop reason in ``FAILED_STOP_REASONS``.
     """
 
@@ -198,6 +221,7 @@ class PlannerLoopResult:
     compactions_done: int = 0
     error: str | None = None
     final_answer: str | None = field(default=None)
+    compaction_errors: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -239,8 +263,14 @@ async def run_planner_loop(
     messages: list[ChatMessage] = []
     executed: list[ExecutedCall] = []
 
+    compactor = inp.compactor
+    context_tokens = 0  # what the next request holds (tracked only with a compactor)
+
     def log(message: ChatMessage) -> None:
+        nonlocal context_tokens
         messages.append(message)
+        if compactor is not None:
+            context_tokens += estimate_message_tokens(message)
         if inp.on_message is not None:
             inp.on_message(message)
 
@@ -290,12 +320,73 @@ async def run_planner_loop(
             rounds = inp.resume.rounds_done
             return PlannerLoopResult(messages, executed, rounds, usage, "max_rounds")
 
+    head_size = 2 + len(inp.prior_messages)  # system prompt, prior messages, objective
+    compactions_done = inp.resume.compactions_done if inp.resume is not None else 0
+    compaction_attempts = compactions_done
+    if inp.resume is not None and inp.resume.compaction_attempts is not None:
+        compaction_attempts = max(compactions_done, inp.resume.compaction_attempts)
+    compaction_errors: list[str] = []
+
+    def result(rounds: int, stop: StopReason, **extra: Any) -> PlannerLoopResult:
+        return PlannerLoopResult(
+            messages,
+            executed,
+            rounds,
+            usage,
+            stop,
+            compactions_done=compactions_done,
+            compaction_errors=compaction_errors,
+            **extra,
+        )
+
     for round_no in range(first_round, inp.max_rounds + 1):
+        if compactor is not None and should_compact(
+            context_tokens, compactor.max_ctx, compactor.threshold
+        ):
+            if compaction_attempts >= compactor.max_per_iteration:
+                return result(
+                    round_no - 1,
+                    "context_exhausted",
+                    error=(
+                        f"the conversation reached about {context_tokens} tokens, "
+                        f"{compactor.threshold:.0%} of the {compactor.max_ctx}-token context, "
+                        f"after {compaction_attempts} compaction attempt(s) (at most "
+                        f"{compactor.max_per_iteration} per iteration)"
+                    ),
+                )
+            compaction_attempts += 1
+            try:
+                compaction = await compact_history(
+                    messages,
+                    llm=compactor.llm,
+                    model=compactor.model,
+                    keep_recent=compactor.keep_recent_tokens or compactor.max_ctx // 4,
+                    max_input_tokens=compactor.summariser_max_ctx,
+                    head=head_size,
+                )
+            except CompactionError as exc:
+                usage = usage + exc.usage
+                repeated = str(exc) in compaction_errors
+                if exc.reason == "nothing_to_fold":  # no summariser asked: no attempt spent
+                    compaction_attempts -= 1
+                if not (repeated and exc.reason == "nothing_to_fold"):
+                    logger.warning("compaction before round %d failed: %s", round_no, exc)
+                    compaction_errors.append(str(exc))
+                    if inp.on_compaction_failed is not None:
+                        inp.on_compaction_failed(round_no, exc)
+            else:
+                messages[:] = compaction.messages
+                usage = usage + compaction.usage
+                compactions_done += 1
+                context_tokens = compaction.tokens_after
+                if inp.on_compaction is not None:
+                    inp.on_compaction(round_no, compaction)
         state = LoopState(
             round=round_no,
             tool_call_count=len(executed),
             tokens_used=usage,
             last_call=executed[-1] if executed else None,
+            compactions_done=compactions_done,
             max_rounds=inp.max_rounds,
             last_round_calls=last_round,
         )
@@ -313,28 +404,22 @@ async def run_planner_loop(
         except LLMError as exc:
             logger.warning("llm request failed in round %d: %s", round_no, exc)
             usage = usage + exc.usage
-            return PlannerLoopResult(
-                messages, executed, round_no, usage, "llm_error", error=str(exc)
-            )
+            return result(round_no, "llm_error", error=str(exc))
         usage = usage + response.usage
         reply = stored_reply(response)
         log(reply)
+        if compactor is not None and response.usage.prompt_tokens and not response.usage.estimated:
+            # the provider's count of what it read, plus what it wrote: exact where estimates
+            # drift; messages appended from now on add their estimate (O(1) per round)
+            context_tokens = response.usage.total_tokens
         verdict = judge_reply(response, round=round_no, max_rounds=inp.max_rounds)
         for message in verdict.follow_up:
             log(message)
         if verdict.stop_reason is not None:
             answer = reply.content if verdict.stop_reason == "final_answer" else None
-            return PlannerLoopResult(
-                messages,
-                executed,
-                round_no,
-                usage,
-                verdict.stop_reason,
-                error=verdict.error,
-                final_answer=answer,
-            )
+            return result(round_no, verdict.stop_reason, error=verdict.error, final_answer=answer)
         if not reply.tool_calls:
             continue  # the model was told why its reply cannot stand, and asked again
         last_round = await run_calls(reply.tool_calls, round_no)
 
-    return PlannerLoopResult(messages, executed, inp.max_rounds, usage, "max_rounds")
+    return result(inp.max_rounds, "max_rounds")

@@ -48,12 +48,18 @@ __all__ = [
 ]
 
 StopReason = Literal[
-    "final_answer", "max_rounds", "llm_error", "truncated", "content_filtered", "empty_answer"
+    "final_answer",
+    "max_rounds",
+    "llm_error",
+    "truncated",
+    "content_filtered",
+    "empty_answer",
+    "context_exhausted",
 ]
 """Why a run of the planner loop ended."""
 
 FAILED_STOP_REASONS: frozenset[StopReason] = frozenset(
-    {"llm_error", "truncated", "content_filtered", "empty_answer"}
+    {"llm_error", "truncated", "content_filtered", "empty_answer", "context_exhausted"}
 )
 """Stop reasons that make an iteration ``failed``."""
 

@@ -20,9 +20,9 @@ from worker.db.policy import PostgresCallLedger
 from worker.db.stores import ClaimedMission, MissionStore
 from worker.errors import DatabaseError, SettingsError
 from worker.gate import PolicySetup, policy_config_from_settings
-from worker.llm import InstrumentedChatModel, build_chat_model
+from worker.llm import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.metrics import HealthState
-from worker.runner import MissionRunner
+from worker.runner import CompactionSetup, MissionRunner
 from worker.settings import Settings
 from worker.tick import Worker
 from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
@@ -32,6 +32,7 @@ __all__ = [
     "allowed_tools_for",
     "check_policy_settings",
     "mission_policy_setup",
+    "offered_tools",
     "open_app",
     "open_database",
     "web_fetch_config",
@@ -82,6 +83,16 @@ def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) 
         return [t for t in tools if t.name not in OPT_IN_TOOLS]
     wanted = set(allowed)
     return [t for t in tools if t.name in wanted]
+
+
+def offered_tools(
+    tools: Sequence[ToolSpec], allowed: Sequence[str] | None, scopes: Sequence[str]
+) -> list[ToolSpec]:
+    """The tools a mission's model is offered: the agent's allow-list (``allowed_tools_for``)
+    within ``MANA_AI_POLICY_MISSION_SCOPES`` (``scopes``; empty: every scope). Tools outside
+    those scopes are not offered; the gate still refuses them, should a model call one."""
+    offered = allowed_tools_for(tools, allowed)
+    return [t for t in offered if not scopes or t.scope in scopes]
 
 
 def check_policy_settings(settings: Settings, tools: Sequence[ToolSpec]) -> None:
@@ -166,14 +177,10 @@ async def open_app(
         store = MissionStore(engine)
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
-
-        exposed = set(settings.policy_mission_scopes)
+        summariser = build_summariser(settings, chat)
 
         def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
-            # tools outside the scopes missions may use are not offered (the gate still
-            # refuses them, should a model call one anyway)
-            offered = allowed_tools_for(tools, mission.allowed_tools)
-            return [t for t in offered if not exposed or t.scope in exposed]
+            return offered_tools(tools, mission.allowed_tools, settings.policy_mission_scopes)
 
         lease = timedelta(seconds=settings.lease_s)
         policy = mission_policy_setup(settings, engine, tools)
@@ -189,6 +196,14 @@ async def open_app(
             reminders_disabled=settings.reminders_disabled,
             checkpoint_every=settings.checkpoint_every_rounds,
             reminder_role=settings.reminder_role,
+            compaction=CompactionSetup(
+                llm=summariser,
+                max_ctx=settings.compact_max_ctx,
+                threshold=settings.compact_threshold,
+                max_per_iteration=settings.compact_max_per_iteration,
+                model=settings.compact_model,
+                summariser_max_ctx=settings.compact_model_max_ctx,
+            ),
             max_parallel_reads=settings.max_parallel_reads,
             tool_timeout_s=settings.tool_timeout_s,
         )
@@ -205,3 +220,5 @@ async def open_app(
             yield App(engine, store, chat, worker, health)
         finally:
             await chat.aclose()
+            if summariser is not chat:
+                await summariser.aclose()

@@ -94,14 +94,12 @@ class MissionJournal:
         call then does not run)."""
         transcript = self.transcript
         row = transcript.started_row(call, round, position, ctx.idempotency_key, decision)
+        checkpoint = transcript.checkpoint()
         row_id = await self.store.record_call_start(
-            self.mission,
-            self.iteration_id,
-            transcript.checkpoint(),
-            row,
-            worker_id=self.worker_id,
+            self.mission, self.iteration_id, checkpoint, row, worker_id=self.worker_id
         )
         transcript.stored[(round, position)] = row_id
+        transcript.archive_written(checkpoint.archive)
 
     async def finished(self, executed: ExecutedCall) -> None:
         """Bring the call's row up to date with its outcome."""
@@ -125,13 +123,10 @@ class MissionJournal:
     async def commit(self) -> bool:
         """Commit everything not yet written; False when it could not."""
         rows = self.transcript.invocation_rows()
+        checkpoint = self.transcript.checkpoint()
         try:
             ids = await self.store.commit_round(
-                self.mission,
-                self.iteration_id,
-                self.transcript.checkpoint(),
-                rows,
-                worker_id=self.worker_id,
+                self.mission, self.iteration_id, checkpoint, rows, worker_id=self.worker_id
             )
         except Exception:
             logger.exception("could not commit the round; the next commit will")
@@ -140,6 +135,7 @@ class MissionJournal:
             logger.warning("lease lost: the round was not committed")
             return False
         self.transcript.mark_written(rows, ids)
+        self.transcript.archive_written(checkpoint.archive)
         self._uncommitted_rounds = 0
         return True
 
@@ -155,12 +151,16 @@ async def resume_checkpoint(
     ``transcript`` which of the pending round's rows exist, so they are updated, not
     duplicated."""
     messages = messages_from_json(started.messages)
+    transcript.compactions = started.compactions
+    transcript.archived = started.compaction_attempts
     checkpoint = Checkpoint(
         messages=messages,
         rounds_done=started.rounds,
         usage=TokenUsage(
             prompt_tokens=started.prompt_tokens, completion_tokens=started.completion_tokens
         ),
+        compactions_done=started.compactions,
+        compaction_attempts=started.compaction_attempts,
     )
     pending = checkpoint.pending_calls()
     if not pending:
@@ -188,6 +188,8 @@ async def resume_checkpoint(
         rounds_done=started.rounds,
         usage=checkpoint.usage,
         settled=settled,
+        compactions_done=started.compactions,
+        compaction_attempts=started.compaction_attempts,
     )
 
 

@@ -19,7 +19,7 @@ from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError, 
 from worker import metrics
 from worker.settings import Settings
 
-__all__ = ["InstrumentedChatModel", "build_chat_model"]
+__all__ = ["InstrumentedChatModel", "build_chat_model", "build_summariser"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,16 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
             on_fallback=_count_fallback,
         )
         logger.info("LLM: fallback endpoint %s", settings.llm_fallback_base_url)
+    return InstrumentedChatModel(inner)
+
+
+def build_summariser(settings: Settings, chat: InstrumentedChatModel) -> InstrumentedChatModel:
+    """The ChatModel that writes compaction summaries: ``MANA_AI_COMPACT_BASE_URL`` when set
+    (its own endpoint and key), else the missions' own ``chat``."""
+    if not settings.compact_base_url:
+        return chat
+    logger.info("compaction summaries: endpoint %s", settings.compact_base_url)
+    inner = _http_model(settings, "compaction", settings.compact_base_url, settings.compact_api_key)
     return InstrumentedChatModel(inner)
 
 

@@ -16,6 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from prometheus_client.exposition import generate_latest
 
 __all__ = [
+    "COMPACTED_TURNS",
+    "COMPACTIONS_TRIGGERED",
+    "COMPACTION_FAILURES",
     "ITERATION_DURATION",
     "LEASES_LOST",
     "LLM_FALLBACKS",
@@ -117,6 +120,22 @@ REMINDER_PRODUCER_ERRORS = Counter(
     "mana_ai_reminder_producer_errors_total",
     "Reminder producers that raised (skipped; the round went on), by producer.",
     ["producer"],
+)
+
+COMPACTIONS_TRIGGERED = Counter(
+    "mana_ai_compactions_triggered_total",
+    "Compactions of a mission's context that happened (one per firing).",
+)
+COMPACTED_TURNS = Histogram(
+    "mana_ai_compacted_turns",
+    "Turns folded by one compaction (fewer than 3 usually means a misconfigured max context).",
+    buckets=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 30, 50),
+)
+COMPACTION_FAILURES = Counter(
+    "mana_ai_compaction_failures_total",
+    "Compactions tried that did not happen, by reason (llm_error, unusable_summary, "
+    "nothing_to_fold).",
+    ["reason"],
 )
 
 

@@ -9,7 +9,7 @@ turns the channel off; ``MANA_AI_REMINDERS_DISABLED`` turns single producers off
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from functools import cache
 
@@ -50,6 +50,7 @@ def mission_reminder_channel(
     deadline: datetime | None,
     clock: Callable[[], datetime],
     disabled: Collection[str] = (),
+    replace: Mapping[str, Callable[[LoopState], str | None]] | None = None,
 ) -> ReminderComposer:
     """The channel of one iteration (its producers keep per-loop state: build one per run).
 
@@ -60,6 +61,8 @@ def mission_reminder_channel(
         deadline: the mission's deadline (UTC-aware) or ``None``.
         clock: UTC-aware now, read at every round for the deadline.
         disabled: producer names to leave out (see ``PRODUCER_NAMES``).
+        replace: producer name -> function to produce its texts instead (``replay --rerun``
+            replays the reminders that depend on the time and on other runs).
     """
 
     def budget(state: LoopState) -> str | None:
@@ -80,6 +83,8 @@ def mission_reminder_channel(
         Producer("token_budget", "warning", budget),
         Producer("compacted", "info", compacted_reminder),
     ]
+    swap = replace or {}
+    producers = [Producer(p.name, p.severity, swap.get(p.name, p.produce)) for p in producers]
     return ReminderComposer(
         [p for p in producers if p.name not in disabled],
         on_sent=_count_sent,

@@ -35,6 +35,7 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
+from planner.compaction import Compaction, CompactionError, Compactor
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from planner.loop import ReminderRole
 from planner.policy import POLICY_MODES, PolicyMode
@@ -49,7 +50,7 @@ from worker.reminder_channel import mission_reminder_channel
 from worker.schedule import ScheduleError, next_run_after
 from worker.transcript import Transcript, call_outcome, json_safe, messages_json
 
-__all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
+__all__ = ["CompactionSetup", "MissionRunner", "RunOutcome", "ToolsFactory"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,39 @@ RunOutcome = str  # succeeded | failed | interrupted | lease_lost | skipped
 BUDGET_WINDOW = timedelta(hours=24)
 """An agent's ``max_tokens_per_day`` is checked against its iterations of the last 24 hours
 (a rolling window), before each run; a run that starts under budget may end over it."""
+
+
+@dataclass(frozen=True)
+class CompactionSetup:
+    """How missions compact their context (``planner.compaction``), from the settings.
+
+    Attributes:
+        llm: the summariser (the missions' model, or ``MANA_AI_COMPACT_BASE_URL``'s).
+        max_ctx: the default context in tokens (an agent's ``compact_max_ctx`` overrides it);
+            0 turns compaction off.
+        threshold, max_per_iteration, model, summariser_max_ctx: see ``Compactor``.
+    """
+
+    llm: ChatModel
+    max_ctx: int
+    threshold: float = 0.92
+    max_per_iteration: int = 1
+    model: str | None = None
+    summariser_max_ctx: int | None = None
+
+    def compactor_for(self, mission: ClaimedMission) -> Compactor | None:
+        """The mission's Compactor, or ``None`` when its context is 0 (off)."""
+        max_ctx = mission.compact_max_ctx if mission.compact_max_ctx is not None else self.max_ctx
+        if max_ctx <= 0:
+            return None
+        return Compactor(
+            llm=self.llm,
+            max_ctx=max_ctx,
+            model=self.model,
+            threshold=self.threshold,
+            max_per_iteration=self.max_per_iteration,
+            summariser_max_ctx=self.summariser_max_ctx,
+        )
 
 
 @dataclass(frozen=True)
@@ -90,6 +124,7 @@ class MissionRunner:
         checkpoint_every: commit a run's read-only rounds at least this often (rounds that
             ran a write or destructive call are always committed; default 3).
         reminder_role: the role reminders are sent with (``system`` or ``user``).
+        compaction: how missions compact their context; ``None``: never.
         clock: returns the current UTC-aware time (injectable for tests).
         max_parallel_reads: read calls of one round running at once, at most (default 10).
         tool_timeout_s: seconds a tool call may run unless its ToolSpec says otherwise
@@ -110,6 +145,7 @@ class MissionRunner:
         reminders_disabled: Collection[str] = (),
         checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
         reminder_role: ReminderRole = "system",
+        compaction: CompactionSetup | None = None,
         clock: Callable[[], datetime] = _utcnow,
         max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
         tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
@@ -125,6 +161,7 @@ class MissionRunner:
         self.reminders_disabled = frozenset(reminders_disabled)
         self.checkpoint_every = checkpoint_every
         self.reminder_role: ReminderRole = reminder_role
+        self.compaction = compaction
         self.clock = clock
         self.max_parallel_reads = max_parallel_reads
         self.tool_timeout_s = tool_timeout_s
@@ -232,6 +269,7 @@ class MissionRunner:
                 messages=transcript.messages_json(),
                 tool_invocations=transcript.invocation_rows(),
                 reminders=transcript.reminders_json(),
+                archive=tuple(transcript.archive_pending),
                 rounds=transcript.rounds(),
                 prompt_tokens=transcript.usage().prompt_tokens,
                 completion_tokens=transcript.usage().completion_tokens,
@@ -338,6 +376,11 @@ class MissionRunner:
             policy=gate,
             reminder_channel=transcript.reminders,
             reminder_role=self.reminder_role,
+            compactor=self.compaction.compactor_for(mission) if self.compaction else None,
+            on_compaction=lambda round_no, c: _compacted(transcript, round_no, c),
+            on_compaction_failed=lambda round_no, e: _compaction_failed(
+                transcript, round_no, e, self.compaction.model if self.compaction else None
+            ),
             on_message=transcript.messages.append,
             on_executed_call=on_executed,
             max_parallel_reads=self.max_parallel_reads,
@@ -384,6 +427,7 @@ class MissionRunner:
             mission_status=next_run.mission_status,
             tool_invocations=transcript.invocation_rows(),
             reminders=transcript.reminders_json(),
+            archive=tuple(transcript.archive_pending),
         )
 
     async def _renew_until_done(
@@ -411,6 +455,27 @@ class MissionRunner:
 
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
     return value if value in POLICY_MODES else None
+
+
+def _compacted(transcript: Transcript, round_no: int, compaction: Compaction) -> None:
+    row = transcript.compacted(round_no, compaction)
+    metrics.COMPACTIONS_TRIGGERED.inc()
+    metrics.COMPACTED_TURNS.observe(compaction.folded_turns)
+    logger.info(
+        "context compacted before round %d (compaction %d): %d turn(s) folded, %d -> %d tokens",
+        round_no,
+        row.compaction_index,
+        compaction.folded_turns,
+        compaction.tokens_before,
+        compaction.tokens_after,
+    )
+
+
+def _compaction_failed(
+    transcript: Transcript, round_no: int, error: CompactionError, model: str | None
+) -> None:
+    metrics.COMPACTION_FAILURES.labels(reason=error.reason).inc()
+    transcript.compaction_failed(round_no, error, model)
 
 
 def _count_read_batch(size: int) -> None:

@@ -368,6 +368,60 @@ class Settings(BaseSettings):
             "out."
         ),
     )
+    compact_max_ctx: int = Field(
+        default=1_000_000,
+        ge=0,
+        le=100_000_000,
+        description=(
+            "The mission model's context in tokens: when a conversation reaches "
+            "MANA_AI_COMPACT_THRESHOLD of it, its middle is summarised and archived "
+            "(compaction). 0 turns compaction off. An agent's --compact-max-ctx overrides it "
+            "(models differ). Default 1000000."
+        ),
+    )
+    compact_threshold: float = Field(
+        default=0.92,
+        ge=0.5,
+        le=1.0,
+        description="Share of the context (0.5-1) at which compaction starts. Default 0.92.",
+    )
+    compact_max_per_iteration: int = Field(
+        default=1,
+        ge=1,
+        le=10,
+        description=(
+            "Compactions tried per iteration, failed ones included; a conversation that "
+            "crosses the threshold again after that ends with stop reason context_exhausted "
+            "instead of sending an over-long request. Default 1."
+        ),
+    )
+    compact_model: str | None = Field(
+        default=None,
+        description=(
+            "Model that writes the summaries (e.g. a cheaper one). Unset: the mission's model."
+        ),
+    )
+    compact_base_url: str | None = Field(
+        default=None,
+        description=(
+            "OpenAI-compatible endpoint of MANA_AI_COMPACT_MODEL, when it is not the "
+            "mission's endpoint. Unset: MANA_AI_LLM_BASE_URL (or the embedded model)."
+        ),
+    )
+    compact_api_key: SecretStr | None = Field(
+        default=None,
+        description="API key sent to MANA_AI_COMPACT_BASE_URL. Never logged.",
+    )
+    compact_model_max_ctx: int | None = Field(
+        default=None,
+        ge=1000,
+        le=100_000_000,
+        description=(
+            "The summarising model's own context in tokens: the turns it is asked to "
+            "summarise are trimmed (oldest first) to fit; all of them are still archived. "
+            "Unset: the mission's MANA_AI_COMPACT_MAX_CTX."
+        ),
+    )
     reminder_role: Literal["system", "user"] = Field(
         default="system",
         description=(
@@ -385,6 +439,9 @@ class Settings(BaseSettings):
         "llm_fallback_base_url",
         "llm_fallback_model",
         "llm_fallback_api_key",
+        "compact_model",
+        "compact_base_url",
+        "compact_api_key",
         mode="before",
     )
     @classmethod
@@ -399,7 +456,7 @@ class Settings(BaseSettings):
     def _normalise_database_url(cls, value: str | None) -> str | None:
         return None if value is None else to_async_url(value)
 
-    @field_validator("llm_base_url", "llm_fallback_base_url")
+    @field_validator("llm_base_url", "llm_fallback_base_url", "compact_base_url")
     @classmethod
     def _check_llm_base_url(cls, value: str | None) -> str | None:
         if value is None:
@@ -567,7 +624,7 @@ def _describe(exc: ValidationError) -> str:
         field = str(error["loc"][0]) if error["loc"] else "?"
         message = error["msg"].removeprefix("Value error, ")
         value = error.get("input")
-        if field in ("llm_api_key", "llm_fallback_api_key"):
+        if field in ("llm_api_key", "llm_fallback_api_key", "compact_api_key"):
             shown = "'***'"
         elif field == "database_url" and isinstance(value, str):
             shown = repr(redact_url(value))

@@ -17,6 +17,8 @@ from typing import Any
 
 from planner import (
     ChatMessage,
+    Compaction,
+    CompactionError,
     ExecutedCall,
     PolicyDecision,
     TokenUsage,
@@ -24,7 +26,7 @@ from planner import (
     messages_to_json,
 )
 from reminders import ReminderComposer
-from worker.db.stores import RoundCheckpoint, ToolInvocationRow
+from worker.db.stores import ArchiveRow, RoundCheckpoint, ToolInvocationRow
 
 __all__ = ["Transcript", "call_outcome", "json_safe", "messages_json"]
 
@@ -44,6 +46,11 @@ class Transcript:
             exists (journaled writes, committed rounds, an earlier attempt's calls).
         current: the stored rows whose outcome is up to date (nothing to write for them).
         settled_earlier: calls of a resumed round that an earlier attempt finished.
+        archive_pending: compactions of the log not stored yet (they go with the next write
+            of the log).
+        compactions: compactions of this iteration so far (earlier attempts' included).
+        archived: archive rows of this iteration so far: compactions and failed attempts
+            (their ``compaction_index`` counts on from it).
     """
 
     attempt: int
@@ -55,6 +62,9 @@ class Transcript:
     stored: dict[tuple[int, int], int] = field(default_factory=dict)
     current: set[tuple[int, int]] = field(default_factory=set)
     settled_earlier: set[tuple[int, int]] = field(default_factory=set)
+    archive_pending: list[ArchiveRow] = field(default_factory=list)
+    compactions: int = 0
+    archived: int = 0
 
     def messages_json(self) -> list[dict[str, Any]]:
         """The message log as stored (see ``messages_json``)."""
@@ -82,7 +92,61 @@ class Transcript:
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             reminders=self.reminders_json(),
+            archive=tuple(self.archive_pending),
         )
+
+    def compacted(self, round_no: int, compaction: Compaction) -> ArchiveRow:
+        """The log was compacted before ``round_no``: take the new log, and keep what was
+        folded for the archive (written with the next write of the log)."""
+        self.messages[:] = compaction.messages
+        self.compactions += 1
+        self.archived += 1
+        row = ArchiveRow(
+            compaction_index=self.archived,
+            round=round_no,
+            start_index=compaction.start,
+            folded=messages_json(compaction.folded),
+            folded_turns=compaction.folded_turns,
+            summary=json_safe(compaction.summary),
+            tokens_before=compaction.tokens_before,
+            tokens_after=compaction.tokens_after,
+            model=compaction.model,
+            duration_ms=compaction.duration_ms,
+            attempt=self.attempt,
+        )
+        self.archive_pending.append(row)
+        return row
+
+    def compaction_failed(
+        self, round_no: int, error: CompactionError, model: str | None
+    ) -> ArchiveRow | None:
+        """A compaction before ``round_no`` was tried and changed nothing: keep the attempt
+        for the archive (with its error), unless no summariser was asked (``nothing_to_fold``:
+        nothing to replay)."""
+        if error.reason == "nothing_to_fold":
+            return None
+        self.archived += 1
+        row = ArchiveRow(
+            compaction_index=self.archived,
+            round=round_no,
+            start_index=0,
+            folded=[],
+            folded_turns=0,
+            summary="",
+            tokens_before=error.tokens_before,
+            tokens_after=error.tokens_before,
+            model=model,
+            duration_ms=error.duration_ms,
+            attempt=self.attempt,
+            error=json_safe(f"{error.reason}: {error}"),
+        )
+        self.archive_pending.append(row)
+        return row
+
+    def archive_written(self, rows: Sequence[ArchiveRow]) -> None:
+        """``rows`` were stored with the log."""
+        written = set(id(r) for r in rows)
+        self.archive_pending = [r for r in self.archive_pending if id(r) not in written]
 
     def invocation_rows(self) -> list[ToolInvocationRow]:
         """The ``tool_invocations`` rows still to write, in source order (round, then position

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import ssl
 import threading
@@ -46,12 +47,14 @@ class _Page:
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """One request as the server saw it (``started_s`` / ``ended_s``: ``time.monotonic()``)."""
+    """One request as the server saw it (``started_s`` / ``ended_s``: ``time.monotonic()``;
+    ``ended_s`` is ``None`` while the answer is being sent). A request is recorded as soon as
+    it arrives, so a client that got its answer finds it in ``requests``."""
 
     path: str
     headers: dict[str, str]
     started_s: float
-    ended_s: float
+    ended_s: float | None = None
 
 
 class FakeWebServer:
@@ -174,16 +177,19 @@ class FakeWebServer:
 
     # -- serving (handler threads) -----------------------------------------------------------
 
-    def _enter(self) -> float:
+    def _enter(self, path: str, headers: dict[str, str]) -> int:
         with self._lock:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
-        return time.monotonic()
+            self.requests.append(RecordedRequest(path, headers, time.monotonic()))
+            return len(self.requests) - 1
 
-    def _leave(self, path: str, headers: dict[str, str], started_s: float) -> None:
+    def _leave(self, index: int) -> None:
         with self._lock:
             self._in_flight -= 1
-            self.requests.append(RecordedRequest(path, headers, started_s, time.monotonic()))
+            self.requests[index] = dataclasses.replace(
+                self.requests[index], ended_s=time.monotonic()
+            )
 
 
 def _make_handler(server: FakeWebServer) -> type[BaseHTTPRequestHandler]:
@@ -191,14 +197,13 @@ def _make_handler(server: FakeWebServer) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
-            started = server._enter()
-            headers = dict(self.headers.items())
+            index = server._enter(self.path, dict(self.headers.items()))
             try:
                 self._serve(server._pages.get(self.path.split("?", 1)[0]))
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client stopped reading: that is allowed
             finally:
-                server._leave(self.path, headers, started)
+                server._leave(index)
 
         def _serve(self, page: _Page | None) -> None:
             if page is None:

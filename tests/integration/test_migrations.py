@@ -38,6 +38,7 @@ EXPECTED_TABLES = {
     "notes",
     "user_policy_settings",
     "policy_call_events",
+    "compacted_turns",
 }
 
 
@@ -88,7 +89,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0004"
+    assert revision == head_revision() == "0005"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES

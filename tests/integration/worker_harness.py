@@ -17,7 +17,7 @@ from worker.db.policy import PostgresCallLedger
 from worker.db.stores import MissionStore
 from worker.db.tables import mission_iterations, missions
 from worker.gate import PolicySetup
-from worker.runner import MissionRunner, ToolsFactory
+from worker.runner import CompactionSetup, MissionRunner, ToolsFactory
 from worker.tick import Worker
 from worker.tools import builtin_tools
 
@@ -52,6 +52,7 @@ def make_worker(
     store: MissionStore | None = None,
     tools_for: ToolsFactory | None = None,
     policy: PolicySetup | None = None,
+    compaction: CompactionSetup | None = None,
 ) -> Worker:
     """A worker on ``engine`` with the built-in tools (plus ``extra_tools``), and the policy
     gate when ``policy`` is given (``policy_setup``)."""
@@ -64,6 +65,7 @@ def make_worker(
         worker_id=worker_id,
         lease=lease,
         policy=policy,
+        compaction=compaction,
     )
     return Worker(
         store=store,

@@ -46,6 +46,12 @@ def register(commands: Any) -> None:
         help="the policy gate's mode for this agent's tool calls (default: MANA_AI_POLICY_MODE)",
     )
     add.add_argument(
+        "--compact-max-ctx",
+        type=_context,
+        help="the model's context in tokens, for compaction (0: never compact; default "
+        "MANA_AI_COMPACT_MAX_CTX)",
+    )
+    add.add_argument(
         "--if-not-exists",
         action="store_true",
         help="succeed without changes when an agent with this name exists",
@@ -79,6 +85,13 @@ def register(commands: Any) -> None:
         choices=(*POLICY_MODE_CHOICES, "default"),
         help="the policy gate's mode for this agent ('default': MANA_AI_POLICY_MODE)",
     )
+    set_.add_argument(
+        "--compact-max-ctx",
+        type=_context_or_default,
+        default=_UNSET,
+        help="the model's context in tokens, for compaction (0: never; 'default': "
+        "MANA_AI_COMPACT_MAX_CTX)",
+    )
     json_flag(set_)
     set_.set_defaults(command_fn=_set)
 
@@ -92,6 +105,23 @@ def _shown(value: Any) -> str:
         return "default"
     text = ",".join(value) if isinstance(value, list) else str(value)
     return repr(text[:60] + "…") if len(text) > 60 else text
+
+
+MAX_CONTEXT_TOKENS = 100_000_000
+
+
+def _context(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens, got {text!r}") from None
+    if not 0 <= value <= MAX_CONTEXT_TOKENS:
+        raise argparse.ArgumentTypeError(f"expected 0 to {MAX_CONTEXT_TOKENS} tokens, got {value}")
+    return value
+
+
+def _context_or_default(text: str) -> int | None:
+    return None if text.strip().lower() == "default" else _context(text)
 
 
 def _budget(text: str) -> int | None:
@@ -133,6 +163,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
             max_tokens_per_day=args.max_tokens_per_day,
             allowed_tools=tools,
             policy_mode=args.policy_mode,
+            compact_max_ctx=args.compact_max_ctx,
         )
     emit(args, agent, f"agent {agent['name']} created (id {agent['id']})")
     return 0
@@ -152,6 +183,8 @@ async def _set(args: argparse.Namespace, settings: Settings) -> int:
         changes["max_tokens_per_day"] = args.max_tokens_per_day
     if args.policy_mode is not None:
         changes["policy_mode"] = None if args.policy_mode == "default" else args.policy_mode
+    if args.compact_max_ctx is not _UNSET:
+        changes["compact_max_ctx"] = args.compact_max_ctx
     async with admin_store(settings) as admin:
         if args.tools is not None:
             known = [t.name for t in builtin_tools(admin.engine)]

@@ -10,6 +10,7 @@ from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
+from worker.replay import message_label, policy_text
 from worker.settings import Settings
 
 __all__ = ["register"]
@@ -91,6 +92,13 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     )
     if it["error"]:
         print(f"  error: {it['error']}")
+    done = [c for c in it.get("compactions") or [] if not c.get("error")]
+    if done:
+        folded = sum(c["folded_turns"] for c in done)
+        print(
+            f"  compactions: {len(done)} ({folded} turn(s) folded into summaries; "
+            f"`mana-ai replay {it['id']}` shows them in place)"
+        )
     attempts = it.get("attempts") or []
     if len(attempts) > 1:
         print("  attempts: " + "; ".join(_attempt_text(a) for a in attempts))
@@ -106,29 +114,10 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             f"  round {inv['round']} {inv['tool']}({json.dumps(inv['arguments'])}) "
             f"{inv['outcome']} in {inv['duration_ms']:.1f} ms; {detail}"
         )
-        policy = _policy_line(inv.get("policy_decision"), inv.get("policy_mode"))
+        policy = policy_text(inv.get("policy_decision"), inv.get("policy_mode"))
         if policy:
             print(f"    policy: {policy}")
     return 0
-
-
-def _policy_line(decision: dict[str, Any] | None, mode: str | None) -> str | None:
-    """E.g. ``denied: destructive_not_opted_in (enforce)``, ``would deny: rate_limited
-    (log-only)``, ``allowed (enforce); flagged: injection_marker ['{{']``."""
-    if not decision:
-        return None
-    mode = decision.get("mode") or mode or "?"
-    reason = decision.get("reason") or "?"
-    if decision.get("verdict", "allow" if decision.get("allow") else "deny") == "allow":
-        line = f"allowed ({mode})"
-    elif decision.get("allow"):
-        line = f"would deny: {reason} ({mode})"
-    else:
-        line = f"denied: {reason} ({mode})"
-    if decision.get("flags"):
-        markers = decision.get("markers") or []
-        line += f"; flagged: {', '.join(decision['flags'])}" + (f" {markers}" if markers else "")
-    return line
 
 
 def _attempt_text(attempt: dict[str, Any]) -> str:
@@ -173,7 +162,7 @@ def _print_log(
         if role == "assistant":
             round_no += 1
             header(round_no)
-        label = _message_label(message)
+        label = message_label(message)
         if message.get("content") is not None:
             print(f"  {label} {message['content']}")
         for call in message.get("tool_calls", []):
@@ -183,20 +172,3 @@ def _print_log(
             print(f"  {label} calls {call['name']}({arguments}) id={call['id']}")
     for leftover in sorted(by_round):  # a round whose request got no answer
         header(leftover, " (no answer)")
-
-
-def _message_label(message: dict[str, Any]) -> str:
-    """``[role]``, ``[tool <call id>]`` or ``[assistant via <endpoint>, finish_reason …]``.
-
-    Provider fields (reasoning text, signatures) are left out here; ``--json`` shows them.
-    """
-    parts = [message["role"]]
-    if message.get("tool_call_id"):
-        parts.append(message["tool_call_id"])
-    info = message.get("reply_info") or {}
-    if info.get("endpoint"):
-        parts.append(f"via {info['endpoint']}")
-    label = " ".join(parts)
-    if info.get("finish_reason") not in (None, "stop", "tool_calls"):
-        label += f", finish_reason {info['finish_reason']}"
-    return f"[{label}]"

@@ -23,7 +23,7 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
-    """Add ``missions add|list|show|pause|resume``."""
+    """Add ``missions add|list|show|history|pause|resume``."""
     ms = group(commands, "missions", "Missions: an agent, an objective, a schedule.")
     add = ms.add_parser(
         "add",
@@ -60,6 +60,17 @@ def register(commands: Any) -> None:
         cmd.add_argument("id", type=row_id, help="mission id")
         json_flag(cmd)
         cmd.set_defaults(command_fn=fn)
+    history = ms.add_parser(
+        "history",
+        help="A mission's iterations with their compactions.",
+        description="List a mission's iterations, newest first, each with its compactions: the "
+        "round each ran before, the turns it folded, tokens before and after, or why it "
+        "failed. `mana-ai replay ITERATION_ID` shows the folded turns in place.",
+    )
+    history.add_argument("id", type=row_id, help="mission id")
+    history.add_argument("--limit", type=limit, default=20, help="iterations at most (20)")
+    json_flag(history)
+    history.set_defaults(command_fn=_history)
 
 
 async def _add(args: argparse.Namespace, settings: Settings) -> int:
@@ -134,6 +145,43 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     else:
         for key, value in mission.items():
             print(f"{key:>18}: {fmt(value)}")
+    return 0
+
+
+async def _history(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        mission = await admin.mission_history(args.id, limit=args.limit)
+    if args.json:
+        print_json(mission)
+        return 0
+    shown = len(mission["iterations"])
+    print(
+        f"mission {mission['id']} (agent {mission['agent']}, {mission['status']}): "
+        f"{mission['iteration_count']} iteration(s)"
+        + (f", the latest {shown} shown" if shown < mission["iteration_count"] else "")
+    )
+    for it in mission["iterations"]:
+        tokens = it["prompt_tokens"] + it["completion_tokens"]
+        print(
+            f"  iteration {it['id']} scheduled for {fmt(it['scheduled_for'])}: {it['status']}, "
+            f"{it['rounds']} round(s), {tokens} tokens, stop reason {fmt(it['stop_reason'])}"
+            + (f", attempt {it['attempt']}" if it["attempt"] > 1 else "")
+        )
+        if it["error"]:
+            print(f"    error: {it['error']}")
+        for c in it["compactions"]:
+            if c["error"]:
+                print(
+                    f"    compaction {c['compaction_index']} before round {c['round']}: "
+                    f"failed, nothing folded: {c['error']}"
+                )
+            else:
+                print(
+                    f"    compaction {c['compaction_index']} before round {c['round']}: "
+                    f"{c['folded_turns']} turn(s) folded, {c['tokens_before']} -> "
+                    f"{c['tokens_after']} tokens (estimated), by "
+                    f"{c['model'] or 'the default model'} in {c['duration_ms']:.0f} ms"
+                )
     return 0
 
 

@@ -14,7 +14,13 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.db.tables import agents, mission_iterations, missions, tool_invocations
+from worker.db.tables import (
+    agents,
+    compacted_turns,
+    mission_iterations,
+    missions,
+    tool_invocations,
+)
 from worker.errors import ConflictError, NotFoundError
 
 __all__ = ["AdminStore"]
@@ -42,6 +48,7 @@ class AdminStore:
         max_tokens_per_day: int | None = None,
         allowed_tools: Sequence[str] | None = None,
         policy_mode: str | None = None,
+        compact_max_ctx: int | None = None,
     ) -> Row:
         """Create an agent. Raises ConflictError when ``name`` is taken."""
         stmt = (
@@ -55,6 +62,7 @@ class AdminStore:
                 max_tokens_per_day=max_tokens_per_day,
                 allowed_tools=list(allowed_tools) if allowed_tools is not None else None,
                 policy_mode=policy_mode,
+                compact_max_ctx=compact_max_ctx,
             )
             .returning(*agents.c)
         )
@@ -206,8 +214,9 @@ class AdminStore:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]
 
     async def get_iteration(self, iteration_id: int) -> Row:
-        """One iteration with its message log and ``tool_invocations`` (list of dicts, in
-        execution order). Raises NotFoundError."""
+        """One iteration with its message log, ``tool_invocations`` (list of dicts, in
+        execution order) and ``compactions`` (its ``compacted_turns`` rows, the folded messages
+        included, in the order they happened). Raises NotFoundError."""
         async with self.engine.connect() as conn:
             row = (
                 (
@@ -225,4 +234,34 @@ class AdminStore:
                 .where(tool_invocations.c.iteration_id == iteration_id)
                 .order_by(tool_invocations.c.id)
             )
-            return dict(row) | {"tool_invocations": [dict(c) for c in calls.mappings()]}
+            archive = await conn.execute(
+                select(compacted_turns)
+                .where(compacted_turns.c.iteration_id == iteration_id)
+                .order_by(compacted_turns.c.compaction_index)
+            )
+            return dict(row) | {
+                "tool_invocations": [dict(c) for c in calls.mappings()],
+                "compactions": [dict(c) for c in archive.mappings()],
+            }
+
+    async def mission_history(self, mission_id: int, *, limit: int = 20) -> Row:
+        """The mission (as ``get_mission``, its iteration count as ``iteration_count``) with
+        ``iterations``: its latest ``limit`` iterations, newest first, without their logs,
+        each with ``compactions``: its ``compacted_turns`` rows without the folded messages,
+        in order. Raises NotFoundError."""
+        mission = await self.get_mission(mission_id)
+        iterations = await self.list_iterations(mission_id=mission_id, limit=limit)
+        by_id: dict[int, list[Row]] = {it["id"]: [] for it in iterations}
+        if by_id:
+            cols = [c for c in compacted_turns.c if c.name != "folded"]
+            stmt = (
+                select(*cols)
+                .where(compacted_turns.c.iteration_id.in_(list(by_id)))
+                .order_by(compacted_turns.c.iteration_id, compacted_turns.c.compaction_index)
+            )
+            async with self.engine.connect() as conn:
+                for row in (await conn.execute(stmt)).mappings():
+                    by_id[row["iteration_id"]].append(dict(row))
+        for it in iterations:
+            it["compactions"] = by_id[it["id"]]
+        return mission | {"iteration_count": mission["iterations"], "iterations": iterations}

@@ -46,6 +46,7 @@ from planner.policy import UserPolicySettings
 from worker.db.policy import user_settings_from_row
 from worker.db.tables import (
     agents,
+    compacted_turns,
     mission_iterations,
     missions,
     tool_invocations,
@@ -53,6 +54,7 @@ from worker.db.tables import (
 )
 
 __all__ = [
+    "ArchiveRow",
     "ClaimedMission",
     "IterationOutcome",
     "LeaseLostError",
@@ -88,6 +90,7 @@ class ClaimedMission:
     allowed_tools: tuple[str, ...] | None
     policy_mode: str | None = None
     user_policy: UserPolicySettings = field(default_factory=UserPolicySettings)
+    compact_max_ctx: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ class StartedIteration:
     A takeover gets the checkpoint the earlier attempts stored: the message log, the rounds
     done, their tokens and reminders, and the ``tool_invocations`` rows of the last round
     (``pending_rows``: ``id``, ``position``, ``outcome``, ``result``, ``error``,
-    ``policy_decision``), so it can go on where they stopped.
+    ``policy_decision``), so it can go on where they stopped; and how many compactions the
+    earlier attempts did (``compactions``) and tried (``compaction_attempts``).
     """
 
     id: int
@@ -108,6 +112,8 @@ class StartedIteration:
     completion_tokens: int = 0
     reminders: list[dict[str, Any]] = field(default_factory=list)
     pending_rows: list[dict[str, Any]] = field(default_factory=list)
+    compactions: int = 0
+    compaction_attempts: int = 0
 
     @property
     def resumable(self) -> bool:
@@ -136,15 +142,37 @@ class ToolInvocationRow:
 
 
 @dataclass(frozen=True)
+class ArchiveRow:
+    """One compaction of an iteration's context, as stored in ``compacted_turns``; with an
+    ``error``, an attempt that changed nothing (``folded`` empty, ``summary`` empty)."""
+
+    compaction_index: int
+    round: int
+    start_index: int
+    folded: list[dict[str, Any]]
+    folded_turns: int
+    summary: str
+    tokens_before: int
+    tokens_after: int
+    model: str | None
+    duration_ms: float
+    attempt: int = 1
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class RoundCheckpoint:
     """What a round commit stores on the iteration row: the message log so far (the stored
-    format), the rounds done, their tokens and the reminders sent."""
+    format), the rounds done, their tokens and the reminders sent; and the compactions of the
+    log not stored yet (``archive``), in the same transaction, so a compacted log is never
+    stored without what it folded."""
 
     messages: list[dict[str, Any]]
     rounds: int
     prompt_tokens: int
     completion_tokens: int
     reminders: list[dict[str, Any]]
+    archive: Sequence[ArchiveRow] = ()
 
 
 class LeaseLostError(Exception):
@@ -175,6 +203,7 @@ class IterationOutcome:
     mission_status: str
     tool_invocations: Sequence[ToolInvocationRow] = field(default_factory=tuple)
     reminders: list[dict[str, Any]] = field(default_factory=list)
+    archive: Sequence[ArchiveRow] = field(default_factory=tuple)
 
 
 class MissionStore:
@@ -246,6 +275,7 @@ class MissionStore:
                 agents.c.max_tokens_per_day,
                 agents.c.allowed_tools,
                 agents.c.policy_mode,
+                agents.c.compact_max_ctx,
                 owner_policy.label("owner_policy"),
             )
         )
@@ -269,6 +299,7 @@ class MissionStore:
                 allowed_tools=tuple(r["allowed_tools"]) if r["allowed_tools"] is not None else None,
                 policy_mode=r["policy_mode"],
                 user_policy=user_settings_from_row(r["owner_policy"]),
+                compact_max_ctx=r["compact_max_ctx"],
             )
             for r in rows
         ]
@@ -352,6 +383,7 @@ class MissionStore:
             if row is None:
                 return None
             pending: list[dict[str, Any]] = []
+            compactions = attempts = 0
             if row["attempt"] > 1 and row["messages"]:
                 calls = tool_invocations.c
                 found = await conn.execute(
@@ -367,6 +399,15 @@ class MissionStore:
                     .order_by(calls.id)
                 )
                 pending = [dict(r) for r in found.mappings()]
+                archived = (
+                    await conn.execute(
+                        select(
+                            func.count(),
+                            func.count().filter(compacted_turns.c.error.is_(None)),
+                        ).where(compacted_turns.c.iteration_id == row["id"])
+                    )
+                ).one()
+                attempts, compactions = int(archived[0]), int(archived[1])
         return StartedIteration(
             id=row["id"],
             attempt=row["attempt"],
@@ -376,6 +417,8 @@ class MissionStore:
             completion_tokens=row["completion_tokens"],
             reminders=list(row["reminders"]),
             pending_rows=pending,
+            compactions=compactions,
+            compaction_attempts=attempts,
         )
 
     async def tokens_used(self, agent_id: int, *, window: timedelta) -> int:
@@ -462,6 +505,7 @@ class MissionStore:
                 )
             )
             await _insert_invocations(conn, mission, iteration_id, outcome.tool_invocations)
+            await _insert_archive(conn, mission, iteration_id, outcome.archive)
         return True
 
     async def record_call_start(
@@ -563,6 +607,8 @@ class MissionStore:
                     .values(**values)
                 )
                 await _insert_invocations(conn, mission, iteration_id, invocations)
+                if checkpoint is not None:
+                    await _insert_archive(conn, mission, iteration_id, checkpoint.archive)
         return True
 
 
@@ -591,7 +637,42 @@ async def _store_checkpoint(
         )
         .returning(mission_iterations.c.id)
     )
-    return stored.first() is not None
+    if stored.first() is None:
+        return False
+    await _insert_archive(conn, mission, iteration_id, checkpoint.archive)
+    return True
+
+
+async def _insert_archive(
+    conn: AsyncConnection,
+    mission: ClaimedMission,
+    iteration_id: int,
+    rows: Sequence[ArchiveRow],
+) -> None:
+    if not rows:
+        return
+    await conn.execute(
+        insert(compacted_turns),
+        [
+            {
+                "iteration_id": iteration_id,
+                "mission_id": mission.id,
+                "attempt": row.attempt,
+                "compaction_index": row.compaction_index,
+                "round": row.round,
+                "start_index": row.start_index,
+                "folded": row.folded,
+                "folded_turns": row.folded_turns,
+                "summary": row.summary,
+                "tokens_before": row.tokens_before,
+                "tokens_after": row.tokens_after,
+                "model": row.model,
+                "duration_ms": row.duration_ms,
+                "error": row.error,
+            }
+            for row in rows
+        ],
+    )
 
 
 async def _insert_invocations(

@@ -36,6 +36,7 @@ __all__ = [
     "POLICY_MODES",
     "TOOL_OUTCOMES",
     "agents",
+    "compacted_turns",
     "metadata",
     "mission_iterations",
     "missions",
@@ -89,7 +90,14 @@ agents = Table(
     Column("allowed_tools", ARRAY(Text), nullable=True, comment="NULL: all built-in tools"),
     _timestamp("created_at", default_now=True),
     Column("policy_mode", Text, nullable=True, comment="NULL: the daemon's MANA_AI_POLICY_MODE"),
+    Column(
+        "compact_max_ctx",
+        Integer,
+        nullable=True,
+        comment="NULL: MANA_AI_COMPACT_MAX_CTX; 0: never compact",
+    ),
     CheckConstraint("max_rounds >= 1", name="max_rounds_positive"),
+    CheckConstraint("compact_max_ctx IS NULL OR compact_max_ctx >= 0", name="compact_max_ctx"),
     CheckConstraint(
         f"policy_mode IS NULL OR {_in('policy_mode', POLICY_MODES)}", name="policy_mode"
     ),
@@ -264,4 +272,42 @@ policy_call_events = Table(
     Column("consumer", Text, nullable=False),
     _timestamp("created_at"),
     Index("ix_policy_call_events_user_id_tool_created_at", "user_id", "tool", "created_at"),
+)
+
+# The compaction archive: what each compaction of an iteration's context folded, verbatim.
+compacted_turns = Table(
+    "compacted_turns",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column(
+        "iteration_id",
+        BigInteger,
+        ForeignKey("mission_iterations.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("mission_id", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("compaction_index", Integer, nullable=False),
+    Column("round", Integer, nullable=False, comment="the round it ran before"),
+    Column(
+        "start_index",
+        Integer,
+        nullable=False,
+        comment="position in the log of the summary message that replaced the turns",
+    ),
+    Column("folded", JSONB, nullable=False, comment="the messages, verbatim"),
+    Column("folded_turns", Integer, nullable=False),
+    Column("summary", Text, nullable=False),
+    Column("tokens_before", Integer, nullable=False),
+    Column("tokens_after", Integer, nullable=False),
+    Column("model", Text, nullable=True),
+    Column("duration_ms", Double, nullable=False, server_default=text("0")),
+    Column(
+        "error",
+        Text,
+        nullable=True,
+        comment="NULL: it happened; else why the summariser's attempt changed nothing",
+    ),
+    _timestamp("created_at", default_now=True),
+    UniqueConstraint("iteration_id", "compaction_index"),
 )

@@ -1,0 +1,596 @@
+"""``mana-ai replay ITERATION_ID --rerun``: drive the planner loop with today's code and
+settings against what an iteration recorded, and report where behaviour now differs.
+
+Nothing live runs: the model's replies are the recorded ones, round by round (an assistant
+message of the restored log per request, with its recorded usage and finish reason); tool
+calls get their recorded results (a handler never runs); the summariser answers with the
+recorded summaries, in order (and fails where the recorded attempt failed). What is today's:
+the loop, the policy gate (mode, rules, limits, the owner's opt-ins), the agent's tools and
+round limit, compaction's settings and the reminder producers.
+
+Compared, call by call and round by round:
+
+* the policy decision on each call (``enforce`` refusing a call the recording ran shows here)
+  and each call's outcome (``ok``/``error``/``denied``);
+* compactions: the round each ran before, the turns it folded, whether it failed;
+* the reminders of the producers that depend on the conversation only (``policy_feedback``,
+  ``retry_loop``, ``rounds_left``, ``compacted``);
+* the stop reason and the rounds.
+
+Not compared: ``deadline`` and ``token_budget`` reminders (they depend on the time of the run
+and on the agent's other runs; the rerun sends the recorded ones again, so that they take
+their place in the per-request limit); rate limits are counted over this iteration's own
+calls at their recorded times, and a call the limit refused when recorded is refused again
+(the other calls it was counted with are not kept). After the first difference the model
+still answers as it did, so later differences may be its consequences.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from planner import (
+    ChatMessage,
+    CompletionRequest,
+    CompletionResponse,
+    ExecutedCall,
+    LLMError,
+    LoopState,
+    PlannerLoopInput,
+    TokenUsage,
+    ToolCall,
+    ToolContext,
+    ToolError,
+    ToolSpec,
+    run_planner_loop,
+)
+from planner.compaction import Compaction, CompactionError, Compactor
+from planner.loop import ReminderRole
+from planner.policy import (
+    PolicyConfig,
+    PolicyDecision,
+    PolicyGate,
+    PolicyMode,
+    RateLimit,
+    Reservation,
+    RulePolicyGate,
+    UserPolicySettings,
+)
+from planner.testing import InMemoryCallLedger
+from worker.reminder_channel import mission_reminder_channel
+from worker.replay import policy_text, restored_log
+from worker.transcript import call_outcome
+
+__all__ = [
+    "COMPARED_PRODUCERS",
+    "RerunConfig",
+    "RerunReport",
+    "rerun_iteration",
+]
+
+Row = dict[str, Any]
+
+COMPARED_PRODUCERS = ("policy_feedback", "retry_loop", "rounds_left", "compacted")
+"""Reminder producers whose texts depend on the conversation only, hence compared."""
+
+_REPLAYED_PRODUCERS = ("deadline", "token_budget")
+
+NOT_COMPARED = (
+    "deadline and token_budget reminders: they depend on the time of the run and on the "
+    "agent's other runs (the recorded ones are sent again)",
+    "rate limits: counted over this iteration's own calls at their recorded times; a call the "
+    "limit refused when recorded is refused again (the calls it was counted with are not kept)",
+    "tool results and model replies: the recorded ones are replayed",
+)
+
+
+@dataclass(frozen=True)
+class RerunConfig:
+    """Today's settings a rerun runs under.
+
+    Attributes:
+        tools: the tools the agent is offered today (their handlers never run).
+        max_rounds: the agent's round limit today.
+        policy_mode: ``off``, ``log-only`` or ``enforce`` (the agent's, else the daemon's).
+        policy_config: the gate's rules configuration (``MANA_AI_POLICY_*``).
+        user_settings: the owner's opt-ins and limits today.
+        user_id: the agent's owner (the calls run for this user).
+        compact_max_ctx: the agent's context in tokens (0: compaction off).
+        compact_threshold, compact_max_per_iteration, compact_model, summariser_max_ctx: see
+            ``planner.compaction.Compactor``.
+        reminders: the reminder channel is on.
+        reminders_disabled: producers turned off.
+        reminder_role: the role reminders are sent with.
+        max_tokens_per_day: the agent's budget (for the replayed token_budget reminders).
+    """
+
+    tools: Sequence[ToolSpec]
+    max_rounds: int
+    policy_mode: PolicyMode
+    policy_config: PolicyConfig
+    user_settings: UserPolicySettings = field(default_factory=UserPolicySettings)
+    user_id: str = "rerun"
+    compact_max_ctx: int = 0
+    compact_threshold: float = 0.92
+    compact_max_per_iteration: int = 1
+    compact_model: str | None = None
+    summariser_max_ctx: int | None = None
+    reminders: bool = True
+    reminders_disabled: frozenset[str] = frozenset()
+    reminder_role: ReminderRole = "system"
+    max_tokens_per_day: int | None = None
+
+    def settings_json(self) -> Row:
+        """The settings that shape the comparison, for the report."""
+        return {
+            "policy_mode": self.policy_mode,
+            "max_rounds": self.max_rounds,
+            "tools": [t.name for t in self.tools],
+            "compact_max_ctx": self.compact_max_ctx,
+            "compact_threshold": self.compact_threshold,
+            "compact_max_per_iteration": self.compact_max_per_iteration,
+            "reminders": self.reminders,
+            "reminders_disabled": sorted(self.reminders_disabled),
+        }
+
+
+@dataclass
+class RerunReport:
+    """What a rerun found.
+
+    Attributes:
+        iteration_id: the iteration rerun.
+        settings: ``RerunConfig.settings_json()``.
+        differences: each ``{"kind", "round", "recorded", "now", ...}``; kinds: ``policy``,
+            ``outcome``, ``compaction``, ``reminders``, ``stop_reason``, ``rounds``.
+        compared: what was compared (counts), for the "no difference" line.
+        not_compared: what a rerun cannot compare, and why.
+        notes: caveats for this iteration (a resumed run, tools offered no longer).
+    """
+
+    iteration_id: int
+    settings: Row
+    differences: list[Row] = field(default_factory=list)
+    compared: Row = field(default_factory=dict)
+    not_compared: tuple[str, ...] = NOT_COMPARED
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> Row:
+        """The report as JSON-ready data."""
+        return {
+            "iteration_id": self.iteration_id,
+            "settings": self.settings,
+            "differences": self.differences,
+            "compared": self.compared,
+            "not_compared": list(self.not_compared),
+            "notes": self.notes,
+        }
+
+    def lines(self) -> list[str]:
+        """The report for people."""
+        c = self.compared
+        what = (
+            f"{c.get('calls', 0)} policy decision(s) and outcome(s), "
+            f"{c.get('compactions', 0)} compaction(s), the reminders of {c.get('rounds', 0)} "
+            f"round(s), the stop reason"
+        )
+        settings = self.settings
+        out = [
+            f"rerun of iteration {self.iteration_id} with today's code and settings "
+            f"(policy mode {settings['policy_mode']}, max rounds {settings['max_rounds']}, "
+            f"compact max ctx {settings['compact_max_ctx']}, reminders "
+            f"{'on' if settings['reminders'] else 'off'}) against its recorded replies and "
+            "tool results"
+        ]
+        if not self.differences:
+            out.append(f"no difference: compared {what}.")
+        else:
+            out.append(f"{len(self.differences)} difference(s) (compared {what}):")
+            out.extend(f"  {_difference_text(d)}" for d in self.differences)
+        out.extend(f"note: {n}" for n in self.notes)
+        out.append("not compared: " + "; ".join(self.not_compared) + ".")
+        return out
+
+
+def _difference_text(d: Row) -> str:
+    where = f"round {d['round']}: " if d.get("round") is not None else ""
+    kind = d["kind"]
+    if kind in ("policy", "outcome"):
+        call = f"{d['tool']} (call {d['call_id']})"
+        if kind == "policy":
+            return f"{where}{call}: policy recorded {d['recorded']}, now {d['now']}"
+        return f"{where}{call}: outcome recorded {d['recorded']}, now {d['now']}"
+    if kind == "reminders":
+        return f"{where}reminders recorded {d['recorded']}, now {d['now']}"
+    if kind == "compaction":
+        return f"compaction recorded {d['recorded']}, now {d['now']}"
+    return f"{kind} recorded {d['recorded']}, now {d['now']}"
+
+
+# -- the recorded parts -------------------------------------------------------------------------
+
+
+class _RecordedModel:
+    """Answers request N with the N-th recorded assistant reply; counts the rounds."""
+
+    def __init__(self, replies: Sequence[Row], final_error: str | None) -> None:
+        self.replies = list(replies)
+        self.final_error = final_error
+        self.round = 0
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        self.round += 1
+        if self.round > len(self.replies):
+            if self.round == len(self.replies) + 1 and self.final_error:
+                raise LLMError(self.final_error)
+            raise LLMError(
+                f"no recorded reply for round {self.round}: the recorded run got "
+                f"{len(self.replies)}"
+            )
+        stored = dict(self.replies[self.round - 1])
+        info = stored.pop("reply_info", None) or {}
+        usage = info.get("usage") or {}
+        return CompletionResponse(
+            message=ChatMessage.from_json(stored),
+            usage=TokenUsage.model_validate(usage),
+            finish_reason=info.get("finish_reason"),
+            endpoint=info.get("endpoint"),
+        )
+
+
+class _RecordedSummariser:
+    """Answers the k-th summarisation with the k-th recorded attempt."""
+
+    def __init__(self, attempts: Sequence[Row]) -> None:
+        self.attempts = deque(attempts)
+
+    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+        if not self.attempts:
+            text = "(rerun: no summary was recorded for this compaction)"
+            return CompletionResponse(message=ChatMessage(role="assistant", content=text))
+        row = self.attempts.popleft()
+        error = row.get("error")
+        if error:
+            reason, _, message = str(error).partition(": ")
+            if reason == "unusable_summary":
+                return CompletionResponse(message=ChatMessage(role="assistant", content=""))
+            # the recorded error already says "the summariser failed: …"; raise its cause
+            raise LLMError((message or str(error)).removeprefix("the summariser failed: "))
+        return CompletionResponse(
+            message=ChatMessage(role="assistant", content=str(row.get("summary") or ""))
+        )
+
+
+_current_call: contextvars.ContextVar[Row | None] = contextvars.ContextVar(
+    "rerun_current_call", default=None
+)
+
+
+class _RerunLedger:
+    """Rate-limit slots of this iteration's calls at their recorded times; a call the limit
+    refused when recorded is refused again."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+        self.counted = InMemoryCallLedger(clock=lambda: self.now)
+
+    async def reserve(
+        self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
+    ) -> Reservation:
+        recorded = _current_call.get()
+        if recorded is not None and isinstance(recorded.get("created_at"), datetime):
+            self.now = max(self.now, recorded["created_at"])
+        decision = (recorded or {}).get("policy_decision") or {}
+        if decision.get("reason") == "rate_limited":
+            return Reservation(False, self.now, (self.now,) * limit.calls)
+        return await self.counted.reserve(
+            user_id=user_id, tool=tool, limit=limit, consumer=consumer
+        )
+
+
+@dataclass
+class _Recording:
+    """The recorded tool calls of an iteration, by round and call id."""
+
+    by_call: dict[tuple[int, str], deque[Row]]
+
+    @classmethod
+    def of(cls, invocations: Sequence[Row]) -> _Recording:
+        latest: dict[tuple[int, int], Row] = {}
+        for row in sorted(invocations, key=lambda r: r.get("id") or 0):
+            latest[(int(row["round"]), int(row.get("position") or 0))] = row
+        by_call: dict[tuple[int, str], deque[Row]] = {}
+        for (round_no, _), row in sorted(latest.items()):
+            by_call.setdefault((round_no, str(row["call_id"])), deque()).append(row)
+        return cls(by_call)
+
+    def peek(self, round_no: int, call_id: str) -> Row | None:
+        rows = self.by_call.get((round_no, call_id))
+        return rows[0] if rows else None
+
+    def take(self, round_no: int, call_id: str) -> Row | None:
+        rows = self.by_call.get((round_no, call_id))
+        return rows.popleft() if rows else None
+
+
+# -- the rerun ------------------------------------------------------------------------------------
+
+
+async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
+    """Rerun ``iteration`` (``AdminStore.get_iteration``'s row) under ``config`` and compare.
+
+    Raises:
+        ReplayError: the iteration's archive does not fit its log.
+    """
+    report = RerunReport(iteration_id=int(iteration["id"]), settings=config.settings_json())
+    log = restored_log(iteration.get("messages") or [], iteration.get("compactions") or [])
+    first_reply = next((i for i, m in enumerate(log) if m.get("role") == "assistant"), len(log))
+    head = log[:first_reply]
+    if len(head) < 2 or head[0].get("role") != "system" or head[-1].get("role") != "user":
+        report.notes.append("the iteration has no stored conversation to rerun")
+        return report
+    replies = [m for m in log if m.get("role") == "assistant"]
+    recording = _Recording.of(iteration.get("tool_invocations") or [])
+    calls_recorded = {
+        (int(r["round"]), int(r.get("position") or 0)): r
+        for r in sorted(iteration.get("tool_invocations") or [], key=lambda r: r.get("id") or 0)
+    }
+    final_error = iteration.get("error") if iteration.get("stop_reason") == "llm_error" else None
+    model = _RecordedModel(replies, final_error)
+
+    started = iteration.get("started_at")
+    start = started if isinstance(started, datetime) else datetime.now(UTC)
+    gate = _gate(config, start, recording, model)
+
+    async def execute(call: ToolCall) -> Any:
+        row = recording.take(model.round, call.id)
+        if row is None:
+            raise ToolError("(rerun) no recorded result: the recorded run did not run this call")
+        if row.get("outcome") == "ok":
+            return row.get("result")
+        if row.get("outcome") == "denied":
+            raise ToolError("(rerun) no recorded result: the policy gate refused this call then")
+        raise ToolError(str(row.get("error") or "(rerun) recorded as failed"))
+
+    recorded_reminders = _reminders_by_round(iteration.get("reminders") or [])
+    channel = None
+    if config.reminders:
+        replayed = {
+            name: _replayed_producer(recorded_reminders, name) for name in _REPLAYED_PRODUCERS
+        }
+        channel = mission_reminder_channel(
+            max_tokens_per_day=config.max_tokens_per_day,
+            tokens_used_24h=0,
+            deadline=None,
+            clock=lambda: start,
+            disabled=config.reminders_disabled,
+            replace=replayed,
+        )
+    compactor = None
+    archive = sorted(iteration.get("compactions") or [], key=lambda c: c["compaction_index"])
+    if config.compact_max_ctx > 0:
+        compactor = Compactor(
+            llm=_RecordedSummariser(archive),
+            max_ctx=config.compact_max_ctx,
+            model=config.compact_model,
+            threshold=config.compact_threshold,
+            max_per_iteration=config.compact_max_per_iteration,
+            summariser_max_ctx=config.summariser_max_ctx,
+        )
+    compactions: list[Row] = []
+
+    def compacted(round_no: int, c: Compaction) -> None:
+        compactions.append({"round": round_no, "folded_turns": c.folded_turns, "failed": False})
+
+    def compaction_failed(round_no: int, e: CompactionError) -> None:
+        if e.reason != "nothing_to_fold":
+            compactions.append({"round": round_no, "folded_turns": 0, "failed": True})
+
+    inp = PlannerLoopInput(
+        system_prompt=str(head[0].get("content") or ""),
+        user_prompt=str(head[-1].get("content") or ""),
+        prior_messages=[ChatMessage.from_json(m) for m in head[1:-1]],
+        tools=list(config.tools),
+        max_rounds=config.max_rounds,
+        ctx=ToolContext(user_id=config.user_id, mission_id=iteration.get("mission_id")),
+        policy=gate,
+        reminder_channel=channel,
+        reminder_role=config.reminder_role,
+        compactor=compactor,
+        on_compaction=compacted,
+        on_compaction_failed=compaction_failed,
+    )
+    result = await run_planner_loop(inp, llm=model, on_tool_call=execute)
+
+    _compare_calls(report, calls_recorded, result.executed_calls)
+    _compare_compactions(report, archive, compactions)
+    _compare_reminders(report, recorded_reminders, channel.audit() if channel else [])
+    recorded_stop = iteration.get("stop_reason")
+    if recorded_stop != result.stop_reason:
+        report.differences.append(
+            {
+                "kind": "stop_reason",
+                "round": None,
+                "recorded": recorded_stop,
+                "now": result.stop_reason
+                + (f" ({result.error})" if result.error and result.failed else ""),
+            }
+        )
+    if iteration.get("rounds") != result.rounds:
+        report.differences.append(
+            {
+                "kind": "rounds",
+                "round": None,
+                "recorded": iteration.get("rounds"),
+                "now": result.rounds,
+            }
+        )
+    report.compared = {
+        "calls": len(calls_recorded),
+        "compactions": len(archive),
+        "rounds": len(replies),
+    }
+    if len(iteration.get("attempts") or []) > 1:
+        report.notes.append(
+            "the recorded run was taken over by another worker; the rerun runs it in one go "
+            "(a compaction right after the takeover may fall on another round)"
+        )
+    offered = {t.name for t in config.tools}
+    gone = sorted({str(r["tool"]) for r in calls_recorded.values()} - offered)
+    if gone:
+        report.notes.append(
+            f"tool(s) the recorded run called that the agent is not offered today: "
+            f"{', '.join(gone)}"
+        )
+    return report
+
+
+def _gate(
+    config: RerunConfig, start: datetime, recording: _Recording, model: _RecordedModel
+) -> PolicyGate | None:
+    if config.policy_mode == "off":
+        return None
+    inner = RulePolicyGate(
+        mode=config.policy_mode,
+        config=config.policy_config,
+        user_settings=config.user_settings,
+        ledger=_RerunLedger(start),
+        consumer="mission",
+    )
+
+    async def gate(spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
+        _current_call.set(recording.peek(model.round, call.id))
+        return await inner(spec, call, ctx)
+
+    return gate
+
+
+def _reminders_by_round(reminders: Sequence[Row]) -> dict[int, list[Row]]:
+    by_round: dict[int, list[Row]] = {}
+    for r in reminders:
+        by_round.setdefault(int(r.get("round", 0)), []).append(r)
+    return by_round
+
+
+def _replayed_producer(recorded: dict[int, list[Row]], name: str) -> Any:
+    def produce(state: LoopState) -> str | None:
+        texts = [str(r["text"]) for r in recorded.get(state.round, []) if r["producer"] == name]
+        return texts[0] if texts else None
+
+    return produce
+
+
+def _decision_key(decision: Row | None) -> tuple[Any, ...] | None:
+    if not decision:
+        return None
+    verdict = decision.get("verdict") or ("allow" if decision.get("allow") else "deny")
+    reason = decision.get("reason") if verdict == "deny" else None
+    return (bool(decision.get("allow")), verdict, reason, tuple(decision.get("flags") or ()))
+
+
+def _compare_calls(
+    report: RerunReport,
+    recorded: dict[tuple[int, int], Row],
+    executed: Sequence[ExecutedCall],
+) -> None:
+    now = {(c.round, c.index): c for c in executed}
+    for key in sorted(set(recorded) | set(now)):
+        row, call = recorded.get(key), now.get(key)
+        tool = call.call.name if call is not None else str((row or {}).get("tool"))
+        call_id = call.call.id if call is not None else str((row or {}).get("call_id"))
+        base = {"round": key[0], "position": key[1], "tool": tool, "call_id": call_id}
+        recorded_decision = (row or {}).get("policy_decision")
+        now_decision = call.decision.model_dump(mode="json") if call and call.decision else None
+        if row is None or call is None:
+            report.differences.append(
+                base
+                | {
+                    "kind": "outcome",
+                    "recorded": row.get("outcome") if row else "(not called)",
+                    "now": call_outcome(call) if call else "(not called)",
+                }
+            )
+            continue
+        if _decision_key(recorded_decision) != _decision_key(now_decision):
+            report.differences.append(
+                base
+                | {
+                    "kind": "policy",
+                    "recorded": policy_text(recorded_decision, row.get("policy_mode"))
+                    or "no gate (off)",
+                    "now": policy_text(now_decision, None) or "no gate (off)",
+                    "now_message": call.decision.message if call.decision else None,
+                }
+            )
+        recorded_outcome = row.get("outcome")
+        if recorded_outcome == "unknown":
+            recorded_outcome = "error"  # the resumed run answered it with an error result
+        if recorded_outcome != call_outcome(call):
+            report.differences.append(
+                base
+                | {
+                    "kind": "outcome",
+                    "recorded": row.get("outcome"),
+                    "now": call_outcome(call) + (f" ({call.error})" if call.error else ""),
+                }
+            )
+
+
+def _compare_compactions(report: RerunReport, archive: Sequence[Row], now: Sequence[Row]) -> None:
+    def text(c: Row | None) -> str:
+        if c is None:
+            return "(none)"
+        if c["failed"]:
+            return f"a failed attempt before round {c['round']}"
+        return f"before round {c['round']}, {c['folded_turns']} turn(s) folded"
+
+    recorded = [
+        {
+            "round": int(r["round"]),
+            "folded_turns": 0 if r.get("error") else int(r["folded_turns"]),
+            "failed": bool(r.get("error")),
+        }
+        for r in archive
+    ]
+    for index in range(max(len(recorded), len(now))):
+        a = recorded[index] if index < len(recorded) else None
+        b = now[index] if index < len(now) else None
+        if a != b:
+            report.differences.append(
+                {
+                    "kind": "compaction",
+                    "round": None,
+                    "index": index + 1,
+                    "recorded": text(a),
+                    "now": text(b),
+                }
+            )
+
+
+def _compare_reminders(
+    report: RerunReport, recorded: dict[int, list[Row]], now_audit: Sequence[dict[str, object]]
+) -> None:
+    now = _reminders_by_round([dict(r) for r in now_audit])
+
+    def compared(rows: Sequence[Row]) -> list[str]:
+        return [
+            f"{r['producer']}: {r['text']}" for r in rows if r["producer"] in COMPARED_PRODUCERS
+        ]
+
+    for round_no in sorted(set(recorded) | set(now)):
+        a, b = compared(recorded.get(round_no, [])), compared(now.get(round_no, []))
+        if sorted(a) != sorted(b):
+            report.differences.append(
+                {
+                    "kind": "reminders",
+                    "round": round_no,
+                    "recorded": json.dumps(a, ensure_ascii=False) if a else "(none)",
+                    "now": json.dumps(b, ensure_ascii=False) if b else "(none)",
+                }
+            )
