@@ -18,7 +18,7 @@ from planner import ChatMessage, ExecutedCall, messages_to_json
 from reminders import ReminderComposer
 from worker.db.stores import ToolInvocationRow
 
-__all__ = ["Transcript", "call_outcome", "json_safe", "messages_json"]
+__all__ = ["Transcript", "call_outcome", "invocation_row", "json_safe", "messages_json"]
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Transcript:
         calls: executed calls so far, as they finished.
         reminders: the run's reminder channel, whose audit is stored (``None``: none).
         tool_names: the tools the run offered the model.
+        source_problems: what the run's tool sources (MCP servers) left out, and why.
     """
 
     attempt: int
@@ -40,6 +41,7 @@ class Transcript:
     calls: list[ExecutedCall] = field(default_factory=list)
     reminders: ReminderComposer | None = None
     tool_names: frozenset[str] = frozenset()
+    source_problems: list[str] = field(default_factory=list)
 
     def messages_json(self) -> list[dict[str, Any]]:
         """The message log as stored (see ``messages_json``)."""
@@ -58,20 +60,27 @@ class Transcript:
 
     def invocation_row(self, call: ExecutedCall) -> ToolInvocationRow:
         """``call`` as a ``tool_invocations`` row, with its policy decision and mode."""
-        decision = call.decision
-        return ToolInvocationRow(
-            attempt=self.attempt,
-            round=call.round,
-            call_id=json_safe(call.call.id),
-            tool=json_safe(call.call.name),
-            arguments=json_safe(call.call.arguments),
-            result=json_safe(call.result) if call.ok else None,
-            error=json_safe(call.error),
-            outcome=call_outcome(call),
-            duration_ms=call.duration_ms,
-            policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
-            policy_mode=(decision.mode if decision and decision.mode else self.policy_mode),
-        )
+        return invocation_row(call, attempt=self.attempt, policy_mode=self.policy_mode)
+
+
+def invocation_row(call: ExecutedCall, *, attempt: int, policy_mode: str) -> ToolInvocationRow:
+    """``call`` as a ``tool_invocations`` row of any consumer: its arguments, result or error,
+    outcome and duration, its policy decision, and the mode it was decided in (``policy_mode``
+    when it carries none: ``off``, or a call that never reached the gate)."""
+    decision = call.decision
+    return ToolInvocationRow(
+        attempt=attempt,
+        round=call.round,
+        call_id=json_safe(call.call.id),
+        tool=json_safe(call.call.name),
+        arguments=json_safe(call.call.arguments),
+        result=json_safe(call.result) if call.ok else None,
+        error=json_safe(call.error),
+        outcome=call_outcome(call),
+        duration_ms=call.duration_ms,
+        policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
+        policy_mode=(decision.mode if decision and decision.mode else policy_mode),
+    )
 
 
 def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
