@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from worker.cli import main
 from worker.db.engine import create_engine
 from worker.db.mcp import hash_token
-from worker.db.tables import agent_mcp_servers, mcp_tokens
+from worker.db.tables import agent_mcp_servers, mcp_tokens, tool_invocations
 
 
 @pytest.fixture
@@ -127,6 +127,46 @@ def test_an_agent_gets_mcp_servers_and_no_secret_is_printed_back(
     assert [s["name"] for s in agent["mcp_servers"]] == ["fs", "search"]
     assert agent["mcp_servers"][0]["env"] == ["API_TOKEN"]
     assert agent["mcp_servers"][1]["headers"] == ["Authorization"]
+
+
+def test_a_stdio_command_may_be_given_unquoted(run: Any, database_url: str) -> None:
+    code, _, err = run(
+        "agents", "add", "--name", "r", "--owner", "u", "--mcp", "fs=stdio:python", "srv.py", "/d"
+    )
+    assert code == 0, err
+    [stored] = rows(database_url, agent_mcp_servers)
+    assert (stored["command"], stored["args"]) == ("python", ["srv.py", "/d"])
+
+
+def test_the_report_counts_mcp_clients_calls_apart(run: Any, database_url: str) -> None:
+    async def insert_calls() -> None:
+        engine = create_engine(database_url)
+        try:
+            async with engine.begin() as conn:
+                for consumer, verdict in (("mcp", "deny"), ("mcp", "allow")):
+                    await conn.execute(
+                        tool_invocations.insert().values(
+                            user_id="u",
+                            call_id="c",
+                            tool="notes_delete",
+                            arguments={},
+                            outcome="ok",
+                            consumer=consumer,
+                            policy_mode="log-only",
+                            policy_decision={"verdict": verdict, "reason": "x", "flags": []},
+                        )
+                    )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(insert_calls())
+    report = as_json(run, "policy", "report")
+    assert report["by_consumer"] == [
+        {"consumer": "mcp", "mode": "log-only", "calls": 2, "allowed": 1, "denied": 1, "flagged": 0}
+    ]
+    code, out, _ = run("policy", "report")
+    assert code == 0 and "by consumer" in out
+    assert "mcp      log-only         2 calls      1 denied      0 flagged" in out
 
 
 def test_agents_set_replaces_and_removes_mcp_servers(run: Any, database_url: str) -> None:

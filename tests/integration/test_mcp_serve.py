@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from prometheus_client import REGISTRY
 from sqlalchemy import func, select
@@ -245,6 +245,19 @@ async def test_without_a_live_token_a_request_gets_401_and_nothing_runs(
                 pass
     assert await note_count(db, "alice") == 1
     assert await calls(db) == []
+
+
+async def test_a_token_revoked_during_a_session_stops_working_at_its_next_request(
+    db: AsyncEngine, database_url: str
+) -> None:
+    token_id, token = await token_for(db, "alice")
+    async with serving(database_url) as server, connect(server, token) as client:
+        assert not (await client.call_tool("notes_create", {"title": "before"})).is_error
+        await McpStore(db).revoke_token(token_id)
+        with pytest.raises(MCPError, match="error response"):  # the SDK's word for the 401
+            await client.call_tool("notes_create", {"title": "after"})
+    assert [r["tool"] for r in await calls(db)] == ["notes_create"]
+    assert await note_count(db, "alice") == 1
 
 
 async def test_tools_outside_the_exposed_scopes_are_not_listed_and_a_call_is_denied(

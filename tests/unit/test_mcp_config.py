@@ -103,6 +103,13 @@ def test_server_options() -> None:
     )
 
 
+def test_a_stdio_command_may_come_as_words_of_its_own() -> None:
+    server = parse_server_option("fs=stdio:npx", ["-y", "@mcp/server fs", "/srv"])
+    assert (server.command, server.args) == ("npx", ("-y", "@mcp/server fs", "/srv"))
+    with pytest.raises(ValueError, match="1 more word"):
+        parse_server_option("s=https://x/mcp", ["extra"])
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -107,11 +107,13 @@ def _mcp_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mcp",
         action="append",
+        nargs="+",
         default=[],
         metavar="NAME=URL|NAME=stdio:COMMAND ARGS",
         help="give the agent an MCP server's tools, as NAME__tool in scope mcp:NAME: "
         "streamable HTTP at URL, or a local process started with COMMAND ARGS (quote the "
-        "whole value); replaces a server of that name (repeatable)",
+        "whole value when an argument starts with '-'); replaces a server of that name "
+        "(repeatable)",
     )
     parser.add_argument(
         "--mcp-header",
@@ -146,9 +148,9 @@ def _mcp_servers(args: argparse.Namespace) -> list[McpServerConfig]:
     from worker.mcp.config import parse_env_option, parse_header_option, parse_server_option
 
     servers: dict[str, McpServerConfig] = {}
-    for text in args.mcp:
+    for words in args.mcp:
         try:
-            server = parse_server_option(text)
+            server = parse_server_option(words[0], words[1:])
         except ValueError as exc:
             raise UsageError(f"--mcp: {exc}") from None
         if server.name in servers:

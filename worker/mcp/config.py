@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -226,9 +226,10 @@ class McpServerConfig:
         )
 
 
-def parse_server_option(text: str) -> McpServerConfig:
+def parse_server_option(text: str, more: Sequence[str] = ()) -> McpServerConfig:
     """``NAME=URL`` (http or https) or ``NAME=stdio:COMMAND ARGS`` (split like a shell would:
-    quote arguments with spaces).
+    quote arguments with spaces). ``more`` are further arguments of a stdio command that came
+    as words of their own (``--mcp fs=stdio:npx server /srv`` unquoted on a command line).
 
     Raises:
         ValueError: a message naming what is wrong (the value is not echoed whole: it may
@@ -244,12 +245,18 @@ def parse_server_option(text: str) -> McpServerConfig:
             words = shlex.split(target.removeprefix("stdio:"))
         except ValueError as exc:
             raise ValueError(f"the command of MCP server {name} does not parse: {exc}") from None
+        words += list(more)
         if not words:
             raise ValueError(f"MCP server {name}: stdio: needs a command, e.g. stdio:npx server")
         if any("\x00" in w for w in words):
             raise ValueError(f"the command of MCP server {name} contains a NUL character")
         return McpServerConfig(
             name=name, transport="stdio", command=words[0], args=tuple(words[1:])
+        )
+    if more:
+        raise ValueError(
+            f"MCP server {name}: {len(more)} more word(s) after its URL; only a stdio: command "
+            "takes arguments"
         )
     try:
         parts = urlsplit(target)
