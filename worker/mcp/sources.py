@@ -3,18 +3,9 @@ offer them to the agent as ``ToolSpec``s like the built-in ones.
 
 For each server of the agent (``McpServerConfig``), ``McpToolSources.open`` starts an MCP
 client session (the official SDK's ``Client``: streamable HTTP, or a stdio process), lists its
-tools within ``list_timeout_s`` (connecting included), and turns each tool into a ``ToolSpec``:
-
-* name ``SERVER__tool`` (``worker.mcp.config.namespaced_tool_name``), scope ``mcp:SERVER``;
-* policy hint from the tool's annotations: ``destructiveHint`` → ``destructive``,
-  ``readOnlyHint`` → ``read``, else ``write`` — so the policy gate, parallel reads and the
-  audit apply as to built-ins (annotations are the server's word: give agents servers you
-  trust);
-* the tool's JSON schema as is, when ``ToolSpec`` accepts it (an object schema, references only
-  into itself, at most ``MAX_SCHEMA_CHARS`` characters); a tool whose name, description or
-  schema cannot be used is left out with a reason;
-* its handler calls the tool on the session; a result the server marks as an error becomes
-  the call's error, and a result longer than ``max_result_chars`` is cut and says so.
+tools within ``list_timeout_s`` (connecting included), and turns each tool into a ``ToolSpec``
+(``worker.mcp.translate``: ``SERVER__tool`` in scope ``mcp:SERVER``, its policy hint from its
+annotations, its schema when usable) whose handler calls the tool on the session.
 
 The sessions live until the iteration ends (the caller's ``AsyncExitStack``). Each runs in a
 task of its own, so that the SDK's task groups and a server that dies mid-run never cancel the
@@ -29,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -38,21 +28,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner import ToolContext, ToolSpec
-from planner.errors import ToolRegistryError
+from planner.tools import ToolHandler
 from worker import metrics
 from worker.errors import ManaAIError
-from worker.mcp.config import (
-    McpServerConfig,
-    mcp_scope,
-    namespaced_tool_name,
-    policy_hint_from_annotations,
-    redact_url,
-)
+from worker.mcp.config import McpServerConfig, redact_url
+from worker.mcp.translate import McpToolError, result_value, tool_spec
 
 __all__ = [
-    "MAX_SCHEMA_CHARS",
     "MAX_TOOLS_PER_SERVER",
-    "McpToolError",
     "McpToolSources",
     "OpenedSources",
     "ToolSourceError",
@@ -64,10 +47,6 @@ MAX_TOOLS_PER_SERVER = 128
 """Tools taken from one server at most (OpenAI's limit for a whole request is 128)."""
 MAX_LIST_PAGES = 20
 """``tools/list`` pages read at most (a paginator that never ends cannot hang a run)."""
-MAX_SCHEMA_CHARS = 100_000
-"""Characters of one tool's JSON schema at most (it is sent with every request)."""
-MAX_DESCRIPTION_CHARS = 4_000
-"""A longer description is cut (it is sent with every request)."""
 CONNECTION_CLOSED = -32000
 """The SDK's error code for a connection that closed under a request."""
 CLOSE_TIMEOUT_S = 10.0
@@ -77,10 +56,6 @@ closed, then SIGTERM and SIGKILL by the SDK) before its task is cancelled."""
 
 class ToolSourceError(ManaAIError):
     """A required MCP server could not be used; the message says which and why (no secret)."""
-
-
-class McpToolError(Exception):
-    """An MCP tool answered with an error (``isError``); the message is the server's text."""
 
 
 @dataclass
@@ -269,7 +244,7 @@ class _Session:
                     f"{MAX_TOOLS_PER_SERVER} were taken"
                 )
                 break
-            spec, problem = self._spec(tool, names)
+            spec, problem = tool_spec(self.server, tool, names, self._handler)
             if spec is None:
                 problems.append(problem or "a tool was left out")
                 continue
@@ -281,35 +256,7 @@ class _Session:
             )
         return specs, problems
 
-    def _spec(self, tool: Any, taken: set[str]) -> tuple[ToolSpec | None, str | None]:
-        original = tool.name if isinstance(tool.name, str) else ""
-        shown = repr(original[:80])
-        if not original.strip():
-            return None, "a tool without a name was left out"
-        name = namespaced_tool_name(self.server.name, original, taken)
-        if name in taken:
-            return None, f"tool {shown} was left out: its name {name} is taken"
-        schema = tool.input_schema
-        problem = _schema_problem(schema)
-        if problem is not None:
-            return None, f"tool {shown} was left out: its input schema {problem}"
-        description = (tool.description or tool.title or "").strip()
-        if len(description) > MAX_DESCRIPTION_CHARS:
-            description = description[:MAX_DESCRIPTION_CHARS] + " …"
-        try:
-            spec = ToolSpec(
-                name=name,
-                description=description or f"{original} (MCP server {self.server.name})",
-                input_schema=schema,
-                policy_hint=policy_hint_from_annotations(tool.annotations),
-                scope=mcp_scope(self.server.name),
-                handler=self._handler(original),
-            )
-        except ToolRegistryError as exc:
-            return None, f"tool {shown} was left out: {exc}"
-        return spec, None
-
-    def _handler(self, tool_name: str) -> Any:
+    def _handler(self, tool_name: str) -> ToolHandler:
         async def call(arguments: dict[str, Any], ctx: ToolContext) -> Any:
             client = self.client
             if client is None:
@@ -322,7 +269,7 @@ class _Session:
                 raise McpToolError(
                     f"MCP server {self.server.name}: {self._describe(exc)}"
                 ) from None
-            return _result_value(result, self.sources.max_result_chars)
+            return result_value(result, self.sources.max_result_chars)
 
         return call
 
@@ -370,59 +317,3 @@ async def _list_tools(client: Any) -> tuple[list[Any], bool]:
             return tools, False
         seen.add(cursor)
     return tools, True
-
-
-def _schema_problem(schema: Any) -> str | None:
-    """Why an MCP tool's input schema cannot be used as is, or ``None``."""
-    if not isinstance(schema, dict):
-        return "is not a JSON object"
-    if schema.get("type") != "object":
-        return "is not an object schema (type: object)"
-    try:
-        size = len(json.dumps(schema))
-    except (ValueError, TypeError, RecursionError):
-        return "cannot be encoded as JSON"
-    if size > MAX_SCHEMA_CHARS:
-        return f"has {size} characters, more than {MAX_SCHEMA_CHARS}"
-    return None
-
-
-def _result_value(result: Any, max_chars: int) -> Any:
-    """What the agent gets from an MCP ``CallToolResult``: its structured content when there
-    is some, else the text of its content blocks (other blocks described in a line); cut to
-    ``max_chars`` characters. A result marked as an error raises ``McpToolError``."""
-    text = "\n".join(_block_text(block) for block in result.content or ())
-    if result.is_error:
-        raise McpToolError(_cut(text, max_chars) or "the tool failed without saying why")
-    structured = result.structured_content
-    if structured is not None:
-        try:
-            encoded = json.dumps(structured, ensure_ascii=False)
-        except (ValueError, TypeError, RecursionError):
-            return _cut(text, max_chars)
-        return _cut(encoded, max_chars) if len(encoded) > max_chars else structured
-    return _cut(text, max_chars)
-
-
-def _cut(text: str, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    return (
-        f"{text[:max_chars]}\n[cut: the result has {len(text)} characters; the first "
-        f"{max_chars} are shown (MANA_AI_MCP_MAX_RESULT_CHARS)]"
-    )
-
-
-def _block_text(block: Any) -> str:
-    kind = getattr(block, "type", None)
-    if kind == "text":
-        return str(block.text)
-    if kind in ("image", "audio"):
-        return f"[{kind} {block.mime_type}, {len(block.data)} base64 characters, not shown]"
-    if kind == "resource_link":
-        return f"[resource {block.uri}]"
-    if kind == "resource":
-        inner = block.resource
-        text = getattr(inner, "text", None)
-        return text if isinstance(text, str) else f"[resource {inner.uri}, binary, not shown]"
-    return f"[{kind or 'unknown'} content, not shown]"
