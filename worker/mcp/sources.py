@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ MAX_TOOLS_PER_SERVER = 128
 """Tools taken from one server at most (OpenAI's limit for a whole request is 128)."""
 MAX_LIST_PAGES = 20
 """``tools/list`` pages read at most (a paginator that never ends cannot hang a run)."""
+_SDK_MODULES = ("mcp", "mcp.client.stdio", "mcp.client.streamable_http", "httpx2")
 CONNECTION_CLOSED = -32000
 """The SDK's error code for a connection that closed under a request."""
 CLOSE_TIMEOUT_S = 10.0
@@ -87,6 +89,10 @@ class McpToolSources:
         self.list_timeout_s = list_timeout_s
         self.max_result_chars = max_result_chars
         self.call_timeout_s = call_timeout_s
+        # the SDK's import takes about half a second: pay it when the worker starts, not
+        # inside a tick, where it would stall the event loop of every running mission
+        for module in _SDK_MODULES:
+            importlib.import_module(module)
 
     async def open(
         self,
