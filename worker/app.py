@@ -10,31 +10,40 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel, ToolSpec
 from worker.db.engine import check_connection, create_engine, resolve_database_url
 from worker.db.migrate import current_revision, head_revision, upgrade_database
-from worker.db.policy import PostgresCallLedger
+from worker.db.policy import PolicyStore, PostgresCallLedger
 from worker.db.stores import ClaimedMission, MissionStore
 from worker.errors import DatabaseError, SettingsError
 from worker.gate import PolicySetup, policy_config_from_settings
 from worker.llm import InstrumentedChatModel, build_chat_model, build_summariser
+from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
+from worker.mcp.sources import McpToolSources
 from worker.metrics import HealthState
 from worker.runner import CompactionSetup, MissionRunner
 from worker.settings import Settings
 from worker.tick import Worker
 from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
 
+if TYPE_CHECKING:  # the MCP SDK is imported by the commands that need it
+    from worker.db.mcp import McpStore
+    from worker.mcp.consumer import ServedTools
+
 __all__ = [
     "App",
     "allowed_tools_for",
     "check_policy_settings",
+    "mcp_policy_setup",
     "mission_policy_setup",
     "offered_tools",
     "open_app",
     "open_database",
+    "open_served_tools",
     "web_fetch_config",
 ]
 
@@ -96,21 +105,34 @@ def offered_tools(
 
 
 def check_policy_settings(settings: Settings, tools: Sequence[ToolSpec]) -> None:
-    """Refuse ``MANA_AI_POLICY_TOOL_RATE_LIMITS`` / ``MANA_AI_POLICY_MISSION_SCOPES`` that name
-    no tool or scope of ``tools`` (raises SettingsError with the known names)."""
+    """Refuse ``MANA_AI_POLICY_TOOL_RATE_LIMITS`` / ``MANA_AI_POLICY_MISSION_SCOPES`` /
+    ``MANA_AI_MCP_SCOPES`` that name no tool or scope of ``tools`` (raises SettingsError with
+    the known names). MCP servers' tools (``NAME__tool``) and scopes (``mcp:NAME``) are known
+    only when a run lists them, so any well-formed such name is accepted for missions;
+    ``mana-ai mcp serve`` exposes built-in tools only."""
     names = sorted({t.name for t in tools})
     scopes = sorted({t.scope for t in tools})
     problems = []
-    unknown_tools = sorted(set(settings.policy_tool_rate_limits) - set(names))
+    unknown_tools = sorted(
+        t for t in set(settings.policy_tool_rate_limits) - set(names) if not is_mcp_tool_name(t)
+    )
     if unknown_tools:
         problems.append(
             f"MANA_AI_POLICY_TOOL_RATE_LIMITS: unknown tool(s) {', '.join(unknown_tools)}; "
-            f"known: {', '.join(names)}"
+            f"known: {', '.join(names)} (and MCP servers' tools, NAME__tool)"
         )
-    unknown_scopes = sorted(set(settings.policy_mission_scopes) - set(scopes))
+    unknown_scopes = sorted(
+        s for s in set(settings.policy_mission_scopes) - set(scopes) if not is_mcp_scope(s)
+    )
     if unknown_scopes:
         problems.append(
             f"MANA_AI_POLICY_MISSION_SCOPES: unknown scope(s) {', '.join(unknown_scopes)}; "
+            f"known: {', '.join(scopes)} (and MCP servers' scopes, mcp:NAME)"
+        )
+    unknown_mcp = sorted(set(settings.mcp_scopes) - set(scopes))
+    if unknown_mcp:
+        problems.append(
+            f"MANA_AI_MCP_SCOPES: unknown scope(s) {', '.join(unknown_mcp)}; "
             f"known: {', '.join(scopes)}"
         )
     if problems:
@@ -135,6 +157,52 @@ def mission_policy_setup(
         ledger=PostgresCallLedger(engine),
         consumer="mission",
     )
+
+
+def mcp_policy_setup(
+    settings: Settings, engine: AsyncEngine, tools: Sequence[ToolSpec]
+) -> PolicySetup:
+    """The MCP server's policy gate setup: the same ``MANA_AI_POLICY_*`` rules, ledger and
+    mode as missions, consumer ``mcp``, exposing ``MANA_AI_MCP_SCOPES`` (unset: every scope).
+
+    Raises:
+        SettingsError: a setting names a tool or scope that none of ``tools`` has.
+    """
+    check_policy_settings(settings, tools)
+    exposed = frozenset(settings.mcp_scopes) or None
+    return PolicySetup(
+        default_mode=settings.policy_mode,
+        config=policy_config_from_settings(settings, exposed_scopes=exposed),
+        ledger=PostgresCallLedger(engine),
+        consumer="mcp",
+    )
+
+
+@asynccontextmanager
+async def open_served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, McpStore]]:
+    """The tools ``mana-ai mcp serve`` offers (every built-in tool, behind the MCP consumer's
+    gate) and the store of its tokens and calls, on the configured database.
+
+    Raises:
+        SettingsError: a policy setting names an unknown tool or scope (before the database
+            is opened).
+        ManaAIError: the database could not be opened (or is not migrated).
+    """
+    from worker.db.mcp import McpStore
+    from worker.mcp.consumer import ServedTools
+
+    check_policy_settings(settings, builtin_tool_catalog())
+    async with open_database(settings) as engine:
+        tools = builtin_tools(engine, web=web_fetch_config(settings))
+        store = McpStore(engine)
+        served = ServedTools(
+            tools=tools,
+            policy=mcp_policy_setup(settings, engine, tools),
+            store=store,
+            user_settings=PolicyStore(engine).user_settings,
+            tool_timeout_s=settings.tool_timeout_s,
+        )
+        yield served, store
 
 
 def web_fetch_config(settings: Settings) -> WebFetchConfig:
@@ -206,6 +274,12 @@ async def open_app(
             ),
             max_parallel_reads=settings.max_parallel_reads,
             tool_timeout_s=settings.tool_timeout_s,
+            tool_sources=McpToolSources(
+                list_timeout_s=settings.mcp_list_timeout_s,
+                max_result_chars=settings.mcp_max_result_chars,
+                # past the loop's own tool timeout, whose message says more
+                call_timeout_s=settings.tool_timeout_s + 5,
+            ),
         )
         health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
         worker = Worker(

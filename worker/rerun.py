@@ -63,6 +63,7 @@ from planner.policy import (
     UserPolicySettings,
 )
 from planner.testing import InMemoryCallLedger
+from worker.mcp.config import is_mcp_tool_name
 from worker.reminder_channel import mission_reminder_channel
 from worker.replay import policy_text, restored_log
 from worker.transcript import call_outcome
@@ -408,7 +409,10 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     )
     result = await run_planner_loop(inp, llm=model, on_tool_call=execute)
 
-    _compare_calls(report, calls_recorded, result.executed_calls)
+    offered = {t.name for t in config.tools}
+    recorded_tools = {str(r["tool"]) for r in calls_recorded.values()}
+    unlisted = sorted({t for t in recorded_tools if is_mcp_tool_name(t)} - offered)
+    _compare_calls(report, calls_recorded, result.executed_calls, skip=frozenset(unlisted))
     _compare_compactions(report, archive, compactions)
     _compare_reminders(report, recorded_reminders, channel.audit() if channel else [])
     recorded_stop = iteration.get("stop_reason")
@@ -441,8 +445,12 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
             "the recorded run was taken over by another worker; the rerun runs it in one go "
             "(a compaction right after the takeover may fall on another round)"
         )
-    offered = {t.name for t in config.tools}
-    gone = sorted({str(r["tool"]) for r in calls_recorded.values()} - offered)
+    if unlisted:
+        report.notes.append(
+            f"MCP servers' tools are not listed in a rerun (that would start or call the "
+            f"servers): the calls of {', '.join(unlisted)} were not compared"
+        )
+    gone = sorted(recorded_tools - offered - set(unlisted))
     if gone:
         report.notes.append(
             f"tool(s) the recorded run called that the agent is not offered today: "
@@ -498,11 +506,14 @@ def _compare_calls(
     report: RerunReport,
     recorded: dict[tuple[int, int], Row],
     executed: Sequence[ExecutedCall],
+    skip: frozenset[str] = frozenset(),
 ) -> None:
     now = {(c.round, c.index): c for c in executed}
     for key in sorted(set(recorded) | set(now)):
         row, call = recorded.get(key), now.get(key)
         tool = call.call.name if call is not None else str((row or {}).get("tool"))
+        if tool in skip:
+            continue
         call_id = call.call.id if call is not None else str((row or {}).get("call_id"))
         base = {"round": key[0], "position": key[1], "tool": tool, "call_id": call_id}
         recorded_decision = (row or {}).get("policy_decision")

@@ -7,7 +7,8 @@ outcome together with the next run in one transaction. Outcomes:
 
 * ``succeeded`` — the loop ended with ``final_answer`` or ``max_rounds``.
 * ``failed`` — the LLM could not answer (after retries), its answer was cut, filtered or
-  empty (``planner.replies``), or the run itself crashed; the iteration carries the reason,
+  empty (``planner.replies``), a required MCP server could not be used
+  (``tool_source_unavailable``), or the run itself crashed; the iteration carries the reason,
   the mission keeps its schedule.
 * ``interrupted`` — the worker shut down before the run finished; the next worker reruns it.
 * ``lease_lost`` — another worker took the mission over; nothing is written.
@@ -46,6 +47,8 @@ from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, Sta
 from worker.gate import PolicySetup
 from worker.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
 from worker.logs import bind_log_context
+from worker.mcp.config import mcp_scope
+from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.reminder_channel import mission_reminder_channel
 from worker.schedule import ScheduleError, next_run_after
 from worker.transcript import Transcript, call_outcome, json_safe, messages_json
@@ -129,6 +132,9 @@ class MissionRunner:
         max_parallel_reads: read calls of one round running at once, at most (default 10).
         tool_timeout_s: seconds a tool call may run unless its ToolSpec says otherwise
             (default 60).
+        tool_sources: opens the agent's MCP servers at the start of each iteration and adds
+            their tools (``None``: an agent's MCP servers are not used, and the iteration
+            says so).
     """
 
     def __init__(
@@ -149,6 +155,7 @@ class MissionRunner:
         clock: Callable[[], datetime] = _utcnow,
         max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
         tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
+        tool_sources: McpToolSources | None = None,
     ) -> None:
         self.store = store
         self.llm = llm
@@ -165,6 +172,7 @@ class MissionRunner:
         self.clock = clock
         self.max_parallel_reads = max_parallel_reads
         self.tool_timeout_s = tool_timeout_s
+        self.tool_sources = tool_sources
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
         """Run ``mission`` once and store the result. Never raises except on cancellation
@@ -257,6 +265,13 @@ class MissionRunner:
             logger.warning("iteration interrupted by shutdown; the next worker resumes it")
             metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
             raise
+        except ToolSourceError as exc:  # a required MCP server: no run without its tools
+            outcome = _no_run(
+                next_run,
+                status="failed",
+                stop_reason="tool_source_unavailable",
+                error=json_safe(str(exc)),
+            )
         except Exception as exc:  # a crash in our own code must not stop other missions
             logger.exception("iteration crashed")
             outcome = dataclasses.replace(
@@ -344,53 +359,96 @@ class MissionRunner:
             _time_call(call)
 
         tools = list(self.tools_for(mission))
-        transcript.tool_names = frozenset(t.name for t in tools)
-        specs = {t.name: t for t in tools}
-        journal = MissionJournal(
-            store=self.store,
-            mission=mission,
-            iteration_id=iteration.id,
-            worker_id=self.worker_id,
-            transcript=transcript,
-            specs=specs,
-            checkpoint_every=self.checkpoint_every,
-        )
-        resume = None
-        if iteration.resumable:
-            resume = await resume_checkpoint(iteration, transcript=transcript, specs=specs, ctx=ctx)
-            unknown = sum(c.outcome_unknown for c in resume.settled.values())
-            logger.warning(
-                "resuming after round %d of attempt %d (%d call(s) in flight with an unknown "
-                "outcome: not run again)",
-                resume.rounds_done,
-                iteration.attempt - 1,
-                unknown,
+        async with contextlib.AsyncExitStack() as sources:  # MCP sessions: this run only
+            tools += await self._open_tool_sources(mission, sources, tools, transcript)
+            transcript.tool_names = frozenset(t.name for t in tools)
+            specs = {t.name: t for t in tools}
+            journal = MissionJournal(
+                store=self.store,
+                mission=mission,
+                iteration_id=iteration.id,
+                worker_id=self.worker_id,
+                transcript=transcript,
+                specs=specs,
+                checkpoint_every=self.checkpoint_every,
             )
-        inp = PlannerLoopInput(
-            system_prompt=mission.system_prompt,
-            user_prompt=mission.objective,
-            tools=tools,
-            max_rounds=mission.max_rounds,
-            model=model,
-            ctx=ctx,
-            policy=gate,
-            reminder_channel=transcript.reminders,
-            reminder_role=self.reminder_role,
-            compactor=self.compaction.compactor_for(mission) if self.compaction else None,
-            on_compaction=lambda round_no, c: _compacted(transcript, round_no, c),
-            on_compaction_failed=lambda round_no, e: _compaction_failed(
-                transcript, round_no, e, self.compaction.model if self.compaction else None
-            ),
-            on_message=transcript.messages.append,
-            on_executed_call=on_executed,
-            max_parallel_reads=self.max_parallel_reads,
-            tool_timeout_s=self.tool_timeout_s,
-            on_read_batch=_count_read_batch,
-            journal=journal,
-            on_round_end=journal.round_end,
-            resume=resume,
+            resume = None
+            if iteration.resumable:
+                resume = await resume_checkpoint(
+                    iteration, transcript=transcript, specs=specs, ctx=ctx
+                )
+                unknown = sum(c.outcome_unknown for c in resume.settled.values())
+                logger.warning(
+                    "resuming after round %d of attempt %d (%d call(s) in flight with an unknown "
+                    "outcome: not run again)",
+                    resume.rounds_done,
+                    iteration.attempt - 1,
+                    unknown,
+                )
+            inp = PlannerLoopInput(
+                system_prompt=mission.system_prompt,
+                user_prompt=mission.objective,
+                tools=tools,
+                max_rounds=mission.max_rounds,
+                model=model,
+                ctx=ctx,
+                policy=gate,
+                reminder_channel=transcript.reminders,
+                reminder_role=self.reminder_role,
+                compactor=self.compaction.compactor_for(mission) if self.compaction else None,
+                on_compaction=lambda round_no, c: _compacted(transcript, round_no, c),
+                on_compaction_failed=lambda round_no, e: _compaction_failed(
+                    transcript, round_no, e, self.compaction.model if self.compaction else None
+                ),
+                on_message=transcript.messages.append,
+                on_executed_call=on_executed,
+                max_parallel_reads=self.max_parallel_reads,
+                tool_timeout_s=self.tool_timeout_s,
+                on_read_batch=_count_read_batch,
+                journal=journal,
+                on_round_end=journal.round_end,
+                resume=resume,
+            )
+            return await run_planner_loop(inp, llm=self.llm)
+
+    async def _open_tool_sources(
+        self,
+        mission: ClaimedMission,
+        stack: contextlib.AsyncExitStack,
+        offered: Sequence[ToolSpec],
+        transcript: Transcript,
+    ) -> list[ToolSpec]:
+        """The tools of the agent's MCP servers that missions may use; their sessions close
+        with ``stack``. What was left out goes to ``transcript.source_problems``.
+
+        Raises:
+            ToolSourceError: a required server could not be used.
+        """
+        if not mission.mcp_servers:
+            return []
+        if self.tool_sources is None:
+            transcript.source_problems.append(
+                "the agent's MCP servers were not used: this worker has no MCP tool sources"
+            )
+            return []
+        exposed = self.policy.config.exposed_scopes if self.policy is not None else None
+        servers = []
+        for server in mission.mcp_servers:
+            if exposed is None or mcp_scope(server.name) in exposed:
+                servers.append(server)
+                continue
+            reason = (
+                f"MCP server {server.name} not used: its scope {mcp_scope(server.name)} is not "
+                "in MANA_AI_POLICY_MISSION_SCOPES"
+            )
+            if server.required:
+                raise ToolSourceError(f"{reason} (the server is required)")
+            transcript.source_problems.append(reason)
+        opened = await self.tool_sources.open(
+            servers, stack, reserved=frozenset(t.name for t in offered)
         )
-        return await run_planner_loop(inp, llm=self.llm)
+        transcript.source_problems.extend(opened.problems)
+        return opened.tools
 
     def _policy_mode(self, mission: ClaimedMission) -> str:
         """The policy mode this mission's calls run under (recorded on each invocation)."""
@@ -414,7 +472,7 @@ class MissionRunner:
         result: PlannerLoopResult, next_run: _NextRun, transcript: Transcript
     ) -> IterationOutcome:
         failed = result.failed
-        errors = [e for e in (result.error, next_run.error) if e]
+        errors = [e for e in (result.error, next_run.error, _problems(transcript)) if e]
         return IterationOutcome(
             status="failed" if failed else "succeeded",
             messages=messages_json(result.messages),
@@ -451,6 +509,19 @@ class MissionRunner:
                 if run_task is not None:
                     run_task.cancel()
                 return
+
+
+MAX_PROBLEMS_SHOWN = 5
+
+
+def _problems(transcript: Transcript) -> str | None:
+    """What the run's tool sources left out, for the iteration's error (``None``: nothing)."""
+    problems = transcript.source_problems
+    if not problems:
+        return None
+    shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return f"{shown}; and {more} more (see the worker's log)" if more > 0 else shown
 
 
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:

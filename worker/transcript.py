@@ -28,7 +28,7 @@ from planner import (
 from reminders import ReminderComposer
 from worker.db.stores import ArchiveRow, RoundCheckpoint, ToolInvocationRow
 
-__all__ = ["Transcript", "call_outcome", "json_safe", "messages_json"]
+__all__ = ["Transcript", "call_outcome", "invocation_row", "json_safe", "messages_json"]
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Transcript:
         compactions: compactions of this iteration so far (earlier attempts' included).
         archived: archive rows of this iteration so far: compactions and failed attempts
             (their ``compaction_index`` counts on from it).
+        source_problems: what the run's tool sources (MCP servers) left out, and why.
     """
 
     attempt: int
@@ -65,6 +66,7 @@ class Transcript:
     archive_pending: list[ArchiveRow] = field(default_factory=list)
     compactions: int = 0
     archived: int = 0
+    source_problems: list[str] = field(default_factory=list)
 
     def messages_json(self) -> list[dict[str, Any]]:
         """The message log as stored (see ``messages_json``)."""
@@ -194,22 +196,37 @@ class Transcript:
 
     def invocation_row(self, call: ExecutedCall) -> ToolInvocationRow:
         """``call`` as a ``tool_invocations`` row, with its policy decision and mode."""
-        decision = call.decision
-        return ToolInvocationRow(
+        return invocation_row(
+            call,
             attempt=self.attempt,
-            round=call.round,
-            position=call.index,
+            policy_mode=self.policy_mode,
             row_id=self.stored.get((call.round, call.index)),
-            call_id=json_safe(call.call.id),
-            tool=json_safe(call.call.name),
-            arguments=_arguments(call.call),
-            result=json_safe(call.result) if call.ok else None,
-            error=json_safe(call.error),
-            outcome=call_outcome(call),
-            duration_ms=call.duration_ms,
-            policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
-            policy_mode=(decision.mode if decision and decision.mode else self.policy_mode),
         )
+
+
+def invocation_row(
+    call: ExecutedCall, *, attempt: int, policy_mode: str, row_id: int | None = None
+) -> ToolInvocationRow:
+    """``call`` as a ``tool_invocations`` row of any consumer: its position, arguments, result
+    or error, outcome and duration, its policy decision, and the mode it was decided in
+    (``policy_mode`` when it carries none: ``off``, or a call that never reached the gate);
+    ``row_id``: the stored row to update, if it exists."""
+    decision = call.decision
+    return ToolInvocationRow(
+        attempt=attempt,
+        round=call.round,
+        position=call.index,
+        row_id=row_id,
+        call_id=json_safe(call.call.id),
+        tool=json_safe(call.call.name),
+        arguments=_arguments(call.call),
+        result=json_safe(call.result) if call.ok else None,
+        error=json_safe(call.error),
+        outcome=call_outcome(call),
+        duration_ms=call.duration_ms,
+        policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
+        policy_mode=(decision.mode if decision and decision.mode else policy_mode),
+    )
 
 
 def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

@@ -21,12 +21,14 @@ from worker.db.tables import mission_iterations
 
 __all__ = [
     "TIMEOUT_S",
+    "McpServeProcess",
     "cli",
     "clock_then_answer",
     "env_for",
     "finished_iterations",
     "free_port",
     "run_cli",
+    "start_mcp_serve",
     "start_worker",
     "stop",
     "wait_until",
@@ -95,6 +97,57 @@ async def start_worker(env: dict[str, str]) -> asyncio.subprocess.Process:
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+class McpServeProcess:
+    """A ``mana-ai mcp serve`` process: its URL (from the line it prints once it listens) and
+    everything it writes to stderr (read all along, so the pipe never fills)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, url: str, first: list[str]) -> None:
+        self.proc = proc
+        self.url = url
+        self.lines = first
+        self._drain = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stderr is not None
+        async for line in self.proc.stderr:
+            self.lines.append(line.decode())
+
+    async def stop(self) -> tuple[int, str]:
+        """SIGTERM, then (exit status, stderr)."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(self.proc.wait(), TIMEOUT_S)
+        await asyncio.wait_for(self._drain, TIMEOUT_S)
+        return code, "".join(self.lines)
+
+
+async def start_mcp_serve(env: dict[str, str]) -> McpServeProcess:
+    """Start ``mana-ai mcp serve`` and wait for the line saying where it listens."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker.cli",
+        "mcp",
+        "serve",
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    lines: list[str] = []
+    async with asyncio.timeout(TIMEOUT_S):
+        while True:
+            raw = await proc.stderr.readline()
+            if not raw:
+                raise AssertionError(f"mcp serve exited ({await proc.wait()}): {''.join(lines)}")
+            line = raw.decode()
+            lines.append(line)
+            if line.startswith("mana-ai: serving MCP at "):
+                url = line.removeprefix("mana-ai: serving MCP at ").split(" ", 1)[0]
+                return McpServeProcess(proc, url, lines)
 
 
 async def wait_until(check: Callable[[], Awaitable[Any]], what: str) -> Any:

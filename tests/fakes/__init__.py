@@ -3,6 +3,7 @@
 ``FakeLLMServer`` is a real OpenAI-compatible HTTP server on 127.0.0.1 (see ``llm_server``);
 ``FakeWebServer`` serves scripted web pages on 127.0.0.1 (see ``web_server``).
 ``provider_zoo`` builds the replies real providers send and the checks strict ones apply.
+``mcp_stdio_server.py`` is a script: a small MCP server on stdio that agents' ``--mcp`` start.
 """
 
 from tests.fakes.llm_server import (

@@ -39,6 +39,8 @@ EXPECTED_TABLES = {
     "user_policy_settings",
     "policy_call_events",
     "compacted_turns",
+    "mcp_tokens",
+    "agent_mcp_servers",
 }
 
 
@@ -89,7 +91,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0005"
+    assert revision == head_revision() == "0006"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES
@@ -173,6 +175,49 @@ async def test_downgrade_to_base_and_upgrade_again(fresh: AsyncEngine) -> None:
 
     assert await upgrade_database(fresh) == head_revision()
     assert await schema_diff(fresh, metadata) == []
+
+
+async def test_0006_keeps_mission_calls_and_takes_mcp_calls_without_an_iteration(
+    fresh: AsyncEngine,
+) -> None:
+    def upgrade_to(revision: str) -> Callable[[Connection], None]:
+        def run(sync: Connection) -> None:
+            config = alembic_config()
+            config.attributes["connection"] = sync
+            command.upgrade(config, revision)
+
+        return run
+
+    async with fresh.begin() as conn:
+        await conn.run_sync(upgrade_to("0005"))
+        for statement in (
+            "INSERT INTO agents (name, owner_user_id, system_prompt) VALUES ('a', 'u', 's')",
+            "INSERT INTO missions (agent_id, objective) VALUES (1, 'o')",
+            "INSERT INTO mission_iterations (mission_id, scheduled_for, status, worker_id)"
+            " VALUES (1, now(), 'succeeded', 'w')",
+            "INSERT INTO tool_invocations (iteration_id, mission_id, user_id, round, call_id,"
+            " tool, arguments, outcome) VALUES (1, 1, 'u', 1, 'c1', 'clock_now', '{}', 'ok')",
+        ):
+            await conn.execute(text(statement))
+    async with fresh.begin() as conn:
+        await conn.run_sync(upgrade_to("0006"))
+    async with fresh.begin() as conn:
+        consumer = await conn.execute(text("SELECT consumer FROM tool_invocations"))
+        assert consumer.scalars().all() == ["mission"]
+        await conn.execute(
+            text(
+                "INSERT INTO tool_invocations (user_id, call_id, tool, arguments, outcome,"
+                " consumer) VALUES ('u', 'c2', 'notes_list', '{}', 'ok', 'mcp')"
+            )
+        )
+    with pytest.raises(Exception, match="ck_tool_invocations_mission_call"):
+        async with fresh.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO tool_invocations (user_id, call_id, tool, arguments, outcome)"
+                    " VALUES ('u', 'c3', 'notes_list', '{}', 'ok')"
+                )
+            )
 
 
 async def test_an_unreachable_database_is_a_clear_error_without_the_password() -> None:

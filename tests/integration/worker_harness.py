@@ -17,6 +17,7 @@ from worker.db.policy import PostgresCallLedger
 from worker.db.stores import MissionStore
 from worker.db.tables import mission_iterations, missions
 from worker.gate import PolicySetup
+from worker.mcp.sources import McpToolSources
 from worker.runner import CompactionSetup, MissionRunner, ToolsFactory
 from worker.tick import Worker
 from worker.tools import builtin_tools
@@ -53,9 +54,11 @@ def make_worker(
     tools_for: ToolsFactory | None = None,
     policy: PolicySetup | None = None,
     compaction: CompactionSetup | None = None,
+    tool_sources: McpToolSources | None = None,
 ) -> Worker:
-    """A worker on ``engine`` with the built-in tools (plus ``extra_tools``), and the policy
-    gate when ``policy`` is given (``policy_setup``)."""
+    """A worker on ``engine`` with the built-in tools (plus ``extra_tools``), the policy
+    gate when ``policy`` is given (``policy_setup``), and agents' MCP servers opened by
+    ``tool_sources`` (default: ``McpToolSources()``)."""
     store = store or MissionStore(engine)
     tools = [*builtin_tools(engine), *(extra_tools or [])]
     runner = MissionRunner(
@@ -66,6 +69,7 @@ def make_worker(
         lease=lease,
         policy=policy,
         compaction=compaction,
+        tool_sources=tool_sources or McpToolSources(),
     )
     return Worker(
         store=store,

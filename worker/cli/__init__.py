@@ -1,8 +1,8 @@
 """The ``mana-ai`` command. Run ``mana-ai --help`` or ``mana-ai COMMAND --help``.
 
 One module per command group (``db``, ``agents``, ``missions``, ``daemon`` for ``tick`` and
-``worker``, ``iterations``, ``replay``, ``policy``), each with a ``register(commands)`` that
-adds its subcommands; ``args`` and ``output`` hold what they share.
+``worker``, ``iterations``, ``replay``, ``policy``, ``mcp``), each with a ``register(commands)``
+that adds its subcommands; ``args`` and ``output`` hold what they share.
 
 Exit status: 0 success, 1 an operator error (the message says what and how to fix it),
 2 bad usage or invalid settings.
@@ -18,14 +18,14 @@ from collections.abc import Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from worker.cli import agents, daemon, db, iterations, missions, policy, replay
+from worker.cli import agents, daemon, db, iterations, mcp, missions, policy, replay
 from worker.cli.args import UsageError
 from worker.errors import ManaAIError, SettingsError
 from worker.settings import load_settings, unknown_variables
 
 __all__ = ["main"]
 
-GROUPS = (db, agents, missions, daemon, iterations, replay, policy)
+GROUPS = (db, agents, missions, daemon, iterations, replay, policy, mcp)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

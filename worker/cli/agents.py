@@ -1,15 +1,20 @@
-"""``mana-ai agents``: an agent is a model, a system prompt, limits, tools and a policy mode."""
+"""``mana-ai agents``: an agent is a model, a system prompt, limits, tools, MCP servers and a
+policy mode."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import UsageError, checked_name, group, json_flag, positive_int
 from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.mcp.config import McpServerConfig
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "register"]
 
@@ -24,7 +29,9 @@ _UNSET = object()  # an option left out (``None`` is a value: 'none' / 'default'
 
 def register(commands: Any) -> None:
     """Add ``agents add``, ``agents set`` and ``agents list``."""
-    ag = group(commands, "agents", "Agents: a model, a system prompt, limits and tools.")
+    ag = group(
+        commands, "agents", "Agents: a model, a system prompt, limits, tools and MCP servers."
+    )
     add = ag.add_parser("add", help="Create an agent.", description="Create an agent.")
     add.add_argument("--name", required=True, help="unique agent name")
     add.add_argument("--owner", required=True, help="owner user id; tools act in their space")
@@ -45,6 +52,7 @@ def register(commands: Any) -> None:
         choices=POLICY_MODE_CHOICES,
         help="the policy gate's mode for this agent's tool calls (default: MANA_AI_POLICY_MODE)",
     )
+    _mcp_options(add)
     add.add_argument(
         "--compact-max-ctx",
         type=_context,
@@ -92,12 +100,119 @@ def register(commands: Any) -> None:
         help="the model's context in tokens, for compaction (0: never; 'default': "
         "MANA_AI_COMPACT_MAX_CTX)",
     )
+    _mcp_options(set_)
+    set_.add_argument(
+        "--mcp-remove",
+        action="append",
+        metavar="NAME",
+        default=[],
+        help="remove the agent's MCP server NAME (repeatable)",
+    )
     json_flag(set_)
     set_.set_defaults(command_fn=_set)
 
     lst = ag.add_parser("list", help="List agents.", description="List agents.")
     json_flag(lst)
     lst.set_defaults(command_fn=_list)
+
+
+def _mcp_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mcp",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="NAME=URL|NAME=stdio:COMMAND ARGS",
+        help="give the agent an MCP server's tools, as NAME__tool in scope mcp:NAME: "
+        "streamable HTTP at URL, or a local process started with COMMAND ARGS (quote the "
+        "whole value when an argument starts with '-'); replaces a server of that name "
+        "(repeatable)",
+    )
+    parser.add_argument(
+        "--mcp-header",
+        action="append",
+        default=[],
+        metavar="NAME=HEADER:VALUE",
+        help="an HTTP header sent to server NAME of this command's --mcp, e.g. "
+        "'search=Authorization: Bearer TOKEN' (a secret: never logged nor printed)",
+    )
+    parser.add_argument(
+        "--mcp-env",
+        action="append",
+        default=[],
+        metavar="NAME=VAR=VALUE",
+        help="an environment variable of stdio server NAME of this command's --mcp (a secret: "
+        "never logged nor printed); it inherits only PATH, HOME, USER, LOGNAME, SHELL, TERM",
+    )
+    parser.add_argument(
+        "--mcp-required",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="fail an iteration when server NAME of this command's --mcp cannot be used "
+        "(default: the run goes on without its tools, and the iteration says why)",
+    )
+
+
+def _mcp_servers(args: argparse.Namespace) -> list[McpServerConfig]:
+    """The servers of ``--mcp`` with their ``--mcp-header``, ``--mcp-env`` and
+    ``--mcp-required`` (which must name a server of this command). Errors never echo a
+    header or variable value."""
+    from worker.mcp.config import parse_env_option, parse_header_option, parse_server_option
+
+    servers: dict[str, McpServerConfig] = {}
+    for words in args.mcp:
+        try:
+            server = parse_server_option(words[0], words[1:])
+        except ValueError as exc:
+            raise UsageError(f"--mcp: {exc}") from None
+        if server.name in servers:
+            raise UsageError(f"--mcp: server {server.name} is given twice")
+        servers[server.name] = server
+
+    def target(option: str, name: str, transport: str) -> McpServerConfig:
+        if name not in servers:
+            raise UsageError(
+                f"{option} names server {name}, which this command's --mcp does not give; "
+                f"give the server again (--mcp {name}=...) with all its options to change it"
+            )
+        server = servers[name]
+        if transport and server.transport != transport:
+            other = "--mcp-header" if server.transport == "http" else "--mcp-env"
+            raise UsageError(f"{option} is for {transport} servers; {name} takes {other}")
+        return server
+
+    for text in args.mcp_header:
+        try:
+            name, header, value = parse_header_option(text)
+        except ValueError as exc:
+            raise UsageError(f"--mcp-header: {exc}") from None
+        server = target("--mcp-header", name, "http")
+        headers = {**server.headers, header: value}
+        servers[name] = dataclasses.replace(server, headers=headers)
+    for text in args.mcp_env:
+        try:
+            name, var, value = parse_env_option(text)
+        except ValueError as exc:
+            raise UsageError(f"--mcp-env: {exc}") from None
+        server = target("--mcp-env", name, "stdio")
+        servers[name] = dataclasses.replace(server, env={**server.env, var: value})
+    for name in args.mcp_required:
+        servers[name] = dataclasses.replace(
+            target("--mcp-required", name.strip(), ""), required=True
+        )
+    return list(servers.values())
+
+
+def _mcp_shown(servers: list[dict[str, Any]]) -> str:
+    """``fs (stdio: npx), search (http: https://host/mcp, required)``, without secrets."""
+    shown = []
+    for s in servers:
+        where = s["url"] if s["transport"] == "http" else s["command"]
+        shown.append(
+            f"{s['name']} ({s['transport']}: {where}{', required' if s['required'] else ''})"
+        )
+    return ", ".join(shown) or "(none)"
 
 
 def _shown(value: Any) -> str:
@@ -142,6 +257,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
     from worker.tools import builtin_tools
 
     name, owner = checked_name(args.name, "--name"), checked_name(args.owner, "--owner")
+    servers = _mcp_servers(args)
     async with admin_store(settings) as admin:
         tools = None
         if args.tools is not None:
@@ -164,8 +280,12 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
             allowed_tools=tools,
             policy_mode=args.policy_mode,
             compact_max_ctx=args.compact_max_ctx,
+            mcp_servers=servers,
         )
-    emit(args, agent, f"agent {agent['name']} created (id {agent['id']})")
+    text = f"agent {agent['name']} created (id {agent['id']})"
+    if servers:
+        text += f"; MCP servers: {_mcp_shown(agent['mcp_servers'])}"
+    emit(args, agent, text)
     return 0
 
 
@@ -185,16 +305,28 @@ async def _set(args: argparse.Namespace, settings: Settings) -> int:
         changes["policy_mode"] = None if args.policy_mode == "default" else args.policy_mode
     if args.compact_max_ctx is not _UNSET:
         changes["compact_max_ctx"] = args.compact_max_ctx
+    servers = _mcp_servers(args)
+    remove = list(dict.fromkeys(n.strip() for n in args.mcp_remove))
+    clash = sorted({s.name for s in servers} & set(remove))
+    if clash:
+        raise UsageError(f"--mcp and --mcp-remove both name {', '.join(clash)}")
     async with admin_store(settings) as admin:
         if args.tools is not None:
             known = [t.name for t in builtin_tools(admin.engine)]
             all_tools = args.tools.strip().lower() == "all"
             changes["allowed_tools"] = None if all_tools else _tool_list(args.tools, known)
-        if not changes:
+        if not changes and not servers and not remove:
             raise UsageError("nothing to change: give at least one option (see --help)")
-        agent = await admin.update_agent(checked_name(args.name, "the agent name"), **changes)
-    shown = ", ".join(f"{key} {_shown(agent[key])}" for key in sorted(changes))
-    emit(args, agent, f"agent {agent['name']} changed: {shown}")
+        agent = await admin.update_agent(
+            checked_name(args.name, "the agent name"),
+            mcp_servers=servers,
+            remove_mcp=remove,
+            **changes,
+        )
+    shown = [f"{key} {_shown(agent[key])}" for key in sorted(changes)]
+    if servers or remove:
+        shown.append(f"MCP servers now {_mcp_shown(agent['mcp_servers'])}")
+    emit(args, agent, f"agent {agent['name']} changed: {', '.join(shown)}")
     return 0
 
 
@@ -207,8 +339,18 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
         for row in rows:
             if row["policy_mode"] is None:
                 row["policy_mode"] = f"default ({settings.policy_mode})"
+            row["mcp"] = ",".join(m["name"] for m in row["mcp_servers"]) or None
         table(
             rows,
-            ["id", "name", "owner_user_id", "model", "max_rounds", "policy_mode", "allowed_tools"],
+            [
+                "id",
+                "name",
+                "owner_user_id",
+                "model",
+                "max_rounds",
+                "policy_mode",
+                "mcp",
+                "allowed_tools",
+            ],
         )
     return 0

@@ -77,8 +77,9 @@ def register(commands: Any) -> None:
 
     report = pol.add_parser(
         "report",
-        help="Decisions by reason, tool and mode; the would-be deny share of log-only.",
-        description="What the gate decided over a period: calls by mode, reason and tool; in "
+        help="Decisions by reason, tool, mode and consumer; the would-be deny share of log-only.",
+        description="What the gate decided over a period, for missions and MCP clients: calls "
+        "by mode, consumer, reason and tool; in "
         "log-only, how many calls enforce would have denied and their share of all calls "
         f"(switch to enforce when it stays under {ENFORCE_SWITCH_SHARE:.0%} over a week).",
     )
@@ -136,15 +137,21 @@ def _known_tools() -> list[ToolSpec]:
 
 
 def _check_target(target: str, tools: list[ToolSpec]) -> str:
-    """A known destructive tool, or a scope with destructive tools; anything else is refused
-    with the lists (before the database is opened)."""
+    """A known destructive tool, or a scope with destructive tools, or an MCP server's scope
+    (``mcp:NAME``) or tool (``NAME__tool``: what an MCP server offers is known only when a run
+    lists it); anything else is refused with the lists (before the database is opened)."""
+    from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
+
     target = target.strip()
+    if is_mcp_scope(target) or is_mcp_tool_name(target):
+        return target
     by_name = {t.name: t for t in tools}
     destructive = sorted(t.name for t in tools if t.policy_hint == "destructive")
     scopes = sorted({t.scope for t in tools if t.policy_hint == "destructive"})
     known = (
         f"destructive tools: {', '.join(destructive) or '(none)'}; "
-        f"their scopes: {', '.join(scopes) or '(none)'}"
+        f"their scopes: {', '.join(scopes) or '(none)'}; "
+        "or an MCP server's scope mcp:NAME or tool NAME__tool"
     )
     if target in by_name:
         if by_name[target].policy_hint != "destructive":
@@ -161,11 +168,16 @@ def _check_target(target: str, tools: list[ToolSpec]) -> str:
 
 
 def _check_tool(tool: str | None) -> str | None:
+    from worker.mcp.config import is_mcp_tool_name
+
     if tool is None:
         return None
     known = [t.name for t in _known_tools()]
-    if tool.strip() not in known:
-        raise UsageError(f"unknown tool {tool.strip()!r}; available: {', '.join(known)}")
+    if tool.strip() not in known and not is_mcp_tool_name(tool.strip()):
+        raise UsageError(
+            f"unknown tool {tool.strip()!r}; available: {', '.join(known)}, or an MCP "
+            "server's tool NAME__tool"
+        )
     return tool.strip()
 
 
@@ -279,10 +291,19 @@ async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
         f"user {user}'s opt-in to {target} revoked; opt-ins now: {', '.join(remaining) or '(none)'}"
     )
     spec = next((t for t in tools if t.name == target), None)
-    if spec is not None and spec.scope in remaining:
-        text += f" ({target} stays allowed through its scope {spec.scope}: revoke that too)"
+    scope = spec.scope if spec is not None else _mcp_scope_of(target)
+    if scope is not None and scope in remaining:
+        text += f" ({target} stays allowed through its scope {scope}: revoke that too)"
     emit(args, row, text)
     return 0
+
+
+def _mcp_scope_of(target: str) -> str | None:
+    from worker.mcp.config import NAMESPACE_SEPARATOR, is_mcp_tool_name, mcp_scope
+
+    if not is_mcp_tool_name(target):
+        return None
+    return mcp_scope(target.partition(NAMESPACE_SEPARATOR)[0])
 
 
 async def _set_rate_limit(args: argparse.Namespace, settings: Settings) -> int:
@@ -325,6 +346,12 @@ def _print_report(report: PolicyReport) -> None:
         )
     if "log-only" in report.by_mode:
         print("  * in log-only: would-be denials (the calls ran)")
+    print("\n  by consumer (mission: missions' calls; mcp: MCP clients' calls):")
+    for (consumer, mode), counts in sorted(report.by_consumer.items()):
+        print(
+            f"    {consumer:<8} {mode:<10} {counts['calls']:>7} calls {counts['denied']:>6} "
+            f"denied {counts['flagged']:>6} flagged"
+        )
     print("\n  by reason:")
     for (mode, reason), calls in sorted(report.by_reason.items()):
         print(f"    {mode:<10} {reason:<26} {calls:>7}")

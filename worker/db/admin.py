@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Executable, delete, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.db.tables import (
+    agent_mcp_servers,
     agents,
     compacted_turns,
     mission_iterations,
@@ -22,6 +24,7 @@ from worker.db.tables import (
     tool_invocations,
 )
 from worker.errors import ConflictError, NotFoundError
+from worker.mcp.config import McpServerConfig
 
 __all__ = ["AdminStore"]
 
@@ -30,7 +33,9 @@ Row = dict[str, Any]
 
 class AdminStore:
     """Admin reads and writes over one AsyncEngine. Returns plain dicts (JSON-ready after
-    ``isoformat`` of datetimes)."""
+    ``isoformat`` of datetimes). An agent's row carries ``mcp_servers``: its MCP servers in
+    their public form (``McpServerConfig.public()``: no header or environment values), so no
+    secret leaves this store for the command line."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -49,8 +54,10 @@ class AdminStore:
         allowed_tools: Sequence[str] | None = None,
         policy_mode: str | None = None,
         compact_max_ctx: int | None = None,
+        mcp_servers: Sequence[McpServerConfig] = (),
     ) -> Row:
-        """Create an agent. Raises ConflictError when ``name`` is taken."""
+        """Create an agent with its MCP servers (one transaction). Raises ConflictError when
+        ``name`` is taken."""
         stmt = (
             insert(agents)
             .values(
@@ -68,36 +75,76 @@ class AdminStore:
         )
         try:
             async with self.engine.begin() as conn:
-                return dict((await conn.execute(stmt)).mappings().one())
+                row = dict((await conn.execute(stmt)).mappings().one())
+                await _put_mcp_servers(conn, row["id"], mcp_servers)
+                return await _with_mcp_servers(conn, row)
         except IntegrityError as exc:
             raise ConflictError(f"an agent named {name!r} already exists") from exc
 
-    async def update_agent(self, name: str, **changes: Any) -> Row:
+    async def update_agent(
+        self,
+        name: str,
+        *,
+        mcp_servers: Sequence[McpServerConfig] = (),
+        remove_mcp: Sequence[str] = (),
+        **changes: Any,
+    ) -> Row:
         """Change the columns in ``changes`` of the agent called ``name`` (validated by the
-        caller; ``allowed_tools`` may be ``None`` for every tool). Raises NotFoundError."""
+        caller; ``allowed_tools`` may be ``None`` for every tool), add or replace the MCP
+        servers ``mcp_servers`` (by name) and remove those named in ``remove_mcp``, in one
+        transaction.
+
+        Raises:
+            NotFoundError: no such agent, or ``remove_mcp`` names a server it does not have
+                (nothing is changed then).
+        """
         if "allowed_tools" in changes and changes["allowed_tools"] is not None:
             changes["allowed_tools"] = list(changes["allowed_tools"])
-        stmt = update(agents).where(agents.c.name == name).values(**changes).returning(*agents.c)
+        query: Executable
+        if changes:
+            query = (
+                update(agents).where(agents.c.name == name).values(**changes).returning(*agents.c)
+            )
+        else:  # MCP servers only: lock the agent row as the update would
+            query = select(agents).where(agents.c.name == name).with_for_update()
         async with self.engine.begin() as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-        if row is None:
-            raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
-        return dict(row)
+            found = (await conn.execute(query)).mappings().first()
+            if found is None:
+                raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
+            agent = dict(found)
+            if remove_mcp:
+                removed = await conn.execute(
+                    delete(agent_mcp_servers)
+                    .where(
+                        agent_mcp_servers.c.agent_id == agent["id"],
+                        agent_mcp_servers.c.name.in_(list(remove_mcp)),
+                    )
+                    .returning(agent_mcp_servers.c.name)
+                )
+                missing = sorted(set(remove_mcp) - set(removed.scalars().all()))
+                if missing:
+                    await conn.rollback()
+                    raise NotFoundError(
+                        f"agent {name} has no MCP server named {', '.join(missing)}; nothing "
+                        "was changed"
+                    )
+            await _put_mcp_servers(conn, agent["id"], mcp_servers)
+            return await _with_mcp_servers(conn, agent)
 
     async def list_agents(self) -> list[Row]:
         """Every agent, by name."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(select(agents).order_by(agents.c.name))
-            return [dict(r) for r in rows.mappings()]
+            return [await _with_mcp_servers(conn, dict(r)) for r in rows.mappings()]
 
     async def agent_by_name(self, name: str) -> Row:
         """The agent called ``name``. Raises NotFoundError."""
         async with self.engine.connect() as conn:
             row = (await conn.execute(select(agents).where(agents.c.name == name))).mappings()
             found = row.first()
-        if found is None:
-            raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
-        return dict(found)
+            if found is None:
+                raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
+            return await _with_mcp_servers(conn, dict(found))
 
     # missions -----------------------------------------------------------------------------
 
@@ -265,3 +312,32 @@ class AdminStore:
         for it in iterations:
             it["compactions"] = by_id[it["id"]]
         return mission | {"iteration_count": mission["iterations"], "iterations": iterations}
+
+
+async def _put_mcp_servers(
+    conn: AsyncConnection, agent_id: int, servers: Sequence[McpServerConfig]
+) -> None:
+    """Add or replace (by name) the agent's MCP servers ``servers``."""
+    if not servers:
+        return
+    stmt = pg_insert(agent_mcp_servers).values(
+        [{"agent_id": agent_id, **server.row()} for server in servers]
+    )
+    columns = ("transport", "url", "command", "args", "headers", "env", "required")
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["agent_id", "name"],
+            set_={column: stmt.excluded[column] for column in columns},
+        )
+    )
+
+
+async def _with_mcp_servers(conn: AsyncConnection, agent: Row) -> Row:
+    """``agent`` with ``mcp_servers``: its MCP servers' public forms, by name."""
+    rows = await conn.execute(
+        select(agent_mcp_servers)
+        .where(agent_mcp_servers.c.agent_id == agent["id"])
+        .order_by(agent_mcp_servers.c.name)
+    )
+    agent["mcp_servers"] = [McpServerConfig.from_row(dict(r)).public() for r in rows.mappings()]
+    return agent

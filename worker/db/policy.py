@@ -109,6 +109,8 @@ class PolicyReport:
         by_reason: ``(mode, reason) -> calls``.
         by_tool: ``(mode, tool) -> {"calls", "denied"}``.
         injection_flags: ``tool -> calls`` flagged with injection markers.
+        by_consumer: ``(consumer, mode) -> {"calls", "allowed", "denied", "flagged"}``:
+            missions' calls and MCP clients' calls apart (the other counts hold both).
     """
 
     since: datetime
@@ -118,6 +120,7 @@ class PolicyReport:
     by_reason: dict[tuple[str, str], int] = field(default_factory=dict)
     by_tool: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     injection_flags: dict[str, int] = field(default_factory=dict)
+    by_consumer: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
 
     @property
     def would_deny_share(self) -> float | None:
@@ -141,6 +144,10 @@ class PolicyReport:
                 {"mode": m, "tool": t, **counts} for (m, t), counts in sorted(self.by_tool.items())
             ],
             "injection_flags": self.injection_flags,
+            "by_consumer": [
+                {"consumer": c, "mode": m, **counts}
+                for (c, m), counts in sorted(self.by_consumer.items())
+            ],
             "would_deny_share": self.would_deny_share,
         }
 
@@ -228,7 +235,8 @@ class PolicyStore:
             return dict((await conn.execute(stmt)).mappings().one())
 
     async def report(self, *, since: timedelta) -> PolicyReport:
-        """Decisions of the tool calls created within ``since`` before now (database clock)."""
+        """Decisions of the tool calls of every consumer (missions, MCP clients) created within
+        ``since`` before now (database clock)."""
         decision = tool_invocations.c.policy_decision
         mode = func.coalesce(tool_invocations.c.policy_mode, decision["mode"].astext)
         verdict = decision["verdict"].astext
@@ -239,6 +247,7 @@ class PolicyStore:
         is_decided = func.coalesce(func.jsonb_typeof(decision) == "object", False)
         stmt = (
             select(
+                tool_invocations.c.consumer,
                 mode.label("mode"),
                 tool_invocations.c.tool,
                 reason.label("reason"),
@@ -249,7 +258,14 @@ class PolicyStore:
                 func.now().label("now"),
             )
             .where(tool_invocations.c.created_at >= func.now() - since)
-            .group_by(mode, tool_invocations.c.tool, reason, verdict, is_decided)
+            .group_by(
+                tool_invocations.c.consumer,
+                mode,
+                tool_invocations.c.tool,
+                reason,
+                verdict,
+                is_decided,
+            )
         )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).mappings().all()
@@ -257,6 +273,7 @@ class PolicyStore:
         by_mode: dict[str, Counter[str]] = defaultdict(Counter)
         by_reason: Counter[tuple[str, str]] = Counter()
         by_tool: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        by_consumer: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         flags: Counter[str] = Counter()
         calls = decided = 0
         for row in rows:
@@ -267,9 +284,14 @@ class PolicyStore:
             decided += n
             m = row["mode"] or "unknown"
             denied = n if row["verdict"] == "deny" else 0
-            by_mode[m].update(
-                {"calls": n, "denied": denied, "allowed": n - denied, "flagged": row["flagged"]}
-            )
+            counts = {
+                "calls": n,
+                "denied": denied,
+                "allowed": n - denied,
+                "flagged": row["flagged"],
+            }
+            by_mode[m].update(counts)
+            by_consumer[(row["consumer"], m)].update(counts)
             by_reason[(m, row["reason"] or "unknown")] += n
             by_tool[(m, row["tool"])].update({"calls": n, "denied": denied})
             if row["flagged"]:
@@ -285,4 +307,8 @@ class PolicyStore:
             by_reason=dict(by_reason),
             by_tool={k: {"calls": c["calls"], "denied": c["denied"]} for k, c in by_tool.items()},
             injection_flags=dict(flags),
+            by_consumer={
+                k: {f: c[f] for f in ("calls", "allowed", "denied", "flagged")}
+                for k, c in by_consumer.items()
+            },
         )

@@ -38,13 +38,14 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from planner.policy import UserPolicySettings
 from worker.db.policy import user_settings_from_row
 from worker.db.tables import (
+    agent_mcp_servers,
     agents,
     compacted_turns,
     mission_iterations,
@@ -52,6 +53,7 @@ from worker.db.tables import (
     tool_invocations,
     user_policy_settings,
 )
+from worker.mcp.config import McpServerConfig
 
 __all__ = [
     "ArchiveRow",
@@ -72,6 +74,7 @@ class ClaimedMission:
 
     ``scheduled_for`` is the ``next_run_at`` the mission had when claimed (UTC-aware).
     ``policy_mode`` is the agent's override of the daemon's policy mode (``None``: none).
+    ``mcp_servers`` are the agent's MCP servers (tool sources), by name, secrets included.
     """
 
     id: int
@@ -91,6 +94,7 @@ class ClaimedMission:
     policy_mode: str | None = None
     user_policy: UserPolicySettings = field(default_factory=UserPolicySettings)
     compact_max_ctx: int | None = None
+    mcp_servers: tuple[McpServerConfig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,39 @@ class MissionStore:
             .correlate(agents)
             .scalar_subquery()
         )
+        ams = agent_mcp_servers
+        mcp = (
+            select(
+                func.jsonb_agg(
+                    aggregate_order_by(
+                        func.jsonb_build_object(
+                            "name",
+                            ams.c.name,
+                            "transport",
+                            ams.c.transport,
+                            "url",
+                            ams.c.url,
+                            "command",
+                            ams.c.command,
+                            "args",
+                            ams.c.args,
+                            "headers",
+                            ams.c.headers,
+                            "env",
+                            ams.c.env,
+                            "required",
+                            ams.c.required,
+                            type_=JSONB,
+                        ),
+                        ams.c.name,
+                    ),
+                    type_=JSONB,
+                )
+            )
+            .where(ams.c.agent_id == agents.c.id)
+            .correlate(agents)
+            .scalar_subquery()
+        )
         stmt = (
             update(missions)
             .where(missions.c.id == due.c.id, agents.c.id == missions.c.agent_id)
@@ -277,6 +314,7 @@ class MissionStore:
                 agents.c.policy_mode,
                 agents.c.compact_max_ctx,
                 owner_policy.label("owner_policy"),
+                mcp.label("mcp_servers"),
             )
         )
         async with self.engine.begin() as conn:
@@ -300,6 +338,7 @@ class MissionStore:
                 policy_mode=r["policy_mode"],
                 user_policy=user_settings_from_row(r["owner_policy"]),
                 compact_max_ctx=r["compact_max_ctx"],
+                mcp_servers=tuple(McpServerConfig.from_row(m) for m in r["mcp_servers"] or ()),
             )
             for r in rows
         ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -31,12 +32,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 __all__ = [
+    "CONSUMERS",
+    "MCP_TRANSPORTS",
     "MISSION_STATUSES",
     "NAMING_CONVENTION",
     "POLICY_MODES",
     "TOOL_OUTCOMES",
+    "agent_mcp_servers",
     "agents",
     "compacted_turns",
+    "mcp_tokens",
     "metadata",
     "mission_iterations",
     "missions",
@@ -62,6 +67,8 @@ TOOL_OUTCOMES = ("ok", "error", "denied", "started", "unknown")
 """``started``: a write or destructive call about to run (recorded before its handler);
 ``unknown``: such a call whose worker stopped before its outcome was recorded."""
 POLICY_MODES = ("off", "log-only", "enforce")
+CONSUMERS = ("mission", "mcp")
+MCP_TRANSPORTS = ("http", "stdio")
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -174,6 +181,8 @@ mission_iterations = Table(
     Index("ix_mission_iterations_mission_id_started_at", "mission_id", "started_at"),
 )
 
+# Every tool call of every consumer: a mission's (with its iteration, mission and round) and
+# an MCP client's (consumer 'mcp': no iteration; the token it came with).
 tool_invocations = Table(
     "tool_invocations",
     metadata,
@@ -182,12 +191,13 @@ tool_invocations = Table(
         "iteration_id",
         BigInteger,
         ForeignKey("mission_iterations.id", ondelete="CASCADE"),
-        nullable=False,
+        nullable=True,
+        comment="NULL for a call of an MCP client",
     ),
-    Column("mission_id", BigInteger, nullable=False),
+    Column("mission_id", BigInteger, nullable=True),
     Column("user_id", Text, nullable=False),
     Column("attempt", Integer, nullable=False, server_default=text("1")),
-    Column("round", Integer, nullable=False),
+    Column("round", Integer, nullable=True),
     Column(
         "position",
         Integer,
@@ -206,10 +216,83 @@ tool_invocations = Table(
     Column("idempotency_key", Text, nullable=True, comment="write and destructive calls"),
     Column("duration_ms", Double, nullable=False, server_default=text("0")),
     _timestamp("created_at", default_now=True),
+    Column("consumer", Text, nullable=False, server_default=text("'mission'")),
+    Column(
+        "mcp_token_id",
+        BigInteger,
+        ForeignKey("mcp_tokens.id", ondelete="SET NULL"),
+        nullable=True,
+        comment="the token an MCP client called with (NULL: a mission, or mcp serve --stdio)",
+    ),
     CheckConstraint(_in("outcome", TOOL_OUTCOMES), name="outcome"),
+    CheckConstraint(_in("consumer", CONSUMERS), name="consumer"),
+    CheckConstraint(
+        "consumer <> 'mission' OR "
+        "(iteration_id IS NOT NULL AND mission_id IS NOT NULL AND round IS NOT NULL)",
+        name="mission_call",
+    ),
     # The rate limit counts a user's recent calls of one tool across replicas.
     Index("ix_tool_invocations_user_id_tool_created_at", "user_id", "tool", "created_at"),
     Index("ix_tool_invocations_iteration_id", "iteration_id"),
+)
+
+# Bearer tokens of MCP clients (`mana-ai mcp token create USER`): only the SHA-256 of each
+# token is stored; a revoked token stays (revoked_at) so old calls still name it.
+mcp_tokens = Table(
+    "mcp_tokens",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("user_id", Text, nullable=False),
+    Column("label", Text, nullable=True),
+    Column(
+        "token_hash",
+        Text,
+        nullable=False,
+        unique=True,
+        comment="hex SHA-256 of the token; the token itself is never stored",
+    ),
+    _timestamp("created_at", default_now=True),
+    _timestamp("revoked_at", nullable=True),
+    Index("ix_mcp_tokens_user_id", "user_id"),
+)
+
+# MCP servers as tool sources of an agent (`mana-ai agents add|set --mcp NAME=...`).
+agent_mcp_servers = Table(
+    "agent_mcp_servers",
+    metadata,
+    Column(
+        "agent_id",
+        BigInteger,
+        ForeignKey("agents.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("name", Text, primary_key=True),
+    Column("transport", Text, nullable=False),
+    Column("url", Text, nullable=True, comment="the endpoint of an http server"),
+    Column("command", Text, nullable=True, comment="the program of a stdio server"),
+    Column("args", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column(
+        "headers",
+        JSONB,
+        nullable=False,
+        server_default=text("'{}'::jsonb"),
+        comment="HTTP headers sent to the server (secrets: never logged nor printed)",
+    ),
+    Column(
+        "env",
+        JSONB,
+        nullable=False,
+        server_default=text("'{}'::jsonb"),
+        comment="environment of a stdio server (secrets: never logged nor printed)",
+    ),
+    Column("required", Boolean, nullable=False, server_default=text("false")),
+    _timestamp("created_at", default_now=True),
+    CheckConstraint(_in("transport", MCP_TRANSPORTS), name="transport"),
+    CheckConstraint(
+        "(transport = 'http' AND url IS NOT NULL AND command IS NULL) OR "
+        "(transport = 'stdio' AND command IS NOT NULL AND url IS NULL)",
+        name="target",
+    ),
 )
 
 notes = Table(

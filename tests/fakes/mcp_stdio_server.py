@@ -1,0 +1,204 @@
+"""A small MCP server on stdin/stdout (the official SDK's low-level server), started by tests
+as an agent's ``--mcp NAME=stdio:python PATH``. It imports nothing from mana-ai.
+
+Tools, with what a real server may send:
+
+* ``echo`` (readOnlyHint): returns its ``text``.
+* ``notes.append`` (no annotations: a write; a dot in its name): appends ``text`` to a file
+  given with ``--log FILE`` (so a test sees it ran) and returns ``{"appended": text}``
+  (structured content).
+* ``wipe`` (destructiveHint): appends ``WIPED`` to the log file.
+* ``big``: returns ``size`` characters of text.
+* ``fails``: answers with ``isError`` and a message.
+* ``slow``: sleeps ``seconds`` before answering.
+
+``--mode hang`` reads but never answers (not even the handshake); ``--mode exit`` exits at
+once.
+``--mode odd`` is a hand-written JSON-RPC server (as servers built without this SDK are) whose
+listing holds what the SDK's own server would refuse to send (``ODD_TOOLS``: a remote
+``$ref``, no name, names too long, clashing or not ASCII, a huge description, an invalid
+schema) next to ``echo``, which it runs; ``--mode invalid`` adds a tool whose input schema
+is not even an object, which breaks the MCP specification (the SDK refuses such a listing).
+Environment variable ``FAKE_MCP_SECRET`` (when set) is echoed by ``echo`` with ``text`` equal
+to ``$secret``, so a test can check that an agent's ``--mcp-env`` reaches the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+TOOLS = [
+    types.Tool(
+        name="echo",
+        description="Echo the text.",
+        input_schema={
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        },
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+    types.Tool(
+        name="notes.append",
+        description="Append a line to the log.",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+    ),
+    types.Tool(
+        name="wipe",
+        description="Wipe everything.",
+        input_schema={"type": "object", "properties": {}},
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
+    ),
+    types.Tool(
+        name="big",
+        description="A big result.",
+        input_schema={"type": "object", "properties": {"size": {"type": "integer"}}},
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+    types.Tool(
+        name="fails",
+        description="Always fails.",
+        input_schema={"type": "object"},
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+    types.Tool(
+        name="slow",
+        description="Sleeps.",
+        input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+]
+
+
+ODD_TOOLS: list[dict[str, Any]] = [
+    {
+        "name": "remote ref",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"a": {"$ref": "http://127.0.0.1:9/schema.json"}},
+        },
+    },
+    {"name": "", "inputSchema": {"type": "object"}},
+    {"name": "bad schema", "inputSchema": {"type": "object", "properties": {"a": {"type": 7}}}},
+    {"name": "read file", "inputSchema": {"type": "object"}},
+    {"name": "read_file", "inputSchema": {"type": "object"}},
+    {"name": "t" * 100, "inputSchema": {"type": "object"}},
+    {"name": "Ünïcode/τool", "inputSchema": {"type": "object"}},
+    {"name": "huge", "description": "d" * 10_000, "inputSchema": {"type": "object"}},
+    {
+        "name": "echo",
+        "description": "Echo the text.",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+        "annotations": {"readOnlyHint": True},
+    },
+]
+
+
+def serve_odd(*, invalid: bool) -> None:
+    """Newline-delimited JSON-RPC on stdin/stdout, by hand (the handshake era); with
+    ``invalid`` the listing breaks the MCP specification (an input schema that is a list)."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        message = json.loads(line)
+        if "id" not in message:  # a notification
+            continue
+        method, params = message.get("method"), message.get("params") or {}
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+        if method == "initialize":
+            reply["result"] = {
+                "protocolVersion": params.get("protocolVersion"),
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "odd", "version": "1"},
+            }
+        elif method == "tools/list" and invalid:
+            reply["result"] = {"tools": [*ODD_TOOLS, {"name": "list", "inputSchema": []}]}
+        elif method == "tools/list":
+            reply["result"] = {"tools": ODD_TOOLS}
+        elif method == "tools/call" and params.get("name") == "echo":
+            text = str((params.get("arguments") or {}).get("text", ""))
+            reply["result"] = {"content": [{"type": "text", "text": text}]}
+        elif method == "ping":
+            reply["result"] = {}
+        else:
+            reply["error"] = {"code": -32601, "message": f"method not found: {method}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def build(log: Path | None) -> Server[Any]:
+    async def list_tools(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=TOOLS)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        args = params.arguments or {}
+        name = params.name
+
+        def text(value: str, *, error: bool = False) -> types.CallToolResult:
+            return types.CallToolResult(content=[types.TextContent(text=value)], is_error=error)
+
+        if name == "echo":
+            value = str(args.get("text", ""))
+            if value == "$secret":
+                value = os.environ.get("FAKE_MCP_SECRET", "(unset)")
+            return text(value)
+        if name in ("notes.append", "wipe"):
+            line = "WIPED" if name == "wipe" else str(args.get("text", ""))
+            if log is not None:
+                with log.open("a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+            return types.CallToolResult(
+                content=[types.TextContent(text=line)], structured_content={"appended": line}
+            )
+        if name == "big":
+            return text("x" * int(args.get("size", 100_000)))
+        if name == "fails":
+            return text("the disk is full", error=True)
+        if name == "slow":
+            await anyio.sleep(float(args.get("seconds", 30)))
+            return text("slept")
+        return text(f"unknown tool {name}", error=True)
+
+    return Server("fake-mcp", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def serve(log: Path | None) -> None:
+    server = build(log)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--mode", default="serve", choices=("serve", "hang", "exit", "odd", "invalid")
+    )
+    parser.add_argument("--log", type=Path)
+    args = parser.parse_args()
+    if args.mode == "exit":
+        print("fake MCP server: exiting at once", file=sys.stderr)
+        sys.exit(3)
+    if args.mode == "hang":
+        for _ in sys.stdin:  # reads every message, answers none, ends when stdin closes
+            pass
+        return
+    if args.mode in ("odd", "invalid"):
+        serve_odd(invalid=args.mode == "invalid")
+        return
+    anyio.run(serve, args.log)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""Agents' MCP servers as tool sources, against a real MCP server on stdio
+(``tests/fakes/mcp_stdio_server.py``) and real PostgreSQL: the runner lists the tools at the
+start of an iteration, namespaces them, gates and records their calls like built-ins, and
+an unusable server gives a readable reason (or fails the iteration when it is required)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import CompletionRequest
+from planner.testing import ScriptedChatModel, final_answer, tool_calls
+from tests.integration.worker_harness import iterations, make_worker, mission_row, policy_setup
+from worker.db.admin import AdminStore
+from worker.db.policy import PolicyStore
+from worker.db.tables import tool_invocations
+from worker.errors import NotFoundError
+from worker.mcp.config import McpServerConfig
+from worker.mcp.sources import McpToolSources
+
+FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "mcp_stdio_server.py")
+
+
+def stdio(name: str, *args: str, **extra: Any) -> McpServerConfig:
+    return McpServerConfig(
+        name=name, transport="stdio", command=sys.executable, args=(FAKE, *args), **extra
+    )
+
+
+async def mission_for(engine: AsyncEngine, servers: list[McpServerConfig]) -> int:
+    """A one-shot mission due now, of agent ``a1`` (owner ``u1``) with ``servers``; the
+    agent is made on first use."""
+    admin = AdminStore(engine)
+    try:
+        agent = await admin.agent_by_name("a1")
+    except NotFoundError:
+        agent = await admin.add_agent(
+            name="a1", owner_user_id="u1", system_prompt="Be brief.", mcp_servers=servers
+        )
+    mission = await admin.add_mission(
+        agent_id=agent["id"],
+        objective="Use the tools.",
+        cron=None,
+        timezone="UTC",
+        next_run_at=datetime.now(UTC),
+    )
+    return int(mission["id"])
+
+
+async def calls(engine: AsyncEngine) -> list[dict[str, Any]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(select(tool_invocations).order_by(tool_invocations.c.id))
+        return [dict(r) for r in rows.mappings()]
+
+
+def tool_names(request: CompletionRequest) -> set[str]:
+    return {t["function"]["name"] for t in request.tools}
+
+
+async def test_a_mission_calls_its_agents_mcp_tool_and_stores_the_call_with_its_decision(
+    db: AsyncEngine, tmp_path: Path
+) -> None:
+    log = tmp_path / "appended.txt"
+    await mission_for(db, [stdio("fs", "--log", str(log))])
+    llm = ScriptedChatModel(
+        [
+            tool_calls(("fs__notes_append", {"text": "hello"}), ("fs__echo", {"text": "hi"})),
+            final_answer("Done."),
+        ]
+    )
+    worker = make_worker(db, llm, policy=policy_setup(db, "enforce"))
+    assert await worker.run_once() == ["succeeded"]
+
+    offered = tool_names(llm.requests[0])
+    assert {"fs__echo", "fs__notes_append", "fs__wipe", "notes_list", "clock_now"} <= offered
+    assert log.read_text() == "hello\n"  # it ran on the server
+    [it] = await iterations(db)
+    assert it["status"] == "succeeded" and it["error"] is None
+    rows = await calls(db)
+    assert [(r["tool"], r["outcome"], r["consumer"]) for r in rows] == [
+        ("fs__notes_append", "ok", "mission"),
+        ("fs__echo", "ok", "mission"),
+    ]
+    assert rows[0]["result"] == {"appended": "hello"}
+    assert rows[1]["result"] == "hi"
+    for row in rows:
+        decision = row["policy_decision"]
+        assert decision["verdict"] == "allow" and decision["mode"] == "enforce"
+        assert row["iteration_id"] == it["id"]
+
+
+async def test_a_destructive_mcp_tool_needs_the_opt_in_to_its_tool_or_scope(
+    db: AsyncEngine, tmp_path: Path
+) -> None:
+    log = tmp_path / "appended.txt"
+    await mission_for(db, [stdio("fs", "--log", str(log))])
+    llm = ScriptedChatModel([tool_calls(("fs__wipe", {})), final_answer("Could not.")])
+    worker = make_worker(db, llm, policy=policy_setup(db, "enforce"))
+    assert await worker.run_once() == ["succeeded"]
+    assert not log.exists()  # refused: never sent to the server
+    [refused] = await calls(db)
+    assert refused["outcome"] == "denied"
+    assert refused["error"].startswith(
+        "denied by policy (destructive_not_opted_in): fs__wipe is destructive and user 'u1' "
+        "has not opted in to it (nor to its scope 'mcp:fs')"
+    )
+
+    await PolicyStore(db).allow_destructive("u1", "mcp:fs")  # the whole server's scope
+    await mission_for(db, [])
+    llm2 = ScriptedChatModel([tool_calls(("fs__wipe", {})), final_answer("Wiped.")])
+    assert await make_worker(db, llm2, policy=policy_setup(db, "enforce")).run_once() == [
+        "succeeded"
+    ]
+    assert log.read_text() == "WIPED\n"
+    assert (await calls(db))[-1]["outcome"] == "ok"
+
+
+async def test_with_its_servers_down_the_iteration_records_why_and_runs_with_the_rest(
+    db: AsyncEngine,
+) -> None:
+    mission = await mission_for(
+        db,
+        [
+            stdio("gone", "--mode", "exit"),
+            McpServerConfig(
+                name="web",
+                transport="http",
+                url="http://user:hunter2@127.0.0.1:9/mcp?key=sk-secret",
+                headers={"Authorization": "Bearer sk-header-secret"},
+            ),
+            McpServerConfig(name="nope", transport="stdio", command="/no/such/mcp-server"),
+        ],
+    )
+    llm = ScriptedChatModel([tool_calls(("clock_now", {})), final_answer("It is late.")])
+    worker = make_worker(db, llm, policy=policy_setup(db, "enforce"))
+    assert await worker.run_once() == ["succeeded"]
+
+    assert not any(name.startswith(("gone__", "web__")) for name in tool_names(llm.requests[0]))
+    [it] = await iterations(db)
+    assert it["status"] == "succeeded"
+    error = it["error"]
+    assert "MCP server gone (stdio: " in error
+    assert "could not connect and list its tools: Connection closed" in error
+    assert "MCP server web (http: http://user:***@127.0.0.1:9/mcp?key=***): could not connect" in (
+        error
+    )
+    assert "MCP server nope (stdio: /no/such/mcp-server): could not connect and list its " in (
+        error
+    )
+    assert "this run went on without its tools" in error
+    assert "hunter2" not in error and "sk-secret" not in error and "sk-header-secret" not in error
+    assert (await mission_row(db, mission))["last_error"] == error
+    assert [c["tool"] for c in await calls(db)] == ["clock_now"]
+
+
+async def test_a_required_server_that_is_down_fails_the_iteration_without_calling_the_llm(
+    db: AsyncEngine,
+) -> None:
+    await mission_for(db, [stdio("gone", "--mode", "exit", required=True)])
+    llm = ScriptedChatModel([])
+    worker = make_worker(db, llm, policy=policy_setup(db, "enforce"))
+    assert await worker.run_once() == ["failed"]
+    [it] = await iterations(db)
+    assert it["stop_reason"] == "tool_source_unavailable"
+    assert it["error"].startswith("MCP server gone (stdio: ")
+    assert it["error"].endswith("(the server is required)")
+    assert llm.requests == []
+
+
+async def test_a_server_that_never_answers_is_left_out_after_the_list_timeout(
+    db: AsyncEngine,
+) -> None:
+    await mission_for(db, [stdio("hang", "--mode", "hang")])
+    llm = ScriptedChatModel([final_answer("Nothing to do.")])
+    sources = McpToolSources(list_timeout_s=0.5)
+    worker = make_worker(db, llm, policy=policy_setup(db, "enforce"), tool_sources=sources)
+    assert await worker.run_once() == ["succeeded"]
+    [it] = await iterations(db)
+    assert "MCP server hang (stdio: " in it["error"]
+    assert (
+        "could not connect and list its tools within 0.5 s (MANA_AI_MCP_LIST_TIMEOUT_S)"
+        in (it["error"])
+    )
+
+
+async def test_odd_tools_are_left_out_one_by_one_and_the_others_work(db: AsyncEngine) -> None:
+    await mission_for(db, [stdio("odd", "--mode", "odd")])
+    llm = ScriptedChatModel([tool_calls(("odd__echo", {"text": "still here"})), final_answer("ok")])
+    worker = make_worker(db, llm, policy=policy_setup(db, "enforce"))
+    assert await worker.run_once() == ["succeeded"]
+
+    offered = {t["function"]["name"]: t for t in llm.requests[0].tools}
+    odd = sorted(n for n in offered if n.startswith("odd__"))
+    assert odd == [
+        "odd___n_code__ool",  # "Ünïcode/τool"
+        "odd__echo",
+        "odd__huge",
+        "odd__read_file",  # "read file"
+        "odd__read_file_c9f8123b",  # "read_file": the same name, told apart by a hash
+        "odd__tttttttttttttttttttttttttttttttttttttttttttttttttt_0fe47695",  # 100 characters
+    ]
+    assert all(len(name) <= 64 for name in odd)
+    assert len(offered["odd__huge"]["function"]["description"]) == 4002
+    [it] = await iterations(db)
+    error = it["error"]
+    assert "MCP server odd: tool 'remote ref' was left out: invalid JSON schema" in error
+    assert "only references into the schema itself" in error
+    assert "MCP server odd: a tool without a name was left out" in error
+    assert "MCP server odd: tool 'bad schema' was left out" in error
+    [call] = await calls(db)
+    assert (call["tool"], call["outcome"], call["result"]) == ("odd__echo", "ok", "still here")
+
+
+async def test_a_listing_that_breaks_the_specification_leaves_the_server_out_readably(
+    db: AsyncEngine,
+) -> None:
+    await mission_for(db, [stdio("bad", "--mode", "invalid")])
+    llm = ScriptedChatModel([final_answer("ok")])
+    assert await make_worker(db, llm).run_once() == ["succeeded"]
+    [it] = await iterations(db)
+    assert "MCP server bad (stdio: " in it["error"]
+    assert (
+        "it answered something that breaks the MCP specification (tools.9.inputSchema"
+        in (it["error"])
+    )
+
+
+async def test_results_are_cut_errors_are_errors_and_the_env_reaches_the_server(
+    db: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    await mission_for(db, [stdio("fs", env={"FAKE_MCP_SECRET": "s3cr3t-value"})])
+    llm = ScriptedChatModel(
+        [
+            tool_calls(
+                ("fs__big", {"size": 50_000}),
+                ("fs__fails", {}),
+                ("fs__echo", {"text": "$secret"}),
+            ),
+            final_answer("ok"),
+        ]
+    )
+    sources = McpToolSources(max_result_chars=1_000)
+    caplog.set_level(logging.DEBUG)
+    worker = make_worker(db, llm, policy=policy_setup(db, "log-only"), tool_sources=sources)
+    assert await worker.run_once() == ["succeeded"]
+    big, fails, echo = await calls(db)
+    assert big["result"].startswith("x" * 1_000 + "\n[cut: the result has 50000 characters")
+    assert fails["outcome"] == "error"
+    assert fails["error"] == "fs__fails failed: McpToolError: the disk is full"
+    assert echo["result"] == "s3cr3t-value"  # --mcp-env reached the process
+    tool_message = json.loads(llm.requests[1].messages[-2].content or "{}")
+    assert tool_message == {"error": "fs__fails failed: McpToolError: the disk is full"}
+    assert "s3cr3t-value" not in caplog.text.replace(echo["result"], "")
+
+
+async def test_a_call_past_the_tool_timeout_is_stopped(db: AsyncEngine) -> None:
+    await mission_for(db, [stdio("fs")])
+    llm = ScriptedChatModel([tool_calls(("fs__slow", {"seconds": 30})), final_answer("ok")])
+    worker = make_worker(db, llm)
+    worker.runner.tool_timeout_s = 0.5
+    assert await worker.run_once() == ["succeeded"]
+    [call] = await calls(db)
+    assert call["error"] == "fs__slow timed out after 0.5 s and was stopped; it returned nothing"

@@ -1,0 +1,69 @@
+"""An MCP server's tools and results in the planner's terms (no server: the SDK's types)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp.types as types
+import pytest
+
+from planner import ToolContext
+from worker.mcp.config import McpServerConfig
+from worker.mcp.translate import McpToolError, result_value, tool_spec
+
+SERVER = McpServerConfig(name="fs", transport="stdio", command="srv")
+
+
+def _handler(name: str) -> Any:
+    async def call(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        return name
+
+    return call
+
+
+def test_a_tool_becomes_a_namespaced_spec_in_its_servers_scope() -> None:
+    tool = types.Tool(
+        name="delete file",
+        description="Delete.",
+        input_schema={"type": "object", "properties": {"path": {"type": "string"}}},
+        annotations=types.ToolAnnotations(destructive_hint=True),
+    )
+    spec, problem = tool_spec(SERVER, tool, {"notes_list"}, _handler)
+    assert problem is None and spec is not None
+    assert (spec.name, spec.scope, spec.policy_hint) == ("fs__delete_file", "mcp:fs", "destructive")
+    assert spec.input_schema == tool.input_schema and spec.description == "Delete."
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        ({"type": "object", "properties": {"a": {"$ref": "https://x/s.json"}}}, "not local"),
+        ({"type": "object", "properties": {"a": {"type": 7}}}, "invalid JSON schema"),
+        ({"type": "object", "description": "x" * 200_000}, "more than 100000"),
+        ({"properties": {}}, "is not an object schema"),
+    ],
+)
+def test_a_tool_whose_schema_cannot_be_used_is_left_out_with_the_reason(
+    schema: dict[str, Any], problem: str
+) -> None:
+    tool = types.Tool.model_construct(name="t", input_schema=schema, annotations=None)
+    spec, why = tool_spec(SERVER, tool, set(), _handler)
+    assert spec is None and why is not None and problem in why
+
+
+def test_results_in_the_agents_terms() -> None:
+    text = types.CallToolResult(content=[types.TextContent(text="a"), types.TextContent(text="b")])
+    assert result_value(text, 100) == "a\nb"
+    structured = types.CallToolResult(content=[], structured_content={"n": 1})
+    assert result_value(structured, 100) == {"n": 1}
+    image = types.CallToolResult(content=[types.ImageContent(data="AAAA", mime_type="image/png")])
+    assert result_value(image, 100) == "[image image/png, 4 base64 characters, not shown]"
+    big = types.CallToolResult(content=[], structured_content={"s": "x" * 500})
+    cut = result_value(big, 100)
+    assert isinstance(cut, str) and cut.startswith('{"s": "xxx')
+    assert "[cut: the result has 509 characters; the first 100 are shown" in cut
+    with pytest.raises(McpToolError, match=r"^no such file$"):
+        result_value(
+            types.CallToolResult(content=[types.TextContent(text="no such file")], is_error=True),
+            100,
+        )

@@ -1,0 +1,224 @@
+"""``mana-ai mcp serve``: the built-in tools for MCP clients, over streamable HTTP or stdio.
+
+Built on the official ``mcp`` SDK: its low-level ``Server`` (``tools/list`` and
+``tools/call`` handlers over ``ServedTools``), its streamable HTTP session manager, and its
+bearer-token middleware (``BearerAuthBackend`` + ``RequireAuthMiddleware``) with a
+``TokenVerifier`` over ``mcp_tokens``: a request without a live token gets 401 before any MCP
+message is read, so nothing runs. ``/metrics`` (Prometheus) and ``/healthz`` are served beside
+``/mcp`` without a token (counts only, as the worker's metrics endpoint).
+
+Over stdio (``--stdio --user USER``) there is no token: whoever can start the process with the
+database's URL is trusted to act for USER, and the same gate applies to every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import mcp.types as types
+import uvicorn
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthenticatedUser,
+    BearerAuthBackend,
+    RequireAuthMiddleware,
+)
+from mcp.server.auth.provider import AccessToken
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+from prometheus_client.exposition import generate_latest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from worker.db.mcp import McpPrincipal, McpStore, hash_token
+from worker.mcp.consumer import ServedTools
+
+__all__ = ["McpHttpServer", "StoreTokenVerifier", "build_mcp_server", "serve_stdio"]
+
+logger = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+INSTRUCTIONS = (
+    "mana-ai's tools for your user: notes (list, search, read, create, update, delete), the "
+    "clock and, when exposed, web_fetch. Every call passes mana-ai's policy gate: destructive "
+    "tools need the user's opt-in, each tool is rate-limited per user, and a refused call "
+    "answers with the reason."
+)
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class StoreTokenVerifier:
+    """The SDK's ``TokenVerifier`` over ``mcp_tokens``: a live token gives an ``AccessToken``
+    whose ``subject`` is its user and ``client_id`` its id (``token:ID``); anything else gives
+    ``None`` (401). The ``AccessToken`` carries the token's hash, never the token."""
+
+    def __init__(self, store: McpStore) -> None:
+        self.store = store
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        principal = await self.store.token_principal(token)
+        if principal is None:
+            logger.warning("MCP request refused (401): unknown or revoked bearer token")
+            return None
+        return AccessToken(
+            token=hash_token(token),
+            client_id=f"token:{principal.token_id}",
+            scopes=[],
+            subject=principal.user_id,
+            claims={"token_id": principal.token_id},
+        )
+
+
+def _http_principal(ctx: ServerRequestContext[Any, Any]) -> McpPrincipal:
+    """The principal of an HTTP request (authenticated by the middleware before it reached
+    the MCP layer)."""
+    request = ctx.request
+    user = request.scope.get("user") if isinstance(request, Request) else None
+    if not isinstance(user, AuthenticatedUser) or user.access_token.subject is None:
+        raise PermissionError("this request carries no authenticated user")  # never expected
+    claims = user.access_token.claims or {}
+    return McpPrincipal(user_id=user.access_token.subject, token_id=claims.get("token_id"))
+
+
+def build_mcp_server(served: ServedTools, *, stdio_user: str | None = None) -> Server[Any]:
+    """The SDK's low-level ``Server`` over ``served``: ``tools/list`` gives the exposed tools,
+    ``tools/call`` runs ``served.call`` for the request's principal (``stdio_user`` over stdio,
+    else the bearer token's user)."""
+    from worker.cli import _version  # the package's version, as `mana-ai --version` says
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=served.listing())
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        principal = McpPrincipal(stdio_user) if stdio_user is not None else _http_principal(ctx)
+        call_id = None if ctx.request_id is None else f"mcp-{ctx.request_id}"
+        return await served.call(principal, params.name, params.arguments, call_id=call_id)
+
+    return Server(
+        "mana-ai",
+        version=_version(),
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=served.input_schema,
+    )
+
+
+async def serve_stdio(served: ServedTools, *, user: str) -> None:
+    """Serve MCP on this process's stdin/stdout for ``user`` until the client closes stdin."""
+    from mcp.server.stdio import stdio_server
+
+    server = build_mcp_server(served, stdio_user=user)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def build_http_app(served: ServedTools, store: McpStore, *, host: str) -> Starlette:
+    """The ASGI app of ``mcp serve``: ``/mcp`` behind bearer tokens, ``/metrics``,
+    ``/healthz``. Bound to a loopback ``host``, requests must also name a loopback host and
+    origin (the SDK's DNS-rebinding protection)."""
+    server = build_mcp_server(served)
+    security = None
+    if host in _LOOPBACK:
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+        )
+    sessions = StreamableHTTPSessionManager(app=server, security_settings=security)
+    authenticate = BearerAuthBackend(StoreTokenVerifier(store))
+    endpoint = RequireAuthMiddleware(StreamableHTTPASGIApp(sessions), required_scopes=[])
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with sessions.run():
+            yield
+
+    return Starlette(
+        routes=[
+            Route(MCP_PATH, endpoint=endpoint),
+            Route("/metrics", endpoint=_metrics),
+            Route("/healthz", endpoint=_healthz),
+        ],
+        middleware=[
+            Middleware(AuthenticationMiddleware, backend=authenticate),
+            Middleware(AuthContextMiddleware),
+        ],
+        lifespan=lifespan,
+    )
+
+
+@dataclass
+class McpHttpServer:
+    """``mcp serve`` over streamable HTTP on ``host:port`` (uvicorn). The socket is bound and
+    listening when the object is made (``port`` 0 picks a free one: read ``.port``), so a
+    client may connect before ``serve()`` runs.
+
+    ``serve()`` runs until SIGTERM/SIGINT (uvicorn's graceful shutdown) or ``stop()``.
+    """
+
+    app: Starlette
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((self.host, self.port))
+            self._socket.listen(128)
+        except OSError:
+            self._socket.close()
+            raise
+        self.port = int(self._socket.getsockname()[1])
+        config = uvicorn.Config(
+            self.app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
+        self._server = uvicorn.Server(config)
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint, e.g. ``http://127.0.0.1:8765/mcp``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{MCP_PATH}"
+
+    async def serve(self) -> None:
+        """Serve until stopped; the socket is closed afterwards."""
+        try:
+            await self._server.serve(sockets=[self._socket])
+        finally:
+            self._socket.close()
+
+    def stop(self) -> None:
+        """Ask ``serve()`` to finish (open requests get a few seconds)."""
+        self._server.should_exit = True
+
+    @property
+    def started(self) -> bool:
+        """True once uvicorn has started (the app's lifespan ran)."""
+        return bool(self._server.started)
