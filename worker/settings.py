@@ -537,4 +537,4 @@ def _describe(exc: ValidationError) -> str:
         else:
             shown = repr(value)
         lines.append(f"{ENV_PREFIX}{field.upper()}: {message} (got {shown})")
-    return "invalid settings:\n" + "\n".join(lines) if len(lines) > 1 else lines[0]
+    return "\n".join(lines)

@@ -228,3 +228,55 @@ def test_limits_beyond_the_cap_are_a_usage_error(run: Any) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run("missions", "list", "--limit", "99999999999999999999")
     assert exit_info.value.code == 2
+
+
+# -- consistency -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variables", "argv"),
+    [
+        ({"MANA_AI_TICK_INTERVAL_S": "0", "MANA_AI_LEASE_S": "abc"}, ["agents", "list"]),
+        (
+            {"MANA_AI_POLICY_MISSION_SCOPES": "nope", "MANA_AI_POLICY_TOOL_RATE_LIMITS": "rm=1"},
+            ["tick", "--once"],
+        ),
+    ],
+)
+def test_the_settings_error_header_is_printed_once(
+    run: Any, monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], argv: list[str]
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = run(*argv)
+    lines = err.splitlines()
+    assert code == 2 and out == ""
+    assert err.count("invalid settings") == 1 and lines[0] == "mana-ai: invalid settings:"
+    assert sorted(line.split(":")[0].strip() for line in lines[1:]) == sorted(variables)
+
+
+def test_pausing_a_paused_mission_says_so_like_resume_does(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    as_json(run, "missions", "add", "--agent", "a", "--objective", "x", "--cron", "0 9 * * *")
+    assert run("missions", "pause", "1")[1] == "mission 1 paused\n"
+    paused = as_json(run, "missions", "show", "1")
+    assert run("missions", "pause", "1")[:2] == (0, "mission 1 is already paused (unchanged)\n")
+    assert as_json(run, "missions", "show", "1")["updated_at"] == paused["updated_at"]
+    assert run("missions", "resume", "1")[1].startswith("mission 1 resumed")
+    assert run("missions", "resume", "1")[1].startswith("mission 1 is already active")
+
+
+def test_iterations_of_a_mission_that_does_not_exist_are_an_error(run: Any) -> None:
+    code, out, err = run("iterations", "list", "--mission", "999")
+    assert (code, out) == (1, "") and "no mission with id 999" in err
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    as_json(run, "missions", "add", "--agent", "a", "--objective", "x", "--cron", "0 9 * * *")
+    assert run("iterations", "list", "--mission", "1")[:2] == (0, "(none)\n")
+
+
+@pytest.mark.parametrize("cron", ["0 0 30 2 *", "0 12 31 4,6 *"])
+def test_a_cron_that_never_fires_is_a_refused_value(run: Any, cron: str) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    code, _, err = run("missions", "add", "--agent", "a", "--objective", "x", "--cron", cron)
+    assert code == 1 and f"cron expression {cron!r} never fires" in err
+    assert as_json(run, "missions", "list") == []

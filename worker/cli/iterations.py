@@ -38,6 +38,8 @@ def register(commands: Any) -> None:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     async with admin_store(settings) as admin:
+        if args.mission is not None:
+            await admin.get_mission(args.mission)  # NotFoundError (exit 1) rather than "(none)"
         rows = await admin.list_iterations(mission_id=args.mission, limit=args.limit)
     if args.json:
         print_json(rows)

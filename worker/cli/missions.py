@@ -63,7 +63,7 @@ def register(commands: Any) -> None:
 
 
 async def _add(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.schedule import next_run_after, parse_timezone
+    from worker.schedule import ScheduleError, next_run_after, parse_timezone
 
     if not args.objective.strip():
         raise UsageError("--objective must not be empty")
@@ -81,8 +81,10 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
     cron_next = None
     if args.cron is not None:
         cron_next = next_run_after(args.cron, args.timezone, now)  # raises ScheduleError
-        if cron_next is None:
-            raise UsageError(f"cron expression {args.cron!r} never fires")
+        if cron_next is None:  # a value refused, like a cron that does not parse: exit 1
+            raise ScheduleError(
+                f"cron expression {args.cron!r} never fires (no such date, e.g. 30 February)"
+            )
     first: datetime
     if args.due_now:
         first = now
@@ -139,6 +141,10 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _pause(args: argparse.Namespace, settings: Settings) -> int:
     async with admin_store(settings) as admin:
+        current = await admin.get_mission(args.id)
+        if current["status"] == "paused":
+            emit(args, current, f"mission {args.id} is already paused (unchanged)")
+            return 0
         mission = await admin.pause_mission(args.id)
     emit(args, mission, f"mission {args.id} paused")
     return 0
