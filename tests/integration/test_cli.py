@@ -3,7 +3,10 @@ their exit status, and that bad input writes nothing."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -228,6 +231,144 @@ def test_limits_beyond_the_cap_are_a_usage_error(run: Any) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run("missions", "list", "--limit", "99999999999999999999")
     assert exit_info.value.code == 2
+
+
+def status_of(run: Any, *argv: str) -> tuple[int, str, str]:
+    """``run`` that also returns argparse's exit status (it raises SystemExit)."""
+    try:
+        return run(*argv)
+    except SystemExit as exc:
+        return int(exc.code or 0), "", ""
+
+
+# -- names and text: one rule, every command ------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["  padded  ", "\tpadded\n"])
+def test_missions_add_finds_an_agent_by_its_trimmed_name(run: Any, given: str) -> None:
+    as_json(run, "agents", "add", "--name", given, "--owner", "u")
+    mission = as_json(run, "missions", "add", "--agent", given, "--objective", "  x  ", "--due-now")
+    assert mission["objective"] == "x"
+    assert [a["name"] for a in as_json(run, "agents", "list")] == ["padded"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["agents", "add", "--name", "a", "--owner", "u", "--model", "gpt\n4"], "--model must not"),
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--system-prompt", " "],
+            "--system-prompt",
+        ),
+        (
+            [
+                "missions",
+                "add",
+                "--agent",
+                "a",
+                "--objective",
+                "x",
+                "--due-now",
+                "--timezone",
+                "Z" * 10_000,
+            ],
+            "--timezone is 10000 characters long",  # was an OSError reported as a database error
+        ),
+        (["missions", "add", "--agent", "a", "--objective", "a\x1bb", "--due-now"], "--objective"),
+        (["policy", "allow-destructive", "u", "notes\u200b_delete"], "TOOL_OR_SCOPE must not"),
+        (["policy", "set-rate-limit", "u", "5", "--tool", "x" * 300], "--tool is 300 characters"),
+    ],
+)
+def test_every_name_and_text_follows_the_rule(run: Any, argv: list[str], message: str) -> None:
+    code, _, err = run(*argv)
+    assert code == 2 and message in err, err
+    assert as_json(run, "agents", "list") == []
+
+
+def test_missions_list_cuts_long_objectives_like_other_columns(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    objective = "Summarise\nthe notes " + "and more " * 100
+    as_json(run, "missions", "add", "--agent", "a", "--objective", objective, "--due-now")
+    code, out, _ = run("missions", "list")
+    row = out.splitlines()[1]
+    cell = row[row.index("Summarise") :]
+    assert code == 0 and len(cell) == 60 and cell.endswith(" and more and…")
+    assert max(len(line) for line in out.splitlines()) < 200
+    assert as_json(run, "missions", "show", "1")["objective"] == objective.strip()
+
+
+def test_objective_file_reads_long_objectives_from_a_file_or_stdin(
+    run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    long_text = "\ufeffStep 1: read.\r\n\tStep 2: " + "write " * 3000 + "\n"
+    path = tmp_path / "objective.txt"
+    path.write_text(long_text, encoding="utf-8")
+    from_file = as_json(
+        run, "missions", "add", "--agent", "a", "--objective-file", str(path), "--due-now"
+    )
+    assert from_file["objective"] == long_text.lstrip("\ufeff").replace("\r\n", "\n").strip()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"From stdin.\n")))
+    from_stdin = as_json(
+        run, "missions", "add", "--agent", "a", "--objective-file", "-", "--due-now"
+    )
+    assert from_stdin["objective"] == "From stdin."
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (("x" * 20_001).encode(), "--objective-file is 20,001 characters long; at most 20,000"),
+        (("é" * 40_001).encode(), "is too long; an objective holds at most 20,000 characters"),
+        (b"nul \x00 here", "must not contain control characters"),
+        (b"latin-1 \xe9t\xe9", "is not UTF-8 text (byte 9)"),
+        (None, "cannot read"),
+    ],
+)
+def test_objective_file_refusals_write_nothing(
+    run: Any, tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    path = tmp_path / "objective.txt"
+    if content is not None:
+        path.write_bytes(content)
+    code, _, err = run(
+        "missions", "add", "--agent", "a", "--objective-file", str(path), "--due-now"
+    )
+    assert code == 2 and message in err, err
+    assert as_json(run, "missions", "list") == []
+
+
+def test_objective_and_objective_file_exclude_each_other(run: Any) -> None:
+    code, _, _ = status_of(
+        run, "missions", "add", "--agent", "a", "--objective", "x", "--objective-file", "-"
+    )
+    assert code == 2
+
+
+# -- numbers: checked where they are parsed -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--max-rounds", "100000000000"],
+            "--max-rounds",
+        ),
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--max-tokens-per-day", "3000000000"],
+            "--max-tokens-per-day",
+        ),
+    ],
+)
+def test_numbers_beyond_what_the_database_holds_are_usage_errors(
+    run: Any, capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
+) -> None:
+    # it reached PostgreSQL and came back as "value out of int32 range"
+    code, _, _ = status_of(run, *argv)
+    assert code == 2 and f"argument {flag}: expected at most" in capsys.readouterr().err
+    assert as_json(run, "agents", "list") == []
 
 
 # -- consistency -----------------------------------------------------------------------------------

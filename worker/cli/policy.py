@@ -138,7 +138,7 @@ def _known_tools() -> list[ToolSpec]:
 def _check_target(target: str, tools: list[ToolSpec]) -> str:
     """A known destructive tool, or a scope with destructive tools; anything else is refused
     with the lists (before the database is opened)."""
-    target = target.strip()
+    target = checked_name(target, "TOOL_OR_SCOPE")
     by_name = {t.name: t for t in tools}
     destructive = sorted(t.name for t in tools if t.policy_hint == "destructive")
     scopes = sorted({t.scope for t in tools if t.policy_hint == "destructive"})
@@ -163,10 +163,11 @@ def _check_target(target: str, tools: list[ToolSpec]) -> str:
 def _check_tool(tool: str | None) -> str | None:
     if tool is None:
         return None
+    tool = checked_name(tool, "--tool")
     known = [t.name for t in _known_tools()]
-    if tool.strip() not in known:
-        raise UsageError(f"unknown tool {tool.strip()!r}; available: {', '.join(known)}")
-    return tool.strip()
+    if tool not in known:
+        raise UsageError(f"unknown tool {tool!r}; available: {', '.join(known)}")
+    return tool
 
 
 async def _warn_if_no_agent(store: PolicyStore, user: str) -> None:
@@ -259,7 +260,7 @@ async def _allow(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
     user = checked_name(args.user, "the user id")
-    target = args.target.strip()
+    target = checked_name(args.target, "TOOL_OR_SCOPE")
     tools = _known_tools()
     async with policy_store(settings) as store:
         current = await store.get(user)
