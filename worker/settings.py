@@ -24,7 +24,16 @@ from worker.db.engine import redact_url, to_async_url
 from worker.errors import SettingsError
 from worker.names import normalised_name
 
-__all__ = ["ENV_PREFIX", "LOG_LEVELS", "Settings", "load_settings", "unknown_variables"]
+__all__ = [
+    "ENV_PREFIX",
+    "LOG_LEVELS",
+    "ROOT_DATA_DIR",
+    "USER_DATA_DIR",
+    "Settings",
+    "default_data_dir",
+    "load_settings",
+    "unknown_variables",
+]
 
 ENV_PREFIX = "MANA_AI_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -38,8 +47,17 @@ DAY_S = 86_400
 ``timedelta``, a timer or the database that they cannot hold."""
 
 
-def _default_data_dir() -> Path:
-    return Path("~/.local/share/mana-ai").expanduser()
+USER_DATA_DIR = "~/.local/share/mana-ai"
+ROOT_DATA_DIR = "/var/lib/mana-ai"
+
+
+def default_data_dir(*, root: bool | None = None) -> Path:
+    """``~/.local/share/mana-ai``; as root (``root=None``: when this process runs as root)
+    ``/var/lib/mana-ai``, which the embedded PostgreSQL's system user reaches without any
+    directory above it changing its permissions (``worker.db.embedded_root``)."""
+    if root is None:
+        root = os.name == "posix" and os.geteuid() == 0
+    return Path(ROOT_DATA_DIR) if root else Path(USER_DATA_DIR).expanduser()
 
 
 def _default_worker_id() -> str:
@@ -73,10 +91,12 @@ class Settings(BaseSettings):
         ),
     )
     data_dir: Path = Field(
-        default_factory=_default_data_dir,
+        default_factory=default_data_dir,
         description=(
             "Directory for local state: the embedded PostgreSQL cluster (pgdata/) when "
-            "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default ~/.local/share/mana-ai."
+            "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default ~/.local/share/mana-ai; "
+            "as root /var/lib/mana-ai, so that no directory above it needs its permissions "
+            "changed (mana-ai never changes a directory it did not create)."
         ),
     )
     llm_base_url: str | None = Field(
@@ -446,7 +466,7 @@ class Settings(BaseSettings):
     def _empty_data_dir_is_default(cls, value: Any) -> Any:
         """``MANA_AI_DATA_DIR=`` would otherwise mean the current directory."""
         if isinstance(value, str) and not value.strip():
-            return _default_data_dir()
+            return default_data_dir()
         return value
 
     @field_validator("data_dir")

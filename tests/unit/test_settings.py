@@ -10,7 +10,7 @@ import pytest
 
 from worker.db.engine import to_async_url
 from worker.errors import ManaAIError, SettingsError
-from worker.settings import Settings, load_settings, unknown_variables
+from worker.settings import Settings, default_data_dir, load_settings, unknown_variables
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +25,7 @@ def test_defaults() -> None:
     settings = load_settings()
 
     assert settings.database_url is None
-    assert settings.data_dir == Path.home() / ".local" / "share" / "mana-ai"
+    assert settings.data_dir == default_data_dir()
     assert settings.llm_base_url is None
     assert settings.llm_api_key is None
     assert settings.llm_model is None
@@ -281,7 +281,7 @@ def test_an_empty_data_dir_means_the_default_not_the_current_directory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MANA_AI_DATA_DIR", "")
-    assert load_settings().data_dir == Path.home() / ".local" / "share" / "mana-ai"
+    assert load_settings().data_dir == default_data_dir()
 
 
 def test_unknown_variables_are_reported_with_the_closest_setting() -> None:
@@ -324,6 +324,12 @@ def test_the_tick_interval_has_a_minimum(monkeypatch: pytest.MonkeyPatch, value:
         load_settings()
     monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "0.1")
     assert load_settings().tick_interval_s == 0.1
+
+
+def test_root_defaults_to_a_data_directory_outside_any_home() -> None:
+    assert default_data_dir(root=True) == Path("/var/lib/mana-ai")
+    assert default_data_dir(root=False) == Path.home() / ".local" / "share" / "mana-ai"
+    assert default_data_dir() == default_data_dir(root=os.geteuid() == 0)
 
 
 def test_names_in_settings_follow_the_rule_for_names(monkeypatch: pytest.MonkeyPatch) -> None:
