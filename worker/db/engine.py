@@ -243,7 +243,7 @@ async def resolve_database_url(settings: Settings) -> str:
         logger.info("using PostgreSQL at %s", redact_url(settings.database_url))
         return settings.database_url
     pgdata = settings.data_dir / "pgdata"
-    logger.info(
+    logger.debug(  # the command line says so on stderr (worker.cli.stores)
         "MANA_AI_DATABASE_URL is not set: starting embedded PostgreSQL with its data in %s",
         pgdata,
     )
