@@ -25,6 +25,7 @@ every call and the policy gate still decides.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import importlib
 import importlib.util
@@ -239,6 +240,7 @@ class LocalLlamaChatModel:
             )
         except (ValueError, OSError) as exc:
             raise LLMError(f"could not load the local model {path}: {exc}") from exc
+        _close_devnull_at_exit(llama_cpp)
         self._grammar_cls = llama_cpp.LlamaGrammar
         return self._llama
 
@@ -341,6 +343,29 @@ class LocalLlamaChatModel:
 
     def _path_text(self) -> str:
         return str(self.model_path) if self.model_path is not None else GGUF_FILE
+
+
+_devnull_closer_registered = False
+
+
+def _close_devnull_at_exit(llama_cpp: Any) -> None:
+    """Close the two ``/dev/null`` files llama-cpp-python opens when imported (module globals
+    of ``llama_cpp._utils`` that are never closed) at interpreter exit, so that exit does not
+    warn "unclosed file '/dev/null'" twice (a ``ResourceWarning``). They are only used while a
+    model is being constructed, which cannot happen after exit handlers run."""
+    global _devnull_closer_registered
+    utils = getattr(llama_cpp, "_utils", None)
+    if _devnull_closer_registered or utils is None:
+        return
+
+    def close() -> None:
+        for name in ("outnull_file", "errnull_file"):
+            file = getattr(utils, name, None)
+            if file is not None and not file.closed:
+                file.close()
+
+    atexit.register(close)
+    _devnull_closer_registered = True
 
 
 def tool_rounds_in_turn(messages: Sequence[ChatMessage]) -> int:
