@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -72,3 +73,36 @@ def test_a_configured_database_is_not_announced(
     monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
     code, _, err = run("agents", "list")
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_root_is_told_of_a_database_left_in_the_old_default(
+    explicit: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # as root the default data directory moved to /var/lib/mana-ai: a database in the old
+    # default is pointed out, unless MANA_AI_DATA_DIR chose a directory
+    from worker.cli.stores import announce_database
+    from worker.settings import load_settings
+
+    if os.geteuid() != 0:
+        pytest.skip("the default data directory moved for root only")
+    for name in ("MANA_AI_DATABASE_URL", "MANA_AI_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    if explicit:
+        monkeypatch.setenv("MANA_AI_DATA_DIR", str(tmp_path / "chosen"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    old = tmp_path / ".local" / "share" / "mana-ai"
+    (old / "pgdata").mkdir(parents=True)
+    (old / "pgdata" / "PG_VERSION").write_text("18\n")
+    settings = load_settings()
+    announce_database(settings)  # prints only; opens nothing
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith(f"using the embedded PostgreSQL in {settings.data_dir}/pgdata")
+    hint = (
+        f"mana-ai: note: an embedded database from an earlier version is in {old}/pgdata; "
+        f"set MANA_AI_DATA_DIR={old} to use it"
+    )
+    assert lines[1:] == ([] if explicit else [hint])
