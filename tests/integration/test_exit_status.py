@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,15 @@ def test_each_example_exits_with_its_rows_status(invoke: Any, status: int, examp
         assert invoke(env, argv)[0] == 0, argv
     got, err = invoke(*last)
     assert got == status, f"{example}: exit {got}, README says {status}; stderr: {err}"
+
+
+def test_a_metrics_port_in_use_is_an_invalid_setting(invoke: Any) -> None:
+    # the README's row for invalid settings says so; the trial saw another status
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"MANA_AI_METRICS_HOST": "127.0.0.1", "MANA_AI_METRICS_PORT": str(port)}
+        status, err = invoke(env, ["worker"])
+    assert status == 2 and "MANA_AI_METRICS_HOST / MANA_AI_METRICS_PORT" in err, err
+    assert "invalid settings" in err
