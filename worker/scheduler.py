@@ -82,7 +82,7 @@ async def serve(
             )
             scheduler.start()
             logger.info(
-                "worker %s ticking every %.1f s, up to %d mission(s) at once",
+                "worker %s ticking every %g s, up to %d mission(s) at once",
                 settings.worker_id,
                 settings.tick_interval_s,
                 settings.max_concurrent_missions,

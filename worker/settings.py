@@ -22,15 +22,42 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.db.engine import redact_url, to_async_url
 from worker.errors import SettingsError
+from worker.names import normalised_name
 
-__all__ = ["ENV_PREFIX", "LOG_LEVELS", "Settings", "load_settings", "unknown_variables"]
+__all__ = [
+    "ENV_PREFIX",
+    "LOG_LEVELS",
+    "ROOT_DATA_DIR",
+    "USER_DATA_DIR",
+    "Settings",
+    "default_data_dir",
+    "load_settings",
+    "unknown_variables",
+]
 
 ENV_PREFIX = "MANA_AI_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+MIN_TICK_INTERVAL_S = 0.1
+"""Shortest tick interval: APScheduler 3 rounds intervals to whole microseconds and runs an
+interval of 0 every second, and a tick is at least a database round trip anyway."""
+HOUR_S = 3_600
+DAY_S = 86_400
+"""Upper bounds of durations: every numeric setting has one, so that no value reaches a
+``timedelta``, a timer or the database that they cannot hold."""
 
-def _default_data_dir() -> Path:
-    return Path("~/.local/share/mana-ai").expanduser()
+
+USER_DATA_DIR = "~/.local/share/mana-ai"
+ROOT_DATA_DIR = "/var/lib/mana-ai"
+
+
+def default_data_dir(*, root: bool | None = None) -> Path:
+    """``~/.local/share/mana-ai``; as root (``root=None``: when this process runs as root)
+    ``/var/lib/mana-ai``, which the embedded PostgreSQL's system user reaches without any
+    directory above it changing its permissions (``worker.db.embedded_root``)."""
+    if root is None:
+        root = os.name == "posix" and os.geteuid() == 0
+    return Path(ROOT_DATA_DIR) if root else Path(USER_DATA_DIR).expanduser()
 
 
 def _default_worker_id() -> str:
@@ -64,10 +91,12 @@ class Settings(BaseSettings):
         ),
     )
     data_dir: Path = Field(
-        default_factory=_default_data_dir,
+        default_factory=default_data_dir,
         description=(
             "Directory for local state: the embedded PostgreSQL cluster (pgdata/) when "
-            "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default ~/.local/share/mana-ai."
+            "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default ~/.local/share/mana-ai; "
+            "as root /var/lib/mana-ai, so that no directory above it needs its permissions "
+            "changed (mana-ai never changes a directory it did not create)."
         ),
     )
     llm_base_url: str | None = Field(
@@ -91,22 +120,32 @@ class Settings(BaseSettings):
     )
     tick_interval_s: float = Field(
         default=30.0,
-        gt=0,
-        description="Seconds between two ticks (each tick claims and runs the due missions).",
+        ge=MIN_TICK_INTERVAL_S,
+        le=DAY_S,
+        description=(
+            "Seconds between two ticks (each tick claims and runs the due missions), "
+            "0.1 to 86400. Below 0.1 s the scheduler's own resolution (and a busy database) "
+            "would decide the real interval, not this setting."
+        ),
     )
     max_concurrent_missions: int = Field(
         default=4,
         ge=1,
-        description="How many missions this worker runs at once; also its claim size per tick.",
+        le=1000,
+        description=(
+            "How many missions this worker runs at once (1-1000); also its claim size per tick."
+        ),
     )
     lease_s: float = Field(
         default=60.0,
         ge=1,
+        le=DAY_S,
         description=(
-            "Seconds a claimed mission stays leased to this worker. The owner renews the lease "
-            "while the mission runs, so this must be longer than the renewal period (plus a "
-            "database round trip); otherwise another replica may claim a mission that is "
-            "still running. When the owner dies, others can claim the mission after this long."
+            "Seconds a claimed mission stays leased to this worker (1 to 86400). The owner "
+            "renews the lease while the mission runs, so this must be longer than the renewal "
+            "period (plus a database round trip); otherwise another replica may claim a mission "
+            "that is still running. When the owner dies, others can claim the mission after "
+            "this long."
         ),
     )
     metrics_port: int = Field(
@@ -128,8 +167,6 @@ class Settings(BaseSettings):
     )
     worker_id: str = Field(
         default_factory=_default_worker_id,
-        min_length=1,
-        max_length=200,
         description=(
             "This replica's name, stored as the lease owner and on every iteration. "
             "Default <hostname>:<pid>; must be unique among the replicas sharing a database."
@@ -138,10 +175,11 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=30.0,
         ge=0,
+        le=DAY_S,
         description=(
-            "On SIGTERM/SIGINT, seconds to let running missions finish before they are "
-            "interrupted (their iterations are marked interrupted and their leases released, "
-            "so another replica resumes them at its next tick)."
+            "On SIGTERM/SIGINT, seconds (0 to 86400) to let running missions finish before "
+            "they are interrupted (their iterations are marked interrupted and their leases "
+            "released, so another replica resumes them at its next tick)."
         ),
     )
     checkpoint_every_rounds: int = Field(
@@ -152,24 +190,26 @@ class Settings(BaseSettings):
             "A running mission stores a checkpoint after every round that ran a write or "
             "destructive tool call, and at least every this many rounds otherwise (read-only "
             "rounds are cheap to redo). A worker taking over a mission whose worker died "
-            "resumes from the last checkpoint. Default 3."
+            "resumes from the last checkpoint (1 to 1000). Default 3."
         ),
     )
     llm_timeout_s: float = Field(
         default=60.0,
         gt=0,
+        le=HOUR_S,
         description=(
-            "Seconds one chat-completion attempt may take in total, from connecting to the "
-            "last byte of the answer, before it counts as failed (a timeout, retried). A body "
-            "that trickles in counts against the same deadline."
+            "Seconds (at most 3600) one chat-completion attempt may take in total, from "
+            "connecting to the last byte of the answer, before it counts as failed (a timeout, "
+            "retried). A body that trickles in counts against the same deadline."
         ),
     )
     llm_max_retries: int = Field(
         default=3,
         ge=0,
+        le=100,
         description=(
             "Retries of a failed chat-completion request (connection errors, timeouts, 429 "
-            "and 5xx answers), with exponential backoff. 0 disables retries."
+            "and 5xx answers), with exponential backoff (0-100). 0 disables retries."
         ),
     )
     max_parallel_reads: int = Field(
@@ -185,10 +225,11 @@ class Settings(BaseSettings):
     tool_timeout_s: float = Field(
         default=60.0,
         gt=0,
+        le=DAY_S,
         description=(
-            "Seconds one tool call may run before it is stopped and the model gets an error "
-            "result saying so (for a write: that its outcome is unknown). A tool may set its "
-            "own limit (web_fetch: MANA_AI_WEB_TIMEOUT_S + 5)."
+            "Seconds (at most 86400) one tool call may run before it is stopped and the model "
+            "gets an error result saying so (for a write: that its outcome is unknown). A tool "
+            "may set its own limit (web_fetch: MANA_AI_WEB_TIMEOUT_S + 5)."
         ),
     )
     web_allow_private: bool = Field(
@@ -218,25 +259,29 @@ class Settings(BaseSettings):
     web_timeout_s: float = Field(
         default=20.0,
         gt=0,
+        le=HOUR_S,
         description=(
-            "Seconds one web_fetch may take in all: DNS, connecting, every redirect and the "
-            "body (one overall deadline, not a per-read timeout)."
+            "Seconds (at most 3600) one web_fetch may take in all: DNS, connecting, every "
+            "redirect and the body (one overall deadline, not a per-read timeout)."
         ),
     )
     web_max_bytes: int = Field(
         default=2_000_000,
         ge=1,
+        le=1_000_000_000,
         description=(
-            "Response body bytes web_fetch reads at most (after gzip decoding); it stops "
-            "reading there and marks the result truncated."
+            "Response body bytes web_fetch reads at most (after gzip decoding; 1 to "
+            "1000000000); it stops reading there and marks the result truncated."
         ),
     )
     web_max_chars: int = Field(
         default=20_000,
         ge=1,
+        le=10_000_000,
         description=(
-            "Characters of text web_fetch returns at most (about 5,000 tokens at the default), "
-            "after HTML is reduced to text; longer text is cut and marked truncated."
+            "Characters of text web_fetch returns at most (about 5,000 tokens at the default; "
+            "1 to 10000000), after HTML is reduced to text; longer text is cut and marked "
+            "truncated."
         ),
     )
     web_max_redirects: int = Field(
@@ -498,6 +543,13 @@ class Settings(BaseSettings):
             return None
         return value
 
+    @field_validator("worker_id", "llm_model", "llm_fallback_model")
+    @classmethod
+    def _check_name(cls, value: str | None) -> str | None:
+        """The one rule for names (``worker.names``): trimmed, 1-200 characters, no control
+        or invisible characters (a newline in a worker id would split its log lines)."""
+        return None if value is None else normalised_name(value)
+
     @field_validator("database_url")
     @classmethod
     def _normalise_database_url(cls, value: str | None) -> str | None:
@@ -538,7 +590,7 @@ class Settings(BaseSettings):
     def _empty_data_dir_is_default(cls, value: Any) -> Any:
         """``MANA_AI_DATA_DIR=`` would otherwise mean the current directory."""
         if isinstance(value, str) and not value.strip():
-            return _default_data_dir()
+            return default_data_dir()
         return value
 
     @field_validator("data_dir")
@@ -682,4 +734,4 @@ def _describe(exc: ValidationError) -> str:
         else:
             shown = repr(value)
         lines.append(f"{ENV_PREFIX}{field.upper()}: {message} (got {shown})")
-    return "invalid settings:\n" + "\n".join(lines) if len(lines) > 1 else lines[0]
+    return "\n".join(lines)

@@ -3,7 +3,10 @@ their exit status, and that bad input writes nothing."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -228,3 +231,193 @@ def test_limits_beyond_the_cap_are_a_usage_error(run: Any) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run("missions", "list", "--limit", "99999999999999999999")
     assert exit_info.value.code == 2
+
+
+def status_of(run: Any, *argv: str) -> tuple[int, str, str]:
+    """``run`` that also returns argparse's exit status (it raises SystemExit)."""
+    try:
+        return run(*argv)
+    except SystemExit as exc:
+        return int(exc.code or 0), "", ""
+
+
+# -- names and text: one rule, every command ------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["  padded  ", "\tpadded\n"])
+def test_missions_add_finds_an_agent_by_its_trimmed_name(run: Any, given: str) -> None:
+    as_json(run, "agents", "add", "--name", given, "--owner", "u")
+    mission = as_json(run, "missions", "add", "--agent", given, "--objective", "  x  ", "--due-now")
+    assert mission["objective"] == "x"
+    assert [a["name"] for a in as_json(run, "agents", "list")] == ["padded"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["agents", "add", "--name", "a", "--owner", "u", "--model", "gpt\n4"], "--model must not"),
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--system-prompt", " "],
+            "--system-prompt",
+        ),
+        (
+            [
+                "missions",
+                "add",
+                "--agent",
+                "a",
+                "--objective",
+                "x",
+                "--due-now",
+                "--timezone",
+                "Z" * 10_000,
+            ],
+            "--timezone is 10000 characters long",  # was an OSError reported as a database error
+        ),
+        (["missions", "add", "--agent", "a", "--objective", "a\x1bb", "--due-now"], "--objective"),
+        (["policy", "allow-destructive", "u", "notes\u200b_delete"], "TOOL_OR_SCOPE must not"),
+        (["policy", "set-rate-limit", "u", "5", "--tool", "x" * 300], "--tool is 300 characters"),
+    ],
+)
+def test_every_name_and_text_follows_the_rule(run: Any, argv: list[str], message: str) -> None:
+    code, _, err = run(*argv)
+    assert code == 2 and message in err, err
+    assert as_json(run, "agents", "list") == []
+
+
+def test_missions_list_cuts_long_objectives_like_other_columns(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    objective = "Summarise\nthe notes " + "and more " * 100
+    as_json(run, "missions", "add", "--agent", "a", "--objective", objective, "--due-now")
+    code, out, _ = run("missions", "list")
+    row = out.splitlines()[1]
+    cell = row[row.index("Summarise") :]
+    assert code == 0 and len(cell) == 60 and cell.endswith(" and more and…")
+    assert max(len(line) for line in out.splitlines()) < 200
+    assert as_json(run, "missions", "show", "1")["objective"] == objective.strip()
+
+
+def test_objective_file_reads_long_objectives_from_a_file_or_stdin(
+    run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    long_text = "\ufeffStep 1: read.\r\n\tStep 2: " + "write " * 3000 + "\n"
+    path = tmp_path / "objective.txt"
+    path.write_text(long_text, encoding="utf-8")
+    from_file = as_json(
+        run, "missions", "add", "--agent", "a", "--objective-file", str(path), "--due-now"
+    )
+    assert from_file["objective"] == long_text.lstrip("\ufeff").replace("\r\n", "\n").strip()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"From stdin.\n")))
+    from_stdin = as_json(
+        run, "missions", "add", "--agent", "a", "--objective-file", "-", "--due-now"
+    )
+    assert from_stdin["objective"] == "From stdin."
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (("x" * 20_001).encode(), "--objective-file is 20,001 characters long; at most 20,000"),
+        (("é" * 40_001).encode(), "is too long; an objective holds at most 20,000 characters"),
+        (b"nul \x00 here", "must not contain control characters"),
+        (b"latin-1 \xe9t\xe9", "is not UTF-8 text (byte 9)"),
+        (None, "cannot read"),
+    ],
+)
+def test_objective_file_refusals_write_nothing(
+    run: Any, tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    path = tmp_path / "objective.txt"
+    if content is not None:
+        path.write_bytes(content)
+    code, _, err = run(
+        "missions", "add", "--agent", "a", "--objective-file", str(path), "--due-now"
+    )
+    assert code == 2 and message in err, err
+    assert as_json(run, "missions", "list") == []
+
+
+def test_objective_and_objective_file_exclude_each_other(run: Any) -> None:
+    code, _, _ = status_of(
+        run, "missions", "add", "--agent", "a", "--objective", "x", "--objective-file", "-"
+    )
+    assert code == 2
+
+
+# -- numbers: checked where they are parsed -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--max-rounds", "100000000000"],
+            "--max-rounds",
+        ),
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--max-tokens-per-day", "3000000000"],
+            "--max-tokens-per-day",
+        ),
+    ],
+)
+def test_numbers_beyond_what_the_database_holds_are_usage_errors(
+    run: Any, capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
+) -> None:
+    # it reached PostgreSQL and came back as "value out of int32 range"
+    code, _, _ = status_of(run, *argv)
+    assert code == 2 and f"argument {flag}: expected at most" in capsys.readouterr().err
+    assert as_json(run, "agents", "list") == []
+
+
+# -- consistency -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variables", "argv"),
+    [
+        ({"MANA_AI_TICK_INTERVAL_S": "0", "MANA_AI_LEASE_S": "abc"}, ["agents", "list"]),
+        (
+            {"MANA_AI_POLICY_MISSION_SCOPES": "nope", "MANA_AI_POLICY_TOOL_RATE_LIMITS": "rm=1"},
+            ["tick", "--once"],
+        ),
+    ],
+)
+def test_the_settings_error_header_is_printed_once(
+    run: Any, monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], argv: list[str]
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = run(*argv)
+    lines = err.splitlines()
+    assert code == 2 and out == ""
+    assert err.count("invalid settings") == 1 and lines[0] == "mana-ai: invalid settings:"
+    assert sorted(line.split(":")[0].strip() for line in lines[1:]) == sorted(variables)
+
+
+def test_pausing_a_paused_mission_says_so_like_resume_does(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    as_json(run, "missions", "add", "--agent", "a", "--objective", "x", "--cron", "0 9 * * *")
+    assert run("missions", "pause", "1")[1] == "mission 1 paused\n"
+    paused = as_json(run, "missions", "show", "1")
+    assert run("missions", "pause", "1")[:2] == (0, "mission 1 is already paused (unchanged)\n")
+    assert as_json(run, "missions", "show", "1")["updated_at"] == paused["updated_at"]
+    assert run("missions", "resume", "1")[1].startswith("mission 1 resumed")
+    assert run("missions", "resume", "1")[1].startswith("mission 1 is already active")
+
+
+def test_iterations_of_a_mission_that_does_not_exist_are_an_error(run: Any) -> None:
+    code, out, err = run("iterations", "list", "--mission", "999")
+    assert (code, out) == (1, "") and "no mission with id 999" in err
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    as_json(run, "missions", "add", "--agent", "a", "--objective", "x", "--cron", "0 9 * * *")
+    assert run("iterations", "list", "--mission", "1")[:2] == (0, "(none)\n")
+
+
+@pytest.mark.parametrize("cron", ["0 0 30 2 *", "0 12 31 4,6 *"])
+def test_a_cron_that_never_fires_is_a_refused_value(run: Any, cron: str) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    code, _, err = run("missions", "add", "--agent", "a", "--objective", "x", "--cron", cron)
+    assert code == 1 and f"cron expression {cron!r} never fires" in err
+    assert as_json(run, "missions", "list") == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,14 +36,12 @@ def server_pid(pgdata: Path) -> int | None:
 
 
 @pytest.fixture
-def pgdata() -> Iterator[Path]:
-    parent = Path(tempfile.mkdtemp(prefix="mana-ai-embedded-"))
-    yield parent / "pgdata"
-    pid = server_pid(parent / "pgdata")
+def pgdata(embedded_dir: Path) -> Iterator[Path]:
+    yield embedded_dir / "pgdata"
+    pid = server_pid(embedded_dir / "pgdata")
     if pid is not None:
         psutil.Process(pid).terminate()
         psutil.Process(pid).wait(10)
-    subprocess.run(["rm", "-rf", str(parent)], check=False)
 
 
 def test_a_crashed_client_does_not_keep_the_server_running_forever(pgdata: Path) -> None:

@@ -4,8 +4,6 @@ concurrent replicas with the advisory lock, and the daemon's embedded database g
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -235,8 +233,10 @@ async def test_an_unreachable_database_is_a_clear_error_without_the_password() -
 # --- the daemon's default database ------------------------------------------------------------
 
 
-async def test_without_a_url_the_embedded_database_is_started_and_migrated() -> None:
-    data_dir = Path(tempfile.mkdtemp(prefix="mana-ai-data-"))
+async def test_without_a_url_the_embedded_database_is_started_and_migrated(
+    embedded_dir: Path,
+) -> None:
+    data_dir = embedded_dir
     pgdata = data_dir / "pgdata"
     try:
         url = await resolve_database_url(Settings(data_dir=data_dir))
@@ -257,7 +257,6 @@ async def test_without_a_url_the_embedded_database_is_started_and_migrated() -> 
         assert (pgdata / "PG_VERSION").is_file()
     finally:
         await asyncio.to_thread(stop_embedded_postgres, pgdata)
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 async def test_a_configured_url_is_used_as_is() -> None:

@@ -40,3 +40,15 @@ def _commands() -> list[str]:
 def test_every_command_is_documented(command: str) -> None:
     group, _, cmd = command.partition(" ")
     assert f"mana-ai {command}" in README or (cmd and f"{group} {cmd}" in README), command
+
+
+def _block(marker: str) -> str:
+    return README.split(f"<!-- {marker} -->", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("marker", ["run-command", "test-command"])
+def test_the_two_commands_install_quietly(marker: str) -> None:
+    # the run command printed hundreds of lines of pip output before anything of ours;
+    # -q keeps warnings and errors
+    installs = [part for part in _block(marker).split("&&") if " install " in part]
+    assert installs and all(" install -q " in part for part in installs), installs

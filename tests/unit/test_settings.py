@@ -10,7 +10,7 @@ import pytest
 
 from worker.db.engine import to_async_url
 from worker.errors import ManaAIError, SettingsError
-from worker.settings import Settings, load_settings, unknown_variables
+from worker.settings import Settings, default_data_dir, load_settings, unknown_variables
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +25,7 @@ def test_defaults() -> None:
     settings = load_settings()
 
     assert settings.database_url is None
-    assert settings.data_dir == Path.home() / ".local" / "share" / "mana-ai"
+    assert settings.data_dir == default_data_dir()
     assert settings.llm_base_url is None
     assert settings.llm_api_key is None
     assert settings.llm_model is None
@@ -169,7 +169,7 @@ def test_an_invalid_value_names_the_variable_and_the_value(
         load_settings()
 
     assert str(caught.value) == (
-        "MANA_AI_TICK_INTERVAL_S: Input should be greater than 0 (got '-1')"
+        "MANA_AI_TICK_INTERVAL_S: Input should be greater than or equal to 0.1 (got '-1')"
     )
     assert isinstance(caught.value, ManaAIError)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
@@ -191,7 +191,9 @@ def test_an_invalid_value_names_the_variable_and_the_value(
         ("MANA_AI_LLM_TIMEOUT_S", "0", "greater than 0"),
         ("MANA_AI_LLM_MAX_RETRIES", "-1", "greater than or equal to 0"),
         ("MANA_AI_SHUTDOWN_GRACE_S", "-1", "greater than or equal to 0"),
-        ("MANA_AI_WORKER_ID", "x" * 201, "at most 200 characters"),
+        ("MANA_AI_WORKER_ID", "x" * 201, "is 201 characters long; at most 200"),
+        ("MANA_AI_WORKER_ID", "w\n2", "must not contain control"),
+        ("MANA_AI_LLM_MODEL", "gpt\u200b4", "must not contain control or invisible"),
         ("MANA_AI_DATABASE_URL", "mysql://u@h/db", "unsupported scheme 'mysql://'"),
         ("MANA_AI_DATABASE_URL", "not a url", "not a database URL"),
         ("MANA_AI_MAX_PARALLEL_READS", "0", "greater than or equal to 1"),
@@ -221,8 +223,7 @@ def test_several_invalid_values_are_all_reported(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(SettingsError) as caught:
         load_settings()
     lines = str(caught.value).splitlines()
-    assert lines[0] == "invalid settings:"
-    assert [line.split(":")[0] for line in lines[1:]] == [
+    assert [line.split(":")[0] for line in lines] == [
         "MANA_AI_TICK_INTERVAL_S",
         "MANA_AI_LOG_FORMAT",
     ]
@@ -280,7 +281,7 @@ def test_an_empty_data_dir_means_the_default_not_the_current_directory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MANA_AI_DATA_DIR", "")
-    assert load_settings().data_dir == Path.home() / ".local" / "share" / "mana-ai"
+    assert load_settings().data_dir == default_data_dir()
 
 
 def test_unknown_variables_are_reported_with_the_closest_setting() -> None:
@@ -297,3 +298,42 @@ def test_unknown_variables_are_reported_with_the_closest_setting() -> None:
         "MANA_AI_BOGUS",
         "MANA_AI_DATABSE_URL (did you mean MANA_AI_DATABASE_URL?)",
     ]
+
+
+NUMERIC = sorted(
+    name for name, field in Settings.model_fields.items() if field.annotation in (int, float)
+)
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_every_numeric_setting_has_a_range(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a value too large for a timedelta, a timer or the database is refused where it is parsed
+    variable = f"MANA_AI_{name.upper()}"
+    monkeypatch.setenv(
+        variable, "1e300" if Settings.model_fields[name].annotation is float else "9" * 30
+    )
+    with pytest.raises(SettingsError, match=f"^{variable}: Input should be less than or equal to"):
+        load_settings()
+
+
+@pytest.mark.parametrize("value", ["1e-9", "0.05"])
+def test_the_tick_interval_has_a_minimum(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    # 1e-9 was logged as "every 0.0 s" and ran every second (APScheduler's rounding)
+    monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", value)
+    with pytest.raises(SettingsError, match=r"greater than or equal to 0\.1"):
+        load_settings()
+    monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "0.1")
+    assert load_settings().tick_interval_s == 0.1
+
+
+def test_root_defaults_to_a_data_directory_outside_any_home() -> None:
+    assert default_data_dir(root=True) == Path("/var/lib/mana-ai")
+    assert default_data_dir(root=False) == Path.home() / ".local" / "share" / "mana-ai"
+    assert default_data_dir() == default_data_dir(root=os.geteuid() == 0)
+
+
+def test_names_in_settings_follow_the_rule_for_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_WORKER_ID", "  replica-1 ")
+    monkeypatch.setenv("MANA_AI_LLM_MODEL", " gpt-4o\t")
+    settings = load_settings()
+    assert (settings.worker_id, settings.llm_model) == ("replica-1", "gpt-4o")

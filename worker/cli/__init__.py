@@ -37,8 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = load_settings()
-    except ManaAIError as exc:
-        print(f"mana-ai: invalid settings:\n{exc}", file=sys.stderr)
+    except SettingsError as exc:
+        _print_settings_error(exc)
         return 2
     from worker.logs import configure_logging
 
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mana-ai: usage error: {exc}", file=sys.stderr)
         return 2
     except SettingsError as exc:  # a setting found wrong only once its context is known
-        print(f"mana-ai: invalid settings: {exc}", file=sys.stderr)
+        _print_settings_error(exc)
         return 2
     except ManaAIError as exc:
         print(f"mana-ai: error: {exc}", file=sys.stderr)
@@ -70,6 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _print_settings_error(exc: SettingsError) -> None:
+    """``mana-ai: invalid settings: …`` once, then the offending variables, one per line."""
+    lines = str(exc).splitlines()
+    if len(lines) == 1:
+        print(f"mana-ai: invalid settings: {lines[0]}", file=sys.stderr)
+    else:
+        print(
+            "mana-ai: invalid settings:",
+            *(f"  {line}" for line in lines),
+            sep="\n",
+            file=sys.stderr,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,16 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from worker.cli.args import UsageError, checked_name, group, json_flag, positive_int
+from worker.cli.args import (
+    INT32_MAX,
+    MAX_ROUNDS,
+    UsageError,
+    checked_name,
+    checked_text,
+    group,
+    int_range,
+    json_flag,
+)
 from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
@@ -26,6 +35,9 @@ DEFAULT_SYSTEM_PROMPT = (
 POLICY_MODE_CHOICES = ("off", "log-only", "enforce")
 _UNSET = object()  # an option left out (``None`` is a value: 'none' / 'default')
 
+_rounds = int_range(1, MAX_ROUNDS)
+_tokens = int_range(1, INT32_MAX, "the largest budget the database holds")
+
 
 def register(commands: Any) -> None:
     """Add ``agents add``, ``agents set`` and ``agents list``."""
@@ -37,9 +49,13 @@ def register(commands: Any) -> None:
     add.add_argument("--owner", required=True, help="owner user id; tools act in their space")
     add.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="agent instructions")
     add.add_argument("--model", help="model name (default: MANA_AI_LLM_MODEL / provider default)")
-    add.add_argument("--max-rounds", type=positive_int, default=5, help="rounds per run (5)")
     add.add_argument(
-        "--max-tokens-per-day", type=positive_int, help="daily token budget (none by default)"
+        "--max-rounds", type=_rounds, default=5, help=f"rounds per run, 1-{MAX_ROUNDS} (5)"
+    )
+    add.add_argument(
+        "--max-tokens-per-day",
+        type=_tokens,
+        help=f"daily token budget, 1-{INT32_MAX} (none by default)",
     )
     add.add_argument(
         "--tools",
@@ -76,12 +92,12 @@ def register(commands: Any) -> None:
     set_.add_argument("name", help="agent name")
     set_.add_argument("--system-prompt", help="agent instructions")
     set_.add_argument("--model", help="model name ('default': MANA_AI_LLM_MODEL)")
-    set_.add_argument("--max-rounds", type=positive_int, help="rounds per run")
+    set_.add_argument("--max-rounds", type=_rounds, help=f"rounds per run, 1-{MAX_ROUNDS}")
     set_.add_argument(
         "--max-tokens-per-day",
         type=_budget,
         default=_UNSET,
-        help="daily token budget ('none': no budget)",
+        help=f"daily token budget, 1-{INT32_MAX} ('none': no budget)",
     )
     set_.add_argument(
         "--tools",
@@ -240,7 +256,7 @@ def _context_or_default(text: str) -> int | None:
 
 
 def _budget(text: str) -> int | None:
-    return None if text.strip().lower() == "none" else positive_int(text)
+    return None if text.strip().lower() == "none" else _tokens(text)
 
 
 def _tool_list(text: str, known: list[str]) -> list[str]:
@@ -254,14 +270,16 @@ def _tool_list(text: str, known: list[str]) -> list[str]:
 
 
 async def _add(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.tools import builtin_tools
+    from worker.tools import builtin_tool_catalog
 
     name, owner = checked_name(args.name, "--name"), checked_name(args.owner, "--owner")
     servers = _mcp_servers(args)
+    system_prompt = checked_text(args.system_prompt, "--system-prompt")
+    model = None if args.model is None else checked_name(args.model, "--model")
+    tools = None
+    if args.tools is not None:
+        tools = _tool_list(args.tools, [t.name for t in builtin_tool_catalog()])
     async with admin_store(settings) as admin:
-        tools = None
-        if args.tools is not None:
-            tools = _tool_list(args.tools, [t.name for t in builtin_tools(admin.engine)])
         if args.if_not_exists:
             try:
                 existing = await admin.agent_by_name(name)
@@ -273,8 +291,8 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
         agent = await admin.add_agent(
             name=name,
             owner_user_id=owner,
-            system_prompt=args.system_prompt,
-            model=args.model,
+            system_prompt=system_prompt,
+            model=model,
             max_rounds=args.max_rounds,
             max_tokens_per_day=args.max_tokens_per_day,
             allowed_tools=tools,
@@ -290,13 +308,15 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _set(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.tools import builtin_tools
+    from worker.tools import builtin_tool_catalog
 
+    name = checked_name(args.name, "the agent name")
     changes: dict[str, Any] = {}
     if args.system_prompt is not None:
-        changes["system_prompt"] = args.system_prompt
+        changes["system_prompt"] = checked_text(args.system_prompt, "--system-prompt")
     if args.model is not None:
-        changes["model"] = None if args.model.strip().lower() == "default" else args.model
+        model = checked_name(args.model, "--model")
+        changes["model"] = None if model.lower() == "default" else model
     if args.max_rounds is not None:
         changes["max_rounds"] = args.max_rounds
     if args.max_tokens_per_day is not _UNSET:
@@ -305,24 +325,19 @@ async def _set(args: argparse.Namespace, settings: Settings) -> int:
         changes["policy_mode"] = None if args.policy_mode == "default" else args.policy_mode
     if args.compact_max_ctx is not _UNSET:
         changes["compact_max_ctx"] = args.compact_max_ctx
+    if args.tools is not None:
+        known = [t.name for t in builtin_tool_catalog()]
+        all_tools = args.tools.strip().lower() == "all"
+        changes["allowed_tools"] = None if all_tools else _tool_list(args.tools, known)
     servers = _mcp_servers(args)
     remove = list(dict.fromkeys(n.strip() for n in args.mcp_remove))
     clash = sorted({s.name for s in servers} & set(remove))
     if clash:
         raise UsageError(f"--mcp and --mcp-remove both name {', '.join(clash)}")
+    if not changes and not servers and not remove:
+        raise UsageError("nothing to change: give at least one option (see --help)")
     async with admin_store(settings) as admin:
-        if args.tools is not None:
-            known = [t.name for t in builtin_tools(admin.engine)]
-            all_tools = args.tools.strip().lower() == "all"
-            changes["allowed_tools"] = None if all_tools else _tool_list(args.tools, known)
-        if not changes and not servers and not remove:
-            raise UsageError("nothing to change: give at least one option (see --help)")
-        agent = await admin.update_agent(
-            checked_name(args.name, "the agent name"),
-            mcp_servers=servers,
-            remove_mcp=remove,
-            **changes,
-        )
+        agent = await admin.update_agent(name, mcp_servers=servers, remove_mcp=remove, **changes)
     shown = [f"{key} {_shown(agent[key])}" for key in sorted(changes)]
     if servers or remove:
         shown.append(f"MCP servers now {_mcp_shown(agent['mcp_servers'])}")

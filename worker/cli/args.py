@@ -8,23 +8,28 @@ entry point prints it and exits 2).
 from __future__ import annotations
 
 import argparse
-import unicodedata
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 from worker.errors import ManaAIError
+from worker.names import MAX_NAME_CHARS, MAX_TEXT_CHARS, normalised_name, normalised_text
 from worker.settings import Settings
 
 __all__ = [
+    "INT32_MAX",
     "MAX_ID",
     "MAX_LIMIT",
     "MAX_NAME_CHARS",
+    "MAX_ROUNDS",
+    "MAX_TEXT_CHARS",
     "Command",
     "UsageError",
     "aware_datetime",
     "checked_name",
+    "checked_text",
     "group",
+    "int_range",
     "iteration_ref",
     "json_flag",
     "limit",
@@ -37,9 +42,10 @@ Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
 MAX_LIMIT = 10_000
 MAX_ID = 2**63 - 1  # ids are BIGINT
-MAX_NAME_CHARS = 200
-"""Longest agent name or user id: fits any index (PostgreSQL's btree rows stop near 2.7 kB)
-and any terminal line."""
+INT32_MAX = 2**31 - 1
+"""The largest value of a PostgreSQL ``integer`` column (counts and budgets of agents)."""
+MAX_ROUNDS = 1_000
+"""Most rounds an agent may run per iteration (each round is one LLM request)."""
 
 
 class UsageError(ManaAIError):
@@ -47,21 +53,31 @@ class UsageError(ManaAIError):
 
 
 def checked_name(text: str, what: str) -> str:
-    """The one rule for every name and id a command takes (agent names, user ids): trimmed,
-    1 to 200 characters, no control or format characters (newlines, NUL, zero-width, bidi).
+    """The one rule for every name and id a command takes (agent names, user ids, model names,
+    timezones, tools and scopes; ``worker.names.normalised_name``): trimmed, 1 to 200
+    characters, no control or format characters (newlines, NUL, zero-width, bidi).
 
     Raises:
         UsageError: naming ``what`` (e.g. ``--owner``) and what is wrong.
     """
-    value = text.strip()
-    if not value:
-        raise UsageError(f"{what} must not be empty")
-    if len(value) > MAX_NAME_CHARS:
-        raise UsageError(f"{what} is {len(value)} characters long; at most {MAX_NAME_CHARS}")
-    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co")), None)
-    if bad is not None:
-        raise UsageError(f"{what} must not contain control or invisible characters ({bad!r})")
-    return value
+    try:
+        return normalised_name(text)
+    except ValueError as exc:
+        raise UsageError(f"{what} {exc}") from None
+
+
+def checked_text(text: str, what: str, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """The rule for free text a command takes (objectives, system prompts;
+    ``worker.names.normalised_text``): trimmed, 1 to ``max_chars`` characters, newlines and
+    tabs but no other control characters.
+
+    Raises:
+        UsageError: naming ``what`` (e.g. ``--objective``) and what is wrong.
+    """
+    try:
+        return normalised_text(text, max_chars)
+    except ValueError as exc:
+        raise UsageError(f"{what} {exc}") from None
 
 
 def group(commands: Any, name: str, helptext: str) -> Any:
@@ -84,7 +100,8 @@ def limit(text: str) -> int:
 
 
 def positive_int(text: str) -> int:
-    """A whole number >= 1."""
+    """A whole number >= 1 (no upper bound: give the flag an ``int_range`` when its value
+    reaches the database)."""
     try:
         value = int(text)
     except ValueError:
@@ -92,6 +109,31 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
+
+
+def int_range(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``; ``why`` says where the upper
+    bound comes from (shown when it is exceeded). argparse names the flag in the message and
+    exits 2, before anything reaches the database."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text) if low == 1 else _whole_number(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {value}")
+        if value > high:
+            reason = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(f"expected at most {high}{reason}, got {value}")
+        return value
+
+    parse.__name__ = f"number {low}-{high}"
+    return parse
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
 def row_id(text: str) -> int:

@@ -35,8 +35,12 @@ def register(commands: Any) -> None:
 
 
 async def _tick(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_app
+    from worker.app import check_policy_settings, open_app
+    from worker.cli.stores import announce_database
+    from worker.tools import builtin_tool_catalog
 
+    check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
+    announce_database(settings)
     async with open_app(settings) as app:
         outcomes = await app.worker.run_once()
     if args.json:
@@ -47,6 +51,11 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.app import check_policy_settings
+    from worker.cli.stores import announce_database
     from worker.scheduler import serve
+    from worker.tools import builtin_tool_catalog
 
+    check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
+    announce_database(settings)
     return await serve(settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
@@ -13,7 +14,7 @@ from worker.errors import NotFoundError
 from worker.replay import message_label, policy_text
 from worker.settings import Settings
 
-__all__ = ["register"]
+__all__ = ["register", "unsupported_figures", "verdict"]
 
 
 def register(commands: Any) -> None:
@@ -39,6 +40,8 @@ def register(commands: Any) -> None:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     async with admin_store(settings) as admin:
+        if args.mission is not None:
+            await admin.get_mission(args.mission)  # NotFoundError (exit 1) rather than "(none)"
         rows = await admin.list_iterations(mission_id=args.mission, limit=args.limit)
     if args.json:
         print_json(rows)
@@ -117,6 +120,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         policy = policy_text(inv.get("policy_decision"), inv.get("policy_mode"))
         if policy:
             print(f"    policy: {policy}")
+    print(f"\n{verdict(it)}")
     return 0
 
 
@@ -126,6 +130,96 @@ def _attempt_text(attempt: dict[str, Any]) -> str:
     if resumed is not None:
         text += f" (resumed after round {resumed})" if resumed else " (started over)"
     return text
+
+
+_FIGURE = re.compile(r"\d[\d:.,/+\-T]*\d")
+"""A figure in an answer: two or more digits, with the separators of times, dates, decimals
+(``23:45:17``, ``2026-11-29T23:45:17+00:00``, ``1,234.5``, ``42``)."""
+_SHOWN_FIGURES = 3
+
+
+def verdict(iteration: dict[str, Any]) -> str:
+    """One line on what the tools did in ``iteration`` (a stored iteration as
+    ``AdminStore.get_iteration`` returns it), for the end of ``iterations show``.
+
+    It names each tool call with its outcome and policy hint and counts the writes that ran;
+    then it checks the final answer: every figure in it (a time, a date, an id, a number of
+    two or more digits) should come from a tool result, an error the model read, or the
+    objective; figures from nowhere are named (the model made them up). E.g.
+    ``verdict: succeeded; tools: clock_now ok (read); every figure in the answer came from a
+    tool or the objective``.
+    """
+    status = str(iteration.get("status"))
+    if status != "succeeded" and iteration.get("stop_reason"):
+        status += f" ({iteration['stop_reason']})"
+    calls = iteration.get("tool_invocations") or []
+    parts = [f"verdict: {status}"]
+    if not calls:
+        parts.append("no tool ran")
+    else:
+        hints = _policy_hints()
+        described = [
+            f"{c['tool']} {c['outcome']}" + (f" ({hints[c['tool']]})" if c["tool"] in hints else "")
+            for c in calls
+        ]
+        if len(described) > 6:
+            described = [*described[:6], f"and {len(described) - 6} more"]
+        parts.append("tools: " + ", ".join(described))
+        writes = [c for c in calls if hints.get(c["tool"]) in ("write", "destructive")]
+        if writes:
+            ran = sum(1 for c in writes if c["outcome"] == "ok")
+            parts.append(f"{ran} of {len(writes)} write(s) ran")
+        else:
+            parts.append("nothing was written")
+    answer = _final_answer(iteration.get("messages") or [])
+    if answer is None:
+        parts.append("no answer")
+    else:
+        unsupported = unsupported_figures(answer, _known_text(iteration))
+        if unsupported:
+            shown = ", ".join(unsupported[:_SHOWN_FIGURES])
+            more = len(unsupported) - _SHOWN_FIGURES
+            parts.append(
+                f"the answer states {shown}{f' and {more} more' if more > 0 else ''}, "
+                "which no tool returned"
+            )
+        elif _FIGURE.search(answer):
+            parts.append("every figure in the answer came from a tool or the objective")
+    return "; ".join(parts)
+
+
+def unsupported_figures(answer: str, known: str) -> list[str]:
+    """The figures of ``answer`` (see ``_FIGURE``) that are not in ``known``, in order, each
+    once."""
+    found = dict.fromkeys(m.group(0).rstrip(".,") for m in _FIGURE.finditer(answer))
+    return [f for f in found if f not in known]
+
+
+def _final_answer(messages: list[dict[str, Any]]) -> str | None:
+    last = messages[-1] if messages else None
+    if last and last.get("role") == "assistant" and not last.get("tool_calls"):
+        content = last.get("content")
+        return content if isinstance(content, str) and content.strip() else None
+    return None
+
+
+def _known_text(iteration: dict[str, Any]) -> str:
+    """What the model was told: the objective and system prompt, tool results and errors."""
+    texts = [
+        str(m.get("content") or "")
+        for m in iteration.get("messages") or []
+        if m.get("role") in ("system", "user", "tool")
+    ]
+    for call in iteration.get("tool_invocations") or []:
+        texts.append(json.dumps(call.get("result"), ensure_ascii=False))
+        texts.append(str(call.get("error") or ""))
+    return "\n".join(texts)
+
+
+def _policy_hints() -> dict[str, str]:
+    from worker.tools import builtin_tool_catalog
+
+    return {t.name: t.policy_hint for t in builtin_tool_catalog()}
 
 
 def _print_log(

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from worker.cli.args import (
+    MAX_TEXT_CHARS,
     UsageError,
     aware_datetime,
     checked_name,
+    checked_text,
     group,
     json_flag,
     limit,
@@ -32,7 +36,16 @@ def register(commands: Any) -> None:
         "evaluated in --timezone), or --at / --due-now alone for a one-shot mission.",
     )
     add.add_argument("--agent", required=True, help="agent name")
-    add.add_argument("--objective", required=True, help="what the agent should do each run")
+    objective = add.add_mutually_exclusive_group(required=True)
+    objective.add_argument(
+        "--objective",
+        help=f"what the agent should do each run (at most {MAX_TEXT_CHARS:,} characters)",
+    )
+    objective.add_argument(
+        "--objective-file",
+        metavar="PATH",
+        help="read the objective from a UTF-8 text file ('-': standard input), for long texts",
+    )
     add.add_argument("--cron", help="5-field cron expression, e.g. '0 9 * * 1-5'")
     add.add_argument("--timezone", default="UTC", help="IANA timezone of --cron (UTC)")
     add.add_argument("--at", type=aware_datetime, help="one-shot run time, ISO 8601 with offset")
@@ -74,11 +87,14 @@ def register(commands: Any) -> None:
 
 
 async def _add(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.schedule import next_run_after, parse_timezone
+    from worker.schedule import ScheduleError, next_run_after, parse_timezone
 
-    if not args.objective.strip():
-        raise UsageError("--objective must not be empty")
     agent_name = checked_name(args.agent, "--agent")
+    if args.objective_file is not None:
+        objective = checked_text(_read_objective(args.objective_file), "--objective-file")
+    else:
+        objective = checked_text(args.objective, "--objective")
+    timezone = checked_name(args.timezone, "--timezone")
     if args.cron is None and args.at is None and not args.due_now:
         raise UsageError(
             "give --cron EXPR for a recurring mission, or --at TIME / --due-now for a one-shot"
@@ -87,13 +103,15 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError("--at is for one-shot missions; a --cron mission runs at its cron times")
     if args.at is not None and args.due_now:
         raise UsageError("give either --at TIME or --due-now, not both")
-    parse_timezone(args.timezone)
+    parse_timezone(timezone)
     now = datetime.now(UTC)
     cron_next = None
     if args.cron is not None:
-        cron_next = next_run_after(args.cron, args.timezone, now)  # raises ScheduleError
-        if cron_next is None:
-            raise UsageError(f"cron expression {args.cron!r} never fires")
+        cron_next = next_run_after(args.cron, timezone, now)  # raises ScheduleError
+        if cron_next is None:  # a value refused, like a cron that does not parse: exit 1
+            raise ScheduleError(
+                f"cron expression {args.cron!r} never fires (no such date, e.g. 30 February)"
+            )
     first: datetime
     if args.due_now:
         first = now
@@ -112,9 +130,9 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
         agent = await admin.agent_by_name(agent_name)
         mission = await admin.add_mission(
             agent_id=agent["id"],
-            objective=args.objective,
+            objective=objective,
             cron=args.cron,
-            timezone=args.timezone,
+            timezone=timezone,
             next_run_at=first,
             deadline=args.deadline,
         )
@@ -125,6 +143,36 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
         f"next run at {fmt(mission['next_run_at'])}",
     )
     return 0
+
+
+def _read_objective(path: str) -> str:
+    """The text of ``path`` (``-``: standard input), read as UTF-8; at most a little more than
+    the longest objective is read, so a huge file is refused without being loaded.
+
+    Raises:
+        UsageError: the file cannot be read, or is not UTF-8 text.
+    """
+    limit_bytes = MAX_TEXT_CHARS * 4 + 1  # enough for MAX_TEXT_CHARS characters, plus one
+    where = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(limit_bytes)
+        else:
+            with Path(path).open("rb") as file:
+                data = file.read(limit_bytes)
+    except OSError as exc:
+        raise UsageError(f"--objective-file: cannot read {where}: {exc.strerror or exc}") from None
+    if len(data) == limit_bytes:
+        raise UsageError(
+            f"--objective-file: {where} is too long; an objective holds at most "
+            f"{MAX_TEXT_CHARS:,} characters"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"--objective-file: {where} is not UTF-8 text (byte {exc.start + 1})"
+        ) from None
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
@@ -187,6 +235,10 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _pause(args: argparse.Namespace, settings: Settings) -> int:
     async with admin_store(settings) as admin:
+        current = await admin.get_mission(args.id)
+        if current["status"] == "paused":
+            emit(args, current, f"mission {args.id} is already paused (unchanged)")
+            return 0
         mission = await admin.pause_mission(args.id)
     emit(args, mission, f"mission {args.id} paused")
     return 0

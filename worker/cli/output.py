@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-__all__ = ["emit", "fmt", "jsonable", "print_json", "table"]
+__all__ = ["CELL_CHARS", "cell", "emit", "fmt", "jsonable", "print_json", "table"]
 
 
 def fmt(value: Any) -> str:
@@ -45,21 +45,26 @@ def emit(args: argparse.Namespace, row: dict[str, Any], text: str) -> None:
         print(text)
 
 
+CELL_CHARS = 60
+"""Longest table cell; longer values (an objective, an error) end in ``…`` (``show`` and
+``--json`` give them in full)."""
+
+
 def table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    """Print ``rows`` as an aligned table of ``columns`` (cells cut at 60 characters, but the
-    last column), or ``(none)``."""
+    """Print ``rows`` as an aligned table of ``columns`` (each cell on one line, cut at
+    ``CELL_CHARS`` characters), or ``(none)``."""
     if not rows:
         print("(none)")
         return
-    last = len(columns) - 1
-    cells = [
-        [
-            fmt(r.get(c)).replace("\n", " ")[: None if i == last else 60]
-            for i, c in enumerate(columns)
-        ]
-        for r in rows
-    ]
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cell(value: Any) -> str:
+    """``value`` as a table cell: ``fmt``, whitespace runs (newlines too) as one space, at most
+    ``CELL_CHARS`` characters with ``…`` where cut."""
+    text = " ".join(fmt(value).split())
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"

