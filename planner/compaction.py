@@ -3,7 +3,8 @@
 ``should_compact`` says when (the context reaches ``threshold``, 92 %, of ``max_ctx``
 tokens); ``compact_history`` does it: it keeps verbatim the *head* (system prompt, prior
 messages and the mission objective: everything up to the first user message) and the most
-recent turns (``keep_recent_tokens``, default a quarter of the context), sends the middle to a
+recent turns (``keep_recent_tokens``, default a quarter of the context; when every turn fits
+that budget, all but the last are folded), sends the middle to a
 chat model with a summarisation prompt (facts found, decisions made, open items, results still
 needed), checks the answer, and returns the new message list with the summary spliced in as
 one ``user`` message that says it stands for N folded turns, plus everything folded, verbatim
@@ -34,6 +35,7 @@ from typing import TypeVar
 from planner.errors import LLMError, PlannerError
 from planner.llm import ChatModel, CompletionRequest
 from planner.messages import ChatMessage, TokenUsage
+from planner.replies import answer_text
 
 __all__ = [
     "COMPACT_THRESHOLD",
@@ -94,8 +96,9 @@ def estimate_message_tokens(message: ChatMessage) -> int:
 
 class CompactionError(PlannerError):
     """Compaction did not happen; nothing changed. ``reason`` is a code for metrics:
-    ``nothing_to_fold`` (no turn between the head and the recent turns), ``llm_error`` (the
-    summariser failed), ``unusable_summary`` (empty, tool calls, or not shorter). ``usage``:
+    ``nothing_to_fold`` (fewer than two turns after the head), ``llm_error`` (the summariser
+    failed), ``unusable_summary`` (empty, only reasoning, tool calls, cut off, filtered, or not
+    shorter than what it would replace). ``usage``:
     what the summariser's request cost anyway; ``tokens_before``: the estimated tokens of the
     conversation it was to compact; ``duration_ms``: the summariser's wall time (0 when it
     was not asked)."""
@@ -161,7 +164,9 @@ class Compaction:
             in the new one (``restore`` puts ``folded`` back there).
         summary: the summary text the model will read.
         folded_turns: assistant turns folded.
-        tokens_before, tokens_after: estimated tokens of the old and the new list.
+        tokens_before, tokens_after: estimated tokens of the old and the new list (the loop
+            replaces them with its own count of the context, which includes what no message
+            shows: tool definitions, the provider's framing).
         model: the summariser's model name, as asked.
         duration_ms: wall time of the summarisation.
         usage: tokens the summarisation cost.
@@ -234,8 +239,10 @@ async def compact_history(
         llm: the summariser.
         model: its model name (``None``: its default).
         keep_recent: tokens of the latest turns to keep verbatim; the last turn always stays.
-        max_input_tokens: the summariser's context; the middle it reads is trimmed to fit,
-            oldest messages first (all of them are still folded and archived).
+        max_input_tokens: the summariser's context; a quarter of it (at most 4,096 tokens) is
+            left for its answer (the request's ``max_tokens``), and the middle it reads is
+            trimmed to fit the rest, oldest messages first (all of them are still folded and
+            archived).
         head: how many messages form the head (system prompt, prior messages, objective);
             default: up to and including the first user message.
 
@@ -258,15 +265,13 @@ async def compact_history(
         if sum(sizes[cut:]) > keep_recent:
             break
         end = cut
+    if end == head_end:
+        # every turn fits the budget, yet the context is full (a long head, tool schemas):
+        # fold all but the last turn rather than nothing
+        end = cuts[-1]
     start = head_end
     folded = list(messages[start:end])
     turns = sum(1 for m in folded if m.role == "assistant")
-    if turns == 0:
-        raise CompactionError(
-            "nothing_to_fold",
-            "the recent turns fill the budget: nothing to fold",
-            tokens_before=tokens_before,
-        )
 
     started = time.perf_counter()
     request = CompletionRequest(
@@ -276,6 +281,7 @@ async def compact_history(
         ],
         tools=[],
         model=model,
+        max_tokens=_output_tokens(max_input_tokens),
     )
 
     def failed(reason: str, message: str, usage: TokenUsage) -> CompactionError:
@@ -288,7 +294,14 @@ async def compact_history(
         response = await llm.complete(request)
     except LLMError as exc:
         raise failed("llm_error", f"the summariser failed: {exc}", exc.usage) from exc
-    summary = (response.message.content or "").strip()
+    if response.finish_reason in _UNUSABLE_FINISH:
+        raise failed(
+            "unusable_summary",
+            f"the summariser's answer was {_UNUSABLE_FINISH[response.finish_reason]} "
+            f"(finish_reason {response.finish_reason!r})",
+            response.usage,
+        )
+    summary = answer_text(response.message.content)  # reasoning blocks are not a summary
     folded_tokens = sum(sizes[start:end])
     if response.message.tool_calls or not summary:
         raise failed("unusable_summary", "the summariser answered no summary text", response.usage)
@@ -316,6 +329,25 @@ async def compact_history(
     )
 
 
+_UNUSABLE_FINISH = {
+    "length": "cut off at its token limit",
+    "content_filter": "filtered",
+    "error": "an error",
+}
+
+SUMMARY_OUTPUT_SHARE = 0.25
+"""Share of the summariser's context left for its answer (the rest holds the turns to read);
+the request's ``max_tokens`` is that share, at most ``SUMMARY_MAX_TOKENS``."""
+
+SUMMARY_MAX_TOKENS = 4096
+
+
+def _output_tokens(max_input_tokens: int | None) -> int | None:
+    if max_input_tokens is None:
+        return None
+    return max(64, min(SUMMARY_MAX_TOKENS, int(max_input_tokens * SUMMARY_OUTPUT_SHARE)))
+
+
 def _render(folded: Sequence[ChatMessage], max_input_tokens: int | None) -> str:
     """The folded turns as text for the summariser, the oldest dropped to fit its context."""
     lines = []
@@ -332,7 +364,8 @@ def _render(folded: Sequence[ChatMessage], max_input_tokens: int | None) -> str:
         else:
             lines.append(f"[{message.role}] {message.content or ''}")
     if max_input_tokens is not None:
-        budget = max(1, max_input_tokens - estimate_tokens(SUMMARY_PROMPT) - 64)
+        reserved = (_output_tokens(max_input_tokens) or 0) + estimate_tokens(SUMMARY_PROMPT) + 64
+        budget = max(1, max_input_tokens - reserved)
         kept: list[str] = []
         used = 0
         for line in reversed(lines):

@@ -13,6 +13,7 @@ Reminders from ``reminder_channel`` are appended to *that request only* as
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -339,20 +340,31 @@ async def run_planner_loop(
             **extra,
         )
 
+    def exhausted(round_no: int, why: str) -> PlannerLoopResult:
+        assert compactor is not None
+        last = (
+            f"; the last compaction attempt: {compaction_errors[-1]}" if compaction_errors else ""
+        )
+        threshold = int(compactor.threshold * compactor.max_ctx)
+        return result(
+            round_no - 1,
+            "context_exhausted",
+            error=(
+                f"the conversation holds about {context_tokens} tokens, over the "
+                f"{compactor.threshold:.0%} threshold ({threshold} tokens) of the "
+                f"{compactor.max_ctx}-token context, {why}{last}"
+            ),
+        )
+
     for round_no in range(first_round, inp.max_rounds + 1):
         if compactor is not None and should_compact(
             context_tokens, compactor.max_ctx, compactor.threshold
         ):
             if compaction_attempts >= compactor.max_per_iteration:
-                return result(
-                    round_no - 1,
-                    "context_exhausted",
-                    error=(
-                        f"the conversation reached about {context_tokens} tokens, "
-                        f"{compactor.threshold:.0%} of the {compactor.max_ctx}-token context, "
-                        f"after {compaction_attempts} compaction attempt(s) (at most "
-                        f"{compactor.max_per_iteration} per iteration)"
-                    ),
+                return exhausted(
+                    round_no,
+                    f"after {compaction_attempts} compaction attempt(s) (at most "
+                    f"{compactor.max_per_iteration} per iteration)",
                 )
             compaction_attempts += 1
             try:
@@ -361,7 +373,7 @@ async def run_planner_loop(
                     llm=compactor.llm,
                     model=compactor.model,
                     keep_recent=compactor.keep_recent_tokens or compactor.max_ctx // 4,
-                    max_input_tokens=compactor.summariser_max_ctx,
+                    max_input_tokens=compactor.summariser_max_ctx or compactor.max_ctx,
                     head=head_size,
                 )
             except CompactionError as exc:
@@ -378,9 +390,19 @@ async def run_planner_loop(
                 messages[:] = compaction.messages
                 usage = usage + compaction.usage
                 compactions_done += 1
+                # what the context held, less what the summary saved: the part no message
+                # shows (tool definitions, the provider's framing) stays counted
+                saved = compaction.tokens_before - compaction.tokens_after
+                compaction = dataclasses.replace(
+                    compaction,
+                    tokens_before=context_tokens,
+                    tokens_after=max(0, context_tokens - saved),
+                )
                 context_tokens = compaction.tokens_after
                 if inp.on_compaction is not None:
                     inp.on_compaction(round_no, compaction)
+            if context_tokens >= compactor.max_ctx:  # the request could not fit at all
+                return exhausted(round_no, "and more than the whole context after compacting")
         state = LoopState(
             round=round_no,
             tool_call_count=len(executed),

@@ -35,7 +35,7 @@ from planner import (
     messages_from_json,
 )
 from worker.db.stores import ClaimedMission, MissionStore, StartedIteration
-from worker.transcript import Transcript, json_safe
+from worker.transcript import Transcript, json_safe, log_rounds, log_usage
 
 __all__ = ["CHECKPOINT_EVERY_ROUNDS", "MissionJournal", "resume_checkpoint"]
 
@@ -153,6 +153,14 @@ async def resume_checkpoint(
     messages = messages_from_json(started.messages)
     transcript.compactions = started.compactions
     transcript.archived = started.compaction_attempts
+    # what the log no longer shows (compaction folded it) still counts
+    transcript.hidden_rounds = max(0, started.rounds - log_rounds(messages))
+    shown = log_usage(messages)
+    transcript.hidden_usage = TokenUsage(
+        prompt_tokens=max(0, started.prompt_tokens - shown.prompt_tokens),
+        completion_tokens=max(0, started.completion_tokens - shown.completion_tokens),
+        estimated=shown.estimated,
+    )
     checkpoint = Checkpoint(
         messages=messages,
         rounds_done=started.rounds,

@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError, TokenUsage
 from worker import metrics
+from worker.mcp.config import redact_url  # a password or query values in a URL: never logged
 from worker.settings import Settings
 
 __all__ = ["InstrumentedChatModel", "build_chat_model", "build_summariser"]
@@ -72,7 +73,7 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
     inner: Any
     if settings.llm_base_url:
         inner = _http_model(settings, "primary", settings.llm_base_url, settings.llm_api_key)
-        logger.info("LLM: OpenAI-compatible endpoint %s", settings.llm_base_url)
+        logger.info("LLM: OpenAI-compatible endpoint %s", redact_url(settings.llm_base_url))
     else:
         from planner.providers import LocalLlamaChatModel
 
@@ -90,7 +91,7 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
             fallback_model=settings.llm_fallback_model,
             on_fallback=_count_fallback,
         )
-        logger.info("LLM: fallback endpoint %s", settings.llm_fallback_base_url)
+        logger.info("LLM: fallback endpoint %s", redact_url(settings.llm_fallback_base_url))
     return InstrumentedChatModel(inner)
 
 
@@ -99,7 +100,7 @@ def build_summariser(settings: Settings, chat: InstrumentedChatModel) -> Instrum
     (its own endpoint and key), else the missions' own ``chat``."""
     if not settings.compact_base_url:
         return chat
-    logger.info("compaction summaries: endpoint %s", settings.compact_base_url)
+    logger.info("compaction summaries: endpoint %s", redact_url(settings.compact_base_url))
     inner = _http_model(settings, "compaction", settings.compact_base_url, settings.compact_api_key)
     return InstrumentedChatModel(inner)
 

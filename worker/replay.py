@@ -25,6 +25,8 @@ compaction first, gives the conversation before it (``planner.compaction.restore
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +35,15 @@ from worker.errors import ManaAIError
 
 __all__ = [
     "ReplayError",
+    "checked_iteration",
+    "is_summary",
     "message_label",
     "policy_text",
     "render_markdown",
     "render_text",
     "replay_events",
     "restored_log",
+    "visible",
 ]
 
 Row = dict[str, Any]
@@ -47,7 +52,9 @@ _SUMMARY_START = "<summary of "
 
 
 class ReplayError(ManaAIError):
-    """An iteration's archive does not fit its stored log (rows missing or edited)."""
+    """An iteration cannot be replayed or rerun: its log, archive or reminder audit is
+    malformed (edited by hand, corrupt), its archive does not fit its log, or it stored no
+    conversation at all."""
 
 
 @dataclass
@@ -73,7 +80,7 @@ def _restore(messages: Sequence[Row], compactions: Sequence[Row]) -> list[_Item]
     for compaction in reversed(sorted(done, key=lambda c: c["compaction_index"])):
         index, start = compaction["compaction_index"], compaction["start_index"]
         summary = items[start] if 0 <= start < len(items) else None
-        if summary is None or not _is_summary(summary.message):
+        if summary is None or not is_summary(summary.message):
             raise ReplayError(
                 f"the archive does not fit the log: compaction {index} replaced its turns "
                 f"with a summary at message {start}, which the stored log does not have there"
@@ -108,7 +115,8 @@ def _mark_fields(row: Row) -> Row:
     }
 
 
-def _is_summary(message: Row) -> bool:
+def is_summary(message: Row) -> bool:
+    """True for the message a compaction put in place of the turns it folded."""
     content = message.get("content")
     return (
         message.get("role") == "user"
@@ -117,9 +125,59 @@ def _is_summary(message: Row) -> bool:
     )
 
 
+def checked_iteration(iteration: Row) -> None:
+    """Check what replay and rerun read of a stored iteration: its log and each archived
+    compaction's folded messages are lists of messages with a role (tool calls with a name),
+    its reminder audit is records of a round, a producer and a text.
+
+    Raises:
+        ReplayError: naming the part that is malformed (a row edited by hand, or corrupt).
+    """
+    _check_messages(iteration.get("messages"), "the stored message log")
+    for row in iteration.get("compactions") or []:
+        where = f"compaction {row.get('compaction_index')} of the archive"
+        if not isinstance(row.get("compaction_index"), int) or not isinstance(
+            row.get("round"), int
+        ):
+            raise ReplayError(f"{where} has no compaction index or round")
+        if not row.get("error"):
+            _check_messages(row.get("folded"), f"the folded messages of {where}")
+            if not row.get("folded"):
+                raise ReplayError(f"the archive does not fit the log: {where} is empty")
+    reminders = iteration.get("reminders") or []
+    if not isinstance(reminders, list):
+        raise ReplayError("the reminder audit is not a list")
+    for n, reminder in enumerate(reminders, start=1):
+        if not (
+            isinstance(reminder, dict)
+            and isinstance(reminder.get("round"), int)
+            and isinstance(reminder.get("producer"), str)
+            and isinstance(reminder.get("text"), str)
+        ):
+            raise ReplayError(f"reminder {n} of the audit is not a round, a producer and a text")
+
+
+def _check_messages(messages: Any, where: str) -> None:
+    if not isinstance(messages, list):
+        raise ReplayError(f"{where} is not a list of messages")
+    for n, message in enumerate(messages, start=1):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise ReplayError(f"message {n} of {where} has no valid role")
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
+        ):
+            raise ReplayError(f"message {n} of {where} has a tool call without a name")
+
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
 def replay_events(iteration: Row) -> list[Row]:
     """The events of ``iteration`` (``AdminStore.get_iteration``'s row) in reading order; see
-    the module docstring. Raises ReplayError when its archive does not fit its log."""
+    the module docstring. Raises ReplayError when its log, archive or audit is malformed, or
+    the archive does not fit the log."""
+    checked_iteration(iteration)
     compactions = iteration.get("compactions") or []
     items = _restore(iteration.get("messages") or [], compactions)
     reminders: dict[int, list[Row]] = {}
@@ -274,65 +332,98 @@ def _header_lines(iteration: Row) -> list[str]:
 
 
 def render_text(iteration: Row, events: Sequence[Row], write: Callable[[str], None]) -> None:
-    """Plain text, one line per message or call; folded turns are prefixed ``| `` (one bar
-    per compaction that folded them) between the lines that open and close their compaction."""
+    """Plain text, one line per message or call (a message of several lines goes on, indented);
+    folded turns are prefixed ``| `` (one bar per compaction that folded them) between the
+    lines that open and close their compaction. Control and invisible characters (a bidi
+    override, a terminal escape) are shown as ``\\uXXXX``, never sent to the terminal."""
     for line in _header_lines(iteration):
-        write(line)
+        _write_text(write, "", line)
     depth = 0
     for event in events:
         kind = event["event"]
         bar = "| " * depth
         if kind == "compaction":
-            write(
-                f"{bar}== compaction {event['index']} before round {event['before_round']}: "
+            _write_text(
+                write,
+                bar,
+                f"== compaction {event['index']} before round {event['before_round']}: "
                 f"{event['folded_turns']} turn(s) folded, {event['tokens_before']} -> "
                 f"{event['tokens_after']} tokens (estimated), summarised by "
                 f"{event.get('model') or 'the default model'} in "
                 f"{float(event.get('duration_ms') or 0):.0f} ms. The model read this summary "
-                f"instead of the turns marked '|':"
+                f"instead of the turns marked '|':",
             )
             for line in str(event.get("summary") or "").splitlines():
-                write(f"{bar}   > {line}")
+                _write_text(write, bar, f"   > {line}")
             depth += 1
         elif kind == "compaction_end":
             depth = max(0, depth - 1)
             write(f"{'| ' * depth}== end of the turns compaction {event['index']} folded ==")
         elif kind == "compaction_failed":
-            write(
-                f"{bar}== compaction {event['index']} tried before round "
-                f"{event['before_round']} changed nothing: {event['error']} =="
+            _write_text(
+                write,
+                bar,
+                f"== compaction {event['index']} tried before round "
+                f"{event['before_round']} changed nothing: {event['error']} ==",
             )
         elif kind in ("round", "unanswered_round"):
             resumed = event.get("resumed_by")
             if resumed:
-                write(
-                    f"{bar}== attempt {resumed['attempt']} (worker {resumed['worker_id']}) "
-                    f"resumed the run here =="
+                _write_text(
+                    write,
+                    bar,
+                    f"== attempt {resumed['attempt']} (worker {resumed['worker_id']}) "
+                    "resumed the run here ==",
                 )
             note = " (no answer)" if kind == "unanswered_round" else ""
             write(f"{bar}-- round {event['round']}{note} --")
             for reminder in event.get("reminders") or []:
-                write(f"{bar}[reminder {reminder['producer']}] {reminder['text']}")
+                _write_text(write, bar, f"[reminder {reminder['producer']}] {reminder['text']}")
         elif kind == "message":
             message = event["message"]
             label = message_label(message)
             if message.get("content") is not None:
-                write(f"{bar}{label} {message['content']}")
+                _write_text(write, bar, f"{label} {message['content']}")
             for call in event.get("calls") or []:
-                write(
-                    f"{bar}{label} calls {call['name']}({_arguments_text(call)}) "
-                    f"id={call['id']}{_call_suffix(call)}"
+                _write_text(
+                    write,
+                    bar,
+                    f"{label} calls {call['name']}({_arguments_text(call)}) "
+                    f"id={call['id']}{_call_suffix(call)}",
                 )
 
 
+def _write_text(write: Callable[[str], None], bar: str, text: str) -> None:
+    """``text`` line by line, each prefixed ``bar`` (the lines after the first indented)."""
+    first, *rest = visible(str(text)).split("\n")
+    write(f"{bar}{first}")
+    for line in rest:
+        write(f"{bar}    {line}")
+
+
+_HIDDEN = ("Cc", "Cf", "Cs", "Co", "Zl", "Zp")
+
+
+def visible(text: str) -> str:
+    """``text`` with control, format (bidi, zero-width), surrogate and private-use characters
+    written as ``\\uXXXX``; newlines and tabs stay."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c in "\n\t" or unicodedata.category(c) not in _HIDDEN else f"\\u{ord(c):04x}"
+        for c in text
+    )
+
+
 def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str], None]) -> None:
-    """Markdown: a heading per round, reminders and summaries as quotes, tool results in code
-    blocks, folded turns between a compaction heading and its end line."""
+    """Markdown: a heading per round, reminders as quotes, every text that came from a model,
+    a tool or a prompt in a code block (fenced longer than any backtick run in it, so nothing
+    in it can become markup), folded turns between a compaction heading and its end line."""
     lines = _header_lines(iteration)
-    write(f"# {lines[0]}")
+    write(f"# {_md_inline(lines[0])}")
     write("")
     for line in lines[1:]:
-        write(f"- {line}")
+        write(f"- {_md_inline(line)}")
     for event in events:
         kind = event["event"]
         write("")
@@ -344,25 +435,24 @@ def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str]
             write("")
             write(
                 f"{event['tokens_before']} → {event['tokens_after']} tokens (estimated), "
-                f"summarised by `{event.get('model') or 'the default model'}`. "
+                f"summarised by {_md_inline(event.get('model') or 'the default model')}. "
                 "The model read this summary instead of the turns below:"
             )
             write("")
-            for line in str(event.get("summary") or "").splitlines() or [""]:
-                write(f"> {line}")
+            _md_block(write, str(event.get("summary") or ""))
         elif kind == "compaction_end":
             write(f"*End of the turns compaction {event['index']} folded.*")
         elif kind == "compaction_failed":
             write(
                 f"**Compaction {event['index']} tried before round {event['before_round']} "
-                f"changed nothing:** {event['error']}"
+                f"changed nothing:** {_md_inline(str(event['error']))}"
             )
         elif kind in ("round", "unanswered_round"):
             resumed = event.get("resumed_by")
             if resumed:
                 write(
-                    f"*Attempt {resumed['attempt']} (worker {resumed['worker_id']}) resumed "
-                    "the run here.*"
+                    f"*Attempt {resumed['attempt']} (worker {_md_inline(str(resumed['worker_id']))}"
+                    ") resumed the run here.*"
                 )
                 write("")
             folded = event.get("folded_by")
@@ -371,24 +461,45 @@ def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str]
             write(f"### Round {event['round']}{note}")
             for reminder in event.get("reminders") or []:
                 write("")
-                write(f"> **reminder ({reminder['producer']})**: {reminder['text']}")
+                write(
+                    f"> **reminder ({_md_inline(str(reminder['producer']))})**: "
+                    f"{_md_inline(str(reminder['text']))}"
+                )
         elif kind == "message":
             message = event["message"]
             role = message.get("role")
-            if role == "tool":
-                write(f"**tool result** (call `{message.get('tool_call_id')}`):")
-                write("")
-                write("```")
-                write(str(message.get("content") or ""))
-                write("```")
-                continue
             if message.get("content") is not None:
-                write(f"**{role}**: {message['content']}")
+                if role == "tool":
+                    write(f"**tool result** (call {_md_inline(str(message.get('tool_call_id')))}):")
+                else:
+                    write(f"**{role}**:")
+                write("")
+                _md_block(write, str(message["content"]))
             for call in event.get("calls") or []:
                 write(
-                    f"- calls `{call['name']}` `{_arguments_text(call)}` (id `{call['id']}`)"
-                    f"{_call_suffix(call)}"
+                    f"- calls {_md_inline(str(call['name']))} (id {_md_inline(str(call['id']))})"
+                    f"{_md_inline(_call_suffix(call))}:"
                 )
+                write("")
+                _md_block(write, _arguments_text(call), indent="  ")
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~])")
+
+
+def _md_inline(text: str) -> str:
+    """``text`` as literal Markdown inline text: on one line, markup characters escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", visible(text).replace("\n", " "))
+
+
+def _md_block(write: Callable[[str], None], text: str, indent: str = "") -> None:
+    """``text`` in a fenced code block whose fence is longer than any backtick run in it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    write(f"{indent}{fence}text")
+    for line in visible(text).split("\n"):
+        write(f"{indent}{line}")
+    write(f"{indent}{fence}")
 
 
 def message_label(message: Row) -> str:

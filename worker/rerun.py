@@ -30,10 +30,12 @@ from __future__ import annotations
 import contextvars
 import json
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from planner import (
     ChatMessage,
@@ -65,7 +67,7 @@ from planner.policy import (
 from planner.testing import InMemoryCallLedger
 from worker.mcp.config import is_mcp_tool_name
 from worker.reminder_channel import mission_reminder_channel
-from worker.replay import policy_text, restored_log
+from worker.replay import ReplayError, checked_iteration, policy_text, restored_log
 from worker.transcript import call_outcome
 
 __all__ = [
@@ -218,31 +220,52 @@ def _difference_text(d: Row) -> str:
 
 
 class _RecordedModel:
-    """Answers request N with the N-th recorded assistant reply; counts the rounds."""
+    """Answers request N with the N-th recorded assistant reply; knows the round and the
+    position of every call it handed out (by identity: call ids may repeat)."""
 
     def __init__(self, replies: Sequence[Row], final_error: str | None) -> None:
-        self.replies = list(replies)
+        self.responses = [_response(n, stored) for n, stored in enumerate(replies, start=1)]
         self.final_error = final_error
         self.round = 0
+        self._positions: dict[int, tuple[int, int]] = {}
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         self.round += 1
-        if self.round > len(self.replies):
-            if self.round == len(self.replies) + 1 and self.final_error:
+        if self.round > len(self.responses):
+            if self.round == len(self.responses) + 1 and self.final_error:
                 raise LLMError(self.final_error)
             raise LLMError(
-                f"no recorded reply for round {self.round}: the recorded run got "
-                f"{len(self.replies)}"
+                f"the recording ends after round {len(self.responses)} (a rerun cannot ask "
+                "the model)"
             )
-        stored = dict(self.replies[self.round - 1])
-        info = stored.pop("reply_info", None) or {}
-        usage = info.get("usage") or {}
+        response = self.responses[self.round - 1]
+        for position, call in enumerate(response.message.tool_calls):
+            self._positions[id(call)] = (self.round, position)
+        return response
+
+    def position_of(self, call: ToolCall) -> tuple[int, int] | None:
+        """``(round, position)`` of a call this model handed out."""
+        return self._positions.get(id(call))
+
+
+def _response(round_no: int, stored: Row) -> CompletionResponse:
+    """The recorded reply of ``round_no`` as the model's response."""
+    stored = dict(stored)
+    info = stored.pop("reply_info", None) or {}
+    try:
         return CompletionResponse(
             message=ChatMessage.from_json(stored),
-            usage=TokenUsage.model_validate(usage),
-            finish_reason=info.get("finish_reason"),
-            endpoint=info.get("endpoint"),
+            usage=TokenUsage.model_validate(
+                (info.get("usage") if isinstance(info, dict) else None) or {}
+            ),
+            finish_reason=info.get("finish_reason") if isinstance(info, dict) else None,
+            endpoint=info.get("endpoint") if isinstance(info, dict) else None,
         )
+    except ValidationError as exc:
+        raise ReplayError(
+            f"the recorded reply of round {round_no} cannot be read back: "
+            f"{exc.errors()[0].get('loc')} {exc.errors()[0].get('msg')}"
+        ) from exc
 
 
 class _RecordedSummariser:
@@ -295,31 +318,6 @@ class _RerunLedger:
         )
 
 
-@dataclass
-class _Recording:
-    """The recorded tool calls of an iteration, by round and call id."""
-
-    by_call: dict[tuple[int, str], deque[Row]]
-
-    @classmethod
-    def of(cls, invocations: Sequence[Row]) -> _Recording:
-        latest: dict[tuple[int, int], Row] = {}
-        for row in sorted(invocations, key=lambda r: r.get("id") or 0):
-            latest[(int(row["round"]), int(row.get("position") or 0))] = row
-        by_call: dict[tuple[int, str], deque[Row]] = {}
-        for (round_no, _), row in sorted(latest.items()):
-            by_call.setdefault((round_no, str(row["call_id"])), deque()).append(row)
-        return cls(by_call)
-
-    def peek(self, round_no: int, call_id: str) -> Row | None:
-        rows = self.by_call.get((round_no, call_id))
-        return rows[0] if rows else None
-
-    def take(self, round_no: int, call_id: str) -> Row | None:
-        rows = self.by_call.get((round_no, call_id))
-        return rows.popleft() if rows else None
-
-
 # -- the rerun ------------------------------------------------------------------------------------
 
 
@@ -327,30 +325,44 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     """Rerun ``iteration`` (``AdminStore.get_iteration``'s row) under ``config`` and compare.
 
     Raises:
-        ReplayError: the iteration's archive does not fit its log.
+        ReplayError: the iteration stored no conversation (nothing to rerun), or its log,
+            archive or audit is malformed, or its archive does not fit its log.
     """
+    checked_iteration(iteration)
     report = RerunReport(iteration_id=int(iteration["id"]), settings=config.settings_json())
     log = restored_log(iteration.get("messages") or [], iteration.get("compactions") or [])
     first_reply = next((i for i, m in enumerate(log) if m.get("role") == "assistant"), len(log))
     head = log[:first_reply]
     if len(head) < 2 or head[0].get("role") != "system" or head[-1].get("role") != "user":
-        report.notes.append("the iteration has no stored conversation to rerun")
-        return report
+        raise ReplayError(
+            f"iteration {iteration['id']} stored no conversation to rerun (status "
+            f"{iteration.get('status')}, stop reason {iteration.get('stop_reason')}): the "
+            "model was never asked"
+        )
     replies = [m for m in log if m.get("role") == "assistant"]
-    recording = _Recording.of(iteration.get("tool_invocations") or [])
     calls_recorded = {
         (int(r["round"]), int(r.get("position") or 0)): r
         for r in sorted(iteration.get("tool_invocations") or [], key=lambda r: r.get("id") or 0)
+        if r.get("round") is not None
     }
     final_error = iteration.get("error") if iteration.get("stop_reason") == "llm_error" else None
     model = _RecordedModel(replies, final_error)
+    try:
+        prior = [ChatMessage.from_json(m) for m in head[1:-1]]
+    except ValidationError as exc:
+        raise ReplayError(f"the stored conversation's head cannot be read back: {exc}") from exc
 
     started = iteration.get("started_at")
     start = started if isinstance(started, datetime) else datetime.now(UTC)
-    gate = _gate(config, start, recording, model)
+
+    def recorded_row(call: ToolCall) -> Row | None:
+        where = model.position_of(call)
+        return calls_recorded.get(where) if where is not None else None
+
+    gate = _gate(config, start, recorded_row)
 
     async def execute(call: ToolCall) -> Any:
-        row = recording.take(model.round, call.id)
+        row = recorded_row(call)
         if row is None:
             raise ToolError("(rerun) no recorded result: the recorded run did not run this call")
         if row.get("outcome") == "ok":
@@ -396,7 +408,7 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     inp = PlannerLoopInput(
         system_prompt=str(head[0].get("content") or ""),
         user_prompt=str(head[-1].get("content") or ""),
-        prior_messages=[ChatMessage.from_json(m) for m in head[1:-1]],
+        prior_messages=prior,
         tools=list(config.tools),
         max_rounds=config.max_rounds,
         ctx=ToolContext(user_id=config.user_id, mission_id=iteration.get("mission_id")),
@@ -412,7 +424,7 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     offered = {t.name for t in config.tools}
     recorded_tools = {str(r["tool"]) for r in calls_recorded.values()}
     unlisted = sorted({t for t in recorded_tools if is_mcp_tool_name(t)} - offered)
-    _compare_calls(report, calls_recorded, result.executed_calls, skip=frozenset(unlisted))
+    _compare_calls(report, calls_recorded, result.executed_calls, config, skip=frozenset(unlisted))
     _compare_compactions(report, archive, compactions)
     _compare_reminders(report, recorded_reminders, channel.audit() if channel else [])
     recorded_stop = iteration.get("stop_reason")
@@ -453,14 +465,14 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     gone = sorted(recorded_tools - offered - set(unlisted))
     if gone:
         report.notes.append(
-            f"tool(s) the recorded run called that the agent is not offered today: "
-            f"{', '.join(gone)}"
+            f"tool(s) the recorded run called that the agent is not offered today (or that "
+            f"never existed): {', '.join(gone)}"
         )
     return report
 
 
 def _gate(
-    config: RerunConfig, start: datetime, recording: _Recording, model: _RecordedModel
+    config: RerunConfig, start: datetime, recorded_row: Callable[[ToolCall], Row | None]
 ) -> PolicyGate | None:
     if config.policy_mode == "off":
         return None
@@ -473,7 +485,7 @@ def _gate(
     )
 
     async def gate(spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
-        _current_call.set(recording.peek(model.round, call.id))
+        _current_call.set(recorded_row(call))
         return await inner(spec, call, ctx)
 
     return gate
@@ -506,6 +518,7 @@ def _compare_calls(
     report: RerunReport,
     recorded: dict[tuple[int, int], Row],
     executed: Sequence[ExecutedCall],
+    config: RerunConfig,
     skip: frozenset[str] = frozenset(),
 ) -> None:
     now = {(c.round, c.index): c for c in executed}
@@ -516,8 +529,6 @@ def _compare_calls(
             continue
         call_id = call.call.id if call is not None else str((row or {}).get("call_id"))
         base = {"round": key[0], "position": key[1], "tool": tool, "call_id": call_id}
-        recorded_decision = (row or {}).get("policy_decision")
-        now_decision = call.decision.model_dump(mode="json") if call and call.decision else None
         if row is None or call is None:
             report.differences.append(
                 base
@@ -528,29 +539,58 @@ def _compare_calls(
                 }
             )
             continue
-        if _decision_key(recorded_decision) != _decision_key(now_decision):
+        recorded_decision = row.get("policy_decision")
+        now_decision = call.decision.model_dump(mode="json") if call.decision else None
+        # a call recorded without a gate that a gate now lets through behaves the same
+        newly_allowed = recorded_decision is None and (now_decision or {}).get("verdict") == "allow"
+        if not newly_allowed and _decision_key(recorded_decision) != _decision_key(now_decision):
             report.differences.append(
                 base
                 | {
                     "kind": "policy",
-                    "recorded": policy_text(recorded_decision, row.get("policy_mode"))
-                    or "no gate (off)",
-                    "now": policy_text(now_decision, None) or "no gate (off)",
+                    "recorded": _decision_text(
+                        recorded_decision, row.get("policy_mode"), row.get("error")
+                    ),
+                    "now": _decision_text(now_decision, config.policy_mode, call.error),
                     "now_message": call.decision.message if call.decision else None,
                 }
             )
         recorded_outcome = row.get("outcome")
         if recorded_outcome == "unknown":
             recorded_outcome = "error"  # the resumed run answered it with an error result
-        if recorded_outcome != call_outcome(call):
+        outcome = call_outcome(call)
+        if recorded_outcome != outcome:
             report.differences.append(
                 base
                 | {
                     "kind": "outcome",
                     "recorded": row.get("outcome"),
-                    "now": call_outcome(call) + (f" ({call.error})" if call.error else ""),
+                    "now": outcome + (f" ({call.error})" if call.error else ""),
                 }
             )
+        elif outcome == "error" and (row.get("error") or "") != (call.error or ""):
+            report.differences.append(  # still an error, for another reason
+                base
+                | {
+                    "kind": "outcome",
+                    "recorded": f"error ({row.get('error')})",
+                    "now": f"error ({call.error})",
+                }
+            )
+
+
+def _decision_text(decision: Row | None, mode: str | None, error: str | None) -> str:
+    """A decision in words; without one: no gate, or the call never reached it (why)."""
+    text = policy_text(decision, mode)
+    if text is not None:
+        return text
+    if mode in (None, "off"):
+        return "no gate (off)"
+    return f"not decided: the call never reached the gate ({_short(error or 'no error')})"
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _compare_compactions(report: RerunReport, archive: Sequence[Row], now: Sequence[Row]) -> None:

@@ -75,7 +75,8 @@ class CompactionSetup:
         llm: the summariser (the missions' model, or ``MANA_AI_COMPACT_BASE_URL``'s).
         max_ctx: the default context in tokens (an agent's ``compact_max_ctx`` overrides it);
             0 turns compaction off.
-        threshold, max_per_iteration, model, summariser_max_ctx: see ``Compactor``.
+        model: the summariser's model (``MANA_AI_COMPACT_MODEL``); ``None``: the mission's.
+        threshold, max_per_iteration, summariser_max_ctx: see ``Compactor``.
     """
 
     llm: ChatModel
@@ -85,15 +86,18 @@ class CompactionSetup:
     model: str | None = None
     summariser_max_ctx: int | None = None
 
-    def compactor_for(self, mission: ClaimedMission) -> Compactor | None:
-        """The mission's Compactor, or ``None`` when its context is 0 (off)."""
+    def compactor_for(
+        self, mission: ClaimedMission, mission_model: str | None = None
+    ) -> Compactor | None:
+        """The mission's Compactor (summarising with ``model``, else ``mission_model``: the
+        model the mission's requests name), or ``None`` when its context is 0 (off)."""
         max_ctx = mission.compact_max_ctx if mission.compact_max_ctx is not None else self.max_ctx
         if max_ctx <= 0:
             return None
         return Compactor(
             llm=self.llm,
             max_ctx=max_ctx,
-            model=self.model,
+            model=self.model or mission_model,
             threshold=self.threshold,
             max_per_iteration=self.max_per_iteration,
             summariser_max_ctx=self.summariser_max_ctx,
@@ -385,6 +389,7 @@ class MissionRunner:
                     iteration.attempt - 1,
                     unknown,
                 )
+            compactor = self.compaction.compactor_for(mission, model) if self.compaction else None
             inp = PlannerLoopInput(
                 system_prompt=mission.system_prompt,
                 user_prompt=mission.objective,
@@ -395,10 +400,10 @@ class MissionRunner:
                 policy=gate,
                 reminder_channel=transcript.reminders,
                 reminder_role=self.reminder_role,
-                compactor=self.compaction.compactor_for(mission) if self.compaction else None,
+                compactor=compactor,
                 on_compaction=lambda round_no, c: _compacted(transcript, round_no, c),
                 on_compaction_failed=lambda round_no, e: _compaction_failed(
-                    transcript, round_no, e, self.compaction.model if self.compaction else None
+                    transcript, round_no, e, compactor.model if compactor else None
                 ),
                 on_message=transcript.messages.append,
                 on_executed_call=on_executed,

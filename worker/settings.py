@@ -43,6 +43,9 @@ MIN_TICK_INTERVAL_S = 0.1
 interval of 0 every second, and a tick is at least a database round trip anyway."""
 HOUR_S = 3_600
 DAY_S = 86_400
+MIN_CONTEXT_TOKENS = 256
+"""A model context smaller than this leaves no room to compact (a quarter is kept verbatim)."""
+MAX_CONTEXT_TOKENS = 100_000_000
 """Upper bounds of durations: every numeric setting has one, so that no value reaches a
 ``timedelta``, a timer or the database that they cannot hold."""
 
@@ -416,12 +419,12 @@ class Settings(BaseSettings):
     compact_max_ctx: int = Field(
         default=1_000_000,
         ge=0,
-        le=100_000_000,
+        le=MAX_CONTEXT_TOKENS,
         description=(
             "The mission model's context in tokens: when a conversation reaches "
             "MANA_AI_COMPACT_THRESHOLD of it, its middle is summarised and archived "
-            "(compaction). 0 turns compaction off. An agent's --compact-max-ctx overrides it "
-            "(models differ). Default 1000000."
+            "(compaction). 0 turns compaction off; otherwise 256 to 100000000. An agent's "
+            "--compact-max-ctx overrides it (models differ). Default 1000000."
         ),
     )
     compact_threshold: float = Field(
@@ -435,9 +438,9 @@ class Settings(BaseSettings):
         ge=1,
         le=10,
         description=(
-            "Compactions tried per iteration, failed ones included; a conversation that "
-            "crosses the threshold again after that ends with stop reason context_exhausted "
-            "instead of sending an over-long request. Default 1."
+            "Compactions tried per iteration (1-10), failed ones included; a conversation "
+            "that crosses the threshold again after that ends with stop reason "
+            "context_exhausted instead of sending an over-long request. Default 1."
         ),
     )
     compact_model: str | None = Field(
@@ -459,12 +462,13 @@ class Settings(BaseSettings):
     )
     compact_model_max_ctx: int | None = Field(
         default=None,
-        ge=1000,
-        le=100_000_000,
+        ge=MIN_CONTEXT_TOKENS,
+        le=MAX_CONTEXT_TOKENS,
         description=(
-            "The summarising model's own context in tokens: the turns it is asked to "
-            "summarise are trimmed (oldest first) to fit; all of them are still archived. "
-            "Unset: the mission's MANA_AI_COMPACT_MAX_CTX."
+            "The summarising model's own context in tokens (256 to 100000000): a quarter of "
+            "it is left for the summary, and the turns it is asked to summarise are trimmed "
+            "(oldest first) to fit the rest; all of them are still archived. Unset: the "
+            "mission's context (MANA_AI_COMPACT_MAX_CTX or the agent's --compact-max-ctx)."
         ),
     )
     reminder_role: Literal["system", "user"] = Field(
@@ -543,12 +547,19 @@ class Settings(BaseSettings):
             return None
         return value
 
-    @field_validator("worker_id", "llm_model", "llm_fallback_model")
+    @field_validator("worker_id", "llm_model", "llm_fallback_model", "compact_model")
     @classmethod
     def _check_name(cls, value: str | None) -> str | None:
         """The one rule for names (``worker.names``): trimmed, 1-200 characters, no control
         or invisible characters (a newline in a worker id would split its log lines)."""
         return None if value is None else normalised_name(value)
+
+    @field_validator("compact_max_ctx")
+    @classmethod
+    def _check_context(cls, value: int) -> int:
+        if 0 < value < MIN_CONTEXT_TOKENS:
+            raise ValueError(f"must be 0 (off) or at least {MIN_CONTEXT_TOKENS} tokens")
+        return value
 
     @field_validator("database_url")
     @classmethod

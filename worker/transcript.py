@@ -28,7 +28,15 @@ from planner import (
 from reminders import ReminderComposer
 from worker.db.stores import ArchiveRow, RoundCheckpoint, ToolInvocationRow
 
-__all__ = ["Transcript", "call_outcome", "invocation_row", "json_safe", "messages_json"]
+__all__ = [
+    "Transcript",
+    "call_outcome",
+    "invocation_row",
+    "json_safe",
+    "log_rounds",
+    "log_usage",
+    "messages_json",
+]
 
 
 @dataclass
@@ -51,6 +59,9 @@ class Transcript:
         compactions: compactions of this iteration so far (earlier attempts' included).
         archived: archive rows of this iteration so far: compactions and failed attempts
             (their ``compaction_index`` counts on from it).
+        hidden_rounds, hidden_usage: rounds whose replies are no longer in ``messages``
+            (compaction folded them) and their tokens, plus what summarisations cost: the
+            counts ``rounds()`` and ``usage()`` add to what the log shows.
         source_problems: what the run's tool sources (MCP servers) left out, and why.
     """
 
@@ -66,6 +77,8 @@ class Transcript:
     archive_pending: list[ArchiveRow] = field(default_factory=list)
     compactions: int = 0
     archived: int = 0
+    hidden_rounds: int = 0
+    hidden_usage: TokenUsage = field(default_factory=TokenUsage)
     source_problems: list[str] = field(default_factory=list)
 
     def messages_json(self) -> list[dict[str, Any]]:
@@ -73,17 +86,14 @@ class Transcript:
         return messages_json(self.messages)
 
     def usage(self) -> TokenUsage:
-        """Tokens of the rounds in the log so far (each reply's ``reply_info.usage``; earlier
-        attempts' rounds included)."""
-        total = TokenUsage()
-        for message in self.messages:
-            if message.reply_info is not None and message.reply_info.usage is not None:
-                total = total + message.reply_info.usage
-        return total
+        """Tokens of the run so far: each reply's ``reply_info.usage`` in the log (earlier
+        attempts' rounds included), plus ``hidden_usage`` (folded rounds, summarisations)."""
+        return self.hidden_usage + log_usage(self.messages)
 
     def rounds(self) -> int:
-        """Rounds in the log so far: one per assistant reply."""
-        return sum(1 for m in self.messages if m.role == "assistant")
+        """Rounds of the run so far: one per assistant reply in the log, plus the folded
+        ones (``hidden_rounds``)."""
+        return self.hidden_rounds + log_rounds(self.messages)
 
     def checkpoint(self) -> RoundCheckpoint:
         """What a round commit stores on the iteration row."""
@@ -103,6 +113,8 @@ class Transcript:
         self.messages[:] = compaction.messages
         self.compactions += 1
         self.archived += 1
+        self.hidden_rounds += log_rounds(compaction.folded)
+        self.hidden_usage = self.hidden_usage + log_usage(compaction.folded) + compaction.usage
         row = ArchiveRow(
             compaction_index=self.archived,
             round=round_no,
@@ -125,6 +137,7 @@ class Transcript:
         """A compaction before ``round_no`` was tried and changed nothing: keep the attempt
         for the archive (with its error), unless no summariser was asked (``nothing_to_fold``:
         nothing to replay)."""
+        self.hidden_usage = self.hidden_usage + error.usage
         if error.reason == "nothing_to_fold":
             return None
         self.archived += 1
@@ -227,6 +240,20 @@ def invocation_row(
         policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
         policy_mode=(decision.mode if decision and decision.mode else policy_mode),
     )
+
+
+def log_rounds(messages: Sequence[ChatMessage]) -> int:
+    """Rounds answered in ``messages``: one per assistant reply."""
+    return sum(1 for m in messages if m.role == "assistant")
+
+
+def log_usage(messages: Sequence[ChatMessage]) -> TokenUsage:
+    """The tokens the replies in ``messages`` cost (their ``reply_info.usage``)."""
+    total = TokenUsage()
+    for message in messages:
+        if message.reply_info is not None and message.reply_info.usage is not None:
+            total = total + message.reply_info.usage
+    return total
 
 
 def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ history`, and `replay --rerun` under the same and under other settings."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -24,11 +25,12 @@ from planner.policy import PolicyConfig
 from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer
 from tests.fakes import FakeLLMServer
+from tests.fakes.llm_server import chat_completion_body
 from tests.integration.test_durable_iterations import expire_lease
 from tests.integration.worker_harness import add_mission, iterations, make_worker, policy_setup
 from worker.cli import main
 from worker.db.admin import AdminStore
-from worker.db.tables import agents, compacted_turns
+from worker.db.tables import agents, compacted_turns, mission_iterations
 from worker.replay import restored_log
 from worker.rerun import RerunConfig, rerun_iteration
 from worker.runner import CompactionSetup
@@ -77,7 +79,9 @@ async def run(db: AsyncEngine, server: FakeLLMServer) -> dict[str, Any]:
 async def long_mission(db: AsyncEngine) -> int:
     mission_id = await add_mission(db, cron=None)
     async with db.begin() as conn:
-        await conn.execute(update(agents).values(compact_max_ctx=MAX_CTX, max_rounds=8))
+        await conn.execute(
+            update(agents).values(compact_max_ctx=MAX_CTX, max_rounds=8, model="agent-model-x")
+        )
     return mission_id
 
 
@@ -122,9 +126,14 @@ async def test_a_long_mission_compacts_once_archives_it_and_replay_restores_it(
     assert it["status"] == "succeeded" and it["stop_reason"] == "final_answer"
     assert it["rounds"] == 5 and len(requests) == 6  # 5 rounds and one summarisation
     summarise, round_5 = requests[4], requests[5]
-    assert "Round 1." in summarise["messages"][-1]["content"]
-    assert "Round 3." in summarise["messages"][-1]["content"]
-    assert "Round 4." not in summarise["messages"][-1]["content"]
+    # the summariser's context is the mission's (1,000 tokens, a quarter kept for its answer):
+    # the oldest folded message is left out of what it reads (it is still folded and archived)
+    to_summarise = summarise["messages"][-1]["content"]
+    assert to_summarise.startswith("[1 earlier message(s) left out to fit]")
+    assert "Round 2." in to_summarise and "Round 3." in to_summarise
+    assert "Round 4." not in to_summarise
+    assert summarise["max_tokens"] == 250
+    assert summarise["model"] == "agent-model-x"  # MANA_AI_COMPACT_MODEL unset: the mission's
     sent = [m.get("content") or "" for m in round_5["messages"]]
     assert not any("Round 1." in text or "Round 3." in text for text in sent)
     assert any(t.startswith("<summary of 3 earlier turn(s)") for t in sent)
@@ -138,6 +147,7 @@ async def test_a_long_mission_compacts_once_archives_it_and_replay_restores_it(
     assert [m["role"] for m in row["folded"]][:3] == ["assistant", "tool", "assistant"]
     assert row["folded"][0]["content"].startswith("Round 1.")
     assert row["summary"] == "Facts found: the clock was read three times."
+    assert row["model"] == "agent-model-x"
     assert row["tokens_after"] < row["tokens_before"]
     assert it["messages"][2]["content"].startswith("<summary of 3 earlier turn(s)")
 
@@ -272,8 +282,9 @@ async def test_a_failing_summariser_compacts_nothing_and_the_next_crossing_ends_
     sent = [m.get("content") or "" for m in requests[5]["messages"]]
     assert any(t.startswith("Round 1.") for t in sent)  # nothing was folded
     assert it["status"] == "failed" and it["stop_reason"] == "context_exhausted"
-    assert "92% of the 1000-token context" in it["error"]
-    assert "after 1 compaction attempt(s)" in it["error"]
+    assert "over the 92% threshold (920 tokens) of the 1000-token context" in it["error"]
+    assert "after 1 compaction attempt(s) (at most 1 per iteration)" in it["error"]
+    assert "; the last compaction attempt: the summariser " in it["error"]  # and why
     assert it["rounds"] == 5 and len(it["messages"]) > 10  # the whole log is stored
     assert sample("mana_ai_compaction_failures_total", {"reason": reason}) == failures + 1
     assert sample("mana_ai_compactions_triggered_total") == triggered
@@ -327,6 +338,8 @@ async def test_an_interrupted_run_keeps_its_archive_and_the_takeover_goes_on_com
 
     [it] = await iterations(db)
     assert (it["status"], it["stop_reason"]) == ("failed", "interrupted")
+    # the folded rounds and the summarisation still count (4 rounds, 2630 + 15 tokens)
+    assert (it["rounds"], it["prompt_tokens"], it["completion_tokens"]) == (4, 2000, 645)
     assert it["messages"][2]["content"].startswith("<summary of 3 earlier turn(s)")
     async with db.connect() as conn:
         [row] = (await conn.execute(select(compacted_turns))).mappings().all()
@@ -347,6 +360,8 @@ async def test_an_interrupted_run_keeps_its_archive_and_the_takeover_goes_on_com
     [request] = heir_requests  # no second compaction: the heir goes on from the compacted log
     assert request.messages[2].content.startswith("<summary of 3 earlier turn(s)")
     [it] = await iterations(db)
+    assert it["attempts"][1]["resumed_after_round"] == 4
+    assert (it["rounds"], it["prompt_tokens"], it["completion_tokens"]) == (5, 2010, 650)
     whole = restored_log(it["messages"], [row])
     assert [m.get("content", "")[:8] for m in whole if m["role"] == "assistant"] == [
         "Round 1.",
@@ -385,3 +400,115 @@ async def test_replay_refuses_what_it_cannot_show_with_a_reason(
         cli, monkeypatch, capsys, database_url, "iterations", "show", str(it["id"])
     )
     assert code == 0 and "compactions: 1 (3 turn(s) folded" in out  # the log as stored
+    # its rounds keep their numbers: the summary stands for rounds 1-3
+    assert out.index("(rounds 1-3 were folded into the summary below") < out.index("-- round 4 --")
+    assert "-- round 1 --" not in out and "(no answer)" not in out
+
+
+async def test_rerun_refuses_an_iteration_without_a_conversation_and_corrupt_replies(
+    db: AsyncEngine,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await long_mission(db)
+    with FakeLLMServer() as server:
+        server.enqueue_completion(content="Done.")
+        it = await run(db, server)
+    async with db.begin() as conn:  # what a budget_exhausted run stores: no conversation
+        await conn.execute(update(mission_iterations).values(messages=[]))
+    code, out = await asyncio.to_thread(
+        cli, monkeypatch, capsys, database_url, "replay", str(it["id"]), "--rerun"
+    )
+    assert code == 1 and "stored no conversation to rerun" in out, out
+    assert "no difference" not in out
+
+    broken = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What time is it?"},
+        {"role": "assistant", "content": 42},
+    ]
+    async with db.begin() as conn:
+        await conn.execute(update(mission_iterations).values(messages=broken))
+    code, out = await asyncio.to_thread(
+        cli, monkeypatch, capsys, database_url, "replay", str(it["id"]), "--rerun"
+    )
+    assert code == 1 and "the recorded reply of round 1 cannot be read back" in out, out
+
+
+async def test_rerun_tells_calls_with_one_id_apart(
+    db: AsyncEngine,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await long_mission(db)
+    body = chat_completion_body(tool_calls=[("notes_delete", {"id": 5}), ("clock_now", {})])
+    for call in body["choices"][0]["message"]["tool_calls"]:
+        call["id"] = "dup"  # some providers number calls per reply, or not at all
+    with FakeLLMServer() as server:
+        server.enqueue(json=body)
+        server.enqueue_completion(content="Done.")
+        it = await run(db, server)
+    code, out = await asyncio.to_thread(
+        cli,
+        monkeypatch,
+        capsys,
+        database_url,
+        "replay",
+        str(it["id"]),
+        "--rerun",
+        "--policy-mode",
+        "enforce",
+        "--format",
+        "markdown",
+    )
+    assert code == 0, out
+    assert out.startswith("# Rerun of iteration")
+    assert "notes_delete (call dup): policy recorded would deny" in out
+    assert "clock_now" not in out.split("difference(s)")[1].split("note:")[0], out
+
+
+async def test_rerun_of_a_run_without_a_gate_reports_only_what_a_gate_would_refuse(
+    db: AsyncEngine,
+) -> None:
+    await long_mission(db)
+    with FakeLLMServer() as server:
+        server.enqueue_completion(tool_calls=[("clock_now", {}), ("notes_delete", {"id": 5})])
+        server.enqueue_completion(content="Done.")
+        llm = OpenAICompatibleChatModel(base_url=server.base_url, max_retries=0)
+        try:
+            await make_worker(db, llm).run_once()  # no policy gate: mode off
+        finally:
+            await llm.aclose()
+    [it] = await iterations(db)
+    iteration = await AdminStore(db).get_iteration(it["id"])
+    config = RerunConfig(
+        tools=builtin_tools(db),
+        max_rounds=8,
+        policy_mode="log-only",
+        policy_config=PolicyConfig(),
+        user_id="u1",
+    )
+    report = await rerun_iteration(iteration, config)
+    [difference] = report.differences  # clock_now runs either way: not a difference
+    assert difference["tool"] == "notes_delete" and difference["recorded"] == "no gate (off)"
+    assert difference["now"] == "would deny: destructive_not_opted_in (log-only)"
+
+    without_clock = [t for t in builtin_tools(db) if t.name != "clock_now"]
+    report = await rerun_iteration(iteration, dataclasses.replace(config, tools=without_clock))
+    [outcome] = [d for d in report.differences if d["tool"] == "clock_now"]
+    assert outcome["kind"] == "outcome" and outcome["recorded"] == "ok"
+    assert outcome["now"].startswith("error (unknown tool")
+    assert any("not offered today" in n and "clock_now" in n for n in report.notes)
+
+    # recorded under a gate, the same call now never reaches it
+    logged = [
+        row | {"policy_decision": {"allow": True, "verdict": "allow", "mode": "log-only"}}
+        for row in iteration["tool_invocations"]
+    ]
+    report = await rerun_iteration(
+        iteration | {"tool_invocations": logged}, dataclasses.replace(config, tools=without_clock)
+    )
+    [policy] = [d for d in report.differences if d["kind"] == "policy" and d["tool"] == "clock_now"]
+    assert policy["now"].startswith("not decided: the call never reached the gate (unknown tool")

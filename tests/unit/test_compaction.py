@@ -26,9 +26,11 @@ from planner import (
     should_compact,
 )
 from planner.compaction import (
+    Compaction,
     CompactionError,
     compact_history,
     estimate_message_tokens,
+    estimate_tokens,
     restore,
     split_points,
 )
@@ -320,3 +322,111 @@ async def test_the_providers_reported_usage_drives_the_count() -> None:
     result = await run_planner_loop(loop_input(compactor), llm=FunctionChatModel(answer))
     assert result.stop_reason == "context_exhausted"  # 1405 + results ≥ 92 % of 1500
     assert json.dumps(result.compaction_errors)  # nothing to fold after one turn: reported
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (
+            CompletionResponse(
+                message=ChatMessage(role="assistant", content="Facts found: x. Decis"),
+                finish_reason="length",
+            ),
+            "cut off at its token limit",
+        ),
+        (
+            CompletionResponse(
+                message=ChatMessage(role="assistant", content="Facts"),
+                finish_reason="content_filter",
+            ),
+            "filtered",
+        ),
+        (final_answer("<think>the turns say x</think>  "), "no summary text"),
+    ],
+    ids=["cut-off", "filtered", "reasoning-only"],
+)
+async def test_a_summary_a_mission_reply_would_refuse_is_unusable(answer: Any, why: str) -> None:
+    conversation = [*HEAD, *turn(1), *turn(2), *turn(3)]
+    with pytest.raises(CompactionError, match=why) as caught:
+        await compact_history(
+            conversation, llm=ScriptedChatModel([answer]), model=None, keep_recent=0
+        )
+    assert caught.value.reason == "unusable_summary"
+
+
+async def test_reasoning_around_a_summary_is_not_kept() -> None:
+    conversation = [*HEAD, *turn(1), *turn(2), *turn(3)]
+    compaction = await compact_history(
+        conversation,
+        llm=ScriptedChatModel([final_answer("<think>hmm</think>Facts found: x.")]),
+        model=None,
+        keep_recent=0,
+    )
+    assert compaction.summary == "Facts found: x."
+
+
+async def test_when_every_turn_fits_the_budget_all_but_the_last_are_folded() -> None:
+    conversation = [*HEAD, *turn(1), *turn(2), *turn(3)]
+    compaction = await compact_history(
+        conversation, llm=summariser(), model=None, keep_recent=10**6, head=len(HEAD)
+    )
+    assert compaction.folded_turns == 2
+    assert compaction.messages[-2:] == turn(3)
+
+
+async def test_the_summariser_keeps_a_quarter_of_its_context_for_its_answer() -> None:
+    seen: list[CompletionRequest] = []
+
+    def record(request: CompletionRequest) -> CompletionResponse:
+        seen.append(request)
+        return final_answer("Facts found: x.")
+
+    conversation = [*HEAD, *(m for n in range(1, 30) for m in turn(n, 2000)), *turn(99)]
+    await compact_history(
+        conversation,
+        llm=FunctionChatModel(record),
+        model=None,
+        keep_recent=0,
+        max_input_tokens=8000,
+    )
+    assert seen[0].max_tokens == 2000
+    assert estimate_tokens(seen[0].messages[-1].content or "") <= 8000 - 2000
+
+
+async def test_a_context_still_over_the_window_after_compacting_ends_the_run() -> None:
+    async def huge(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "h" * 40_000  # 10,000 tokens: more than the whole context by itself
+
+    def answer(request: CompletionRequest) -> CompletionResponse:
+        done = sum(m.role == "assistant" for m in request.messages)
+        return tool_calls(("huge" if done == 2 else "look", {}), usage=TokenUsage())
+
+    model = FunctionChatModel(answer)
+    tools = [LOOK, ToolSpec("huge", "Huge.", {"type": "object"}, "read", huge)]
+    compactor = Compactor(llm=summariser(), max_ctx=8000)
+    result = await run_planner_loop(loop_input(compactor, tools=tools), llm=model)
+    assert result.stop_reason == "context_exhausted"
+    assert "more than the whole context after compacting" in (result.error or "")
+    # no request went out holding the huge result
+    assert not any(len(m.content or "") >= 40_000 for r in model.requests for m in r.messages)
+
+
+async def test_the_count_after_a_compaction_keeps_what_no_message_shows() -> None:
+    def answer(request: CompletionRequest) -> CompletionResponse:
+        done = sum(m.role == "assistant" for m in request.messages)
+        if done >= 6:
+            return final_answer("done")
+        # tool definitions and framing: 900 tokens the messages do not show
+        return tool_calls(("look", {}), usage=TokenUsage(prompt_tokens=900 + 160 * done))
+
+    made: list[Compaction] = []
+    compactor = Compactor(llm=summariser(), max_ctx=2000, keep_recent_tokens=200)
+    await run_planner_loop(
+        loop_input(compactor, on_compaction=lambda r, c: made.append(c)),
+        llm=FunctionChatModel(answer),
+    )
+    [compaction] = made
+    assert compaction.tokens_before >= 0.92 * 2000
+    estimated_saving = sum(estimate_message_tokens(m) for m in compaction.folded)
+    assert compaction.tokens_after > compaction.tokens_before - estimated_saving
+    assert compaction.tokens_after > 900  # the overhead stays counted

@@ -9,7 +9,13 @@ import pytest
 from planner import ChatMessage, CompletionRequest, CompletionResponse, ToolCall
 from planner.compaction import Compaction, compact_history
 from planner.testing import FunctionChatModel
-from worker.replay import ReplayError, render_text, replay_events, restored_log
+from worker.replay import (
+    ReplayError,
+    render_markdown,
+    render_text,
+    replay_events,
+    restored_log,
+)
 from worker.transcript import messages_json
 
 
@@ -121,3 +127,52 @@ async def test_an_archive_that_does_not_fit_its_log_is_refused_with_a_reason() -
     iteration["compactions"][1]["start_index"] = 99
     with pytest.raises(ReplayError, match="compaction 2"):
         restored_log(iteration["messages"], iteration["compactions"])
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        (lambda it: it.update(messages={"not": "a list"}), "the stored message log is not a list"),
+        (lambda it: it["messages"].append({"content": "no role"}), "has no valid role"),
+        (
+            lambda it: it["messages"].append(
+                {"role": "assistant", "tool_calls": [{"id": "x", "arguments": {}}]}
+            ),
+            "has a tool call without a name",
+        ),
+        (lambda it: it["compactions"][0].update(folded={"a": 1}), "compaction 1 of the archive"),
+        (lambda it: it["compactions"][1].update(folded=[1, 2, None]), "compaction 2 of the arch"),
+        (
+            lambda it: it["reminders"].append({"round": "x", "producer": "p", "text": "t"}),
+            "reminder 2",
+        ),
+        (lambda it: it["reminders"].append({"round": 3, "text": "t"}), "reminder 2"),
+    ],
+)
+async def test_a_malformed_iteration_is_refused_with_what_is_wrong(
+    change: Any, complaint: str
+) -> None:
+    _, iteration = await twice_compacted()
+    change(iteration)
+    with pytest.raises(ReplayError, match=complaint):
+        replay_events(iteration)
+
+
+async def test_text_replay_keeps_every_line_in_its_fold_and_shows_hidden_characters() -> None:
+    _, iteration = await twice_compacted()
+    iteration["compactions"][0]["folded"][0]["content"] = "line one\nline two \u202e\x1b[31m"
+    lines: list[str] = []
+    render_text(iteration, replay_events(iteration), lines.append)
+    at = next(i for i, line in enumerate(lines) if "line one" in line)
+    assert lines[at].startswith("| | [assistant] line one")
+    assert lines[at + 1] == "| |     line two \\u202e\\u001b[31m"
+    assert not any("\x1b" in line or "\u202e" in line for line in lines)
+
+
+async def test_markdown_replay_cannot_be_broken_out_of_by_what_it_quotes() -> None:
+    _, iteration = await twice_compacted()
+    iteration["compactions"][0]["folded"][0]["content"] = "# not a heading\n```\nstill code"
+    out: list[str] = []
+    render_markdown(iteration, replay_events(iteration), out.append)
+    at = out.index("# not a heading")
+    assert out[at - 1] == "````text" and out[at + 2] == "still code" and out[at + 3] == "````"

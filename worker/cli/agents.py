@@ -20,7 +20,7 @@ from worker.cli.args import (
 from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
-from worker.settings import Settings
+from worker.settings import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, Settings
 
 if TYPE_CHECKING:
     from worker.mcp.config import McpServerConfig
@@ -72,8 +72,8 @@ def register(commands: Any) -> None:
     add.add_argument(
         "--compact-max-ctx",
         type=_context,
-        help="the model's context in tokens, for compaction (0: never compact; default "
-        "MANA_AI_COMPACT_MAX_CTX)",
+        help="the model's context in tokens, for compaction (0: never compact, else 256 or "
+        "more; default MANA_AI_COMPACT_MAX_CTX)",
     )
     add.add_argument(
         "--if-not-exists",
@@ -113,8 +113,8 @@ def register(commands: Any) -> None:
         "--compact-max-ctx",
         type=_context_or_default,
         default=_UNSET,
-        help="the model's context in tokens, for compaction (0: never; 'default': "
-        "MANA_AI_COMPACT_MAX_CTX)",
+        help="the model's context in tokens, for compaction (0: never, else 256 or more; "
+        "'default': MANA_AI_COMPACT_MAX_CTX)",
     )
     _mcp_options(set_)
     set_.add_argument(
@@ -238,16 +238,16 @@ def _shown(value: Any) -> str:
     return repr(text[:60] + "…") if len(text) > 60 else text
 
 
-MAX_CONTEXT_TOKENS = 100_000_000
-
-
 def _context(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of tokens, got {text!r}") from None
-    if not 0 <= value <= MAX_CONTEXT_TOKENS:
-        raise argparse.ArgumentTypeError(f"expected 0 to {MAX_CONTEXT_TOKENS} tokens, got {value}")
+    if value != 0 and not MIN_CONTEXT_TOKENS <= value <= MAX_CONTEXT_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (never compact) or {MIN_CONTEXT_TOKENS} to {MAX_CONTEXT_TOKENS} tokens, "
+            f"got {value}"
+        )
     return value
 
 

@@ -11,7 +11,7 @@ from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
-from worker.replay import message_label, policy_text
+from worker.replay import is_summary, message_label, policy_text
 from worker.settings import Settings
 
 __all__ = ["register", "unsupported_figures", "verdict"]
@@ -96,8 +96,8 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     if it["error"]:
         print(f"  error: {it['error']}")
     done = [c for c in it.get("compactions") or [] if not c.get("error")]
+    folded = sum(int(c.get("folded_turns") or 0) for c in done)
     if done:
-        folded = sum(c["folded_turns"] for c in done)
         print(
             f"  compactions: {len(done)} ({folded} turn(s) folded into summaries; "
             f"`mana-ai replay {it['id']}` shows them in place)"
@@ -105,7 +105,9 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     attempts = it.get("attempts") or []
     if len(attempts) > 1:
         print("  attempts: " + "; ".join(_attempt_text(a) for a in attempts))
-    _print_log(it["messages"], it.get("reminders") or [], attempts)
+    _print_log(
+        it["messages"], it.get("reminders") or [], attempts, folded_rounds=folded, it_id=it["id"]
+    )
     print("\ntool calls:")
     if not it["tool_invocations"]:
         print("  (none)")
@@ -204,11 +206,12 @@ def _final_answer(messages: list[dict[str, Any]]) -> str | None:
 
 
 def _known_text(iteration: dict[str, Any]) -> str:
-    """What the model was told: the objective and system prompt, tool results and errors."""
+    """What the model was told: the objective and system prompt, tool results and errors
+    (every call's, folded ones included; not a compaction's summary, which a model wrote)."""
     texts = [
         str(m.get("content") or "")
         for m in iteration.get("messages") or []
-        if m.get("role") in ("system", "user", "tool")
+        if m.get("role") in ("system", "user", "tool") and not is_summary(m)
     ]
     for call in iteration.get("tool_invocations") or []:
         texts.append(json.dumps(call.get("result"), ensure_ascii=False))
@@ -226,10 +229,14 @@ def _print_log(
     messages: list[dict[str, Any]],
     reminders: list[dict[str, Any]],
     attempts: list[dict[str, Any]] | None = None,
+    *,
+    folded_rounds: int = 0,
+    it_id: Any = None,
 ) -> None:
     """The message log, round by round, with the reminders sent with each round's request
     under its header (they were never part of the stored log), and a line where a takeover
-    resumed the run."""
+    resumed the run. A compacted log's rounds are numbered after the ``folded_rounds`` its
+    summary stands for (those rounds, and their reminders, are ``mana-ai replay``'s)."""
     print("\nmessage log (reminders: sent with that round's request only, not in the log):")
     by_round: dict[int, list[dict[str, Any]]] = {}
     for reminder in reminders:
@@ -250,12 +257,20 @@ def _print_log(
         for reminder in by_round.pop(round_no, []):
             print(f"  [reminder {reminder.get('producer')}] {reminder.get('text')}")
 
-    round_no = 0
+    round_no = folded_rounds
+    for folded in range(1, folded_rounds + 1):
+        by_round.pop(folded, None)
+        resumed.pop(folded, None)
     for message in messages:
-        role = message["role"]
+        role = message.get("role")
         if role == "assistant":
             round_no += 1
             header(round_no)
+        if folded_rounds and is_summary(message):
+            print(
+                f"  (rounds 1-{folded_rounds} were folded into the summary below; "
+                f"`mana-ai replay {it_id}` shows them in place)"
+            )
         label = message_label(message)
         if message.get("content") is not None:
             print(f"  {label} {message['content']}")

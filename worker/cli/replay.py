@@ -88,6 +88,11 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
             planner_logger.setLevel(level)
         if as_json:
             print_json(report.to_json())
+        elif args.format == "markdown":
+            first, *rest = report.lines()
+            print(f"# {first[0].upper()}{first[1:]}\n")
+            for line in rest:
+                print(f"- {line.strip()}")
         else:
             for line in report.lines():
                 print(line)
@@ -113,12 +118,13 @@ async def _rerun_config(
     admin: Any, settings: Settings, iteration: dict[str, Any], policy_mode: str | None
 ) -> Any:
     """Today's settings for the iteration's agent (the mission's agent as it is now)."""
-    from worker.app import offered_tools, web_fetch_config
+    from worker.app import check_policy_settings, offered_tools, web_fetch_config
     from worker.db.policy import PolicyStore
     from worker.gate import policy_config_from_settings
     from worker.rerun import RerunConfig
-    from worker.tools import builtin_tools
+    from worker.tools import builtin_tool_catalog, builtin_tools
 
+    check_policy_settings(settings, builtin_tool_catalog())  # a typo would mislead the report
     mission = await admin.get_mission(iteration["mission_id"])
     agent = await admin.agent_by_name(mission["agent"])
     user_settings = await PolicyStore(admin.engine).user_settings(agent["owner_user_id"])
