@@ -27,6 +27,7 @@ message and its tool messages.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -312,7 +313,9 @@ async def compact_history(
             f"would replace ({folded_tokens} tokens)",
             response.usage,
         )
-    spliced = summary_message(summary, turns)
+    # an earlier summary folded again stands for its own turns too
+    represented = turns + sum(_summarised_turns(m) for m in folded if m.role == "user")
+    spliced = summary_message(summary, represented)
     new_messages = [*messages[:start], spliced, *messages[end:]]
     return Compaction(
         messages=new_messages,
@@ -327,6 +330,15 @@ async def compact_history(
         duration_ms=(time.perf_counter() - started) * 1000.0,
         usage=response.usage,
     )
+
+
+_SUMMARY_OF = re.compile(r"^<summary of (\d+) earlier turn\(s\)")
+
+
+def _summarised_turns(message: ChatMessage) -> int:
+    """The turns an earlier summary message stands for (0 for any other message)."""
+    found = _SUMMARY_OF.match(message.content or "")
+    return int(found.group(1)) if found else 0
 
 
 _UNUSABLE_FINISH = {

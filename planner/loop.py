@@ -14,6 +14,7 @@ Reminders from ``reminder_channel`` are appended to *that request only* as
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from planner.compaction import (
     Compactor,
     compact_history,
     estimate_message_tokens,
+    estimate_tokens,
     should_compact,
 )
 from planner.errors import LLMError
@@ -101,6 +103,9 @@ class Checkpoint:
         compactions_done: compactions the earlier attempts did.
         compaction_attempts: compactions they tried, failed ones included (default:
             ``compactions_done``); they count toward ``Compactor.max_per_iteration``.
+        context_tokens: what the context held at the checkpoint, as the earlier attempt
+            counted it (the provider's last usage plus estimates, or the count after a
+            compaction); ``None``: estimated from the messages and tool definitions.
     """
 
     messages: Sequence[ChatMessage]
@@ -109,6 +114,7 @@ class Checkpoint:
     settled: Mapping[int, ExecutedCall] = field(default_factory=dict)
     compactions_done: int = 0
     compaction_attempts: int | None = None
+    context_tokens: int | None = None
 
     def pending_calls(self) -> tuple[ToolCall, ...]:
         """The calls of the round under way when the checkpoint was taken (none when the log
@@ -265,7 +271,9 @@ async def run_planner_loop(
     executed: list[ExecutedCall] = []
 
     compactor = inp.compactor
-    context_tokens = 0  # what the next request holds (tracked only with a compactor)
+    # what the next request holds (tracked only with a compactor): the tool definitions until
+    # the provider reports what it read, then its count plus estimates of what was appended
+    context_tokens = estimate_tokens(json.dumps(openai_tools)) if compactor and openai_tools else 0
 
     def log(message: ChatMessage) -> None:
         nonlocal context_tokens
@@ -312,6 +320,8 @@ async def run_planner_loop(
     else:
         for message in inp.resume.messages:
             log(message)
+        if inp.resume.context_tokens is not None:
+            context_tokens = inp.resume.context_tokens
         usage = inp.resume.usage
         first_round = inp.resume.rounds_done + 1
         pending = inp.resume.pending_calls()
@@ -350,9 +360,9 @@ async def run_planner_loop(
             round_no - 1,
             "context_exhausted",
             error=(
-                f"the conversation holds about {context_tokens} tokens, over the "
-                f"{compactor.threshold:.0%} threshold ({threshold} tokens) of the "
-                f"{compactor.max_ctx}-token context, {why}{last}"
+                f"the conversation holds about {context_tokens} tokens of the "
+                f"{compactor.max_ctx}-token context (compaction starts at "
+                f"{compactor.threshold:.0%}, {threshold} tokens), {why}{last}"
             ),
         )
 
@@ -367,6 +377,7 @@ async def run_planner_loop(
                     f"{compactor.max_per_iteration} per iteration)",
                 )
             compaction_attempts += 1
+            compactions_before = compactions_done
             try:
                 compaction = await compact_history(
                     messages,
@@ -402,7 +413,12 @@ async def run_planner_loop(
                 if inp.on_compaction is not None:
                     inp.on_compaction(round_no, compaction)
             if context_tokens >= compactor.max_ctx:  # the request could not fit at all
-                return exhausted(round_no, "and more than the whole context after compacting")
+                return exhausted(
+                    round_no,
+                    "more than the whole context even after compacting"
+                    if compactions_done > compactions_before
+                    else "more than the whole context, and compacting could not help",
+                )
         state = LoopState(
             round=round_no,
             tool_call_count=len(executed),
@@ -413,9 +429,18 @@ async def run_planner_loop(
             last_round_calls=last_round,
         )
         last_round = ()  # a round that ends without calls leaves none for the next one
-        reminders = list(inp.reminder_channel(state)) if inp.reminder_channel else []
+        reminders = [
+            format_reminder(r, inp.reminder_role)
+            for r in (inp.reminder_channel(state) if inp.reminder_channel else ())
+        ]
+        if compactor is not None:
+            sent = context_tokens + sum(estimate_message_tokens(m) for m in reminders)
+            if sent >= compactor.max_ctx:  # with this round's reminders it cannot fit
+                return exhausted(
+                    round_no, "and with this round's reminders the request would not fit"
+                )
         request = CompletionRequest(
-            messages=[*messages, *(format_reminder(r, inp.reminder_role) for r in reminders)],
+            messages=[*messages, *reminders],
             tools=openai_tools,
             model=inp.model,
             temperature=inp.temperature,

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from planner import (
+    ChatMessage,
     Checkpoint,
     ExecutedCall,
     PolicyDecision,
@@ -34,10 +35,16 @@ from planner import (
     ToolSpec,
     messages_from_json,
 )
+from planner.compaction import estimate_message_tokens
 from worker.db.stores import ClaimedMission, MissionStore, StartedIteration
 from worker.transcript import Transcript, json_safe, log_rounds, log_usage
 
-__all__ = ["CHECKPOINT_EVERY_ROUNDS", "MissionJournal", "resume_checkpoint"]
+__all__ = [
+    "CHECKPOINT_EVERY_ROUNDS",
+    "MissionJournal",
+    "context_at_checkpoint",
+    "resume_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +176,7 @@ async def resume_checkpoint(
         ),
         compactions_done=started.compactions,
         compaction_attempts=started.compaction_attempts,
+        context_tokens=context_at_checkpoint(messages, started),
     )
     pending = checkpoint.pending_calls()
     if not pending:
@@ -198,6 +206,7 @@ async def resume_checkpoint(
         settled=settled,
         compactions_done=started.compactions,
         compaction_attempts=started.compaction_attempts,
+        context_tokens=checkpoint.context_tokens,
     )
 
 
@@ -242,3 +251,23 @@ async def _outcome_report(spec: ToolSpec | None, call: ToolCall, ctx: ToolContex
         return "The tool cannot tell what happened; check before you do it again."
     text = report if isinstance(report, str) else json.dumps(json_safe(report))
     return f"The tool reports: {text}"
+
+
+def context_at_checkpoint(messages: list[ChatMessage], started: StartedIteration) -> int | None:
+    """What the context held at the checkpoint, counted as the loop counts it: after a
+    compaction that ran after the last reply, the count it left; else the provider's count
+    of the last reply's request and answer, plus estimates of the messages after it (tool
+    definitions and framing included, which estimating the messages alone would miss).
+    ``None`` when the provider reported no usable count (the loop then estimates)."""
+    last_compaction = started.last_compaction
+    if last_compaction is not None and last_compaction[0] > started.rounds:
+        return last_compaction[1]
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role != "assistant":
+            continue
+        usage = message.reply_info.usage if message.reply_info is not None else None
+        if usage is None or not usage.prompt_tokens or usage.estimated:
+            return None
+        return usage.total_tokens + sum(estimate_message_tokens(m) for m in messages[index + 1 :])
+    return None

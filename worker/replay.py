@@ -37,6 +37,7 @@ __all__ = [
     "ReplayError",
     "checked_iteration",
     "is_summary",
+    "md_inline",
     "message_label",
     "policy_text",
     "render_markdown",
@@ -144,6 +145,10 @@ def checked_iteration(iteration: Row) -> None:
             _check_messages(row.get("folded"), f"the folded messages of {where}")
             if not row.get("folded"):
                 raise ReplayError(f"the archive does not fit the log: {where} is empty")
+    for n, call in enumerate(iteration.get("tool_invocations") or [], start=1):
+        decision = call.get("policy_decision") if isinstance(call, dict) else None
+        if not isinstance(call, dict) or not (decision is None or isinstance(decision, dict)):
+            raise ReplayError(f"tool invocation {n} has a policy decision that is not an object")
     reminders = iteration.get("reminders") or []
     if not isinstance(reminders, list):
         raise ReplayError("the reminder audit is not a list")
@@ -163,6 +168,11 @@ def _check_messages(messages: Any, where: str) -> None:
     for n, message in enumerate(messages, start=1):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
             raise ReplayError(f"message {n} of {where} has no valid role")
+        info = message.get("reply_info")
+        if info is not None and not (
+            isinstance(info, dict) and isinstance(info.get("usage") or {}, dict)
+        ):
+            raise ReplayError(f"message {n} of {where} has a reply_info that is not an object")
         calls = message.get("tool_calls") or []
         if not isinstance(calls, list) or not all(
             isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
@@ -276,7 +286,7 @@ def policy_text(decision: Row | None, mode: str | None) -> str | None:
     """One line for a policy decision: ``denied: destructive_not_opted_in (enforce)``,
     ``would deny: rate_limited (log-only)``, ``allowed (enforce); flagged: injection_marker
     ['{{']``; ``None`` without a decision (no gate ran)."""
-    if not decision:
+    if not decision or not isinstance(decision, dict):
         return None
     mode = decision.get("mode") or mode or "?"
     reason = decision.get("reason") or "?"
@@ -420,10 +430,10 @@ def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str]
     a tool or a prompt in a code block (fenced longer than any backtick run in it, so nothing
     in it can become markup), folded turns between a compaction heading and its end line."""
     lines = _header_lines(iteration)
-    write(f"# {_md_inline(lines[0])}")
+    write(f"# {md_inline(lines[0])}")
     write("")
     for line in lines[1:]:
-        write(f"- {_md_inline(line)}")
+        write(f"- {md_inline(line)}")
     for event in events:
         kind = event["event"]
         write("")
@@ -435,7 +445,7 @@ def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str]
             write("")
             write(
                 f"{event['tokens_before']} → {event['tokens_after']} tokens (estimated), "
-                f"summarised by {_md_inline(event.get('model') or 'the default model')}. "
+                f"summarised by {md_inline(event.get('model') or 'the default model')}. "
                 "The model read this summary instead of the turns below:"
             )
             write("")
@@ -445,13 +455,13 @@ def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str]
         elif kind == "compaction_failed":
             write(
                 f"**Compaction {event['index']} tried before round {event['before_round']} "
-                f"changed nothing:** {_md_inline(str(event['error']))}"
+                f"changed nothing:** {md_inline(str(event['error']))}"
             )
         elif kind in ("round", "unanswered_round"):
             resumed = event.get("resumed_by")
             if resumed:
                 write(
-                    f"*Attempt {resumed['attempt']} (worker {_md_inline(str(resumed['worker_id']))}"
+                    f"*Attempt {resumed['attempt']} (worker {md_inline(str(resumed['worker_id']))}"
                     ") resumed the run here.*"
                 )
                 write("")
@@ -462,32 +472,32 @@ def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str]
             for reminder in event.get("reminders") or []:
                 write("")
                 write(
-                    f"> **reminder ({_md_inline(str(reminder['producer']))})**: "
-                    f"{_md_inline(str(reminder['text']))}"
+                    f"> **reminder ({md_inline(str(reminder['producer']))})**: "
+                    f"{md_inline(str(reminder['text']))}"
                 )
         elif kind == "message":
             message = event["message"]
             role = message.get("role")
             if message.get("content") is not None:
                 if role == "tool":
-                    write(f"**tool result** (call {_md_inline(str(message.get('tool_call_id')))}):")
+                    write(f"**tool result** (call {md_inline(str(message.get('tool_call_id')))}):")
                 else:
                     write(f"**{role}**:")
                 write("")
                 _md_block(write, str(message["content"]))
             for call in event.get("calls") or []:
                 write(
-                    f"- calls {_md_inline(str(call['name']))} (id {_md_inline(str(call['id']))})"
-                    f"{_md_inline(_call_suffix(call))}:"
+                    f"- calls {md_inline(str(call['name']))} (id {md_inline(str(call['id']))})"
+                    f"{md_inline(_call_suffix(call))}:"
                 )
                 write("")
                 _md_block(write, _arguments_text(call), indent="  ")
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
 
 
-def _md_inline(text: str) -> str:
+def md_inline(text: str) -> str:
     """``text`` as literal Markdown inline text: on one line, markup characters escaped."""
     return _MD_SPECIAL.sub(r"\\\1", visible(text).replace("\n", " "))
 
@@ -507,7 +517,8 @@ def message_label(message: Row) -> str:
     parts = [str(message.get("role"))]
     if message.get("tool_call_id"):
         parts.append(str(message["tool_call_id"]))
-    info = message.get("reply_info") or {}
+    info = message.get("reply_info")
+    info = info if isinstance(info, dict) else {}
     if info.get("endpoint"):
         parts.append(f"via {info['endpoint']}")
     label = " ".join(parts)

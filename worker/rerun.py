@@ -67,7 +67,7 @@ from planner.policy import (
 from planner.testing import InMemoryCallLedger
 from worker.mcp.config import is_mcp_tool_name
 from worker.reminder_channel import mission_reminder_channel
-from worker.replay import ReplayError, checked_iteration, policy_text, restored_log
+from worker.replay import ReplayError, checked_iteration, policy_text, restored_log, visible
 from worker.transcript import call_outcome
 
 __all__ = [
@@ -176,7 +176,8 @@ class RerunReport:
         }
 
     def lines(self) -> list[str]:
-        """The report for people."""
+        """The report for people: one line per fact (what came from a model or a tool has
+        its newlines and hidden characters escaped)."""
         c = self.compared
         what = (
             f"{c.get('calls', 0)} policy decision(s) and outcome(s), "
@@ -198,7 +199,8 @@ class RerunReport:
             out.extend(f"  {_difference_text(d)}" for d in self.differences)
         out.extend(f"note: {n}" for n in self.notes)
         out.append("not compared: " + "; ".join(self.not_compared) + ".")
-        return out
+        # tool names, errors and reminders came from models and tools: one line each, shown
+        return [visible(line).replace("\n", "\\n") for line in out]
 
 
 def _difference_text(d: Row) -> str:
@@ -428,7 +430,14 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     _compare_compactions(report, archive, compactions)
     _compare_reminders(report, recorded_reminders, channel.audit() if channel else [])
     recorded_stop = iteration.get("stop_reason")
-    if recorded_stop != result.stop_reason:
+    unfinished = recorded_stop in (None, "interrupted", "crashed", "store_failed")
+    if unfinished:
+        report.notes.append(
+            f"the recorded run did not finish (status {iteration.get('status')}, stop reason "
+            f"{recorded_stop}): the rerun stops where the recording ends, so its stop reason "
+            "and rounds are not compared"
+        )
+    elif recorded_stop != result.stop_reason:
         report.differences.append(
             {
                 "kind": "stop_reason",
@@ -438,7 +447,7 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
                 + (f" ({result.error})" if result.error and result.failed else ""),
             }
         )
-    if iteration.get("rounds") != result.rounds:
+    if not unfinished and iteration.get("rounds") != result.rounds:
         report.differences.append(
             {
                 "kind": "rounds",
@@ -455,7 +464,8 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     if len(iteration.get("attempts") or []) > 1:
         report.notes.append(
             "the recorded run was taken over by another worker; the rerun runs it in one go "
-            "(a compaction right after the takeover may fall on another round)"
+            "(a compaction right after the takeover may fall on another round, and a retry_loop "
+            "reminder the takeover could not see coming may now be sent)"
         )
     if unlisted:
         report.notes.append(
@@ -630,13 +640,14 @@ def _compare_reminders(
     now = _reminders_by_round([dict(r) for r in now_audit])
 
     def compared(rows: Sequence[Row]) -> list[str]:
-        return [
-            f"{r['producer']}: {r['text']}" for r in rows if r["producer"] in COMPARED_PRODUCERS
-        ]
+        # a round redone after a takeover was audited twice: once is what counts
+        return sorted(
+            {f"{r['producer']}: {r['text']}" for r in rows if r["producer"] in COMPARED_PRODUCERS}
+        )
 
     for round_no in sorted(set(recorded) | set(now)):
         a, b = compared(recorded.get(round_no, [])), compared(now.get(round_no, []))
-        if sorted(a) != sorted(b):
+        if a != b:
             report.differences.append(
                 {
                     "kind": "reminders",

@@ -126,7 +126,9 @@ class OpenAICompatibleChatModel:
                 f"{timeout_s}, {backoff_initial_s}, {backoff_max_s}"
             )
         self.base_url = base_url.rstrip("/")
-        self.url = f"{self.base_url}/chat/completions"
+        # the path goes before a query (``…/v1?key=…`` → ``…/v1/chat/completions?key=…``)
+        self.url = str(url.copy_with(path=url.path.rstrip("/") + "/chat/completions"))
+        self.shown_url = shown_url(self.url)
         self.default_model = default_model
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -175,7 +177,7 @@ class OpenAICompatibleChatModel:
                 raise _Retryable("connection", exc=exc) from exc
             except httpx.DecodingError as exc:
                 raise LLMResponseError(
-                    f"LLM endpoint {self.url} sent a body that could not be decoded: {exc}"
+                    f"LLM endpoint {self.shown_url} sent a body that could not be decoded: {exc}"
                 ) from exc
             if _retryable(response.status_code):
                 raise _Retryable(
@@ -187,7 +189,7 @@ class OpenAICompatibleChatModel:
                 )
             if not response.is_success:
                 raise _status_error(
-                    self.url,
+                    self.shown_url,
                     response.status_code,
                     _status_text(response),
                     response.text[:EXCERPT_CHARS],
@@ -195,7 +197,7 @@ class OpenAICompatibleChatModel:
                 )
             try:
                 return parse_chat_completion(
-                    response, url=self.url, prompt_tokens_estimate=prompt_estimate
+                    response, url=self.shown_url, prompt_tokens_estimate=prompt_estimate
                 )
             except ErrorReply as exc:
                 billed = billed + exc.usage
@@ -204,7 +206,9 @@ class OpenAICompatibleChatModel:
                     raise _Retryable(
                         f"http_{exc.status}", status=exc.status, answered=answered, body=exc.message
                     ) from None
-                raise _status_error(self.url, exc.status, answered, exc.message, attempts) from None
+                raise _status_error(
+                    self.shown_url, exc.status, answered, exc.message, attempts
+                ) from None
             except LLMResponseError as exc:
                 billed = billed + exc.usage
                 raise
@@ -296,18 +300,18 @@ class OpenAICompatibleChatModel:
 
     def _final_error(self, exc: _Retryable, attempts: int) -> LLMError:
         if exc.status is not None:
-            return _status_error(self.url, exc.status, exc.answered, exc.body, attempts)
+            return _status_error(self.shown_url, exc.status, exc.answered, exc.body, attempts)
         cause = exc.exc
         detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
         if isinstance(cause, TimeoutError):
             detail = "the whole answer had not arrived by the deadline"
         if exc.reason == "timeout":
             return LLMConnectionError(
-                f"LLM endpoint {self.url} did not answer within {self.timeout_s:g} s "
+                f"LLM endpoint {self.shown_url} did not answer within {self.timeout_s:g} s "
                 f"({_attempts(attempts)}): {detail}"
             )
         return LLMConnectionError(
-            f"could not reach LLM endpoint {self.url} ({_attempts(attempts)}): {detail}"
+            f"could not reach LLM endpoint {self.shown_url} ({_attempts(attempts)}): {detail}"
         )
 
 
@@ -331,6 +335,17 @@ class _Retryable(Exception):
         self.body = body
         self.exc = exc
         self.retry_after_s = retry_after_s
+
+
+def shown_url(url: str) -> str:
+    """``url`` fit for errors and logs: a password in it and the values of its query replaced
+    by ``***`` (they may be credentials: ``user:secret@``, ``?key=…``)."""
+    parsed = httpx.URL(url)
+    if parsed.password:
+        parsed = parsed.copy_with(username=parsed.username, password="***")
+    if parsed.query:
+        parsed = parsed.copy_with(params=[(k, "***") for k, _ in parsed.params.multi_items()])
+    return str(parsed).replace("%2A%2A%2A", "***")
 
 
 def _retryable(status: int) -> bool:

@@ -19,6 +19,7 @@ from planner import (
     CompletionResponse,
     TokenUsage,
     ToolCall,
+    ToolSpec,
 )
 from planner.compaction import SUMMARY_PROMPT
 from planner.policy import PolicyConfig
@@ -37,6 +38,14 @@ from worker.runner import CompactionSetup
 from worker.tools import builtin_tools
 
 MAX_CTX = 1000
+TOOLS = ["clock_now", "notes_delete"]
+"""The agent's tools: their definitions count toward the small context (about 190 tokens)."""
+
+
+def agent_tools(db: AsyncEngine) -> list[ToolSpec]:
+    return [t for t in builtin_tools(db) if t.name in TOOLS]
+
+
 THINKING = "Let me look at the clock once more before I answer. " * 12  # ~160 tokens
 
 
@@ -69,6 +78,7 @@ async def run(db: AsyncEngine, server: FakeLLMServer) -> dict[str, Any]:
             llm,
             policy=policy_setup(db, "log-only", PolicyConfig()),
             compaction=CompactionSetup(llm=llm, max_ctx=10**6),
+            tools_for=lambda mission: agent_tools(db),
         )
         await worker.run_once()
     finally:
@@ -80,7 +90,9 @@ async def long_mission(db: AsyncEngine) -> int:
     mission_id = await add_mission(db, cron=None)
     async with db.begin() as conn:
         await conn.execute(
-            update(agents).values(compact_max_ctx=MAX_CTX, max_rounds=8, model="agent-model-x")
+            update(agents).values(
+                compact_max_ctx=MAX_CTX, max_rounds=8, model="agent-model-x", allowed_tools=TOOLS
+            )
         )
     return mission_id
 
@@ -224,9 +236,8 @@ async def test_rerun_reports_other_compaction_points_reminders_and_limits(
         server.enqueue_completion(content="It is late.")
         it = await run(db, server)
     iteration = await AdminStore(db).get_iteration(it["id"])
-    tools = builtin_tools(db)
     same = RerunConfig(
-        tools=[t for t in tools if t.name != "web_fetch"],
+        tools=agent_tools(db),
         max_rounds=8,
         policy_mode="log-only",
         policy_config=PolicyConfig(),
@@ -282,7 +293,7 @@ async def test_a_failing_summariser_compacts_nothing_and_the_next_crossing_ends_
     sent = [m.get("content") or "" for m in requests[5]["messages"]]
     assert any(t.startswith("Round 1.") for t in sent)  # nothing was folded
     assert it["status"] == "failed" and it["stop_reason"] == "context_exhausted"
-    assert "over the 92% threshold (920 tokens) of the 1000-token context" in it["error"]
+    assert "tokens of the 1000-token context (compaction starts at 92%, 920 tokens)" in it["error"]
     assert "after 1 compaction attempt(s) (at most 1 per iteration)" in it["error"]
     assert "; the last compaction attempt: the summariser " in it["error"]  # and why
     assert it["rounds"] == 5 and len(it["messages"]) > 10  # the whole log is stored
@@ -330,7 +341,12 @@ async def test_an_interrupted_run_keeps_its_archive_and_the_takeover_goes_on_com
         raise AssertionError("unreachable")
 
     model = FunctionChatModel(victim_model)
-    victim = make_worker(db, model, compaction=CompactionSetup(llm=model, max_ctx=10**6))
+    victim = make_worker(
+        db,
+        model,
+        compaction=CompactionSetup(llm=model, max_ctx=10**6),
+        tools_for=lambda mission: agent_tools(db),
+    )
     [task] = await victim.tick()
     await asyncio.wait_for(round_5.wait(), 30)
     task.cancel()
@@ -353,7 +369,11 @@ async def test_an_interrupted_run_keeps_its_archive_and_the_takeover_goes_on_com
 
     heir_llm = FunctionChatModel(heir_model)
     heir = make_worker(
-        db, heir_llm, worker_id="heir", compaction=CompactionSetup(llm=heir_llm, max_ctx=10**6)
+        db,
+        heir_llm,
+        worker_id="heir",
+        compaction=CompactionSetup(llm=heir_llm, max_ctx=10**6),
+        tools_for=lambda mission: agent_tools(db),
     )
     await expire_lease(db, mission_id)
     assert await heir.run_once() == ["succeeded"]
@@ -465,7 +485,7 @@ async def test_rerun_tells_calls_with_one_id_apart(
     )
     assert code == 0, out
     assert out.startswith("# Rerun of iteration")
-    assert "notes_delete (call dup): policy recorded would deny" in out
+    assert "notes\\_delete (call dup): policy recorded would deny" in out  # markdown-escaped
     assert "clock_now" not in out.split("difference(s)")[1].split("note:")[0], out
 
 

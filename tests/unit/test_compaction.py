@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from planner import (
     ChatMessage,
+    Checkpoint,
     Compactor,
     CompletionRequest,
     CompletionResponse,
@@ -406,7 +407,7 @@ async def test_a_context_still_over_the_window_after_compacting_ends_the_run() -
     compactor = Compactor(llm=summariser(), max_ctx=8000)
     result = await run_planner_loop(loop_input(compactor, tools=tools), llm=model)
     assert result.stop_reason == "context_exhausted"
-    assert "more than the whole context after compacting" in (result.error or "")
+    assert "more than the whole context even after compacting" in (result.error or "")
     # no request went out holding the huge result
     assert not any(len(m.content or "") >= 40_000 for r in model.requests for m in r.messages)
 
@@ -430,3 +431,65 @@ async def test_the_count_after_a_compaction_keeps_what_no_message_shows() -> Non
     estimated_saving = sum(estimate_message_tokens(m) for m in compaction.folded)
     assert compaction.tokens_after > compaction.tokens_before - estimated_saving
     assert compaction.tokens_after > 900  # the overhead stays counted
+
+
+async def test_a_resumed_run_starts_from_the_count_its_checkpoint_carries() -> None:
+    # the earlier attempt's count: 3,900 tokens (tool definitions and framing included);
+    # estimating the messages alone would say about 900
+    log = [ChatMessage(role="system", content="sys"), ChatMessage(role="user", content="go")]
+    for n in range(1, 4):
+        log += turn(n, 1000)
+    model = looping_model(rounds_then_answer=0)
+    summaries: list[CompletionRequest] = []
+
+    def summarise(request: CompletionRequest) -> CompletionResponse:
+        summaries.append(request)
+        return final_answer("Facts found: x.")
+
+    compactor = Compactor(llm=FunctionChatModel(summarise), max_ctx=4000, keep_recent_tokens=10)
+    resume = Checkpoint(messages=log, rounds_done=3, context_tokens=3900)
+    result = await run_planner_loop(loop_input(compactor, resume=resume), llm=model)
+    assert len(summaries) == 1  # compacted before the first request it sent
+    [request] = model.requests
+    assert any((m.content or "").startswith("<summary of") for m in request.messages)
+    assert result.stop_reason == "final_answer"
+
+
+async def test_tool_definitions_count_before_the_provider_reports_any_usage() -> None:
+    big = ToolSpec("big", "d" * 4000, {"type": "object"}, "read", _look)  # ~1,000 tokens
+    model = looping_model()
+    compactor = Compactor(llm=summariser(), max_ctx=1000)
+    result = await run_planner_loop(loop_input(compactor, tools=[LOOK, big]), llm=model)
+    assert result.stop_reason == "context_exhausted" and model.requests == []
+    assert "compacting could not help" in (result.error or "")
+
+
+async def test_a_request_its_reminders_would_push_over_the_context_is_not_sent() -> None:
+    model = looping_model()
+    compactor = Compactor(llm=summariser(), max_ctx=300)
+    channel = lambda state: ["r" * 1200]  # noqa: E731  (300 tokens of reminder)
+    result = await run_planner_loop(
+        loop_input(compactor, reminder_channel=channel, tools=[]), llm=model
+    )
+    assert result.stop_reason == "context_exhausted" and model.requests == []
+    assert "with this round's reminders the request would not fit" in (result.error or "")
+
+
+async def test_a_summary_folded_again_still_counts_the_turns_it_stood_for() -> None:
+    first = await compact_history(
+        [*HEAD, *turn(1), *turn(2), *turn(3), *turn(4)],
+        llm=summariser(),
+        model=None,
+        keep_recent=0,
+        head=len(HEAD),
+    )
+    assert (first.messages[len(HEAD)].content or "").startswith("<summary of 3 earlier turn(s)")
+    second = await compact_history(
+        [*first.messages, *turn(5), *turn(6)],
+        llm=summariser("Facts: y."),
+        model=None,
+        keep_recent=0,
+        head=len(HEAD),
+    )
+    assert second.folded_turns == 2  # turns 4 and 5, besides the first summary
+    assert (second.messages[len(HEAD)].content or "").startswith("<summary of 5 earlier turn(s)")

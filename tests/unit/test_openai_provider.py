@@ -325,3 +325,26 @@ async def test_defaults_are_left_out_of_the_body() -> None:
 def test_base_url_must_be_http() -> None:
     with pytest.raises(ValueError, match="http"):
         OpenAICompatibleChatModel(base_url="localhost:8000/v1")
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [httpx.Response(500, json={"error": "boom"}), httpx.ConnectError("refused")],
+    ids=["status", "connection"],
+)
+async def test_credentials_in_the_base_url_are_used_but_never_shown(failure: Any) -> None:
+    rec = Recorder(failure)
+    model = OpenAICompatibleChatModel(
+        base_url="http://carol:pw789@llm.test/v1?key=APIKEY123",
+        transport=httpx.MockTransport(rec.handle),
+        sleep=rec.sleep,
+        max_retries=0,
+    )
+    with pytest.raises((LLMStatusError, LLMConnectionError)) as caught:
+        await model.complete(REQUEST)
+    [sent] = rec.requests
+    # the path goes before the query, and the credentials are sent
+    assert sent.url.path == "/v1/chat/completions" and sent.url.params["key"] == "APIKEY123"
+    message = str(caught.value)
+    assert "pw789" not in message and "APIKEY123" not in message
+    assert "http://carol:***@llm.test/v1/chat/completions?key=***" in message

@@ -13,13 +13,17 @@ from planner import (
     Checkpoint,
     ExecutedCall,
     PlannerLoopInput,
+    ReplyInfo,
     TokenUsage,
     ToolCall,
     ToolContext,
     ToolSpec,
     run_planner_loop,
 )
+from planner.compaction import estimate_message_tokens
 from planner.testing import InMemoryCallJournal, ScriptedChatModel, final_answer, tool_calls
+from worker.db.stores import StartedIteration
+from worker.journal import context_at_checkpoint
 
 ran: list[tuple[str, str | None]] = []
 
@@ -154,3 +158,27 @@ async def test_a_resume_after_a_complete_round_asks_the_model_next() -> None:
     llm = ScriptedChatModel([final_answer("done")])
     result = await run_planner_loop(inp(resume=checkpoint), llm=llm)
     assert ran == [] and result.rounds == 2 and result.final_answer == "done"
+
+
+def test_a_takeover_counts_the_context_as_the_earlier_attempt_did() -> None:
+    reply = ChatMessage(
+        role="assistant",
+        tool_calls=(ToolCall(id="c1", name="clock_now"),),
+        reply_info=ReplyInfo(usage=TokenUsage(prompt_tokens=900, completion_tokens=20)),
+    )
+    result = ChatMessage(role="tool", content="x" * 400, tool_call_id="c1")
+    log = [
+        ChatMessage(role="system", content="s"),
+        ChatMessage(role="user", content="u"),
+        reply,
+        result,
+    ]
+    started = StartedIteration(id=1, attempt=2, rounds=1)
+    # the provider's count of the last request and answer, plus the result appended since
+    assert context_at_checkpoint(log, started) == 920 + estimate_message_tokens(result)
+    # a compaction after that reply (before round 2): the count it left
+    after = StartedIteration(id=1, attempt=2, rounds=1, last_compaction=(2, 300))
+    assert context_at_checkpoint(log, after) == 300
+    # no usable count from the provider: the loop estimates
+    unreported = reply.model_copy(update={"reply_info": ReplyInfo()})
+    assert context_at_checkpoint([*log[:2], unreported, result], started) is None

@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from typing import Any
 
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
-from worker.replay import is_summary, message_label, policy_text
+from worker.replay import (
+    ReplayError,
+    checked_iteration,
+    is_summary,
+    message_label,
+    policy_text,
+    visible,
+)
 from worker.settings import Settings
 
 __all__ = ["register", "unsupported_figures", "verdict"]
@@ -77,6 +85,16 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json(it)
         return 0
+    try:
+        checked_iteration(it)
+    except ReplayError as exc:  # edited by hand or corrupt: show it as stored, say what is wrong
+        print_json(it)
+        print(
+            f"mana-ai: error: iteration {it['id']} cannot be shown as a conversation: {exc} "
+            "(printed as stored above)",
+            file=sys.stderr,
+        )
+        return 1
     print(
         f"iteration {it['id']} of mission {it['mission_id']}: {it['status']} "
         f"(attempt {it['attempt']}, worker {it['worker_id']})"
@@ -273,7 +291,7 @@ def _print_log(
             )
         label = message_label(message)
         if message.get("content") is not None:
-            print(f"  {label} {message['content']}")
+            print(f"  {label} {visible(str(message['content']))}")
         for call in message.get("tool_calls", []):
             arguments = json.dumps(call.get("arguments", {}))
             if call.get("raw_arguments") is not None:

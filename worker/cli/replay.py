@@ -89,10 +89,12 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
         if as_json:
             print_json(report.to_json())
         elif args.format == "markdown":
+            from worker.replay import md_inline
+
             first, *rest = report.lines()
-            print(f"# {first[0].upper()}{first[1:]}\n")
+            print(f"# {md_inline(first[0].upper() + first[1:])}\n")
             for line in rest:
-                print(f"- {line.strip()}")
+                print(f"- {md_inline(line.strip())}")
         else:
             for line in report.lines():
                 print(line)

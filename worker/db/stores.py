@@ -105,7 +105,8 @@ class StartedIteration:
     done, their tokens and reminders, and the ``tool_invocations`` rows of the last round
     (``pending_rows``: ``id``, ``position``, ``outcome``, ``result``, ``error``,
     ``policy_decision``), so it can go on where they stopped; and how many compactions the
-    earlier attempts did (``compactions``) and tried (``compaction_attempts``).
+    earlier attempts did (``compactions``) and tried (``compaction_attempts``), and the latest
+    one's ``(round it ran before, tokens in context after it)`` (``last_compaction``).
     """
 
     id: int
@@ -118,6 +119,7 @@ class StartedIteration:
     pending_rows: list[dict[str, Any]] = field(default_factory=list)
     compactions: int = 0
     compaction_attempts: int = 0
+    last_compaction: tuple[int, int] | None = None
 
     @property
     def resumable(self) -> bool:
@@ -423,6 +425,7 @@ class MissionStore:
                 return None
             pending: list[dict[str, Any]] = []
             compactions = attempts = 0
+            last_compaction: tuple[int, int] | None = None
             if row["attempt"] > 1 and row["messages"]:
                 calls = tool_invocations.c
                 found = await conn.execute(
@@ -447,6 +450,19 @@ class MissionStore:
                     )
                 ).one()
                 attempts, compactions = int(archived[0]), int(archived[1])
+                latest = (
+                    await conn.execute(
+                        select(compacted_turns.c.round, compacted_turns.c.tokens_after)
+                        .where(
+                            compacted_turns.c.iteration_id == row["id"],
+                            compacted_turns.c.error.is_(None),
+                        )
+                        .order_by(compacted_turns.c.compaction_index.desc())
+                        .limit(1)
+                    )
+                ).first()
+                if latest is not None:
+                    last_compaction = (int(latest[0]), int(latest[1]))
         return StartedIteration(
             id=row["id"],
             attempt=row["attempt"],
@@ -458,6 +474,7 @@ class MissionStore:
             pending_rows=pending,
             compactions=compactions,
             compaction_attempts=attempts,
+            last_compaction=last_compaction,
         )
 
     async def tokens_used(self, agent_id: int, *, window: timedelta) -> int:
