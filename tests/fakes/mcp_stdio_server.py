@@ -5,7 +5,8 @@ Tools, with what a real server may send:
 
 * ``echo`` (readOnlyHint): returns its ``text``.
 * ``notes.append`` (no annotations: a write; a dot in its name): appends ``text`` to a file
-  given with ``--log FILE`` (so a test sees it ran) and returns ``{"appended": text}``
+  given with ``--log FILE`` (so a test sees it ran), and the idempotency key the client sent
+  in ``_meta`` to ``FILE`` with the suffix ``.keys``, and returns ``{"appended": text}``
   (structured content).
 * ``wipe`` (destructiveHint): appends ``WIPED`` to the log file.
 * ``big``: returns ``size`` characters of text.
@@ -159,6 +160,9 @@ def build(log: Path | None) -> Server[Any]:
             if log is not None:
                 with log.open("a", encoding="utf-8") as f:
                     f.write(line + "\n")
+                key = (params.meta or {}).get("mana-ai/idempotency-key")
+                with log.with_suffix(".keys").open("a", encoding="utf-8") as f:
+                    f.write(f"{key}\n")
             return types.CallToolResult(
                 content=[types.TextContent(text=line)], structured_content={"appended": line}
             )

@@ -83,6 +83,8 @@ async def test_a_mission_calls_its_agents_mcp_tool_and_stores_the_call_with_its_
     assert {"fs__echo", "fs__notes_append", "fs__wipe", "notes_list", "clock_now"} <= offered
     assert log.read_text() == "hello\n"  # it ran on the server
     [it] = await iterations(db)
+    # the write went with its idempotency key, for a server that applies each at most once
+    assert log.with_suffix(".keys").read_text() == f"{it['id']}:1:0\n"
     assert it["status"] == "succeeded" and it["error"] is None
     rows = await calls(db)
     assert [(r["tool"], r["outcome"], r["consumer"]) for r in rows] == [

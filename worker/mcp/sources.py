@@ -36,11 +36,18 @@ from worker.mcp.config import McpServerConfig, redact_url
 from worker.mcp.translate import McpToolError, result_value, tool_spec
 
 __all__ = [
+    "IDEMPOTENCY_META_KEY",
     "MAX_TOOLS_PER_SERVER",
     "McpToolSources",
     "OpenedSources",
     "ToolSourceError",
 ]
+
+
+IDEMPOTENCY_META_KEY = "mana-ai/idempotency-key"
+"""The ``_meta`` key of a ``tools/call`` request that carries a write or destructive call's
+idempotency key (the same for every attempt at that call): a server that applies each key at
+most once makes a call a dead worker left in flight safe to retry."""
 
 logger = logging.getLogger(__name__)
 
@@ -267,9 +274,14 @@ class _Session:
             client = self.client
             if client is None:
                 raise McpToolError(f"the session with MCP server {self.server.name} has ended")
+            # a write's idempotency key goes along, for a server that can apply it at most once
+            meta = {IDEMPOTENCY_META_KEY: ctx.idempotency_key} if ctx.idempotency_key else None
             try:
                 result = await client.call_tool(
-                    tool_name, arguments, read_timeout_seconds=self.sources.call_timeout_s
+                    tool_name,
+                    arguments,
+                    read_timeout_seconds=self.sources.call_timeout_s,
+                    meta=meta,
                 )
             except Exception as exc:
                 raise McpToolError(
