@@ -65,7 +65,12 @@ async def open_database(
         DatabaseError: the database is unreachable, or not migrated when ``migrate`` is false.
     """
     url = await resolve_database_url(settings)
-    engine = create_engine(url, pool_size=settings.max_concurrent_missions + 2)
+    engine = create_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pgbouncer=settings.pgbouncer,
+    )
     try:
         await check_connection(engine)
         if migrate is None:

@@ -81,6 +81,7 @@ async def serve(
                 next_run_time=datetime.now(UTC),
             )
             scheduler.start()
+            wakeups = asyncio.create_task(app.worker.run_wakeups(), name="wake-ups")
             logger.info(
                 "worker %s ticking every %g s, up to %d mission(s) at once",
                 settings.worker_id,
@@ -93,6 +94,7 @@ async def serve(
             finally:
                 logger.info("shutting down: no new claims")
                 scheduler.shutdown(wait=False)
+                wakeups.cancel()
                 await app.worker.drain(settings.shutdown_grace_s, hurry)
                 if metrics_server is not None:
                     metrics_server.stop()

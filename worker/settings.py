@@ -63,6 +63,11 @@ def default_data_dir(*, root: bool | None = None) -> Path:
     return Path(ROOT_DATA_DIR) if root else Path(USER_DATA_DIR).expanduser()
 
 
+PGBOUNCER_DEFAULT_PORT = 6432
+"""PgBouncer's default listening port (pgbouncer.ini ``listen_port``): ``MANA_AI_DB_PGBOUNCER=auto``
+assumes PgBouncer on it."""
+
+
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -137,6 +142,44 @@ class Settings(BaseSettings):
         le=1000,
         description=(
             "How many missions this worker runs at once (1-1000); also its claim size per tick."
+        ),
+    )
+    db_pool_size: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description=(
+            "PostgreSQL connections this worker keeps open (1-1000), whatever "
+            "MANA_AI_MAX_CONCURRENT_MISSIONS is: a running mission takes a connection for each "
+            "short transaction and gives it back, never while it waits for the LLM or a tool. "
+            "One of them listens for wake-ups (MANA_AI_WAKE_UP). Default 10."
+        ),
+    )
+    db_max_overflow: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description=(
+            "Connections opened above MANA_AI_DB_POOL_SIZE at busy moments and closed when "
+            "returned (0-1000); the worker never holds more than the sum. Default 0."
+        ),
+    )
+    db_pgbouncer: Literal["auto"] | bool = Field(
+        default="auto",
+        description=(
+            "true when MANA_AI_DATABASE_URL points at PgBouncer in transaction pooling mode: no "
+            "statement caches or named prepared statements that outlive a transaction, "
+            "transaction-level advisory locks only, and no LISTEN (wake-ups fall back to the "
+            "tick). auto (default): true when the URL's port is 6432, PgBouncer's default."
+        ),
+    )
+    wake_up: bool = Field(
+        default=True,
+        description=(
+            "Wake the worker at once when a mission becomes due now (missions add --due-now, "
+            "missions resume, or any INSERT/UPDATE of the missions table) through PostgreSQL "
+            "LISTEN/NOTIFY, and when a slot frees while due missions wait; the tick stays the "
+            "safety net. Off under PgBouncer (LISTEN needs a session). Default true."
         ),
     )
     lease_s: float = Field(
@@ -640,6 +683,34 @@ class Settings(BaseSettings):
         return {"true": "on", "yes": "on", "1": "on", "false": "off", "no": "off", "0": "off"}.get(
             word, word
         )
+
+    @field_validator("db_pgbouncer", mode="before")
+    @classmethod
+    def _pgbouncer_switch(cls, value: Any) -> Any:
+        """``auto``, or a boolean spelling (``true``, ``on``, ``1``, ``false``, ``off``, …)."""
+        if not isinstance(value, str):
+            return value
+        word = value.strip().lower()
+        if word == "auto":
+            return "auto"
+        if word in {"true", "on", "yes", "1"}:
+            return True
+        if word in {"false", "off", "no", "0"}:
+            return False
+        raise ValueError("must be auto, true or false")
+
+    @property
+    def pgbouncer(self) -> bool:
+        """Whether the database is reached through PgBouncer in transaction mode:
+        ``MANA_AI_DB_PGBOUNCER``, or with ``auto`` the URL's port is 6432 (PgBouncer's
+        default; the embedded database never is)."""
+        if self.db_pgbouncer != "auto":
+            return bool(self.db_pgbouncer)
+        if self.database_url is None:
+            return False
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.database_url).port == PGBOUNCER_DEFAULT_PORT
 
     @field_validator("reminders_disabled")
     @classmethod

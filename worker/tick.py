@@ -59,6 +59,8 @@ class Worker:
         self.stopping = False
         self._tick_lock = asyncio.Lock()
         self._failed_ticks = 0
+        self._wake = asyncio.Event()
+        self._backlog = False  # the last claim filled every free slot: more may be due
 
     async def tick(self) -> list[asyncio.Task[RunOutcome]]:
         """Claim due missions into free slots and start them; return the started tasks.
@@ -73,6 +75,7 @@ class Worker:
             claimed = await self.store.claim_due(
                 worker_id=self.worker_id, limit=free, lease=self.lease
             )
+            self._backlog = free > 0 and len(claimed) == free
             tasks = [self._start(m) for m in claimed]
             metrics.MISSIONS_CLAIMED.inc(len(claimed))
             metrics.TICK_DURATION.observe(time.perf_counter() - started)
@@ -105,6 +108,22 @@ class Worker:
             if self._failed_ticks:
                 logger.info("tick recovered after %d failed tick(s)", self._failed_ticks)
                 self._failed_ticks = 0
+
+    def wake(self) -> None:
+        """Ask for a tick as soon as possible: a mission became due now (a NOTIFY from the
+        database), or a slot freed while due missions may be waiting. Wake-ups coalesce: many
+        before the tick runs give one tick. Only ``run_wakeups`` acts on them."""
+        if not self.stopping:
+            self._wake.set()
+
+    async def run_wakeups(self) -> None:
+        """Tick (``tick_safely``) each time ``wake()`` was called, until cancelled. The daemon
+        runs it beside the scheduled tick, which stays the safety net."""
+        while not self.stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self.stopping:
+                await self.tick_safely()
 
     async def run_once(self) -> list[RunOutcome]:
         """One tick, then wait for the missions it started; their outcomes in claim order.
@@ -159,6 +178,8 @@ class Worker:
     def _finished(self, mission_id: int, task: asyncio.Task[RunOutcome]) -> None:
         self.running.discard(task)
         metrics.MISSIONS_RUNNING.set(len(self.running))
+        if self._backlog:  # a slot is free and the last claim left due missions behind
+            self.wake()
         if not task.cancelled() and task.exception() is not None:
             logger.error(
                 "mission run failed before its iteration was stored; another tick reruns it "

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import subprocess
+import uuid
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -114,30 +115,53 @@ def create_engine(
     max_overflow: int = 10,
     application_name: str = "mana-ai",
     connect_timeout_s: float = 10.0,
+    pgbouncer: bool = False,
+    pool_timeout_s: float = 30.0,
 ) -> AsyncEngine:
     """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts).
 
+    The engine never holds more than ``pool_size + max_overflow`` connections; a checkout that
+    finds none free waits up to ``pool_timeout_s`` seconds (then SQLAlchemy's ``TimeoutError``).
+    Every store method takes a connection for one short transaction and gives it back, so a
+    pool of 10 serves hundreds of running missions (``MANA_AI_DB_POOL_SIZE``).
+
     Connections are pinged before use (``pool_pre_ping``) so a restarted server or a dropped
-    connection costs one retry, not an error; they are recycled after 30 minutes. Size the pool
-    for the work: each running mission holds at most one connection at a time per concurrent
-    tool call, so ``pool_size + max_overflow`` of 15 covers 4 missions with a few parallel
-    reads each. ``application_name`` shows up in ``pg_stat_activity``. A server that accepts
-    the TCP connection but never answers fails after ``connect_timeout_s`` (asyncpg's default
-    is 60 s).
+    connection costs one retry, not an error; they are recycled after 30 minutes.
+    ``application_name`` shows up in ``pg_stat_activity``. A server that accepts the TCP
+    connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s).
+
+    ``pgbouncer=True`` is for PgBouncer in transaction pooling mode, where consecutive
+    transactions of one client connection may run on different server connections: asyncpg's
+    and SQLAlchemy's prepared-statement caches are off and every prepared statement gets a
+    unique name, as SQLAlchemy's asyncpg dialect documents ("Prepared Statement Name with
+    PGBouncer"), so a statement never meets a name another client prepared on that server
+    connection.
 
     The caller owns the engine and must ``await engine.dispose()`` at shutdown.
     """
+    connect_args: dict[str, Any] = {
+        "server_settings": {"application_name": application_name},
+        "timeout": connect_timeout_s,
+    }
+    if pgbouncer:
+        connect_args |= {
+            "statement_cache_size": 0,
+            "prepared_statement_cache_size": 0,
+            "prepared_statement_name_func": _unique_statement_name,
+        }
     return create_async_engine(
         to_async_url(url),
         pool_pre_ping=True,
         pool_size=pool_size,
         max_overflow=max_overflow,
+        pool_timeout=pool_timeout_s,
         pool_recycle=1800,
-        connect_args={
-            "server_settings": {"application_name": application_name},
-            "timeout": connect_timeout_s,
-        },
+        connect_args=connect_args,
     )
+
+
+def _unique_statement_name() -> str:
+    return f"__asyncpg_{uuid.uuid4().hex}__"
 
 
 async def check_connection(engine: AsyncEngine) -> None:
