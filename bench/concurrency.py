@@ -5,12 +5,14 @@ Not a test: it prints figures. Usage::
     python bench/concurrency.py [--missions 1000] [--latency 1.0] [--concurrency 500]
                                 [--pool 10] [--overflow 0]
 
-A fake OpenAI-compatible server in a child process (asyncio, HTTP/1.1 keep-alive) answers
-every request after ``--latency`` seconds: a ``clock_now`` call first, then a final answer, so
-each mission makes 2 requests. One worker, wired from settings exactly as ``mana-ai worker``
-is (``worker.app.open_app``: pool ``MANA_AI_DB_POOL_SIZE`` / ``MANA_AI_DB_MAX_OVERFLOW``,
-the OpenAI-compatible client), ticks once and then on every wake-up (a freed slot while
-missions wait), until every iteration finished.
+A fake OpenAI-compatible server in a child process (``tests.fakes.async_llm_server``:
+asyncio, HTTP/1.1 keep-alive) answers every request after ``--latency`` seconds: a
+``clock_now`` call first, then a final answer, so each mission makes 2 requests. One
+worker, wired from settings exactly as ``mana-ai worker`` is (``worker.app.open_app``: pool
+``MANA_AI_DB_POOL_SIZE`` / ``MANA_AI_DB_MAX_OVERFLOW``, the OpenAI-compatible client, the
+policy gate), ticks once and then on every wake-up (a freed slot while missions wait), until
+every iteration finished. Each mission belongs to its own user, as in a real deployment
+(one user's 30-calls-a-minute rate limit would otherwise be the bottleneck).
 
 Prints the wall time, the ideal (N x 2 x L / C: every slot always waiting on the LLM), their
 ratio, the peak number of PostgreSQL connections the worker held (sampled every 50 ms from
@@ -25,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 from sqlalchemy import make_url
@@ -40,46 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import database_server, throwaway_database
 from bench.tick_throughput import add_missions, run_all
-from tests.fakes.llm_server import chat_completion_body
-from worker.app import open_app
+from tests.fakes.async_llm_server import serve_in_process
+from worker.app import application_name, open_app
 from worker.settings import load_settings
-
-
-def llm_server(latency_s: float, ready: Any) -> None:
-    """The child process: serve chat completions on 127.0.0.1 after ``latency_s``."""
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                length = 0
-                for line in head.decode("latin-1").split("\r\n"):
-                    name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value)
-                body = json.loads(await reader.readexactly(length))
-                await asyncio.sleep(latency_s)
-                if any(m.get("role") == "tool" for m in body.get("messages", [])):
-                    reply = chat_completion_body(content="It is now.")
-                else:
-                    reply = chat_completion_body(tool_calls=[("clock_now", {})])
-                data = json.dumps(reply).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(data)}\r\n\r\n".encode()
-                    + data
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def serve() -> None:
-        server = await asyncio.start_server(answer, "127.0.0.1", 0, backlog=4096)
-        ready.send(server.sockets[0].getsockname()[1])
-        await server.serve_forever()
-
-    asyncio.run(serve())
 
 
 class Watch:
@@ -100,8 +64,9 @@ class Watch:
             while True:
                 held = await monitor.fetchval(
                     "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = $1 AND application_name = 'mana-ai'",
+                    "WHERE datname = $1 AND application_name = $2",
                     self.database,
+                    application_name("bench"),
                 )
                 self.peak_connections = max(self.peak_connections, held)
                 if time.perf_counter() >= probe_at:
@@ -118,9 +83,23 @@ class Watch:
             await monitor.close()
 
 
+async def iteration_durations(url: str) -> list[float]:
+    """Seconds from each iteration's start to its end."""
+    connection = await asyncpg.connect(
+        make_url(url).set(drivername="postgresql").render_as_string(False)
+    )
+    try:
+        rows = await connection.fetch(
+            "SELECT extract(epoch FROM finished_at - started_at) AS s FROM mission_iterations"
+        )
+    finally:
+        await connection.close()
+    return [float(r["s"]) for r in rows]
+
+
 async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None:
     async with throwaway_database(server_url) as url:
-        await add_missions(url, args.missions)
+        await add_missions(url, args.missions, users=args.missions)
         settings = load_settings(
             database_url=url,
             llm_base_url=llm_url,
@@ -140,6 +119,7 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
             finally:
                 elapsed = time.perf_counter() - started
                 watcher.cancel()
+            durations = await iteration_durations(url)
         ideal = args.missions * 2 * args.latency / args.concurrency
         rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"missions              {args.missions}")
@@ -149,6 +129,11 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
         print(f"wall_s                {elapsed:.2f}")
         print(f"ideal_s               {ideal:.2f}  (missions x 2 x latency / concurrency)")
         print(f"wall/ideal            {elapsed / ideal:.2f}")
+        print(
+            f"iteration_s           median {statistics.median(durations):.2f}, "
+            f"p95 {statistics.quantiles(durations, n=20)[-1]:.2f}, max {max(durations):.2f}  "
+            f"(started to finished; {2 * args.latency:.2f} waiting on the LLM)"
+        )
         print(f"peak_connections      {watch.peak_connections}  (the worker's, pg_stat_activity)")
         print(f"bystander_connects    {watch.probes - len(watch.refused)}/{watch.probes} ok")
         for reason in sorted(set(watch.refused))[:3]:
@@ -167,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
-    server = context.Process(target=llm_server, args=(args.latency, send), daemon=True)
+    server = context.Process(target=serve_in_process, args=(args.latency, send), daemon=True)
     server.start()
     try:
         port = receive.recv()

@@ -33,11 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RoundTripCounter, database_server, throwaway_database
 from planner import CompletionRequest, CompletionResponse
 from planner.testing import FunctionChatModel, final_answer, tool_calls
-from worker.db.admin import AdminStore
 from worker.db.engine import create_engine
 from worker.db.migrate import upgrade_database
 from worker.db.stores import MissionStore
-from worker.db.tables import mission_iterations, missions
+from worker.db.tables import agents, mission_iterations, missions
 from worker.runner import MissionRunner
 from worker.tick import Worker
 from worker.tools import builtin_tools
@@ -49,26 +48,33 @@ def instant_llm(request: CompletionRequest) -> CompletionResponse:
     return tool_calls(("clock_now", {}))
 
 
-async def add_missions(url: str, count: int) -> None:
+async def add_missions(url: str, count: int, *, users: int = 1) -> None:
+    """Migrate the database at ``url`` and add ``count`` due missions, spread over ``users``
+    agents (each its own owner)."""
     engine = create_engine(url, pool_size=1, max_overflow=0)
     try:
         await upgrade_database(engine)
-        agent = await AdminStore(engine).add_agent(
-            name="bench", owner_user_id="u", system_prompt="Be brief."
-        )
-        due = datetime.now(UTC) - timedelta(seconds=1)
         async with engine.begin() as conn:
+            found = await conn.execute(
+                insert(agents).returning(agents.c.id),
+                [
+                    {"name": f"bench{n}", "owner_user_id": f"u{n}", "system_prompt": "Be brief."}
+                    for n in range(users)
+                ],
+            )
+            agent_ids = list(found.scalars())
+            due = datetime.now(UTC) - timedelta(seconds=1)
             await conn.execute(
                 insert(missions),
                 [
                     {
-                        "agent_id": agent["id"],
+                        "agent_id": agent_ids[n % users],
                         "objective": "Tell the time.",
                         "cron": "0 * * * *",
                         "timezone": "UTC",
                         "next_run_at": due,
                     }
-                    for _ in range(count)
+                    for n in range(count)
                 ],
             )
     finally:
