@@ -127,6 +127,24 @@ async def test_a_due_insert_notifies_and_a_future_one_does_not(
     assert notifications.payloads == []  # constant payload: identical ones collapse
 
 
+async def test_due_now_is_the_database_clock_and_notifies(
+    db: AsyncEngine, notifications: Notifications
+) -> None:
+    await add_mission(db, due_in=timedelta(hours=1))  # creates the agent
+    admin = AdminStore(db)
+    added: list[dict[str, Any]] = []
+
+    async def add_due_now() -> None:  # what `missions add --due-now` writes
+        added.append(
+            await admin.add_mission(
+                agent_id=1, objective="o", cron=None, timezone="UTC", next_run_at="now"
+            )
+        )
+
+    assert await notifications.during(add_due_now) == 1
+    assert added[0]["next_run_at"] == added[0]["created_at"]  # the transaction's now()
+
+
 async def test_a_bulk_insert_of_due_missions_is_one_notification(
     db: AsyncEngine, notifications: Notifications
 ) -> None:
