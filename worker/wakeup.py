@@ -116,12 +116,13 @@ class WakeUpListener:
                     if first:
                         logger.info("wake-ups: listening on channel %s", self.channel)
                         first = False
-                    else:
+                    elif lost_at is not None:
                         logger.info(
                             "wake-ups: listening again on channel %s after %.1f s",
                             self.channel,
-                            loop.time() - (lost_at or loop.time()),
+                            loop.time() - lost_at,
                         )
+                    if lost_at is not None:
                         self.on_notify()  # missions may have become due while nobody listened
                     lost_at = None
                     delay = self.retry_min_s

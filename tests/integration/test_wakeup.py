@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import event, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -32,6 +32,7 @@ from tests.integration.worker_harness import (
     make_worker,
 )
 from worker.db.admin import AdminStore
+from worker.db.engine import create_engine
 from worker.db.stores import MissionStore
 from worker.db.tables import missions
 from worker.tick import Worker
@@ -284,3 +285,30 @@ async def test_a_cancelled_listener_unlistens_and_returns_its_connection(db: Asy
 def test_off_reason(kwargs: dict[str, Any], reason: str | None) -> None:
     got = off_reason(**kwargs)
     assert got == reason if reason is None else reason in (got or "")
+
+
+async def test_an_unreachable_database_is_logged_once_and_retried_until_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = create_engine("postgresql://mana@127.0.0.1:1/nowhere", pool_timeout_s=1)
+    attempts = 0
+
+    def count(*_: Any) -> None:
+        nonlocal attempts
+        attempts += 1
+
+    event.listen(engine.sync_engine, "do_connect", count)
+    listener = WakeUpListener(engine, lambda: None, retry_min_s=0.01, retry_max_s=0.02)
+    try:
+        with caplog.at_level(logging.INFO, logger="worker.wakeup"):
+            task = asyncio.create_task(listener.run())
+            async with asyncio.timeout(10):
+                while attempts < 4:  # noqa: ASYNC110 - counts its retries
+                    await asyncio.sleep(0.01)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await engine.dispose()
+    assert task.cancelled() and not listener.listening.is_set()
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "worker.wakeup"]
+    assert warning.startswith("wake-ups: not listening (cannot connect: ")
