@@ -26,31 +26,24 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import make_url, select, text
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner import CompletionRequest, CompletionResponse
-from planner.testing import FunctionChatModel, final_answer, tool_calls
+from bench.common import database_server, throwaway_database
+from bench.tick_throughput import instant_llm
+from planner.testing import FunctionChatModel
 from worker.db.admin import AdminStore
-from worker.db.engine import create_engine, start_embedded_postgres, to_async_url
+from worker.db.engine import create_engine
 from worker.db.migrate import upgrade_database
 from worker.db.tables import mission_iterations
 from worker.scheduler import serve
 from worker.settings import Settings
-
-
-def instant_llm(request: CompletionRequest) -> CompletionResponse:
-    if any(m.role == "tool" for m in request.messages):
-        return final_answer("done")
-    return tool_calls(("clock_now", {}))
 
 
 class _Seen(logging.Handler):
@@ -100,12 +93,11 @@ async def _started(probe: AsyncEngine, mission_id: int) -> None:
 
 
 async def bench(server_url: str, samples: int, via_cli: bool) -> None:
-    name = f"mana_ai_bench_{uuid.uuid4().hex[:8]}"
-    admin_engine = create_engine(server_url)
-    async with admin_engine.connect() as conn:
-        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    async with throwaway_database(server_url) as url:
+        await measure(url, samples, via_cli)
+
+
+async def measure(url: str, samples: int, via_cli: bool) -> None:
     engine = create_engine(url, pool_size=2)
     try:
         await upgrade_database(engine)
@@ -155,10 +147,6 @@ async def bench(server_url: str, samples: int, via_cli: bool) -> None:
         print(f"without wake-ups    ~{settings.tick_interval_s / 2 * 1000:.0f} ms on average")
     finally:
         await engine.dispose()
-        async with admin_engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        await admin_engine.dispose()
 
 
 def main() -> None:
@@ -168,15 +156,7 @@ def main() -> None:
         "--cli", action="store_true", help="add each mission with `mana-ai missions add`"
     )
     args = parser.parse_args()
-    url = os.environ.get("MANA_AI_TEST_DATABASE_URL")
-    with tempfile.TemporaryDirectory(prefix="mana-ai-bench-") as tmp:
-        Path(tmp).chmod(0o755)  # as root the embedded server's user must enter it
-        if url:
-            server_url = to_async_url(url)
-            where = "MANA_AI_TEST_DATABASE_URL"
-        else:
-            server_url = start_embedded_postgres(Path(tmp) / "pgdata", cleanup_mode="delete")
-            where = "embedded PostgreSQL"
+    with database_server() as (server_url, where):
         print(f"database            {where}")
         asyncio.run(bench(server_url, args.samples, args.cli))
 
