@@ -225,7 +225,8 @@ class Settings(BaseSettings):
         description=(
             "On SIGTERM/SIGINT, seconds (0 to 86400) to let running missions finish before "
             "they are interrupted (their iterations are marked interrupted and their leases "
-            "released, so another replica resumes them at its next tick)."
+            "released, so another replica resumes them at once when it listens for wake-ups, "
+            "else at its next tick)."
         ),
     )
     checkpoint_every_rounds: int = Field(
