@@ -114,10 +114,12 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
         async with open_app(settings, migrate=True) as app:
             watcher = asyncio.create_task(watch.run())
             started = time.perf_counter()
+            cpu_before = time.process_time()
             try:
                 await run_all(app.worker, url, args.missions)
             finally:
                 elapsed = time.perf_counter() - started
+                cpu = time.process_time() - cpu_before
                 watcher.cancel()
             durations = await iteration_durations(url)
         ideal = args.missions * 2 * args.latency / args.concurrency
@@ -128,7 +130,7 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
         print(f"pool                  {args.pool} + overflow {args.overflow}")
         print(f"wall_s                {elapsed:.2f}")
         print(f"ideal_s               {ideal:.2f}  (missions x 2 x latency / concurrency)")
-        print(f"wall/ideal            {elapsed / ideal:.2f}")
+        print(f"wall/ideal            {elapsed / ideal if ideal else float('inf'):.2f}")
         print(
             f"iteration_s           median {statistics.median(durations):.2f}, "
             f"p95 {statistics.quantiles(durations, n=20)[-1]:.2f}, max {max(durations):.2f}  "
@@ -138,6 +140,10 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
         print(f"bystander_connects    {watch.probes - len(watch.refused)}/{watch.probes} ok")
         for reason in sorted(set(watch.refused))[:3]:
             print(f"  refused: {reason}")
+        print(
+            f"worker_cpu_s          {cpu:.2f}  ({1000 * cpu / args.missions:.2f} ms per mission, "
+            "user + system, the worker's process only)"
+        )
         print(f"peak_rss_mib          {rss_mib:.0f}  (the worker's process)")
         print(f"missions_per_s        {args.missions / elapsed:.1f}")
 
