@@ -159,7 +159,7 @@ def mission_policy_setup(
     return PolicySetup(
         default_mode=settings.policy_mode,
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
-        ledger=PostgresCallLedger(engine),
+        ledger=PostgresCallLedger(engine, pgbouncer=settings.pgbouncer),
         consumer="mission",
     )
 
@@ -178,7 +178,7 @@ def mcp_policy_setup(
     return PolicySetup(
         default_mode=settings.policy_mode,
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
-        ledger=PostgresCallLedger(engine),
+        ledger=PostgresCallLedger(engine, pgbouncer=settings.pgbouncer),
         consumer="mcp",
     )
 

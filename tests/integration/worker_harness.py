@@ -116,9 +116,16 @@ async def mission_row(engine: AsyncEngine, mission_id: int) -> dict[str, Any]:
 
 
 def policy_setup(
-    engine: AsyncEngine, mode: PolicyMode = "enforce", config: PolicyConfig | None = None
+    engine: AsyncEngine,
+    mode: PolicyMode = "enforce",
+    config: PolicyConfig | None = None,
+    *,
+    pgbouncer: bool = False,
 ) -> PolicySetup:
-    """The mission runner's policy setup on ``engine`` (the PostgreSQL ledger)."""
+    """The mission runner's policy setup on ``engine`` (the PostgreSQL ledger; ``pgbouncer``:
+    ``engine`` goes through PgBouncer in transaction mode)."""
     return PolicySetup(
-        default_mode=mode, config=config or PolicyConfig(), ledger=PostgresCallLedger(engine)
+        default_mode=mode,
+        config=config or PolicyConfig(),
+        ledger=PostgresCallLedger(engine, pgbouncer=pgbouncer),
     )
