@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the MCP SDK is imported by the commands that need it
 __all__ = [
     "App",
     "allowed_tools_for",
+    "application_name",
     "check_policy_settings",
     "mcp_policy_setup",
     "mission_policy_setup",
@@ -70,6 +71,7 @@ async def open_database(
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pgbouncer=settings.pgbouncer,
+        application_name=application_name(settings.worker_id),
     )
     try:
         await check_connection(engine)
@@ -88,6 +90,12 @@ async def open_database(
         yield engine
     finally:
         await engine.dispose()
+
+
+def application_name(worker_id: str) -> str:
+    """``mana-ai/<worker id>``, the ``application_name`` of a worker's connections, so that
+    ``pg_stat_activity`` shows which replica holds which; PostgreSQL keeps 63 bytes of it."""
+    return f"mana-ai/{worker_id}"[:63]
 
 
 def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) -> list[ToolSpec]:

@@ -118,4 +118,6 @@ def _http_model(settings: Settings, name: str, base_url: str, api_key: SecretStr
         name=name,
         schema_dialect=settings.llm_schema_dialect,
         strip_schema_keywords=settings.llm_schema_strip,
+        # one request in flight per running mission: none waits for a connection
+        max_connections=settings.max_concurrent_missions,
     )

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from planner import (
     ChatModel,
@@ -46,6 +45,7 @@ from worker.db.engine import describe_error
 from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, StartedIteration
 from worker.gate import PolicySetup
 from worker.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
+from worker.leases import LeaseKeeper
 from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
@@ -177,6 +177,7 @@ class MissionRunner:
         self.max_parallel_reads = max_parallel_reads
         self.tool_timeout_s = tool_timeout_s
         self.tool_sources = tool_sources
+        self.leases = LeaseKeeper(store, worker_id=worker_id, lease=lease)
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
         """Run ``mission`` once and store the result. Never raises except on cancellation
@@ -197,7 +198,14 @@ class MissionRunner:
             return "skipped"
 
         model = mission.model or self.default_model
-        iteration = await self.store.start_iteration(mission, worker_id=self.worker_id, model=model)
+        if mission.started:  # claim_due started it
+            iteration = mission.iteration
+            if iteration is not None:
+                iteration = await self.store.resume_details(iteration)
+        else:
+            iteration = await self.store.start_iteration(
+                mission, worker_id=self.worker_id, model=model
+            )
         if iteration is None:
             logger.warning(
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
@@ -214,8 +222,12 @@ class MissionRunner:
         )
 
         used = 0
+        checkpoint_tokens = iteration.prompt_tokens + iteration.completion_tokens
         if mission.max_tokens_per_day is not None:
-            used = await self.store.tokens_used(mission.agent_id, window=BUDGET_WINDOW)
+            if mission.tokens_used_24h is not None:  # the claim read the others' tokens
+                used = mission.tokens_used_24h + checkpoint_tokens
+            else:
+                used = await self.store.tokens_used(mission.agent_id, window=BUDGET_WINDOW)
             if used >= mission.max_tokens_per_day:
                 error = (
                     f"daily token budget used up: agent {mission.agent_name} used {used} of "
@@ -230,13 +242,11 @@ class MissionRunner:
                 )
                 return "failed"
 
-        lease_lost = asyncio.Event()
         this_task = asyncio.current_task()
-        renewer = asyncio.create_task(self._renew_until_done(mission, lease_lost, this_task))
+        lease_lost = self.leases.hold(mission.id, this_task)
         result: PlannerLoopResult | None = None
         transcript = Transcript(attempt=iteration.attempt, policy_mode=self._policy_mode(mission))
         if self.reminders:
-            checkpoint_tokens = iteration.prompt_tokens + iteration.completion_tokens
             transcript.reminders = mission_reminder_channel(
                 max_tokens_per_day=mission.max_tokens_per_day,
                 # the loop adds its usage, which starts from the checkpoint's on a resume
@@ -294,9 +304,7 @@ class MissionRunner:
                 completion_tokens=transcript.usage().completion_tokens,
             )
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            self.leases.release(mission.id)
 
         try:
             stored = await self.store.finish_iteration(
@@ -492,28 +500,6 @@ class MissionRunner:
             reminders=transcript.reminders_json(),
             archive=tuple(transcript.archive_pending),
         )
-
-    async def _renew_until_done(
-        self,
-        mission: ClaimedMission,
-        lease_lost: asyncio.Event,
-        run_task: asyncio.Task[Any] | None,
-    ) -> None:
-        period = self.lease.total_seconds() / 3
-        while True:
-            await asyncio.sleep(period)
-            try:
-                owned = await self.store.renew_lease(
-                    mission.id, worker_id=self.worker_id, lease=self.lease
-                )
-            except Exception:  # a blip: the lease still has 2/3 of its time left
-                logger.exception("lease renewal failed; retrying")
-                continue
-            if not owned:
-                lease_lost.set()
-                if run_task is not None:
-                    run_task.cancel()
-                return
 
 
 MAX_PROBLEMS_SHOWN = 5

@@ -2,7 +2,11 @@
 
 The tick job runs every ``tick_interval_s`` with ``max_instances=1`` and ``coalesce=True``
 (a slow tick never overlaps the next one, and missed ticks collapse into one), first right at
-start. On SIGTERM or SIGINT the worker stops claiming, lets running missions finish within
+start. Beside it, ``Worker.run_wakeups`` ticks at once when asked to: by a free slot while due
+missions wait, and by the wake-up listener (``worker.wakeup``: LISTEN mana_ai_due, so a
+mission added due now starts within milliseconds, not at the next tick).
+
+On SIGTERM or SIGINT the worker stops claiming, lets running missions finish within
 ``shutdown_grace_s`` (a second signal cuts that short), interrupts the rest (their iterations
 are marked ``interrupted`` and their leases released, so another worker reruns them) and
 returns exit status 0.
@@ -13,16 +17,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel
 from worker.app import open_app
 from worker.errors import SettingsError
 from worker.metrics import MetricsServer
 from worker.settings import Settings
+from worker.wakeup import WakeUpListener, off_reason
 
 __all__ = ["serve"]
 
@@ -82,6 +89,7 @@ async def serve(
             )
             scheduler.start()
             wakeups = asyncio.create_task(app.worker.run_wakeups(), name="wake-ups")
+            listening = _start_listening(settings, app.engine, app.worker.wake)
             logger.info(
                 "worker %s ticking every %g s, up to %d mission(s) at once",
                 settings.worker_id,
@@ -94,6 +102,9 @@ async def serve(
             finally:
                 logger.info("shutting down: no new claims")
                 scheduler.shutdown(wait=False)
+                if listening is not None:  # UNLISTEN; its connection goes back to the pool
+                    listening.cancel()
+                    await asyncio.gather(listening, return_exceptions=True)
                 wakeups.cancel()
                 await app.worker.drain(settings.shutdown_grace_s, hurry)
                 if metrics_server is not None:
@@ -103,6 +114,27 @@ async def serve(
             loop.remove_signal_handler(sig)
     logger.info("worker %s stopped", settings.worker_id)
     return 0
+
+
+def _start_listening(
+    settings: Settings, engine: AsyncEngine, wake: Callable[[], None]
+) -> asyncio.Task[None] | None:
+    """Start the wake-up listener (``worker.wakeup``) on one of ``engine``'s connections, or
+    say at start why wake-ups are off and due missions wait for the tick."""
+    reason = off_reason(
+        wake_up=settings.wake_up,
+        pgbouncer=settings.pgbouncer,
+        pool_capacity=settings.db_pool_size + settings.db_max_overflow,
+    )
+    if reason is not None:
+        logger.info(
+            "wake-ups off (%s): due missions wait for the next tick (every %g s)",
+            reason,
+            settings.tick_interval_s,
+        )
+        return None
+    listener = WakeUpListener(engine, wake)
+    return asyncio.create_task(listener.run(), name="wake-up listener")
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from worker import metrics
 from worker.db.stores import ClaimedMission, MissionStore
-from worker.runner import MissionRunner, RunOutcome
+from worker.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
 
 __all__ = ["Worker"]
 
@@ -73,7 +73,11 @@ class Worker:
             started = time.perf_counter()
             free = self.max_concurrent_missions - len(self.running)
             claimed = await self.store.claim_due(
-                worker_id=self.worker_id, limit=free, lease=self.lease
+                worker_id=self.worker_id,
+                limit=free,
+                lease=self.lease,
+                default_model=self.runner.default_model,
+                budget_window=BUDGET_WINDOW,
             )
             self._backlog = free > 0 and len(claimed) == free
             tasks = [self._start(m) for m in claimed]

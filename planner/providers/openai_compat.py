@@ -60,6 +60,14 @@ _RETRYABLE_STATUS = frozenset({408, 429})
 """Non-5xx statuses worth retrying: Request Timeout and Too Many Requests (RFC 9110, RFC 6585)."""
 
 
+CONNECTIONS_PER_CLIENT = 8
+"""Requests are spread over httpx clients of at most this many connections each (the one
+with the fewest requests in flight takes the next). httpcore's pool scans its connections
+for every request it assigns (O(connections x requests), encode/httpcore#1035), so one client
+with hundreds of connections spends more CPU assigning requests than sending them: at 100
+missions in flight that took 6 times the ideal wall time (bench/concurrency.py)."""
+
+
 class OpenAICompatibleChatModel:
     """A ChatModel over HTTP for an OpenAI-compatible Chat Completions endpoint.
 
@@ -88,6 +96,9 @@ class OpenAICompatibleChatModel:
         schema_dialect: how tool parameter schemas are sent (``json-schema`` or ``gemini``; see
             ``planner.providers.tool_schema``).
         strip_schema_keywords: JSON Schema keywords left out of the tool schemas sent.
+        max_connections: HTTP connections to the endpoint open at once, at most (default 100,
+            httpx's); a request finding all busy waits for one. Size it to the requests in
+            flight (the worker passes ``MANA_AI_MAX_CONCURRENT_MISSIONS``).
 
     Raises (from ``complete``), each carrying in ``usage`` what failed attempts reported:
         LLMStatusError: a non-2xx answer, or an error inside a 2xx body (after retries for
@@ -114,6 +125,7 @@ class OpenAICompatibleChatModel:
         name: str | None = None,
         schema_dialect: SchemaDialect = "json-schema",
         strip_schema_keywords: Collection[str] = (),
+        max_connections: int = 100,
     ) -> None:
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
@@ -144,9 +156,24 @@ class OpenAICompatibleChatModel:
         headers = {"Accept": "application/json"}
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            headers=headers, timeout=httpx.Timeout(timeout_s), transport=transport
-        )
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        clients = math.ceil(max_connections / CONNECTIONS_PER_CLIENT)
+        # one TLS context for all (each costs tens of ms to load the CA certificates)
+        tls = httpx.create_ssl_context() if transport is None else True
+        self._clients = [
+            httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(timeout_s),
+                transport=transport,
+                verify=tls,
+                # every connection may stay open: the next rounds' requests reuse them
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            )
+            # sizes that add up to max_connections
+            for size in (len(range(i, max_connections, clients)) for i in range(clients))
+        ]
+        self._in_flight = [0] * clients
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         """Send one chat completion request, retrying as described in the module docstring.
@@ -168,9 +195,7 @@ class OpenAICompatibleChatModel:
             attempts += 1
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    response = await self._client.post(
-                        self.url, content=payload, headers=_JSON_CONTENT
-                    )
+                    response = await self._post(payload)
             except (TimeoutError, httpx.TimeoutException) as exc:
                 raise _Retryable("timeout", exc=exc) from exc
             except httpx.TransportError as exc:
@@ -269,9 +294,21 @@ class OpenAICompatibleChatModel:
         )
         return {**tool, "function": {**function, "parameters": parameters}}
 
+    async def _post(self, payload: bytes) -> httpx.Response:
+        """POST ``payload`` with the client that has the fewest requests in flight."""
+        client = min(range(len(self._clients)), key=self._in_flight.__getitem__)
+        self._in_flight[client] += 1
+        try:
+            return await self._clients[client].post(
+                self.url, content=payload, headers=_JSON_CONTENT
+            )
+        finally:
+            self._in_flight[client] -= 1
+
     async def aclose(self) -> None:
-        """Close the connection pool. The model must not be used afterwards."""
-        await self._client.aclose()
+        """Close the connection pools. The model must not be used afterwards."""
+        for client in self._clients:
+            await client.aclose()
 
     async def __aenter__(self) -> Self:
         return self

@@ -89,7 +89,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0006"
+    assert revision == head_revision() == "0007"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES
@@ -170,6 +170,11 @@ async def test_downgrade_to_base_and_upgrade_again(fresh: AsyncEngine) -> None:
         await conn.run_sync(downgrade)
     assert await table_names(fresh) == {"alembic_version"}
     assert await current_revision(fresh) is None
+    async with fresh.connect() as conn:  # 0007's trigger function goes with its trigger
+        functions = await conn.execute(
+            text("SELECT proname FROM pg_proc WHERE proname = 'mana_ai_notify_due'")
+        )
+        assert functions.all() == []
 
     assert await upgrade_database(fresh) == head_revision()
     assert await schema_diff(fresh, metadata) == []

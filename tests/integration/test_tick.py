@@ -187,10 +187,12 @@ async def test_two_workers_on_one_database_run_50_missions_exactly_once(
 async def test_expired_lease_of_a_dead_worker_is_taken_over(db: AsyncEngine) -> None:
     mission_id = await add_mission(db)
     store = MissionStore(db)
-    # worker "dead" claims the mission, starts the iteration, then vanishes
+    # worker "dead" claims the mission (which starts the iteration), then vanishes
     [claimed] = await store.claim_due(worker_id="dead", limit=1, lease=timedelta(seconds=30))
-    started = await store.start_iteration(claimed, worker_id="dead", model=None)
-    assert started is not None and started.attempt == 1
+    started = claimed.iteration
+    assert claimed.started and started is not None and started.attempt == 1
+    [it] = await iterations(db)
+    assert it["status"] == "running" and it["worker_id"] == "dead"
     alive = make_worker(db, FunctionChatModel(clock_then_answer), worker_id="alive")
     assert await alive.run_once() == [], "a live lease must not be claimed"
 

@@ -50,7 +50,9 @@ def register(commands: Any) -> None:
     add.add_argument("--timezone", default="UTC", help="IANA timezone of --cron (UTC)")
     add.add_argument("--at", type=aware_datetime, help="one-shot run time, ISO 8601 with offset")
     add.add_argument(
-        "--due-now", action="store_true", help="first run at the next tick instead of per --cron"
+        "--due-now",
+        action="store_true",
+        help="first run now (workers start it at once) instead of per --cron",
     )
     add.add_argument(
         "--deadline", type=aware_datetime, help="no runs after this time (ISO 8601 with offset)"
@@ -133,7 +135,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
             objective=objective,
             cron=args.cron,
             timezone=timezone,
-            next_run_at=first,
+            next_run_at="now" if args.due_now else first,
             deadline=args.deadline,
         )
     emit(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Executable, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -155,10 +155,15 @@ class AdminStore:
         objective: str,
         cron: str | None,
         timezone: str,
-        next_run_at: datetime,
+        next_run_at: datetime | Literal["now"],
         deadline: datetime | None = None,
     ) -> Row:
-        """Create an active mission due at ``next_run_at`` (validated by the caller)."""
+        """Create an active mission due at ``next_run_at`` (validated by the caller).
+
+        ``"now"`` is the database's clock, the one the claim compares with: a mission due now
+        is claimable (and wakes the listening workers, migration 0007) even when this client's
+        clock runs ahead of the server's.
+        """
         stmt = (
             insert(missions)
             .values(
@@ -166,7 +171,7 @@ class AdminStore:
                 objective=objective,
                 cron=cron,
                 timezone=timezone,
-                next_run_at=next_run_at,
+                next_run_at=func.now() if next_run_at == "now" else next_run_at,
                 deadline=deadline,
             )
             .returning(*missions.c)

@@ -18,7 +18,9 @@ iteration, its tool invocations and the mission's next run in one transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,10 +28,14 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Integer,
+    Interval,
     Text,
     and_,
+    bindparam,
     case,
     cast,
+    column,
     func,
     insert,
     literal,
@@ -40,9 +46,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import Null
 
 from planner.policy import UserPolicySettings
+from worker.db.engine import behind_pgbouncer
 from worker.db.policy import user_settings_from_row
 from worker.db.tables import (
     agent_mcp_servers,
@@ -75,6 +84,12 @@ class ClaimedMission:
     ``scheduled_for`` is the ``next_run_at`` the mission had when claimed (UTC-aware).
     ``policy_mode`` is the agent's override of the daemon's policy mode (``None``: none).
     ``mcp_servers`` are the agent's MCP servers (tool sources), by name, secrets included.
+
+    ``claim_due`` also starts the iterations of the missions it claims (``started`` true):
+    ``iteration`` is the row to write into (``None``: that scheduled run already finished,
+    or the deadline passed), without the takeover details (``MissionStore.resume_details``),
+    and ``tokens_used_24h`` the tokens of the agent's other iterations started in the last
+    24 hours when the agent has a daily budget (``None``: no budget).
     """
 
     id: int
@@ -95,6 +110,9 @@ class ClaimedMission:
     user_policy: UserPolicySettings = field(default_factory=UserPolicySettings)
     compact_max_ctx: int | None = None
     mcp_servers: tuple[McpServerConfig, ...] = ()
+    started: bool = False
+    iteration: StartedIteration | None = None
+    tokens_used_24h: int | None = None
 
 
 @dataclass(frozen=True)
@@ -216,140 +234,108 @@ class MissionStore:
     """Mission, iteration and tool-invocation queries over one AsyncEngine.
 
     Every method opens its own short transaction; none holds a connection between calls.
+    A method that writes with one statement (claiming, finishing, renewing) runs it in
+    autocommit, one round trip, since a statement is atomic by itself; behind PgBouncer in
+    transaction mode (``behind_pgbouncer``) in a transaction, where a statement's prepare and
+    execute must not be routed to different server connections.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self._autocommit = not behind_pgbouncer(engine)
+
+    async def _run_one(
+        self, stmt: Any, params: dict[str, Any] | None = None
+    ) -> Sequence[RowMapping]:
+        """Run one statement on its own (see the class docstring); its rows."""
+        async with self.engine.connect() as conn:
+            if self._autocommit:
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                return (await conn.execute(stmt, params)).mappings().all()
+            async with conn.begin():
+                return (await conn.execute(stmt, params)).mappings().all()
 
     async def claim_due(
-        self, *, worker_id: str, limit: int, lease: timedelta
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        lease: timedelta,
+        default_model: str | None = None,
+        budget_window: timedelta = timedelta(hours=24),
     ) -> list[ClaimedMission]:
-        """Lease up to ``limit`` due missions (oldest ``next_run_at`` first) for ``lease``.
+        """Lease up to ``limit`` due missions (oldest ``next_run_at`` first) for ``lease``, and
+        start their iterations, in one statement (one round trip in one transaction).
 
-        Due = ``status = 'active'`` and ``next_run_at <= now()`` and no live lease.
-        One round trip. Returns ``[]`` when ``limit`` < 1.
+        Due = ``status = 'active'`` and ``next_run_at <= now()`` and no live lease. Each
+        claimed mission comes with its started (or taken over) iteration, named after its
+        agent's model or ``default_model``, and, when its agent has a daily token budget, the
+        tokens of the agent's other iterations started within ``budget_window``
+        (``ClaimedMission``). No iteration is started when the scheduled run is past the
+        mission's deadline, or already finished. Returns ``[]`` when ``limit`` < 1.
         """
         if limit < 1:
             return []
-        now = func.now()
-        due = (
-            select(missions.c.id)
-            .where(
-                missions.c.status == "active",
-                missions.c.next_run_at <= now,
-                or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
-            )
-            .order_by(missions.c.next_run_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .cte("due")
+        rows = await self._run_one(
+            _claim_statement(),
+            {
+                "p_worker_id": worker_id,
+                "p_limit": limit,
+                "p_lease": lease,
+                "p_default_model": default_model,
+                "p_window": budget_window,
+            },
         )
-        ups = user_policy_settings
-        owner_policy = (
-            select(
-                func.jsonb_build_object(
-                    "destructive_opt_ins",
-                    ups.c.destructive_opt_ins,
-                    "rate_limit",
-                    ups.c.rate_limit,
-                    "tool_rate_limits",
-                    ups.c.tool_rate_limits,
-                    type_=JSONB,
+        claims = []
+        for r in rows:
+            iteration = None
+            if r["iteration_id"] is not None:
+                iteration = StartedIteration(
+                    id=r["iteration_id"],
+                    attempt=r["attempt"],
+                    messages=list(r["messages"]),
+                    rounds=r["rounds"],
+                    prompt_tokens=r["prompt_tokens"],
+                    completion_tokens=r["completion_tokens"],
+                    reminders=list(r["reminders"]),
                 )
-            )
-            .where(ups.c.user_id == agents.c.owner_user_id)
-            .correlate(agents)
-            .scalar_subquery()
-        )
-        ams = agent_mcp_servers
-        mcp = (
-            select(
-                func.jsonb_agg(
-                    aggregate_order_by(
-                        func.jsonb_build_object(
-                            "name",
-                            ams.c.name,
-                            "transport",
-                            ams.c.transport,
-                            "url",
-                            ams.c.url,
-                            "command",
-                            ams.c.command,
-                            "args",
-                            ams.c.args,
-                            "headers",
-                            ams.c.headers,
-                            "env",
-                            ams.c.env,
-                            "required",
-                            ams.c.required,
-                            type_=JSONB,
-                        ),
-                        ams.c.name,
+            claims.append(
+                ClaimedMission(
+                    id=r["id"],
+                    objective=r["objective"],
+                    cron=r["cron"],
+                    timezone=r["timezone"],
+                    scheduled_for=r["next_run_at"],
+                    deadline=r["deadline"],
+                    agent_id=r["agent_id"],
+                    agent_name=r["agent_name"],
+                    owner_user_id=r["owner_user_id"],
+                    model=r["model"],
+                    system_prompt=r["system_prompt"],
+                    max_rounds=r["max_rounds"],
+                    max_tokens_per_day=r["max_tokens_per_day"],
+                    allowed_tools=(
+                        tuple(r["allowed_tools"]) if r["allowed_tools"] is not None else None
                     ),
-                    type_=JSONB,
+                    policy_mode=r["policy_mode"],
+                    user_policy=user_settings_from_row(r["owner_policy"]),
+                    compact_max_ctx=r["compact_max_ctx"],
+                    mcp_servers=tuple(McpServerConfig.from_row(m) for m in r["mcp_servers"] or ()),
+                    started=True,
+                    iteration=iteration,
+                    tokens_used_24h=(
+                        int(r["tokens_used_24h"]) if r["tokens_used_24h"] is not None else None
+                    ),
                 )
             )
-            .where(ams.c.agent_id == agents.c.id)
-            .correlate(agents)
-            .scalar_subquery()
-        )
-        stmt = (
-            update(missions)
-            .where(missions.c.id == due.c.id, agents.c.id == missions.c.agent_id)
-            .values(lease_owner=worker_id, lease_expires_at=now + lease, updated_at=now)
-            .returning(
-                missions.c.id,
-                missions.c.objective,
-                missions.c.cron,
-                missions.c.timezone,
-                missions.c.next_run_at,
-                missions.c.deadline,
-                agents.c.id.label("agent_id"),
-                agents.c.name.label("agent_name"),
-                agents.c.owner_user_id,
-                agents.c.model,
-                agents.c.system_prompt,
-                agents.c.max_rounds,
-                agents.c.max_tokens_per_day,
-                agents.c.allowed_tools,
-                agents.c.policy_mode,
-                agents.c.compact_max_ctx,
-                owner_policy.label("owner_policy"),
-                mcp.label("mcp_servers"),
-            )
-        )
-        async with self.engine.begin() as conn:
-            rows = (await conn.execute(stmt)).mappings().all()
-        claimed = [
-            ClaimedMission(
-                id=r["id"],
-                objective=r["objective"],
-                cron=r["cron"],
-                timezone=r["timezone"],
-                scheduled_for=r["next_run_at"],
-                deadline=r["deadline"],
-                agent_id=r["agent_id"],
-                agent_name=r["agent_name"],
-                owner_user_id=r["owner_user_id"],
-                model=r["model"],
-                system_prompt=r["system_prompt"],
-                max_rounds=r["max_rounds"],
-                max_tokens_per_day=r["max_tokens_per_day"],
-                allowed_tools=tuple(r["allowed_tools"]) if r["allowed_tools"] is not None else None,
-                policy_mode=r["policy_mode"],
-                user_policy=user_settings_from_row(r["owner_policy"]),
-                compact_max_ctx=r["compact_max_ctx"],
-                mcp_servers=tuple(McpServerConfig.from_row(m) for m in r["mcp_servers"] or ()),
-            )
-            for r in rows
-        ]
-        return sorted(claimed, key=lambda m: m.scheduled_for)
+        return sorted(claims, key=lambda m: m.scheduled_for)
 
     async def start_iteration(
         self, mission: ClaimedMission, *, worker_id: str, model: str | None
     ) -> StartedIteration | None:
-        """Create (or take over) the iteration row for ``mission.scheduled_for``.
+        """Create (or take over) the iteration row for ``mission.scheduled_for``, with the
+        takeover details (``resume_details``). ``claim_due`` already does this for the
+        missions it claims; this is for a mission claimed otherwise.
 
         Returns ``None`` when this worker no longer owns the lease, or when that scheduled
         run already finished (succeeded, or failed for a reason other than an interruption).
@@ -374,96 +360,11 @@ class MissionStore:
             cast(literal(model), Text).label("model"),
             first_attempt.label("attempts"),
         ).where(owns_lease)
-        insert_stmt = pg_insert(mission_iterations).from_select(
-            ["mission_id", "scheduled_for", "status", "worker_id", "model", "attempts"], values
-        )
-        excluded = insert_stmt.excluded
-        iterations = mission_iterations.c
-        takeover = func.jsonb_build_object(
-            "attempt",
-            iterations.attempt + 1,
-            "worker_id",
-            excluded.worker_id,
-            "started_at",
-            func.now(),
-            "resumed_after_round",
-            iterations.rounds,
-        )
-        # A takeover keeps what the earlier attempts stored (the checkpoint) to go on from.
-        stmt = insert_stmt.on_conflict_do_update(
-            index_elements=["mission_id", "scheduled_for"],
-            set_={
-                "status": "running",
-                "attempt": iterations.attempt + 1,
-                "worker_id": excluded.worker_id,
-                "model": excluded.model,
-                "attempts": iterations.attempts.op("||")(func.jsonb_build_array(takeover)),
-                "stop_reason": None,
-                "error": None,
-                "started_at": func.now(),
-                "finished_at": None,
-            },
-            where=or_(
-                mission_iterations.c.status == "running",
-                and_(
-                    mission_iterations.c.status == "failed",
-                    mission_iterations.c.stop_reason == "interrupted",
-                ),
-            ),
-        ).returning(
-            iterations.id,
-            iterations.attempt,
-            iterations.messages,
-            iterations.rounds,
-            iterations.prompt_tokens,
-            iterations.completion_tokens,
-            iterations.reminders,
-        )
         async with self.engine.begin() as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-            if row is None:
-                return None
-            pending: list[dict[str, Any]] = []
-            compactions = attempts = 0
-            last_compaction: tuple[int, int] | None = None
-            if row["attempt"] > 1 and row["messages"]:
-                calls = tool_invocations.c
-                found = await conn.execute(
-                    select(
-                        calls.id,
-                        calls.position,
-                        calls.outcome,
-                        calls.result,
-                        calls.error,
-                        calls.policy_decision,
-                    )
-                    .where(calls.iteration_id == row["id"], calls.round == row["rounds"])
-                    .order_by(calls.id)
-                )
-                pending = [dict(r) for r in found.mappings()]
-                archived = (
-                    await conn.execute(
-                        select(
-                            func.count(),
-                            func.count().filter(compacted_turns.c.error.is_(None)),
-                        ).where(compacted_turns.c.iteration_id == row["id"])
-                    )
-                ).one()
-                attempts, compactions = int(archived[0]), int(archived[1])
-                latest = (
-                    await conn.execute(
-                        select(compacted_turns.c.round, compacted_turns.c.tokens_after)
-                        .where(
-                            compacted_turns.c.iteration_id == row["id"],
-                            compacted_turns.c.error.is_(None),
-                        )
-                        .order_by(compacted_turns.c.compaction_index.desc())
-                        .limit(1)
-                    )
-                ).first()
-                if latest is not None:
-                    last_compaction = (int(latest[0]), int(latest[1]))
-        return StartedIteration(
+            row = (await conn.execute(_start_iteration_statement(values))).mappings().first()
+        if row is None:
+            return None
+        started = StartedIteration(
             id=row["id"],
             attempt=row["attempt"],
             messages=list(row["messages"]),
@@ -471,10 +372,53 @@ class MissionStore:
             prompt_tokens=row["prompt_tokens"],
             completion_tokens=row["completion_tokens"],
             reminders=list(row["reminders"]),
+        )
+        return await self.resume_details(started)
+
+    async def resume_details(self, iteration: StartedIteration) -> StartedIteration:
+        """``iteration`` with what a takeover needs besides the checkpoint on its row: the
+        ``tool_invocations`` rows of the last round stored (``pending_rows``) and the
+        compactions the earlier attempts did and tried. Unchanged (no query) unless it is
+        ``resumable``."""
+        if not iteration.resumable:
+            return iteration
+        calls = tool_invocations.c
+        turns = compacted_turns.c
+        async with self.engine.connect() as conn:
+            found = await conn.execute(
+                select(
+                    calls.id,
+                    calls.position,
+                    calls.outcome,
+                    calls.result,
+                    calls.error,
+                    calls.policy_decision,
+                )
+                .where(calls.iteration_id == iteration.id, calls.round == iteration.rounds)
+                .order_by(calls.id)
+            )
+            pending = [dict(r) for r in found.mappings()]
+            archived = (
+                await conn.execute(
+                    select(func.count(), func.count().filter(turns.error.is_(None))).where(
+                        turns.iteration_id == iteration.id
+                    )
+                )
+            ).one()
+            latest = (
+                await conn.execute(
+                    select(turns.round, turns.tokens_after)
+                    .where(turns.iteration_id == iteration.id, turns.error.is_(None))
+                    .order_by(turns.compaction_index.desc())
+                    .limit(1)
+                )
+            ).first()
+        return dataclasses.replace(
+            iteration,
             pending_rows=pending,
-            compactions=compactions,
-            compaction_attempts=attempts,
-            last_compaction=last_compaction,
+            compaction_attempts=int(archived[0]),
+            compactions=int(archived[1]),
+            last_compaction=(int(latest[0]), int(latest[1])) if latest is not None else None,
         )
 
     async def tokens_used(self, agent_id: int, *, window: timedelta) -> int:
@@ -502,14 +446,22 @@ class MissionStore:
 
     async def renew_lease(self, mission_id: int, *, worker_id: str, lease: timedelta) -> bool:
         """Push the lease ``lease`` past now. False when this worker no longer owns it."""
+        return mission_id in await self.renew_leases([mission_id], worker_id=worker_id, lease=lease)
+
+    async def renew_leases(
+        self, mission_ids: Collection[int], *, worker_id: str, lease: timedelta
+    ) -> set[int]:
+        """Push the leases of ``mission_ids`` ``lease`` past now, in one statement; return the
+        ids this worker still owned (the others were taken over: their runs must stop)."""
+        if not mission_ids:
+            return set()
         stmt = (
             update(missions)
-            .where(missions.c.id == mission_id, missions.c.lease_owner == worker_id)
+            .where(missions.c.id.in_(list(mission_ids)), missions.c.lease_owner == worker_id)
             .values(lease_expires_at=func.now() + lease)
             .returning(missions.c.id)
         )
-        async with self.engine.begin() as conn:
-            return (await conn.execute(stmt)).first() is not None
+        return {int(r["id"]) for r in await self._run_one(stmt)}
 
     async def finish_iteration(
         self,
@@ -519,50 +471,50 @@ class MissionStore:
         *,
         worker_id: str,
     ) -> bool:
-        """Store the run and schedule the next one, in one transaction; release the lease.
+        """Store the run and schedule the next one, and release the lease, in one statement
+        (data-modifying CTEs, all or nothing): the mission's next run, the iteration row, its
+        new tool invocations (journaled ones brought up to date) and its compactions.
 
         ``iteration_id=None`` only advances the schedule (the run was skipped). Returns False,
         writing nothing, when this worker no longer owns the lease.
         """
-        async with self.engine.begin() as conn:
-            advanced = await conn.execute(
-                update(missions)
-                .where(missions.c.id == mission.id, missions.c.lease_owner == worker_id)
-                .values(
-                    next_run_at=outcome.next_run_at,
-                    status=case(
-                        (missions.c.status == "paused", "paused"), else_=outcome.mission_status
-                    ),
-                    last_error=outcome.error,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    updated_at=func.now(),
-                )
-                .returning(missions.c.id)
-            )
-            if advanced.first() is None:
-                await conn.rollback()
-                return False
-            if iteration_id is None:
-                return True
-            await conn.execute(
-                update(mission_iterations)
-                .where(mission_iterations.c.id == iteration_id)
-                .values(
-                    status=outcome.status,
-                    messages=outcome.messages,
-                    reminders=outcome.reminders,
-                    rounds=outcome.rounds,
-                    prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens,
-                    stop_reason=outcome.stop_reason,
-                    error=outcome.error,
-                    finished_at=func.now(),
-                )
-            )
-            await _insert_invocations(conn, mission, iteration_id, outcome.tool_invocations)
-            await _insert_archive(conn, mission, iteration_id, outcome.archive)
-        return True
+        params: dict[str, Any] = {
+            "p_mission_id": mission.id,
+            "p_worker_id": worker_id,
+            "p_next_run_at": outcome.next_run_at,
+            "p_mission_status": outcome.mission_status,
+            "p_last_error": outcome.error,
+        }
+        shape = (iteration_id is not None, False, False, False)
+        if iteration_id is not None:
+            new = [
+                _plain(_invocation_values(mission, iteration_id, row))
+                for row in outcome.tool_invocations
+                if row.row_id is None
+            ]
+            known = [
+                _plain({"id": row.row_id, **_outcome_values(row)})
+                for row in outcome.tool_invocations
+                if row.row_id is not None
+            ]
+            archive = [_archive_values(mission, iteration_id, row) for row in outcome.archive]
+            shape = (True, bool(new), bool(known), bool(archive))
+            params |= {
+                "p_iteration_id": iteration_id,
+                "p_status": outcome.status,
+                "p_messages": outcome.messages,
+                "p_reminders": outcome.reminders,
+                "p_rounds": outcome.rounds,
+                "p_prompt_tokens": outcome.prompt_tokens,
+                "p_completion_tokens": outcome.completion_tokens,
+                "p_stop_reason": outcome.stop_reason,
+                "p_error": outcome.error,
+                "p_new_calls": new,
+                "p_known_calls": known,
+                "p_archive": archive,
+            }
+        [row] = await self._run_one(_finish_statement(*shape), params)
+        return int(row["advanced"]) > 0
 
     async def record_call_start(
         self,
@@ -668,6 +620,205 @@ class MissionStore:
         return True
 
 
+@functools.cache
+def _claim_statement() -> Any:
+    """``claim_due``'s statement, built once; bind parameters ``p_worker_id``, ``p_limit``,
+    ``p_lease``, ``p_default_model``, ``p_window``."""
+    now = func.now()
+    worker_id = bindparam("p_worker_id", type_=Text)
+    lease = bindparam("p_lease", type_=Interval)
+    due = (
+        select(missions.c.id)
+        .where(
+            missions.c.status == "active",
+            missions.c.next_run_at <= now,
+            or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
+        )
+        .order_by(missions.c.next_run_at)
+        .limit(bindparam("p_limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("due")
+    )
+    claimed = (
+        update(missions)
+        .where(missions.c.id == due.c.id, agents.c.id == missions.c.agent_id)
+        .values(lease_owner=worker_id, lease_expires_at=now + lease, updated_at=now)
+        .returning(
+            missions.c.id,
+            missions.c.objective,
+            missions.c.cron,
+            missions.c.timezone,
+            missions.c.next_run_at,
+            missions.c.deadline,
+            agents.c.id.label("agent_id"),
+            agents.c.name.label("agent_name"),
+            agents.c.owner_user_id,
+            agents.c.model,
+            agents.c.system_prompt,
+            agents.c.max_rounds,
+            agents.c.max_tokens_per_day,
+            agents.c.allowed_tools,
+            agents.c.policy_mode,
+            agents.c.compact_max_ctx,
+            _owner_policy().label("owner_policy"),
+            _mcp_servers().label("mcp_servers"),
+            _budget_used(bindparam("p_window", type_=Interval)).label("tokens_used_24h"),
+        )
+        .cte("claimed")
+    )
+    first_attempt = func.jsonb_build_array(
+        func.jsonb_build_object("attempt", 1, "worker_id", worker_id, "started_at", now)
+    )
+    values = select(
+        claimed.c.id,
+        claimed.c.next_run_at,
+        literal("running", Text),
+        worker_id,
+        func.coalesce(claimed.c.model, bindparam("p_default_model", type_=Text)),
+        first_attempt,
+    ).where(or_(claimed.c.deadline.is_(None), claimed.c.next_run_at <= claimed.c.deadline))
+    started = _start_iteration_statement(values).cte("started")
+    return select(
+        claimed,
+        started.c.id.label("iteration_id"),
+        started.c.attempt,
+        started.c.messages,
+        started.c.rounds,
+        started.c.prompt_tokens,
+        started.c.completion_tokens,
+        started.c.reminders,
+    ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
+
+
+def _owner_policy() -> Any:
+    """The claimed mission's owner's policy settings as one JSONB object (correlated to
+    ``agents``)."""
+    ups = user_policy_settings
+    return (
+        select(
+            func.jsonb_build_object(
+                "destructive_opt_ins",
+                ups.c.destructive_opt_ins,
+                "rate_limit",
+                ups.c.rate_limit,
+                "tool_rate_limits",
+                ups.c.tool_rate_limits,
+                type_=JSONB,
+            )
+        )
+        .where(ups.c.user_id == agents.c.owner_user_id)
+        .correlate(agents)
+        .scalar_subquery()
+    )
+
+
+def _mcp_servers() -> Any:
+    """The claimed mission's agent's MCP servers as a JSONB array ordered by name."""
+    ams = agent_mcp_servers
+    return (
+        select(
+            func.jsonb_agg(
+                aggregate_order_by(
+                    func.jsonb_build_object(
+                        "name",
+                        ams.c.name,
+                        "transport",
+                        ams.c.transport,
+                        "url",
+                        ams.c.url,
+                        "command",
+                        ams.c.command,
+                        "args",
+                        ams.c.args,
+                        "headers",
+                        ams.c.headers,
+                        "env",
+                        ams.c.env,
+                        "required",
+                        ams.c.required,
+                        type_=JSONB,
+                    ),
+                    ams.c.name,
+                ),
+                type_=JSONB,
+            )
+        )
+        .where(ams.c.agent_id == agents.c.id)
+        .correlate(agents)
+        .scalar_subquery()
+    )
+
+
+def _budget_used(window: Any) -> Any:
+    """Tokens of the claimed mission's agent's iterations started within ``window``, except
+    the claimed run's own iteration (a takeover adds its checkpoint's tokens itself); NULL
+    when the agent has no daily budget (the sum is then never computed)."""
+    its = mission_iterations.alias("budget_iterations")
+    owned = missions.alias("budget_missions")
+    used = (
+        select(func.coalesce(func.sum(its.c.prompt_tokens + its.c.completion_tokens), 0))
+        .select_from(its.join(owned, owned.c.id == its.c.mission_id))
+        .where(
+            owned.c.agent_id == agents.c.id,
+            its.c.started_at >= func.now() - window,
+            or_(its.c.mission_id != missions.c.id, its.c.scheduled_for != missions.c.next_run_at),
+        )
+        .correlate(agents, missions)
+        .scalar_subquery()
+    )
+    return case((agents.c.max_tokens_per_day.is_(None), null()), else_=used)
+
+
+def _start_iteration_statement(values: Any) -> Any:
+    """INSERT the iteration rows ``values`` selects (mission_id, scheduled_for, status,
+    worker_id, model, attempts), or take over an existing one for the same scheduled run
+    when it is ``running`` (its worker died) or ``failed`` / ``interrupted``, keeping the
+    checkpoint the earlier attempts stored; RETURNING the row. A finished run returns
+    nothing."""
+    insert_stmt = pg_insert(mission_iterations).from_select(
+        ["mission_id", "scheduled_for", "status", "worker_id", "model", "attempts"], values
+    )
+    excluded = insert_stmt.excluded
+    iterations = mission_iterations.c
+    takeover = func.jsonb_build_object(
+        "attempt",
+        iterations.attempt + 1,
+        "worker_id",
+        excluded.worker_id,
+        "started_at",
+        func.now(),
+        "resumed_after_round",
+        iterations.rounds,
+    )
+    return insert_stmt.on_conflict_do_update(
+        index_elements=["mission_id", "scheduled_for"],
+        set_={
+            "status": "running",
+            "attempt": iterations.attempt + 1,
+            "worker_id": excluded.worker_id,
+            "model": excluded.model,
+            "attempts": iterations.attempts.op("||")(func.jsonb_build_array(takeover)),
+            "stop_reason": None,
+            "error": None,
+            "started_at": func.now(),
+            "finished_at": None,
+        },
+        where=or_(
+            iterations.status == "running",
+            and_(iterations.status == "failed", iterations.stop_reason == "interrupted"),
+        ),
+    ).returning(
+        iterations.id,
+        iterations.mission_id,
+        iterations.attempt,
+        iterations.messages,
+        iterations.rounds,
+        iterations.prompt_tokens,
+        iterations.completion_tokens,
+        iterations.reminders,
+    )
+
+
 async def _store_checkpoint(
     conn: AsyncConnection,
     mission: ClaimedMission,
@@ -699,6 +850,157 @@ async def _store_checkpoint(
     return True
 
 
+def _recordset(table: Any, keys: Sequence[str], param: str) -> Any:
+    """The JSONB array bound to ``param`` (objects with ``keys``, columns of ``table``) as a
+    derived table: ``jsonb_to_recordset(:param) AS param(key type, ...)``. JSON null reads as
+    SQL NULL."""
+    columns = [column(key, table.c[key].type) for key in keys]
+    return (
+        func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+        .table_valued(*columns)
+        .render_derived(name=param, with_types=True)
+    )
+
+
+_NEW_CALL_KEYS = (
+    "iteration_id",
+    "mission_id",
+    "user_id",
+    "attempt",
+    "round",
+    "position",
+    "call_id",
+    "tool",
+    "arguments",
+    "idempotency_key",
+    "result",
+    "error",
+    "outcome",
+    "policy_decision",
+    "policy_mode",
+    "duration_ms",
+)
+_OUTCOME_KEYS = ("result", "error", "outcome", "policy_decision", "policy_mode", "duration_ms")
+_ARCHIVE_KEYS = (
+    "iteration_id",
+    "mission_id",
+    "attempt",
+    "compaction_index",
+    "round",
+    "start_index",
+    "folded",
+    "folded_turns",
+    "summary",
+    "tokens_before",
+    "tokens_after",
+    "model",
+    "duration_ms",
+    "error",
+)
+
+
+@functools.cache
+def _finish_statement(iteration: bool, new_calls: bool, known_calls: bool, archive: bool) -> Any:
+    """``finish_iteration``'s statement for one shape (which parts it writes), built once.
+
+    Bind parameters: ``p_mission_id``, ``p_worker_id``, ``p_next_run_at``,
+    ``p_mission_status``, ``p_last_error``; with ``iteration``: ``p_iteration_id``,
+    ``p_status``, ``p_messages``, ``p_reminders``, ``p_rounds``, ``p_prompt_tokens``,
+    ``p_completion_tokens``, ``p_stop_reason``, ``p_error``; and the JSONB arrays
+    ``p_new_calls`` (objects with ``_NEW_CALL_KEYS``), ``p_known_calls`` (``id`` and
+    ``_OUTCOME_KEYS``) and ``p_archive`` (``_ARCHIVE_KEYS``) for the parts it writes. Every
+    write depends on the first one, the mission's, which holds only under the lease.
+    """
+    advanced = (
+        update(missions)
+        .where(
+            missions.c.id == bindparam("p_mission_id", type_=BigInteger),
+            missions.c.lease_owner == bindparam("p_worker_id", type_=Text),
+        )
+        .values(
+            next_run_at=bindparam("p_next_run_at", type_=DateTime(timezone=True)),
+            status=case(
+                (missions.c.status == "paused", "paused"),
+                else_=bindparam("p_mission_status", type_=Text),
+            ),
+            last_error=bindparam("p_last_error", type_=Text),
+            lease_owner=None,
+            lease_expires_at=None,
+            updated_at=func.now(),
+        )
+        .returning(missions.c.id)
+        .cte("advanced")
+    )
+    stmt = select(func.count().label("advanced")).select_from(advanced)
+    if not iteration:
+        return stmt
+    owned = select(advanced.c.id).exists()
+    its = mission_iterations
+    writes: list[Any] = [
+        update(its)
+        .where(its.c.id == bindparam("p_iteration_id", type_=BigInteger), owned)
+        .values(
+            status=bindparam("p_status", type_=Text),
+            messages=bindparam("p_messages", type_=JSONB),
+            reminders=bindparam("p_reminders", type_=JSONB),
+            rounds=bindparam("p_rounds", type_=Integer),
+            prompt_tokens=bindparam("p_prompt_tokens", type_=BigInteger),
+            completion_tokens=bindparam("p_completion_tokens", type_=BigInteger),
+            stop_reason=bindparam("p_stop_reason", type_=Text),
+            error=bindparam("p_error", type_=Text),
+            finished_at=func.now(),
+        )
+        .returning(its.c.id)
+    ]
+    if new_calls:
+        data = _recordset(tool_invocations, _NEW_CALL_KEYS, "p_new_calls")
+        writes.append(
+            insert(tool_invocations)
+            .from_select(_NEW_CALL_KEYS, select(*(data.c[k] for k in _NEW_CALL_KEYS)).where(owned))
+            .returning(tool_invocations.c.id)
+        )
+    if known_calls:
+        data = _recordset(tool_invocations, ("id", *_OUTCOME_KEYS), "p_known_calls")
+        writes.append(
+            update(tool_invocations)
+            .where(tool_invocations.c.id == data.c.id, owned)
+            .values({k: data.c[k] for k in _OUTCOME_KEYS})
+            .returning(tool_invocations.c.id)
+        )
+    if archive:
+        data = _recordset(compacted_turns, _ARCHIVE_KEYS, "p_archive")
+        writes.append(
+            insert(compacted_turns)
+            .from_select(_ARCHIVE_KEYS, select(*(data.c[k] for k in _ARCHIVE_KEYS)).where(owned))
+            .returning(compacted_turns.c.id)
+        )
+    return stmt.add_cte(*(w.cte(f"write_{i}") for i, w in enumerate(writes)))
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """``null()`` (SQL NULL in a bind) as ``None``: in a recordset, JSON null is SQL NULL."""
+    return {k: None if isinstance(v, Null) else v for k, v in values.items()}
+
+
+def _archive_values(mission: ClaimedMission, iteration_id: int, row: ArchiveRow) -> dict[str, Any]:
+    return {
+        "iteration_id": iteration_id,
+        "mission_id": mission.id,
+        "attempt": row.attempt,
+        "compaction_index": row.compaction_index,
+        "round": row.round,
+        "start_index": row.start_index,
+        "folded": row.folded,
+        "folded_turns": row.folded_turns,
+        "summary": row.summary,
+        "tokens_before": row.tokens_before,
+        "tokens_after": row.tokens_after,
+        "model": row.model,
+        "duration_ms": row.duration_ms,
+        "error": row.error,
+    }
+
+
 async def _insert_archive(
     conn: AsyncConnection,
     mission: ClaimedMission,
@@ -708,26 +1010,7 @@ async def _insert_archive(
     if not rows:
         return
     await conn.execute(
-        insert(compacted_turns),
-        [
-            {
-                "iteration_id": iteration_id,
-                "mission_id": mission.id,
-                "attempt": row.attempt,
-                "compaction_index": row.compaction_index,
-                "round": row.round,
-                "start_index": row.start_index,
-                "folded": row.folded,
-                "folded_turns": row.folded_turns,
-                "summary": row.summary,
-                "tokens_before": row.tokens_before,
-                "tokens_after": row.tokens_after,
-                "model": row.model,
-                "duration_ms": row.duration_ms,
-                "error": row.error,
-            }
-            for row in rows
-        ],
+        insert(compacted_turns), [_archive_values(mission, iteration_id, row) for row in rows]
     )
 
 

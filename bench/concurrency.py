@@ -1,0 +1,167 @@
+"""Concurrency: N missions at once on one worker, a slow LLM over real HTTP, few connections.
+
+Not a test: it prints figures. Usage::
+
+    python bench/concurrency.py [--missions 1000] [--latency 1.0] [--concurrency 500]
+                                [--pool 10] [--overflow 0]
+
+A fake OpenAI-compatible server in a child process (``tests.fakes.async_llm_server``:
+asyncio, HTTP/1.1 keep-alive) answers every request after ``--latency`` seconds: a
+``clock_now`` call first, then a final answer, so each mission makes 2 requests. One
+worker, wired from settings exactly as ``mana-ai worker`` is (``worker.app.open_app``: pool
+``MANA_AI_DB_POOL_SIZE`` / ``MANA_AI_DB_MAX_OVERFLOW``, the OpenAI-compatible client, the
+policy gate), ticks once and then on every wake-up (a freed slot while missions wait), until
+every iteration finished. Each mission belongs to its own user, as in a real deployment
+(one user's 30-calls-a-minute rate limit would otherwise be the bottleneck).
+
+Prints the wall time, the ideal (N x 2 x L / C: every slot always waiting on the LLM), their
+ratio, the peak number of PostgreSQL connections the worker held (sampled every 50 ms from
+``pg_stat_activity``), how many plain connections a bystander opened during the run (one every
+250 ms) and how many were refused, the worker process's peak RSS, and missions per second.
+
+Database: ``MANA_AI_TEST_DATABASE_URL`` when set (a throw-away database in that server), else
+an embedded PostgreSQL in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+from sqlalchemy import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import database_server, throwaway_database
+from bench.tick_throughput import add_missions, run_all
+from tests.fakes.async_llm_server import serve_in_process
+from worker.app import application_name, open_app
+from worker.settings import load_settings
+
+
+class Watch:
+    """Samples the worker's connections and probes that other clients can connect."""
+
+    def __init__(self, url: str) -> None:
+        parsed = make_url(url)
+        self.database = parsed.database
+        self.dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.peak_connections = 0
+        self.probes = 0
+        self.refused: list[str] = []
+
+    async def run(self) -> None:
+        monitor = await asyncpg.connect(self.dsn)
+        try:
+            probe_at = 0.0
+            while True:
+                held = await monitor.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = $1 AND application_name = $2",
+                    self.database,
+                    application_name("bench"),
+                )
+                self.peak_connections = max(self.peak_connections, held)
+                if time.perf_counter() >= probe_at:
+                    probe_at = time.perf_counter() + 0.25
+                    self.probes += 1
+                    try:
+                        bystander = await asyncpg.connect(self.dsn, timeout=5)
+                        await bystander.fetchval("SELECT 1")
+                        await bystander.close()
+                    except Exception as exc:
+                        self.refused.append(f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(0.05)
+        finally:
+            await monitor.close()
+
+
+async def iteration_durations(url: str) -> list[float]:
+    """Seconds from each iteration's start to its end."""
+    connection = await asyncpg.connect(
+        make_url(url).set(drivername="postgresql").render_as_string(False)
+    )
+    try:
+        rows = await connection.fetch(
+            "SELECT extract(epoch FROM finished_at - started_at) AS s FROM mission_iterations"
+        )
+    finally:
+        await connection.close()
+    return [float(r["s"]) for r in rows]
+
+
+async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None:
+    async with throwaway_database(server_url) as url:
+        await add_missions(url, args.missions, users=args.missions)
+        settings = load_settings(
+            database_url=url,
+            llm_base_url=llm_url,
+            max_concurrent_missions=args.concurrency,
+            db_pool_size=args.pool,
+            db_max_overflow=args.overflow,
+            worker_id="bench",
+            metrics_port=0,
+            llm_timeout_s=max(30.0, 10 * args.latency),
+        )
+        watch = Watch(url)
+        async with open_app(settings, migrate=True) as app:
+            watcher = asyncio.create_task(watch.run())
+            started = time.perf_counter()
+            try:
+                await run_all(app.worker, url, args.missions)
+            finally:
+                elapsed = time.perf_counter() - started
+                watcher.cancel()
+            durations = await iteration_durations(url)
+        ideal = args.missions * 2 * args.latency / args.concurrency
+        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"missions              {args.missions}")
+        print(f"latency_s             {args.latency}")
+        print(f"concurrency           {args.concurrency}")
+        print(f"pool                  {args.pool} + overflow {args.overflow}")
+        print(f"wall_s                {elapsed:.2f}")
+        print(f"ideal_s               {ideal:.2f}  (missions x 2 x latency / concurrency)")
+        print(f"wall/ideal            {elapsed / ideal:.2f}")
+        print(
+            f"iteration_s           median {statistics.median(durations):.2f}, "
+            f"p95 {statistics.quantiles(durations, n=20)[-1]:.2f}, max {max(durations):.2f}  "
+            f"(started to finished; {2 * args.latency:.2f} waiting on the LLM)"
+        )
+        print(f"peak_connections      {watch.peak_connections}  (the worker's, pg_stat_activity)")
+        print(f"bystander_connects    {watch.probes - len(watch.refused)}/{watch.probes} ok")
+        for reason in sorted(set(watch.refused))[:3]:
+            print(f"  refused: {reason}")
+        print(f"peak_rss_mib          {rss_mib:.0f}  (the worker's process)")
+        print(f"missions_per_s        {args.missions / elapsed:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--missions", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=1.0, help="seconds per LLM answer")
+    parser.add_argument("--concurrency", type=int, default=500)
+    parser.add_argument("--pool", type=int, default=10, help="MANA_AI_DB_POOL_SIZE")
+    parser.add_argument("--overflow", type=int, default=0, help="MANA_AI_DB_MAX_OVERFLOW")
+    args = parser.parse_args()
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    server = context.Process(target=serve_in_process, args=(args.latency, send), daemon=True)
+    server.start()
+    try:
+        port = receive.recv()
+        with database_server() as (server_url, where):
+            print(f"database              {where}")
+            asyncio.run(bench(server_url, args, f"http://127.0.0.1:{port}/v1"))
+    finally:
+        server.terminate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Scale: many missions at once on a few database connections, and LLM connections bounded.
+
+A worker wired from settings like ``mana-ai worker`` (``open_app``) runs 100 due missions at
+concurrency 50 with a pool of 5 against a slow LLM over real HTTP: every mission succeeds, the
+worker never holds more than its pool, and another client can connect meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import ChatMessage, CompletionRequest
+from planner.providers import OpenAICompatibleChatModel
+from planner.providers.openai_compat import CONNECTIONS_PER_CLIENT
+from tests.fakes.async_llm_server import AsyncLLMServer
+from worker.app import application_name, open_app
+from worker.db.admin import AdminStore
+from worker.db.tables import mission_iterations, missions
+from worker.settings import load_settings
+from worker.tick import Worker
+
+
+async def add_due_missions(db: AsyncEngine, count: int) -> None:
+    agent = await AdminStore(db).add_agent(name="scale", owner_user_id="u", system_prompt="Hi.")
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(missions),
+            [
+                {
+                    "agent_id": agent["id"],
+                    "objective": f"Tell the time ({n}).",
+                    "cron": "0 * * * *",
+                    "timezone": "UTC",
+                    "next_run_at": due,
+                }
+                for n in range(count)
+            ],
+        )
+
+
+async def run_until_finished(worker: Worker, db: AsyncEngine, count: int) -> None:
+    """A tick, then a tick on every wake-up (a freed slot), until ``count`` finished."""
+    wakeups = asyncio.create_task(worker.run_wakeups())
+    try:
+        await worker.tick()
+        async with asyncio.timeout(60):
+            while True:
+                await asyncio.sleep(0.05)
+                async with db.connect() as conn:
+                    done = (
+                        await conn.execute(
+                            select(func.count()).where(mission_iterations.c.finished_at.isnot(None))
+                        )
+                    ).scalar_one()
+                if done >= count and not worker.running:
+                    return
+    finally:
+        wakeups.cancel()
+
+
+async def test_fifty_missions_at_once_hold_at_most_the_pool(
+    db: AsyncEngine, database_url: str
+) -> None:
+    await add_due_missions(db, 100)
+    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    peak = 0
+    bystander: list[Any] = []
+
+    async def watch() -> None:
+        nonlocal peak
+        monitor = await asyncpg.connect(dsn)
+        try:
+            while True:
+                held = await monitor.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    application_name("scale-test"),
+                )
+                peak = max(peak, held)
+                if held >= 3 and not bystander:  # the run is under way: another client connects
+                    other = await asyncpg.connect(dsn, timeout=5)
+                    bystander.append(await other.fetchval("SELECT 1"))
+                    await other.close()
+                await asyncio.sleep(0.01)
+        finally:
+            await monitor.close()
+
+    async with AsyncLLMServer(latency_s=0.3) as llm:
+        settings = load_settings(
+            database_url=database_url,
+            llm_base_url=llm.base_url,
+            max_concurrent_missions=50,
+            db_pool_size=5,
+            db_max_overflow=0,
+            worker_id="scale-test",
+            metrics_port=0,
+        )
+        async with open_app(settings, migrate=False) as app:
+            watcher = asyncio.create_task(watch())
+            try:
+                await run_until_finished(app.worker, db, 100)
+            finally:
+                watcher.cancel()
+        assert llm.peak <= 50, "one LLM connection per running mission at most"
+
+    async with db.connect() as conn:
+        statuses = (
+            await conn.execute(text("SELECT status, count(*) FROM mission_iterations GROUP BY 1"))
+        ).all()
+    assert dict(statuses) == {"succeeded": 100}
+    assert 1 <= peak <= 5, f"the worker held {peak} connections with a pool of 5"
+    assert bystander == [1], "another client could not connect during the run"
+
+
+@pytest.mark.parametrize("limit", [1, 10, 20])
+async def test_the_llm_client_opens_at_most_max_connections(limit: int) -> None:
+    async with AsyncLLMServer(latency_s=0.1) as llm:
+        model = OpenAICompatibleChatModel(base_url=llm.base_url, max_connections=limit)
+        request = CompletionRequest(messages=[ChatMessage(role="user", content="Hi")])
+        try:
+            async with asyncio.timeout(30):
+                answers = await asyncio.gather(*(model.complete(request) for _ in range(40)))
+        finally:
+            await model.aclose()
+    assert len(answers) == 40
+    assert llm.peak <= limit
+    # requests wait for a connection rather than fail, and all the allowed ones are used
+    assert llm.peak >= min(limit, CONNECTIONS_PER_CLIENT)

@@ -1,0 +1,96 @@
+"""Lease renewal for every mission a worker runs: one statement per period, not one per mission.
+
+A claim leases a mission for ``lease`` (``MANA_AI_LEASE_S``). While missions run, the
+``LeaseKeeper`` renews all of this worker's leases every ``lease / 3`` in one ``UPDATE … WHERE
+id = ANY(…) AND lease_owner = worker RETURNING id`` (``MissionStore.renew_leases``). A mission
+missing from what comes back was taken over by another worker: its run is told (its event is
+set) and cancelled, so it writes nothing more. A renewal that fails (a database blip) is
+logged and tried again a period later; the leases still have two thirds of their time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from worker.db.stores import MissionStore
+
+__all__ = ["LeaseKeeper"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    lost: asyncio.Event
+    run: asyncio.Task[Any] | None
+
+
+class LeaseKeeper:
+    """Renews the leases of the missions ``hold`` registers until they are ``release``d.
+
+    Args:
+        store: where leases live.
+        worker_id: the lease owner.
+        lease: the lease length; renewed every ``lease / 3``.
+
+    The renewal task runs only while something is held (started by the first ``hold``, ending
+    when nothing is held at a renewal time).
+    """
+
+    def __init__(self, store: MissionStore, *, worker_id: str, lease: timedelta) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.lease = lease
+        self._held: dict[int, _Held] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The ids of the missions whose leases are being renewed."""
+        return frozenset(self._held)
+
+    def hold(self, mission_id: int, run: asyncio.Task[Any] | None) -> asyncio.Event:
+        """Renew ``mission_id``'s lease from now on; return the event set (after ``run`` is
+        cancelled) when the lease turns out to be lost."""
+        held = _Held(asyncio.Event(), run)
+        self._held[mission_id] = held
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._renew(), name="lease-renewal")
+        return held.lost
+
+    def release(self, mission_id: int) -> None:
+        """Stop renewing ``mission_id``'s lease (its run is about to store its outcome, which
+        releases the lease in the database)."""
+        self._held.pop(mission_id, None)
+
+    async def renew_now(self) -> set[int]:
+        """One renewal of every held lease; returns the ids found lost (already told)."""
+        ids = list(self._held)
+        if not ids:
+            return set()
+        owned = await self.store.renew_leases(ids, worker_id=self.worker_id, lease=self.lease)
+        lost = set()
+        for mission_id in ids:
+            if mission_id in owned:
+                continue
+            held = self._held.pop(mission_id, None)
+            if held is None:  # released meanwhile: it finished, nothing was lost
+                continue
+            lost.add(mission_id)
+            held.lost.set()
+            if held.run is not None:
+                held.run.cancel()
+        return lost
+
+    async def _renew(self) -> None:
+        period = self.lease.total_seconds() / 3
+        while self._held:
+            await asyncio.sleep(period)
+            try:
+                await self.renew_now()
+            except Exception:  # a blip: the leases still have 2/3 of their time left
+                logger.exception("lease renewal failed; retrying in %.1f s", period)
