@@ -167,7 +167,7 @@ def mission_policy_setup(
     return PolicySetup(
         default_mode=settings.policy_mode,
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
-        ledger=PostgresCallLedger(engine, pgbouncer=settings.pgbouncer),
+        ledger=PostgresCallLedger(engine),
         consumer="mission",
     )
 
@@ -186,7 +186,7 @@ def mcp_policy_setup(
     return PolicySetup(
         default_mode=settings.policy_mode,
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
-        ledger=PostgresCallLedger(engine, pgbouncer=settings.pgbouncer),
+        ledger=PostgresCallLedger(engine),
         consumer="mcp",
     )
 

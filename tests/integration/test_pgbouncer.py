@@ -74,7 +74,7 @@ async def test_the_tick_with_the_policy_ledger_runs_through_pgbouncer_in_transac
         bounced,
         FunctionChatModel(interleaving),
         max_concurrent=MISSIONS,
-        policy=policy_setup(bounced, "enforce", config, pgbouncer=True),
+        policy=policy_setup(bounced, "enforce", config),
     )
     outcomes: list[str] = []
     while batch := await worker.run_once():

@@ -116,16 +116,9 @@ async def mission_row(engine: AsyncEngine, mission_id: int) -> dict[str, Any]:
 
 
 def policy_setup(
-    engine: AsyncEngine,
-    mode: PolicyMode = "enforce",
-    config: PolicyConfig | None = None,
-    *,
-    pgbouncer: bool = False,
+    engine: AsyncEngine, mode: PolicyMode = "enforce", config: PolicyConfig | None = None
 ) -> PolicySetup:
-    """The mission runner's policy setup on ``engine`` (the PostgreSQL ledger; ``pgbouncer``:
-    ``engine`` goes through PgBouncer in transaction mode)."""
+    """The mission runner's policy setup on ``engine`` (the PostgreSQL ledger)."""
     return PolicySetup(
-        default_mode=mode,
-        config=config or PolicyConfig(),
-        ledger=PostgresCallLedger(engine, pgbouncer=pgbouncer),
+        default_mode=mode, config=config or PolicyConfig(), ledger=PostgresCallLedger(engine)
     )

@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import RateLimit, Reservation, UserPolicySettings
+from worker.db.engine import behind_pgbouncer
 from worker.db.tables import agents, tool_invocations, user_policy_settings
 
 __all__ = [
@@ -47,26 +48,23 @@ class PostgresCallLedger:
     lock is transaction-level, so no session state outlives a reservation.
 
     Directly on PostgreSQL the statement runs in autocommit: two round trips (prepare, execute).
-    Under PgBouncer in transaction pooling mode (``pgbouncer=True``) it runs inside
-    BEGIN … COMMIT, two more round trips: outside a transaction PgBouncer may hand the prepare
-    and the execute to different server connections, and the execute then fails with
-    'prepared statement "__asyncpg_…__" does not exist'.
+    Behind PgBouncer in transaction pooling mode (an engine made with ``pgbouncer=True``,
+    ``behind_pgbouncer``) it runs inside BEGIN … COMMIT, two more round trips: outside a
+    transaction PgBouncer may hand the prepare and the execute to different server
+    connections, and the execute then fails with 'prepared statement "__asyncpg_…__" does
+    not exist'.
 
     Args:
         engine: the database.
         timeout_s: how long one reservation may take, connecting included (default 5 s);
             past it the call raises ``TimeoutError`` and the gate fails closed (``enforce``) or
             open (``log-only``) at once instead of waiting for the connect timeout.
-        pgbouncer: ``engine`` reaches PostgreSQL through PgBouncer in transaction pooling mode
-            (``Settings.pgbouncer``; default ``False``).
     """
 
-    def __init__(
-        self, engine: AsyncEngine, *, timeout_s: float = 5.0, pgbouncer: bool = False
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, *, timeout_s: float = 5.0) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
-        self.pgbouncer = pgbouncer
+        self._in_transaction = behind_pgbouncer(engine)
 
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
@@ -81,7 +79,7 @@ class PostgresCallLedger:
             "limit": limit.calls,
         }
         async with asyncio.timeout(self.timeout_s):
-            if self.pgbouncer:
+            if self._in_transaction:
                 async with self.engine.begin() as conn:
                     row = (await conn.execute(_RESERVE, params)).one()
             else:
