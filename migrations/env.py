@@ -7,7 +7,10 @@ Three ways in:
   it is used as is and left open.
 * Command line (``alembic upgrade head``): the URL is ``sqlalchemy.url`` from alembic.ini when
   set, else the daemon's own choice (``MANA_AI_DATABASE_URL``, or the embedded PostgreSQL under
-  ``MANA_AI_DATA_DIR``); the run holds the same advisory lock as the daemon.
+  ``MANA_AI_DATA_DIR``); the run holds the same advisory lock as the daemon, in the
+  migration's transaction. It keeps no statement cache, so it works through PgBouncer in
+  transaction pooling mode whatever ``MANA_AI_DB_PGBOUNCER`` says (a migration runs a few
+  dozen statements once; the cache would save nothing).
 * Offline (``alembic upgrade head --sql``): prints the SQL instead of running it.
 """
 
@@ -18,10 +21,8 @@ from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
-from worker.db.engine import resolve_database_url, to_async_url
+from worker.db.engine import create_engine, resolve_database_url, to_async_url
 from worker.db.migrate import migration_lock
 from worker.db.tables import metadata
 
@@ -30,7 +31,8 @@ target_metadata = metadata
 
 
 def run_migrations(connection: Connection) -> None:
-    """Run the pending migrations on ``connection``, in one transaction."""
+    """Run the pending migrations on ``connection``, in one transaction: the caller's when
+    ``connection`` is in one (``migration_lock``), else alembic's own."""
     context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
         context.run_migrations()
@@ -43,7 +45,7 @@ async def run_standalone() -> None:
         from worker.settings import load_settings
 
         url = await resolve_database_url(load_settings())
-    engine = create_async_engine(to_async_url(url), poolclass=NullPool)
+    engine = create_engine(url, pool_size=1, max_overflow=0, pgbouncer=True)
     try:
         async with engine.connect() as conn, migration_lock(conn):
             await conn.run_sync(run_migrations)

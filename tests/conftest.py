@@ -12,6 +12,12 @@ Database (integration and e2e tests):
   teardown it checks that the test left no connection checked out.
 * ``empty_database_url`` (function): another fresh database, never migrated, dropped after the
   test (for migration tests).
+
+PgBouncer (``tests/pgbouncer.py``):
+
+* ``pgbouncer`` (session): a real PgBouncer in transaction pooling mode on a free port in front
+  of that server (3 server connections per database); ``pgbouncer.url_for(url)`` is ``url``
+  through it. Tests using it skip when PgBouncer is not installed.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from tests.pgbouncer import PgBouncer, PgBouncerUnavailable, start_pgbouncer
 from worker.db.engine import (
     create_engine,
     start_embedded_postgres,
@@ -144,3 +151,20 @@ async def empty_database_url(postgres_admin_url: str) -> AsyncIterator[str]:
         yield url
     finally:
         await drop_database(postgres_admin_url, url)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_admin_url: str) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of the test server, shared by the session.
+
+    Skips the test when PgBouncer is not installed ("pgbouncer not installed: apt-get install
+    pgbouncer"); fails it when PgBouncer is installed but does not start.
+    """
+    try:
+        bouncer = start_pgbouncer(postgres_admin_url)
+    except PgBouncerUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()

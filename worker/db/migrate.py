@@ -1,10 +1,15 @@
 """Bring a database to the newest schema (alembic ``upgrade head``), safely from many replicas.
 
 Replicas that start together would otherwise race to create the same tables. Every migration
-run therefore holds a PostgreSQL session-level advisory lock, ``MIGRATION_LOCK_KEY``, on the
-connection that runs the migration: the first replica migrates, the others wait on the lock
-and then find the database at head (a no-op). ``alembic upgrade head`` from the command line
-(``migrations/env.py``) takes the same lock.
+run therefore holds a PostgreSQL advisory lock, ``MIGRATION_LOCK_KEY``: the first replica
+migrates, the others wait on the lock and then find the database at head (a no-op).
+``alembic upgrade head`` from the command line (``migrations/env.py``) takes the same lock.
+
+The lock is transaction-level (``pg_advisory_xact_lock``), taken in the one transaction that
+runs the whole upgrade (PostgreSQL has transactional DDL) and released by its commit or
+rollback. No session state is left behind, so migrating through PgBouncer in transaction
+pooling mode works (a session lock would be taken on one server connection and released, or
+never, on another), and a crashed migration can never leave the lock held.
 
 The migration scripts are located through the ``migrations`` package, not the current
 directory, so this works from an installed wheel as well as from a checkout.
@@ -42,7 +47,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MIGRATION_LOCK_KEY = 0x6D616E615F616931
-"""The ``pg_advisory_lock`` key of migration runs: the ASCII bytes of ``"mana_ai1"`` read as a
+"""The ``pg_advisory_xact_lock`` key of migration runs: the ASCII bytes of ``"mana_ai1"`` read as a
 big-endian signed 64-bit integer (7885351518267664689). Advisory locks are per database, so
 unrelated databases on one server don't contend; don't reuse this key for anything else."""
 
@@ -65,27 +70,18 @@ def head_revision() -> str:
 
 @asynccontextmanager
 async def migration_lock(conn: AsyncConnection) -> AsyncIterator[None]:
-    """Hold the migration advisory lock on ``conn`` for the duration of the block.
+    """Run the block in one transaction on ``conn`` that holds the migration advisory lock.
 
-    Waits (without a timeout) while another session holds it. The lock belongs to the session,
-    not the transaction: it is taken and committed first, so the block may commit and begin
-    transactions freely. On exit the block's open transaction is rolled back, then the lock is
-    released; if releasing fails the connection is invalidated (closing it releases the lock)
-    rather than returned to the pool holding the lock.
+    Begins a transaction (``conn`` must not be in one: ``InvalidRequestError`` otherwise),
+    takes ``pg_advisory_xact_lock(MIGRATION_LOCK_KEY)`` — waiting, without a timeout, while
+    another transaction holds it — and runs the block in that transaction. The transaction
+    commits when the block exits normally and rolls back when it raises; either way the lock
+    ends with it. Whatever the block runs on ``conn`` (alembic included: it finds the
+    transaction open and uses it) is therefore under the lock and atomic with the migration.
     """
-    await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-    await conn.commit()
-    try:
+    async with conn.begin():
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         yield
-    finally:
-        try:
-            await conn.rollback()
-            await conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
-            await conn.commit()
-        except Exception:
-            logger.warning("could not release the migration lock; closing the connection")
-            await conn.invalidate()
-            raise
 
 
 def _script_location() -> Path:
@@ -103,9 +99,10 @@ async def upgrade_database(engine: AsyncEngine) -> str:
     """Migrate the database behind ``engine`` to head and return the head revision.
 
     Idempotent: at head already, it only takes and releases the lock. Concurrent callers (in
-    this process or other replicas) are serialised by ``MIGRATION_LOCK_KEY``; the whole upgrade
-    runs in one transaction (PostgreSQL has transactional DDL), so a failure leaves the schema
-    as it was.
+    this process or other replicas) are serialised by ``MIGRATION_LOCK_KEY``; the lock, the
+    whole upgrade and the read of the resulting revision are one transaction (PostgreSQL has
+    transactional DDL), so a failure leaves the schema as it was. Works through PgBouncer in
+    transaction pooling mode (no session state; see the module docstring).
 
     Not for concurrent use in one process against *different* databases: alembic keeps the
     running migration context in module globals.

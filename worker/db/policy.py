@@ -1,9 +1,10 @@
 """The policy gate's tables: user settings, the rate-limit ledger, and the rollout report.
 
 * ``PostgresCallLedger`` implements ``planner.policy.CallLedger`` with the SQL function
-  ``mana_ai_reserve_tool_call`` (migration 0002): one statement, in autocommit, that takes a
-  transaction advisory lock per (user, tool), counts the calls in the rolling window, and
-  records one when fewer than the limit — so any number of replicas share the limit exactly.
+  ``mana_ai_reserve_tool_call`` (migration 0002): one statement that takes a transaction
+  advisory lock per (user, tool), counts the calls in the rolling window, and records one when
+  fewer than the limit — so any number of replicas share the limit exactly. It runs in
+  autocommit, or inside BEGIN … COMMIT under PgBouncer (see the class).
   Its predicate (``count(created_at > now - window) < limit``) is the one of
   ``planner.policy.rate_limit_wait``.
 * ``PolicyStore`` reads and writes ``user_policy_settings`` (the ``mana-ai policy`` commands)
@@ -24,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import RateLimit, Reservation, UserPolicySettings
+from worker.db.engine import behind_pgbouncer
 from worker.db.tables import agents, tool_invocations, user_policy_settings
 
 __all__ = [
@@ -42,8 +44,15 @@ _RESERVE = text(
 class PostgresCallLedger:
     """A ``CallLedger`` in PostgreSQL, shared by every replica on the database.
 
-    One round trip per call (autocommit; no session state, so PgBouncer's transaction mode is
-    fine). The database clock stamps the slots, so replicas with skewed clocks agree.
+    The database clock stamps the slots, so replicas with skewed clocks agree. The advisory
+    lock is transaction-level, so no session state outlives a reservation.
+
+    Directly on PostgreSQL the statement runs in autocommit: two round trips (prepare, execute).
+    Behind PgBouncer in transaction pooling mode (an engine made with ``pgbouncer=True``,
+    ``behind_pgbouncer``) it runs inside BEGIN … COMMIT, two more round trips: outside a
+    transaction PgBouncer may hand the prepare and the execute to different server
+    connections, and the execute then fails with 'prepared statement "__asyncpg_…__" does
+    not exist'.
 
     Args:
         engine: the database.
@@ -55,26 +64,28 @@ class PostgresCallLedger:
     def __init__(self, engine: AsyncEngine, *, timeout_s: float = 5.0) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
+        self._in_transaction = behind_pgbouncer(engine)
 
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
     ) -> Reservation:
         """See ``planner.policy.CallLedger.reserve``. Raises SQLAlchemy/OS errors when the
         database is unavailable."""
-        async with asyncio.timeout(self.timeout_s), self.engine.connect() as conn:
-            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            row = (
-                await auto.execute(
-                    _RESERVE,
-                    {
-                        "user_id": user_id,
-                        "tool": tool,
-                        "consumer": consumer,
-                        "window": limit.window,
-                        "limit": limit.calls,
-                    },
-                )
-            ).one()
+        params = {
+            "user_id": user_id,
+            "tool": tool,
+            "consumer": consumer,
+            "window": limit.window,
+            "limit": limit.calls,
+        }
+        async with asyncio.timeout(self.timeout_s):
+            if self._in_transaction:
+                async with self.engine.begin() as conn:
+                    row = (await conn.execute(_RESERVE, params)).one()
+            else:
+                async with self.engine.connect() as conn:
+                    auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    row = (await auto.execute(_RESERVE, params)).one()
         return Reservation(
             reserved=bool(row.reserved), now=row.checked_at, recent=tuple(row.recent or ())
         )
