@@ -34,6 +34,7 @@ earliest time wins.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -201,8 +202,11 @@ def _gap_end(lo: datetime, hi: datetime, zone: ZoneInfo) -> datetime:
     return lo + timedelta(seconds=hi_s)
 
 
+@functools.lru_cache(maxsize=4096)
 def cron_schedule(expr: str, timezone: str) -> CronSchedule:
-    """Validate ``expr`` (standard 5-field cron) and ``timezone`` (IANA).
+    """Validate ``expr`` (standard 5-field cron) and ``timezone`` (IANA). Cached (a
+    CronSchedule is immutable): every run of a mission computes its next run, and building
+    APScheduler's triggers costs more than the rest of a run's bookkeeping.
 
     Raises:
         ScheduleError: not 5 fields, a field that is not cron syntax (see the module

@@ -32,7 +32,9 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
+import aiohttp
 import httpx
+from httpx_aiohttp import HttpxAiohttpClient
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -60,12 +62,13 @@ _RETRYABLE_STATUS = frozenset({408, 429})
 """Non-5xx statuses worth retrying: Request Timeout and Too Many Requests (RFC 9110, RFC 6585)."""
 
 
-CONNECTIONS_PER_CLIENT = 8
-"""Requests are spread over httpx clients of at most this many connections each (the one
-with the fewest requests in flight takes the next). httpcore's pool scans its connections
-for every request it assigns (O(connections x requests), encode/httpcore#1035), so one client
-with hundreds of connections spends more CPU assigning requests than sending them: at 100
-missions in flight that took 6 times the ideal wall time (bench/concurrency.py)."""
+AIOHTTP_TRANSPORT = "httpx_aiohttp.HttpxAiohttpClient"
+"""Requests to an endpoint go through httpx's API (timeouts, errors, tests' MockTransport) on
+aiohttp's connection pool (``httpx-aiohttp``, the transport openai-python offers as
+``DefaultAioHttpClient``). httpcore's own pool costs about 1.7 ms of CPU per request on the
+2-core CI machine and scans every connection for every request it assigns
+(encode/httpcore#1035); aiohttp's about 0.45 ms, whatever the number of connections. At
+hundreds of missions in flight that is most of a worker's CPU (bench/concurrency.py)."""
 
 
 class OpenAICompatibleChatModel:
@@ -158,22 +161,19 @@ class OpenAICompatibleChatModel:
             headers["Authorization"] = f"Bearer {api_key}"
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-        clients = math.ceil(max_connections / CONNECTIONS_PER_CLIENT)
-        # one TLS context for all (each costs tens of ms to load the CA certificates)
-        tls = httpx.create_ssl_context() if transport is None else True
-        self._clients = [
-            httpx.AsyncClient(
-                headers=headers,
-                timeout=httpx.Timeout(timeout_s),
-                transport=transport,
-                verify=tls,
-                # every connection may stay open: the next rounds' requests reuse them
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+        # every connection may stay open: the next rounds' requests reuse them
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        timeout = httpx.Timeout(timeout_s)
+        self._client: httpx.AsyncClient
+        if transport is None:
+            # httpx's API over aiohttp's connection pool (see AIOHTTP_TRANSPORT)
+            self._client = HttpxAiohttpClient(headers=headers, timeout=timeout, limits=limits)
+        else:
+            self._client = httpx.AsyncClient(
+                headers=headers, timeout=timeout, limits=limits, transport=transport
             )
-            # sizes that add up to max_connections
-            for size in (len(range(i, max_connections, clients)) for i in range(clients))
-        ]
-        self._in_flight = [0] * clients
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         """Send one chat completion request, retrying as described in the module docstring.
@@ -183,10 +183,8 @@ class OpenAICompatibleChatModel:
         """
         body = self.request_body(request)
         payload = encode_body(body)
-        prompt_estimate = estimate_tokens(
-            json.dumps(body["messages"], ensure_ascii=False)
-            + json.dumps(body.get("tools", []), ensure_ascii=False)
-        )
+        # the whole body (messages, tools and a few small fields), not serialised twice
+        prompt_estimate = estimate_tokens(payload.decode("utf-8"))
         attempts = 0
         billed = TokenUsage()  # usage reported by attempts that failed
 
@@ -196,10 +194,12 @@ class OpenAICompatibleChatModel:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     response = await self._post(payload)
-            except (TimeoutError, httpx.TimeoutException) as exc:
-                raise _Retryable("timeout", exc=exc) from exc
-            except httpx.TransportError as exc:
-                raise _Retryable("connection", exc=exc) from exc
+            except (TimeoutError, httpx.TransportError) as exc:
+                cause = _transport_cause(exc)
+                timed_out = isinstance(cause, TimeoutError) or (
+                    cause is exc and isinstance(exc, httpx.TimeoutException)
+                )
+                raise _Retryable("timeout" if timed_out else "connection", exc=cause) from exc
             except httpx.DecodingError as exc:
                 raise LLMResponseError(
                     f"LLM endpoint {self.shown_url} sent a body that could not be decoded: {exc}"
@@ -295,20 +295,11 @@ class OpenAICompatibleChatModel:
         return {**tool, "function": {**function, "parameters": parameters}}
 
     async def _post(self, payload: bytes) -> httpx.Response:
-        """POST ``payload`` with the client that has the fewest requests in flight."""
-        client = min(range(len(self._clients)), key=self._in_flight.__getitem__)
-        self._in_flight[client] += 1
-        try:
-            return await self._clients[client].post(
-                self.url, content=payload, headers=_JSON_CONTENT
-            )
-        finally:
-            self._in_flight[client] -= 1
+        return await self._client.post(self.url, content=payload, headers=_JSON_CONTENT)
 
     async def aclose(self) -> None:
-        """Close the connection pools. The model must not be used afterwards."""
-        for client in self._clients:
-            await client.aclose()
+        """Close the connection pool. The model must not be used afterwards."""
+        await self._client.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -350,6 +341,14 @@ class OpenAICompatibleChatModel:
         return LLMConnectionError(
             f"could not reach LLM endpoint {self.shown_url} ({_attempts(attempts)}): {detail}"
         )
+
+
+def _transport_cause(exc: BaseException) -> BaseException:
+    """What went wrong under an httpx transport error: aiohttp's own exception when the
+    aiohttp transport mapped it (its mapping calls a refused connection or a server that hung
+    up a ``ConnectTimeout``), else ``exc``."""
+    cause = exc.__cause__
+    return cause if isinstance(cause, aiohttp.ClientError) else exc
 
 
 class _Retryable(Exception):

@@ -37,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
+import httpx
+
 __all__ = [
     "FakeLLMServer",
     "RequestCheck",
@@ -153,7 +155,8 @@ class FakeLLMServer:
     Attributes:
         requests: every parsed JSON request body to ``/v1/chat/completions``, in arrival order
             (requests whose body is not JSON are recorded as ``{"_raw": <text>}``).
-        headers: the request headers of each recorded request, same order.
+        headers: the request headers of each recorded request, same order (names
+            case-insensitive).
         refusals: the check errors answered with 400, in order.
     """
 
@@ -164,7 +167,7 @@ class FakeLLMServer:
         self.checks = list(checks)
         self.refusals: list[str] = []
         self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
+        self.headers: list[httpx.Headers] = []
         self._queue: deque[ScriptedReply] = deque()
         self._lock = threading.Lock()
         self._released = threading.Event()
@@ -293,14 +296,14 @@ class FakeLLMServer:
         with self._lock:
             self._queue.append(reply)
 
-    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> ScriptedReply | None:
+    def _record(self, body: dict[str, Any], headers: httpx.Headers) -> ScriptedReply | None:
         with self._arrived:
             self.requests.append(body)
             self.headers.append(headers)
             self._arrived.notify_all()
             return self._queue.popleft() if self._queue else None
 
-    def _answer(self, body: dict[str, Any], headers: dict[str, str]) -> ScriptedReply | None:
+    def _answer(self, body: dict[str, Any], headers: httpx.Headers) -> ScriptedReply | None:
         """The reply for one request, or ``None`` when the server stopped while it hung."""
         refusal = next((error for check in self.checks if (error := check(body))), None)
         if refusal is not None:
@@ -339,7 +342,8 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 body = {"_raw": raw.decode(errors="replace")}
             if not isinstance(body, dict):
                 body = {"_raw": raw.decode(errors="replace")}
-            reply = server._answer(body, dict(self.headers.items()))
+            # header names are case-insensitive (RFC 9110), whatever a client sends
+            reply = server._answer(body, httpx.Headers(list(self.headers.items())))
             if reply is None:  # stopped while hung: drop the connection without answering
                 self.close_connection = True
                 return
