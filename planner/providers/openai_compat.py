@@ -144,6 +144,7 @@ class OpenAICompatibleChatModel:
         # the path goes before a query (``…/v1?key=…`` → ``…/v1/chat/completions?key=…``)
         self.url = str(url.copy_with(path=url.path.rstrip("/") + "/chat/completions"))
         self.shown_url = shown_url(self.url)
+        self._url = httpx.URL(self.url)
         self.default_model = default_model
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -295,7 +296,8 @@ class OpenAICompatibleChatModel:
         return {**tool, "function": {**function, "parameters": parameters}}
 
     async def _post(self, payload: bytes) -> httpx.Response:
-        return await self._client.post(self.url, content=payload, headers=_JSON_CONTENT)
+        # an httpx.URL, parsed once: a str would be parsed and quoted again on every request
+        return await self._client.post(self._url, content=payload, headers=_JSON_CONTENT)
 
     async def aclose(self) -> None:
         """Close the connection pool. The model must not be used afterwards."""
