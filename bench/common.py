@@ -23,7 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from worker.db.engine import create_engine, start_embedded_postgres, to_async_url
 
-__all__ = ["RoundTripCounter", "database_server", "throwaway_database"]
+__all__ = [
+    "RoundTripCounter",
+    "create_database",
+    "database_server",
+    "drop_database",
+    "throwaway_database",
+]
 
 
 @contextmanager
@@ -40,23 +46,37 @@ def database_server() -> Iterator[tuple[str, str]]:
         yield embedded, "embedded PostgreSQL"
 
 
-@asynccontextmanager
-async def throwaway_database(server_url: str, prefix: str = "mana_ai_bench") -> AsyncIterator[str]:
-    """A new, empty database in ``server_url``'s server; its URL; dropped on exit."""
+async def create_database(server_url: str, prefix: str = "mana_ai_bench") -> str:
+    """Create a database with a random name in ``server_url``'s server; its URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    await _admin(server_url, f'CREATE DATABASE "{name}"')
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+async def drop_database(server_url: str, url: str) -> None:
+    """Drop ``url``'s database, ``WITH (FORCE)``: connections a crashed run left do not keep
+    it."""
+    await _admin(server_url, f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+
+
+async def _admin(server_url: str, statement: str) -> None:
     admin = create_engine(server_url, pool_size=1, max_overflow=0)
     try:
         async with admin.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.execute(text(f'CREATE DATABASE "{name}"'))
-        try:
-            yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            async with admin.connect() as conn:
-                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            await conn.execute(text(statement))
     finally:
         await admin.dispose()
+
+
+@asynccontextmanager
+async def throwaway_database(server_url: str, prefix: str = "mana_ai_bench") -> AsyncIterator[str]:
+    """A new, empty database in ``server_url``'s server; its URL; dropped on exit."""
+    url = await create_database(server_url, prefix)
+    try:
+        yield url
+    finally:
+        await drop_database(server_url, url)
 
 
 class RoundTripCounter:

@@ -28,17 +28,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy import make_url, text
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import create_database, drop_database  # noqa: E402
 from worker.cli.iterations import unsupported_figures  # noqa: E402
-from worker.db.engine import create_engine, to_async_url  # noqa: E402
+from worker.db.engine import to_async_url  # noqa: E402
 
 
 def readme_commands() -> tuple[list[str], list[str]]:
@@ -91,29 +89,6 @@ def judge(iteration: dict[str, Any]) -> list[str]:
     return problems
 
 
-async def create_database(server_url: str) -> str:
-    name = f"mana_ai_quickstart_{uuid.uuid4().hex[:8]}"
-    engine = create_engine(server_url)
-    try:
-        async with engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        await engine.dispose()
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
-
-
-async def drop_database(server_url: str, url: str) -> None:
-    engine = create_engine(server_url)
-    try:
-        async with engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            name = make_url(url).database
-            await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        await engine.dispose()
-
-
 def bench(env: dict[str, str], runs: int) -> int:
     agents, missions = readme_commands()
     print(f"agents add   {shlex.join(agents[2:])}")
@@ -152,7 +127,7 @@ def main() -> None:
     server = os.environ.get("MANA_AI_TEST_DATABASE_URL")
     if server:
         server_url = to_async_url(server)
-        url = asyncio.run(create_database(server_url))
+        url = asyncio.run(create_database(server_url, "mana_ai_quickstart"))
         print("database     a throwaway database on MANA_AI_TEST_DATABASE_URL's server")
         try:
             bench(env | {"MANA_AI_DATABASE_URL": url}, args.runs)

@@ -290,15 +290,7 @@ class MissionStore:
         for r in rows:
             iteration = None
             if r["iteration_id"] is not None:
-                iteration = StartedIteration(
-                    id=r["iteration_id"],
-                    attempt=r["attempt"],
-                    messages=list(r["messages"]),
-                    rounds=r["rounds"],
-                    prompt_tokens=r["prompt_tokens"],
-                    completion_tokens=r["completion_tokens"],
-                    reminders=list(r["reminders"]),
-                )
+                iteration = _started(r, r["iteration_id"])
             claims.append(
                 ClaimedMission(
                     id=r["id"],
@@ -364,16 +356,7 @@ class MissionStore:
             row = (await conn.execute(_start_iteration_statement(values))).mappings().first()
         if row is None:
             return None
-        started = StartedIteration(
-            id=row["id"],
-            attempt=row["attempt"],
-            messages=list(row["messages"]),
-            rounds=row["rounds"],
-            prompt_tokens=row["prompt_tokens"],
-            completion_tokens=row["completion_tokens"],
-            reminders=list(row["reminders"]),
-        )
-        return await self.resume_details(started)
+        return await self.resume_details(_started(row, row["id"]))
 
     async def resume_details(self, iteration: StartedIteration) -> StartedIteration:
         """``iteration`` with what a takeover needs besides the checkpoint on its row: the
@@ -690,6 +673,19 @@ def _claim_statement() -> Any:
     ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
 
 
+def _started(row: RowMapping, iteration_id: int) -> StartedIteration:
+    """The StartedIteration of an iteration row returned by ``_start_iteration_statement``."""
+    return StartedIteration(
+        id=iteration_id,
+        attempt=row["attempt"],
+        messages=list(row["messages"]),
+        rounds=row["rounds"],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
+        reminders=list(row["reminders"]),
+    )
+
+
 def _owner_policy() -> Any:
     """The claimed mission's owner's policy settings as one JSONB object (correlated to
     ``agents``)."""
@@ -862,6 +858,17 @@ def _recordset(table: Any, keys: Sequence[str], param: str) -> Any:
     )
 
 
+def _insert_recordset(table: Any, keys: Sequence[str], param: str, owned: Any) -> Any:
+    """INSERT into ``table`` the rows of the JSONB array bound to ``param`` (``_recordset``),
+    when ``owned`` holds."""
+    data = _recordset(table, keys, param)
+    return (
+        insert(table)
+        .from_select(keys, select(*(data.c[k] for k in keys)).where(owned))
+        .returning(table.c.id)
+    )
+
+
 _NEW_CALL_KEYS = (
     "iteration_id",
     "mission_id",
@@ -953,12 +960,7 @@ def _finish_statement(iteration: bool, new_calls: bool, known_calls: bool, archi
         .returning(its.c.id)
     ]
     if new_calls:
-        data = _recordset(tool_invocations, _NEW_CALL_KEYS, "p_new_calls")
-        writes.append(
-            insert(tool_invocations)
-            .from_select(_NEW_CALL_KEYS, select(*(data.c[k] for k in _NEW_CALL_KEYS)).where(owned))
-            .returning(tool_invocations.c.id)
-        )
+        writes.append(_insert_recordset(tool_invocations, _NEW_CALL_KEYS, "p_new_calls", owned))
     if known_calls:
         data = _recordset(tool_invocations, ("id", *_OUTCOME_KEYS), "p_known_calls")
         writes.append(
@@ -968,12 +970,7 @@ def _finish_statement(iteration: bool, new_calls: bool, known_calls: bool, archi
             .returning(tool_invocations.c.id)
         )
     if archive:
-        data = _recordset(compacted_turns, _ARCHIVE_KEYS, "p_archive")
-        writes.append(
-            insert(compacted_turns)
-            .from_select(_ARCHIVE_KEYS, select(*(data.c[k] for k in _ARCHIVE_KEYS)).where(owned))
-            .returning(compacted_turns.c.id)
-        )
+        writes.append(_insert_recordset(compacted_turns, _ARCHIVE_KEYS, "p_archive", owned))
     return stmt.add_cte(*(w.cte(f"write_{i}") for i, w in enumerate(writes)))
 
 
