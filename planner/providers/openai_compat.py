@@ -144,7 +144,12 @@ class OpenAICompatibleChatModel:
         # the path goes before a query (``…/v1?key=…`` → ``…/v1/chat/completions?key=…``)
         self.url = str(url.copy_with(path=url.path.rstrip("/") + "/chat/completions"))
         self.shown_url = shown_url(self.url)
+        # credentials in the URL go as Basic auth, not in the URL sent (aiohttp refuses both)
         self._url = httpx.URL(self.url)
+        auth = None
+        if self._url.userinfo:
+            auth = httpx.BasicAuth(self._url.username, self._url.password)
+            self._url = self._url.copy_with(userinfo=b"")
         self.default_model = default_model
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -170,10 +175,12 @@ class OpenAICompatibleChatModel:
         self._client: httpx.AsyncClient
         if transport is None:
             # httpx's API over aiohttp's connection pool (see AIOHTTP_TRANSPORT)
-            self._client = HttpxAiohttpClient(headers=headers, timeout=timeout, limits=limits)
+            self._client = HttpxAiohttpClient(
+                headers=headers, timeout=timeout, limits=limits, auth=auth
+            )
         else:
             self._client = httpx.AsyncClient(
-                headers=headers, timeout=timeout, limits=limits, transport=transport
+                headers=headers, timeout=timeout, limits=limits, transport=transport, auth=auth
             )
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:

@@ -81,6 +81,16 @@ async def test_default_responder_answers_when_queue_is_empty(server: FakeLLMServ
     assert server.headers[0]["Authorization"] == "Bearer sk-fake"
 
 
+async def test_credentials_in_the_url_go_as_basic_auth(server: FakeLLMServer) -> None:
+    # a proxy behind basic auth: http://user:secret@host/v1
+    base_url = server.base_url.replace("http://", "http://user:s3cret@")
+    async with OpenAICompatibleChatModel(base_url=base_url, max_retries=0) as llm:
+        response = await llm.complete(REQUEST)
+        assert "s3cret" not in llm.shown_url
+    assert response.message.content == "Done."
+    assert server.headers[0]["Authorization"] == "Basic dXNlcjpzM2NyZXQ="  # user:s3cret
+
+
 async def test_status_error_quotes_the_body(server: FakeLLMServer) -> None:
     server.enqueue(status=401, json={"error": {"message": "invalid api key"}})
     async with _model(server.base_url) as llm:

@@ -8,6 +8,7 @@ worker never holds more than its pool, and another client can connect meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,11 +18,14 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner import ChatMessage, CompletionRequest
+from planner import ChatMessage, CompletionRequest, CompletionResponse
 from planner.providers import OpenAICompatibleChatModel
+from planner.testing import FunctionChatModel
 from tests.fakes.async_llm_server import AsyncLLMServer
+from tests.integration.worker_harness import clock_then_answer, iterations, make_worker
 from worker.app import application_name, open_app
 from worker.db.admin import AdminStore
+from worker.db.engine import create_engine
 from worker.db.tables import mission_iterations, missions
 from worker.settings import load_settings
 from worker.tick import Worker
@@ -133,3 +137,43 @@ async def test_the_llm_client_opens_at_most_max_connections(limit: int) -> None:
     assert llm.peak <= limit
     # requests wait for a connection rather than fail, and all the allowed ones are used
     assert llm.peak == limit
+
+
+async def test_a_connection_the_server_ended_costs_a_retry_not_a_lost_run(
+    db: AsyncEngine, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a worker with one pooled connection; the server ends it while the mission waits for
+    # the LLM: the finish (and the claim before it) go through on a new connection
+    await add_due_missions(db, 1)
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+
+    ended_at_round: list[int] = []
+
+    async def end_the_workers_connection(request: CompletionRequest) -> CompletionResponse:
+        if ended_at_round:
+            return clock_then_answer(request)
+        ended_at_round.append(1)
+        admin = await asyncpg.connect(dsn)
+        try:
+            ended = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'mana-ai-ended' AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        assert ended == 1
+        return clock_then_answer(request)
+
+    try:
+        async with engine.connect() as conn:  # name the pooled connection, to end it
+            await conn.execute(text("SET application_name = 'mana-ai-ended'"))
+            await conn.commit()
+        worker = make_worker(engine, FunctionChatModel(end_the_workers_connection))
+        with caplog.at_level(logging.WARNING, logger="worker.db.stores"):
+            assert await worker.run_once() == ["succeeded"]
+    finally:
+        await engine.dispose()
+    assert "database connection lost" in caplog.text  # the retry happened
+    [it] = await iterations(db)
+    assert it["status"] == "succeeded" and it["rounds"] == 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -47,11 +48,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import DBAPIError, InterfaceError, InternalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import Null
 
 from planner.policy import UserPolicySettings
-from worker.db.engine import behind_pgbouncer
+from worker.db.engine import behind_pgbouncer, describe_error
 from worker.db.policy import user_settings_from_row
 from worker.db.tables import (
     agent_mcp_servers,
@@ -74,6 +76,8 @@ __all__ = [
     "StartedIteration",
     "ToolInvocationRow",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -247,13 +251,38 @@ class MissionStore:
     async def _run_one(
         self, stmt: Any, params: dict[str, Any] | None = None
     ) -> Sequence[RowMapping]:
-        """Run one statement on its own (see the class docstring); its rows."""
+        """Run one statement on its own (see the class docstring); its rows.
+
+        A connection that breaks under it (the server ended it, the network dropped it) is
+        thrown away and the statement runs once more on another: every such statement here
+        is conditional on the lease, so a second run after a first that did commit writes
+        nothing. Other errors, and a second break, are raised.
+        """
+        try:
+            return await self._run_one_on_a_connection(stmt, params)
+        except DBAPIError as exc:
+            if not _connection_broken(exc):
+                raise
+            logger.warning(
+                "database connection lost (%s); running the statement again on another",
+                describe_error(exc),
+            )
+            return await self._run_one_on_a_connection(stmt, params)
+
+    async def _run_one_on_a_connection(
+        self, stmt: Any, params: dict[str, Any] | None
+    ) -> Sequence[RowMapping]:
         async with self.engine.connect() as conn:
-            if self._autocommit:
-                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                return (await conn.execute(stmt, params)).mappings().all()
-            async with conn.begin():
-                return (await conn.execute(stmt, params)).mappings().all()
+            try:
+                if self._autocommit:
+                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return (await conn.execute(stmt, params)).mappings().all()
+                async with conn.begin():
+                    return (await conn.execute(stmt, params)).mappings().all()
+            except DBAPIError as exc:
+                if _connection_broken(exc) and not conn.invalidated:
+                    await conn.invalidate()  # never back into the pool
+                raise
 
     async def claim_due(
         self,
@@ -671,6 +700,14 @@ def _claim_statement() -> Any:
         started.c.completion_tokens,
         started.c.reminders,
     ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
+
+
+def _connection_broken(exc: DBAPIError) -> bool:
+    """Whether ``exc`` says the connection is unusable rather than the statement wrong:
+    SQLAlchemy's disconnect detection, asyncpg's interface errors (``connection is closed``)
+    and its client state errors (``cannot switch to state …; another operation is in
+    progress``, left by an operation the server cut off)."""
+    return exc.connection_invalidated or isinstance(exc, InterfaceError | InternalError)
 
 
 def _started(row: RowMapping, iteration_id: int) -> StartedIteration:
