@@ -8,14 +8,16 @@ so connections a crashed run left behind do not keep it).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import make_url, text
 
@@ -25,11 +27,27 @@ from worker.db.engine import create_engine, start_embedded_postgres, to_async_ur
 
 __all__ = [
     "RoundTripCounter",
+    "at_least",
     "create_database",
     "database_server",
     "drop_database",
     "throwaway_database",
 ]
+
+
+def at_least(minimum: float, kind: type = int) -> Callable[[str], Any]:
+    """An argparse ``type``: a number of ``kind`` not below ``minimum``, else a usage error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+        return value
+
+    return parse
 
 
 @contextmanager

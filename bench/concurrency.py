@@ -39,7 +39,7 @@ from sqlalchemy import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import database_server, throwaway_database
+from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import add_missions, run_all
 from tests.fakes.async_llm_server import serve_in_process
 from worker.app import application_name, open_app
@@ -149,12 +149,19 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--missions", type=int, default=1000)
-    parser.add_argument("--latency", type=float, default=1.0, help="seconds per LLM answer")
-    parser.add_argument("--concurrency", type=int, default=500)
-    parser.add_argument("--pool", type=int, default=10, help="MANA_AI_DB_POOL_SIZE")
-    parser.add_argument("--overflow", type=int, default=0, help="MANA_AI_DB_MAX_OVERFLOW")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--missions", type=at_least(1), default=1000, help="due missions")
+    parser.add_argument(
+        "--latency", type=at_least(0.001, float), default=1.0, help="seconds per LLM answer"
+    )
+    parser.add_argument(
+        "--concurrency", type=at_least(1), default=500, help="MANA_AI_MAX_CONCURRENT_MISSIONS"
+    )
+    parser.add_argument("--pool", type=at_least(1), default=10, help="MANA_AI_DB_POOL_SIZE")
+    parser.add_argument("--overflow", type=at_least(0), default=0, help="MANA_AI_DB_MAX_OVERFLOW")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)

@@ -14,8 +14,9 @@ claims as a daemon does: a tick, then a wake-up whenever a slot frees while miss
 Round trips are counted at the wire by a proxy in front of PostgreSQL
 (``bench.common.RoundTripCounter``: every Sync or simple Query the worker sends, BEGIN and
 COMMIT included, and the set-up of its pool's connections); statements are counted by a
-SQLAlchemy ``before_cursor_execute`` listener. The proxy runs in the worker's event loop and
-costs it CPU: ``--direct`` measures missions per second without it (and without the count).
+SQLAlchemy ``before_cursor_execute`` listener. The policy gate is off unless ``--gate``. The
+proxy runs in the worker's event loop and costs it CPU: ``--direct`` measures missions per
+second without it (and without the count).
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ from sqlalchemy import event, func, insert, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RoundTripCounter, database_server, throwaway_database
+from bench.common import RoundTripCounter, at_least, database_server, throwaway_database
 from planner import CompletionRequest, CompletionResponse
+from planner.policy import PolicyConfig
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from worker.db.engine import create_engine
 from worker.db.migrate import upgrade_database
+from worker.db.policy import PostgresCallLedger
 from worker.db.stores import MissionStore
 from worker.db.tables import agents, mission_iterations, missions
+from worker.gate import PolicySetup
 from worker.runner import MissionRunner
 from worker.tick import Worker
 from worker.tools import builtin_tools
@@ -105,7 +109,9 @@ async def run_all(worker: Worker, engine_url: str, count: int) -> int:
         await watcher.dispose()
 
 
-async def bench(server_url: str, count: int, concurrency: int, pool: int, direct: bool) -> None:
+async def bench(
+    server_url: str, count: int, concurrency: int, pool: int, direct: bool, gate: bool
+) -> None:
     async with throwaway_database(server_url) as url:
         await add_missions(url, count)
         async with RoundTripCounter(url) as counter:
@@ -128,6 +134,13 @@ async def bench(server_url: str, count: int, concurrency: int, pool: int, direct
                     tools_for=lambda m: tools,
                     worker_id="bench",
                     lease=lease,
+                    policy=PolicySetup(
+                        default_mode="log-only",
+                        config=PolicyConfig(),
+                        ledger=PostgresCallLedger(engine),
+                    )
+                    if gate
+                    else None,
                 )
                 worker = Worker(
                     store=store,
@@ -144,6 +157,7 @@ async def bench(server_url: str, count: int, concurrency: int, pool: int, direct
         print(f"missions              {count}")
         print(f"concurrency           {concurrency}")
         print(f"pool                  {pool}")
+        print(f"policy gate           {'log-only, PostgreSQL ledger' if gate else 'off'}")
         print(f"elapsed_s             {elapsed:.3f}")
         print(f"missions_per_s        {count / elapsed:.1f}")
         print(f"statements/mission    {statements / count:.2f}")
@@ -155,19 +169,32 @@ async def bench(server_url: str, count: int, concurrency: int, pool: int, direct
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--missions", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--pool", type=int, default=10, help="MANA_AI_DB_POOL_SIZE")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--missions", type=at_least(1), default=500, help="due missions")
+    parser.add_argument(
+        "--concurrency", type=at_least(1), default=4, help="MANA_AI_MAX_CONCURRENT_MISSIONS"
+    )
+    parser.add_argument("--pool", type=at_least(1), default=10, help="MANA_AI_DB_POOL_SIZE")
     parser.add_argument(
         "--direct",
         action="store_true",
         help="connect straight to PostgreSQL: no round-trip count, no proxy in the worker's loop",
     )
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help="the policy gate in log-only mode with its PostgreSQL ledger, as the daemon runs "
+        "by default: one more statement per tool call",
+    )
     args = parser.parse_args()
     with database_server() as (server_url, where):
         print(f"database              {where}")
-        asyncio.run(bench(server_url, args.missions, args.concurrency, args.pool, args.direct))
+        asyncio.run(
+            bench(server_url, args.missions, args.concurrency, args.pool, args.direct, args.gate)
+        )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import database_server, throwaway_database
+from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
 from planner.testing import FunctionChatModel
 from worker.db.admin import AdminStore
@@ -150,8 +150,13 @@ async def measure(url: str, samples: int, via_cli: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=20)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--samples", type=at_least(1), default=20, help="missions added, one at a time"
+    )
     parser.add_argument(
         "--cli", action="store_true", help="add each mission with `mana-ai missions add`"
     )

@@ -125,6 +125,7 @@ def _start_listening(
         wake_up=settings.wake_up,
         pgbouncer=settings.pgbouncer,
         pool_capacity=settings.db_pool_size + settings.db_max_overflow,
+        pgbouncer_detected=settings.db_pgbouncer == "auto",
     )
     if reason is not None:
         logger.info(

@@ -698,7 +698,7 @@ class Settings(BaseSettings):
             return True
         if word in {"false", "off", "no", "0"}:
             return False
-        raise ValueError("must be auto, true or false")
+        raise ValueError("must be auto, true or false (or on/off, yes/no, 1/0)")
 
     @property
     def pgbouncer(self) -> bool:

@@ -34,7 +34,9 @@ WAKE_UP_CHANNEL = "mana_ai_due"
 """The channel of migration 0007's trigger (``migrations/versions/0007_due_notify.py``)."""
 
 
-def off_reason(*, wake_up: bool, pgbouncer: bool, pool_capacity: int) -> str | None:
+def off_reason(
+    *, wake_up: bool, pgbouncer: bool, pool_capacity: int, pgbouncer_detected: bool = False
+) -> str | None:
     """Why wake-ups are off, or ``None`` when the worker should listen.
 
     Args:
@@ -42,9 +44,17 @@ def off_reason(*, wake_up: bool, pgbouncer: bool, pool_capacity: int) -> str | N
         pgbouncer: the database is reached through PgBouncer in transaction mode (no LISTEN).
         pool_capacity: ``MANA_AI_DB_POOL_SIZE + MANA_AI_DB_MAX_OVERFLOW``; the listener holds
             one of them, so it needs at least 2 to leave one for the missions.
+        pgbouncer_detected: PgBouncer was assumed from the URL's port 6432
+            (``MANA_AI_DB_PGBOUNCER=auto``), not set.
     """
     if not wake_up:
         return "MANA_AI_WAKE_UP=false"
+    if pgbouncer and pgbouncer_detected:
+        return (
+            "PgBouncer transaction mode assumed from the database URL's port 6432 "
+            "(MANA_AI_DB_PGBOUNCER=auto; set it to false for plain PostgreSQL on that port): "
+            "LISTEN needs a session"
+        )
     if pgbouncer:
         return "PgBouncer transaction mode, MANA_AI_DB_PGBOUNCER: LISTEN needs a session"
     if pool_capacity < 2:

@@ -280,6 +280,10 @@ async def test_a_cancelled_listener_unlistens_and_returns_its_connection(db: Asy
         ({"wake_up": False, "pgbouncer": False, "pool_capacity": 10}, "MANA_AI_WAKE_UP=false"),
         ({"wake_up": True, "pgbouncer": True, "pool_capacity": 10}, "PgBouncer"),
         ({"wake_up": True, "pgbouncer": False, "pool_capacity": 1}, "the only connection"),
+        (
+            {"wake_up": True, "pgbouncer": True, "pool_capacity": 10, "pgbouncer_detected": True},
+            "assumed from the database URL's port 6432",
+        ),
     ],
 )
 def test_off_reason(kwargs: dict[str, Any], reason: str | None) -> None:

@@ -337,3 +337,26 @@ def test_names_in_settings_follow_the_rule_for_names(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MANA_AI_LLM_MODEL", " gpt-4o\t")
     settings = load_settings()
     assert (settings.worker_id, settings.llm_model) == ("replica-1", "gpt-4o")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("auto", "auto"), ("TRUE", True), ("on", True), ("1", True), ("false", False), ("no", False)],
+)
+def test_pgbouncer_switch_spellings(value: str, expected: object) -> None:
+    assert load_settings(db_pgbouncer=value).db_pgbouncer == expected
+
+
+def test_pgbouncer_auto_means_port_6432() -> None:
+    assert load_settings(database_url="postgresql://u@db:6432/x").pgbouncer is True
+    assert load_settings(database_url="postgresql://u@db:5432/x").pgbouncer is False
+    assert (
+        load_settings(database_url="postgresql://u@db:6432/x", db_pgbouncer="false").pgbouncer
+        is False
+    )
+    assert load_settings().pgbouncer is False  # embedded: never
+
+
+def test_a_pgbouncer_value_that_is_no_switch_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"MANA_AI_DB_PGBOUNCER: .*auto, true or false"):
+        load_settings(db_pgbouncer="maybe")

@@ -219,9 +219,14 @@ async def check_connection(engine: AsyncEngine) -> None:
             await conn.execute(text("SELECT 1"))
     except (SQLAlchemyError, OSError) as exc:
         where = engine.url.render_as_string(hide_password=True)
-        raise DatabaseError(
-            f"could not connect to PostgreSQL at {where}: {describe_error(exc)}"
-        ) from exc
+        detail = describe_error(exc)
+        if "prepared statement" in detail and not behind_pgbouncer(engine):
+            # what asyncpg's statement cache meets behind PgBouncer in transaction mode
+            detail += (
+                " (is this PgBouncer in transaction pooling mode? then set "
+                "MANA_AI_DB_PGBOUNCER=true)"
+            )
+        raise DatabaseError(f"could not connect to PostgreSQL at {where}: {detail}") from exc
 
 
 def describe_error(exc: BaseException) -> str:
