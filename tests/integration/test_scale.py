@@ -22,7 +22,12 @@ from planner import ChatMessage, CompletionRequest, CompletionResponse
 from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel
 from tests.fakes.async_llm_server import AsyncLLMServer
-from tests.integration.worker_harness import clock_then_answer, iterations, make_worker
+from tests.integration.worker_harness import (
+    clock_then_answer,
+    iterations,
+    make_worker,
+    policy_setup,
+)
 from worker.app import application_name, open_app
 from worker.db.admin import AdminStore
 from worker.db.engine import create_engine
@@ -143,7 +148,7 @@ async def test_a_connection_the_server_ended_costs_a_retry_not_a_lost_run(
     db: AsyncEngine, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # a worker with one pooled connection; the server ends it while the mission waits for
-    # the LLM: the finish (and the claim before it) go through on a new connection
+    # the LLM: the gate's ledger and the finish go through on a new connection
     await add_due_missions(db, 1)
     engine = create_engine(database_url, pool_size=1, max_overflow=0)
     dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
@@ -169,11 +174,18 @@ async def test_a_connection_the_server_ended_costs_a_retry_not_a_lost_run(
         async with engine.connect() as conn:  # name the pooled connection, to end it
             await conn.execute(text("SET application_name = 'mana-ai-ended'"))
             await conn.commit()
-        worker = make_worker(engine, FunctionChatModel(end_the_workers_connection))
-        with caplog.at_level(logging.WARNING, logger="worker.db.stores"):
+        worker = make_worker(
+            engine,
+            FunctionChatModel(end_the_workers_connection),
+            policy=policy_setup(engine, "enforce"),  # its ledger meets the ended connection
+        )
+        with caplog.at_level(logging.WARNING, logger="worker.db.engine"):
             assert await worker.run_once() == ["succeeded"]
     finally:
         await engine.dispose()
     assert "database connection lost" in caplog.text  # the retry happened
     [it] = await iterations(db)
     assert it["status"] == "succeeded" and it["rounds"] == 2
+    async with db.connect() as conn:
+        outcomes = (await conn.execute(text("SELECT outcome FROM tool_invocations"))).all()
+    assert [o for (o,) in outcomes] == ["ok"], "the gate decided the call on a new connection"

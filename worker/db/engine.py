@@ -36,8 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DisconnectionError, SQLAlchemyError
+from sqlalchemy.engine import URL, RowMapping, make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    InternalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.errors import DatabaseError
@@ -53,6 +60,7 @@ __all__ = [
     "describe_error",
     "redact_url",
     "resolve_database_url",
+    "run_statement",
     "start_embedded_postgres",
     "stop_embedded_postgres",
     "to_async_url",
@@ -204,6 +212,57 @@ def _ping_idle_connections(engine: AsyncEngine) -> None:
 
 def _unique_statement_name() -> str:
     return f"__asyncpg_{uuid.uuid4().hex}__"
+
+
+async def run_statement(
+    engine: AsyncEngine, stmt: Any, params: dict[str, Any] | None = None
+) -> list[RowMapping]:
+    """Run one statement on its own and return its rows.
+
+    In autocommit (one round trip: a statement is atomic by itself), except behind PgBouncer
+    in transaction mode (``behind_pgbouncer``), where it runs in BEGIN/COMMIT so that its
+    prepare and execute are not routed to different server connections.
+
+    A connection that breaks under it (the server ended it, the network dropped it) is thrown
+    away and the statement runs once more on another. Use it for statements whose second run
+    after a first that did commit is harmless (mana-ai's are conditional on the lease, or count
+    a call twice at worst). Other errors, and a second break, are raised (SQLAlchemy's
+    ``DBAPIError`` subclasses).
+    """
+    try:
+        return await _run_statement_once(engine, stmt, params)
+    except DBAPIError as exc:
+        if not _connection_broken(exc):
+            raise
+        logger.warning(
+            "database connection lost (%s); running the statement again on another",
+            describe_error(exc),
+        )
+        return await _run_statement_once(engine, stmt, params)
+
+
+async def _run_statement_once(
+    engine: AsyncEngine, stmt: Any, params: dict[str, Any] | None
+) -> list[RowMapping]:
+    async with engine.connect() as conn:
+        try:
+            if not behind_pgbouncer(engine):
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                return list((await conn.execute(stmt, params)).mappings().all())
+            async with conn.begin():
+                return list((await conn.execute(stmt, params)).mappings().all())
+        except DBAPIError as exc:
+            if _connection_broken(exc) and not conn.invalidated:
+                await conn.invalidate()  # never back into the pool
+            raise
+
+
+def _connection_broken(exc: DBAPIError) -> bool:
+    """Whether ``exc`` says the connection is unusable rather than the statement wrong:
+    SQLAlchemy's disconnect detection, asyncpg's interface errors (``connection is closed``)
+    and its client state errors (``cannot switch to state …; another operation is in
+    progress``, left by an operation the server cut off)."""
+    return exc.connection_invalidated or isinstance(exc, InterfaceError | InternalError)
 
 
 async def check_connection(engine: AsyncEngine) -> None:

@@ -25,7 +25,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import RateLimit, Reservation, UserPolicySettings
-from worker.db.engine import behind_pgbouncer
+from worker.db.engine import run_statement
 from worker.db.tables import agents, tool_invocations, user_policy_settings
 
 __all__ = [
@@ -47,12 +47,12 @@ class PostgresCallLedger:
     The database clock stamps the slots, so replicas with skewed clocks agree. The advisory
     lock is transaction-level, so no session state outlives a reservation.
 
-    Directly on PostgreSQL the statement runs in autocommit: two round trips (prepare, execute).
-    Behind PgBouncer in transaction pooling mode (an engine made with ``pgbouncer=True``,
-    ``behind_pgbouncer``) it runs inside BEGIN … COMMIT, two more round trips: outside a
-    transaction PgBouncer may hand the prepare and the execute to different server
-    connections, and the execute then fails with 'prepared statement "__asyncpg_…__" does
-    not exist'.
+    The statement runs with ``worker.db.engine.run_statement``: in autocommit directly on
+    PostgreSQL; inside BEGIN … COMMIT behind PgBouncer in transaction pooling mode, where
+    PgBouncer may otherwise hand the prepare and the execute to different server connections
+    ('prepared statement "__asyncpg_…__" does not exist'); once more on another connection
+    when the one it got turns out broken (a call then counts twice at worst, if the first run
+    had committed).
 
     Args:
         engine: the database.
@@ -64,7 +64,6 @@ class PostgresCallLedger:
     def __init__(self, engine: AsyncEngine, *, timeout_s: float = 5.0) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
-        self._in_transaction = behind_pgbouncer(engine)
 
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
@@ -79,15 +78,11 @@ class PostgresCallLedger:
             "limit": limit.calls,
         }
         async with asyncio.timeout(self.timeout_s):
-            if self._in_transaction:
-                async with self.engine.begin() as conn:
-                    row = (await conn.execute(_RESERVE, params)).one()
-            else:
-                async with self.engine.connect() as conn:
-                    auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                    row = (await auto.execute(_RESERVE, params)).one()
+            [row] = await run_statement(self.engine, _RESERVE, params)
         return Reservation(
-            reserved=bool(row.reserved), now=row.checked_at, recent=tuple(row.recent or ())
+            reserved=bool(row["reserved"]),
+            now=row["checked_at"],
+            recent=tuple(row["recent"] or ()),
         )
 
 

@@ -48,12 +48,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.exc import DBAPIError, InterfaceError, InternalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import Null
 
 from planner.policy import UserPolicySettings
-from worker.db.engine import behind_pgbouncer, describe_error
+from worker.db.engine import run_statement
 from worker.db.policy import user_settings_from_row
 from worker.db.tables import (
     agent_mcp_servers,
@@ -238,51 +237,20 @@ class MissionStore:
     """Mission, iteration and tool-invocation queries over one AsyncEngine.
 
     Every method opens its own short transaction; none holds a connection between calls.
-    A method that writes with one statement (claiming, finishing, renewing) runs it in
-    autocommit, one round trip, since a statement is atomic by itself; behind PgBouncer in
-    transaction mode (``behind_pgbouncer``) in a transaction, where a statement's prepare and
-    execute must not be routed to different server connections.
+    A method that writes with one statement (claiming, finishing, renewing) runs it with
+    ``worker.db.engine.run_statement``: in autocommit, one round trip, since a statement is
+    atomic by itself (in a transaction behind PgBouncer), and once more on another connection
+    when the one it got is broken.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._autocommit = not behind_pgbouncer(engine)
 
     async def _run_one(
         self, stmt: Any, params: dict[str, Any] | None = None
     ) -> Sequence[RowMapping]:
-        """Run one statement on its own (see the class docstring); its rows.
-
-        A connection that breaks under it (the server ended it, the network dropped it) is
-        thrown away and the statement runs once more on another: every such statement here
-        is conditional on the lease, so a second run after a first that did commit writes
-        nothing. Other errors, and a second break, are raised.
-        """
-        try:
-            return await self._run_one_on_a_connection(stmt, params)
-        except DBAPIError as exc:
-            if not _connection_broken(exc):
-                raise
-            logger.warning(
-                "database connection lost (%s); running the statement again on another",
-                describe_error(exc),
-            )
-            return await self._run_one_on_a_connection(stmt, params)
-
-    async def _run_one_on_a_connection(
-        self, stmt: Any, params: dict[str, Any] | None
-    ) -> Sequence[RowMapping]:
-        async with self.engine.connect() as conn:
-            try:
-                if self._autocommit:
-                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                    return (await conn.execute(stmt, params)).mappings().all()
-                async with conn.begin():
-                    return (await conn.execute(stmt, params)).mappings().all()
-            except DBAPIError as exc:
-                if _connection_broken(exc) and not conn.invalidated:
-                    await conn.invalidate()  # never back into the pool
-                raise
+        """Run one statement on its own (``run_statement``); its rows."""
+        return await run_statement(self.engine, stmt, params)
 
     async def claim_due(
         self,
@@ -700,14 +668,6 @@ def _claim_statement() -> Any:
         started.c.completion_tokens,
         started.c.reminders,
     ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
-
-
-def _connection_broken(exc: DBAPIError) -> bool:
-    """Whether ``exc`` says the connection is unusable rather than the statement wrong:
-    SQLAlchemy's disconnect detection, asyncpg's interface errors (``connection is closed``)
-    and its client state errors (``cannot switch to state …; another operation is in
-    progress``, left by an operation the server cut off)."""
-    return exc.connection_invalidated or isinstance(exc, InterfaceError | InternalError)
 
 
 def _started(row: RowMapping, iteration_id: int) -> StartedIteration:
