@@ -11,7 +11,6 @@ from typing import Any
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
-from worker.errors import NotFoundError
 from worker.replay import (
     ReplayError,
     checked_iteration,
@@ -75,13 +74,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     async with admin_store(settings) as admin:
-        iteration_id = args.id
-        if iteration_id is None:
-            latest = await admin.list_iterations(limit=1)
-            if not latest:
-                raise NotFoundError("no iterations stored yet (run `mana-ai tick --once`)")
-            iteration_id = latest[0]["id"]
-        it = await admin.get_iteration(iteration_id)
+        it = await admin.get_iteration(await admin.iteration_id_or_latest(args.id))
     if args.json:
         print_json(it)
         return 0

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, cast
 from worker.cli.args import iteration_ref, json_flag
 from worker.cli.output import print_json
 from worker.cli.stores import admin_store
-from worker.errors import NotFoundError
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -63,13 +62,7 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError("--policy-mode goes with --rerun")
     as_json = args.json or args.format == "json"
     async with admin_store(settings) as admin:
-        iteration_id = args.id
-        if iteration_id is None:
-            latest = await admin.list_iterations(limit=1)
-            if not latest:
-                raise NotFoundError("no iterations stored yet (run `mana-ai tick --once`)")
-            iteration_id = latest[0]["id"]
-        iteration = await admin.get_iteration(iteration_id)
+        iteration = await admin.get_iteration(await admin.iteration_id_or_latest(args.id))
         if args.rerun:
             config = await _rerun_config(admin, settings, iteration, args.policy_mode)
     if args.rerun:

@@ -265,6 +265,16 @@ class AdminStore:
         async with self.engine.connect() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]
 
+    async def iteration_id_or_latest(self, iteration_id: int | None) -> int:
+        """``iteration_id``, or with ``None`` the id of the latest iteration (the CLI's
+        ``latest``). Raises NotFoundError when there is none yet."""
+        if iteration_id is not None:
+            return iteration_id
+        latest = await self.list_iterations(limit=1)
+        if not latest:
+            raise NotFoundError("no iterations stored yet (run `mana-ai tick --once`)")
+        return int(latest[0]["id"])
+
     async def get_iteration(self, iteration_id: int) -> Row:
         """One iteration with its message log, ``tool_invocations`` (list of dicts, in
         execution order) and ``compactions`` (its ``compacted_turns`` rows, the folded messages

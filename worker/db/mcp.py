@@ -16,10 +16,10 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, null, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.db.stores import ToolInvocationRow
+from worker.db.stores import ToolInvocationRow, invocation_outcome_values
 from worker.db.tables import mcp_tokens, tool_invocations
 from worker.errors import NotFoundError
 
@@ -130,12 +130,7 @@ class McpStore:
             "call_id": row.call_id,
             "tool": row.tool,
             "arguments": row.arguments,
-            "result": null() if row.result is None else row.result,
-            "error": row.error,
-            "outcome": row.outcome,
-            "policy_decision": null() if row.policy_decision is None else row.policy_decision,
-            "policy_mode": row.policy_mode,
-            "duration_ms": row.duration_ms,
+            **invocation_outcome_values(row),
         }
         async with self.engine.begin() as conn:
             await conn.execute(insert(tool_invocations).values(**values))

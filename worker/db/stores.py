@@ -74,6 +74,7 @@ __all__ = [
     "RoundCheckpoint",
     "StartedIteration",
     "ToolInvocationRow",
+    "invocation_outcome_values",
 ]
 
 logger = logging.getLogger(__name__)
@@ -473,7 +474,7 @@ class MissionStore:
                 if row.row_id is None
             ]
             known = [
-                _plain({"id": row.row_id, **_outcome_values(row)})
+                _plain({"id": row.row_id, **invocation_outcome_values(row)})
                 for row in outcome.tool_invocations
                 if row.row_id is not None
             ]
@@ -527,7 +528,7 @@ class MissionStore:
             await conn.execute(
                 update(tool_invocations)
                 .where(tool_invocations.c.id == row.row_id)
-                .values(_outcome_values(row))
+                .values(invocation_outcome_values(row))
             )
 
     async def commit_round(
@@ -1029,12 +1030,14 @@ async def _insert_invocations(
             await conn.execute(
                 update(tool_invocations)
                 .where(tool_invocations.c.id == row.row_id)
-                .values(_outcome_values(row))
+                .values(invocation_outcome_values(row))
             )
     return ids
 
 
-def _outcome_values(row: ToolInvocationRow) -> dict[str, Any]:
+def invocation_outcome_values(row: ToolInvocationRow) -> dict[str, Any]:
+    """The outcome columns of a ``tool_invocations`` row (result, error, outcome, policy
+    decision and mode, duration); a missing result or decision is SQL NULL."""
     return {
         "result": null() if row.result is None else row.result,
         "error": row.error,
@@ -1060,5 +1063,5 @@ def _invocation_values(
         "tool": row.tool,
         "arguments": row.arguments,
         "idempotency_key": row.idempotency_key,
-        **_outcome_values(row),
+        **invocation_outcome_values(row),
     }
