@@ -198,14 +198,9 @@ class MissionRunner:
             return "skipped"
 
         model = mission.model or self.default_model
-        if mission.started:  # claim_due started it
-            iteration = mission.iteration
-            if iteration is not None:
-                iteration = await self.store.resume_details(iteration)
-        else:
-            iteration = await self.store.start_iteration(
-                mission, worker_id=self.worker_id, model=model
-            )
+        iteration = mission.iteration  # claim_due started it
+        if iteration is not None:
+            iteration = await self.store.resume_details(iteration)
         if iteration is None:
             logger.warning(
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
@@ -224,10 +219,8 @@ class MissionRunner:
         used = 0
         checkpoint_tokens = iteration.prompt_tokens + iteration.completion_tokens
         if mission.max_tokens_per_day is not None:
-            if mission.tokens_used_24h is not None:  # the claim read the others' tokens
-                used = mission.tokens_used_24h + checkpoint_tokens
-            else:
-                used = await self.store.tokens_used(mission.agent_id, window=BUDGET_WINDOW)
+            # the claim read the tokens of the agent's other iterations
+            used = (mission.tokens_used_24h or 0) + checkpoint_tokens
             if used >= mission.max_tokens_per_day:
                 error = (
                     f"daily token budget used up: agent {mission.agent_name} used {used} of "

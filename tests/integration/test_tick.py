@@ -190,7 +190,7 @@ async def test_expired_lease_of_a_dead_worker_is_taken_over(db: AsyncEngine) -> 
     # worker "dead" claims the mission (which starts the iteration), then vanishes
     [claimed] = await store.claim_due(worker_id="dead", limit=1, lease=timedelta(seconds=30))
     started = claimed.iteration
-    assert claimed.started and started is not None and started.attempt == 1
+    assert started is not None and started.attempt == 1
     [it] = await iterations(db)
     assert it["status"] == "running" and it["worker_id"] == "dead"
     alive = make_worker(db, FunctionChatModel(clock_then_answer), worker_id="alive")

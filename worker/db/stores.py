@@ -35,7 +35,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    cast,
     column,
     func,
     insert,
@@ -89,11 +88,11 @@ class ClaimedMission:
     ``policy_mode`` is the agent's override of the daemon's policy mode (``None``: none).
     ``mcp_servers`` are the agent's MCP servers (tool sources), by name, secrets included.
 
-    ``claim_due`` also starts the iterations of the missions it claims (``started`` true):
-    ``iteration`` is the row to write into (``None``: that scheduled run already finished,
-    or the deadline passed), without the takeover details (``MissionStore.resume_details``),
-    and ``tokens_used_24h`` the tokens of the agent's other iterations started in the last
-    24 hours when the agent has a daily budget (``None``: no budget).
+    ``claim_due`` also starts the iterations of the missions it claims: ``iteration`` is the
+    row to write into (``None``: that scheduled run already finished, or the deadline
+    passed), without the takeover details (``MissionStore.resume_details``), and
+    ``tokens_used_24h`` the tokens of the agent's other iterations started in the last 24
+    hours when the agent has a daily budget (``None``: no budget).
     """
 
     id: int
@@ -114,7 +113,6 @@ class ClaimedMission:
     user_policy: UserPolicySettings = field(default_factory=UserPolicySettings)
     compact_max_ctx: int | None = None
     mcp_servers: tuple[McpServerConfig, ...] = ()
-    started: bool = False
     iteration: StartedIteration | None = None
     tokens_used_24h: int | None = None
 
@@ -311,7 +309,6 @@ class MissionStore:
                     user_policy=user_settings_from_row(r["owner_policy"]),
                     compact_max_ctx=r["compact_max_ctx"],
                     mcp_servers=tuple(McpServerConfig.from_row(m) for m in r["mcp_servers"] or ()),
-                    started=True,
                     iteration=iteration,
                     tokens_used_24h=(
                         int(r["tokens_used_24h"]) if r["tokens_used_24h"] is not None else None
@@ -319,42 +316,6 @@ class MissionStore:
                 )
             )
         return sorted(claims, key=lambda m: m.scheduled_for)
-
-    async def start_iteration(
-        self, mission: ClaimedMission, *, worker_id: str, model: str | None
-    ) -> StartedIteration | None:
-        """Create (or take over) the iteration row for ``mission.scheduled_for``, with the
-        takeover details (``resume_details``). ``claim_due`` already does this for the
-        missions it claims; this is for a mission claimed otherwise.
-
-        Returns ``None`` when this worker no longer owns the lease, or when that scheduled
-        run already finished (succeeded, or failed for a reason other than an interruption).
-        """
-        owns_lease = (
-            select(missions.c.id)
-            .where(
-                missions.c.id == mission.id,
-                missions.c.lease_owner == worker_id,
-                missions.c.lease_expires_at > func.now(),
-            )
-            .exists()
-        )
-        first_attempt = func.jsonb_build_array(
-            func.jsonb_build_object("attempt", 1, "worker_id", worker_id, "started_at", func.now())
-        )
-        values = select(
-            cast(literal(mission.id), BigInteger).label("mission_id"),
-            cast(literal(mission.scheduled_for), DateTime(timezone=True)).label("scheduled_for"),
-            cast(literal("running"), Text).label("status"),
-            cast(literal(worker_id), Text).label("worker_id"),
-            cast(literal(model), Text).label("model"),
-            first_attempt.label("attempts"),
-        ).where(owns_lease)
-        async with self.engine.begin() as conn:
-            row = (await conn.execute(_start_iteration_statement(values))).mappings().first()
-        if row is None:
-            return None
-        return await self.resume_details(_started(row, row["id"]))
 
     async def resume_details(self, iteration: StartedIteration) -> StartedIteration:
         """``iteration`` with what a takeover needs besides the checkpoint on its row: the
@@ -401,33 +362,6 @@ class MissionStore:
             compactions=int(archived[1]),
             last_compaction=(int(latest[0]), int(latest[1])) if latest is not None else None,
         )
-
-    async def tokens_used(self, agent_id: int, *, window: timedelta) -> int:
-        """Tokens (prompt + completion) of ``agent_id``'s iterations started within ``window``
-        before now (database clock)."""
-        stmt = (
-            select(
-                func.coalesce(
-                    func.sum(
-                        mission_iterations.c.prompt_tokens + mission_iterations.c.completion_tokens
-                    ),
-                    0,
-                )
-            )
-            .select_from(
-                mission_iterations.join(missions, missions.c.id == mission_iterations.c.mission_id)
-            )
-            .where(
-                missions.c.agent_id == agent_id,
-                mission_iterations.c.started_at >= func.now() - window,
-            )
-        )
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(stmt)).scalar_one())
-
-    async def renew_lease(self, mission_id: int, *, worker_id: str, lease: timedelta) -> bool:
-        """Push the lease ``lease`` past now. False when this worker no longer owns it."""
-        return mission_id in await self.renew_leases([mission_id], worker_id=worker_id, lease=lease)
 
     async def renew_leases(
         self, mission_ids: Collection[int], *, worker_id: str, lease: timedelta
