@@ -152,7 +152,8 @@ class Settings(BaseSettings):
             "PostgreSQL connections this worker keeps open (1-1000), whatever "
             "MANA_AI_MAX_CONCURRENT_MISSIONS is: a running mission takes a connection for each "
             "short transaction and gives it back, never while it waits for the LLM or a tool. "
-            "One of them listens for wake-ups (MANA_AI_WAKE_UP). Default 10."
+            "One of them listens for wake-ups (MANA_AI_WAKE_UP; off when pool and overflow add "
+            "up to 1). Default 10."
         ),
     )
     db_max_overflow: int = Field(
