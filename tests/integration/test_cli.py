@@ -4,39 +4,13 @@ their exit status, and that bad input writes nothing."""
 from __future__ import annotations
 
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.cli import main
-
-
-@pytest.fixture
-def run(
-    db: AsyncEngine,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> Any:
-    monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
-    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", "http://127.0.0.1:9/v1")
-
-    def invoke(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
-
-
-def as_json(run: Any, *argv: str) -> Any:
-    code, out, err = run(*argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
+from tests.integration.cli_harness import as_json
 
 
 def test_agents_add_and_list(run: Any) -> None:

@@ -10,36 +10,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.cli import main
+from tests.integration.cli_harness import as_json
 from worker.db.engine import create_engine
 from worker.db.mcp import hash_token
 from worker.db.tables import agent_mcp_servers, mcp_tokens, tool_invocations
-
-
-@pytest.fixture
-def run(
-    db: AsyncEngine,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> Any:
-    monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
-    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", "http://127.0.0.1:9/v1")
-
-    def invoke(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
-
-
-def as_json(run: Any, *argv: str) -> Any:
-    code, out, err = run(*argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def rows(database_url: str, table: Any) -> list[dict[str, Any]]:

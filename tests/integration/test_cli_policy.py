@@ -4,7 +4,6 @@ database: what they print, store and refuse."""
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,32 +11,8 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.cli import main
+from tests.integration.cli_harness import as_json
 from worker.db.tables import mission_iterations, missions, tool_invocations
-
-
-@pytest.fixture
-def run(
-    db: AsyncEngine,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> Any:
-    monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
-    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", "http://127.0.0.1:9/v1")
-
-    def invoke(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
-
-
-def as_json(run: Any, *argv: str) -> Any:
-    code, out, err = run(*argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def test_show_of_a_user_without_settings_gives_the_defaults(run: Any) -> None:
