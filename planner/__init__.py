@@ -16,6 +16,7 @@ from planner.errors import (
     LLMResponseError,
     LLMStatusError,
     PlannerError,
+    RunInterrupted,
     ToolError,
     ToolRegistryError,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "ReplyInfo",
     "Reservation",
     "RulePolicyGate",
+    "RunInterrupted",
     "StopReason",
     "TokenUsage",
     "ToolCall",

@@ -8,7 +8,9 @@ Tree::
     │   ├── LLMStatusError            the endpoint answered a non-2xx status (after retries)
     │   └── LLMResponseError          the endpoint answered 2xx with something unusable
     ├── ToolRegistryError             a tool registry was built wrong (duplicate name, bad schema)
-    └── ToolError                     raised by a tool handler: its message is the call's error
+    ├── ToolError                     raised by a tool handler: its message is the call's error
+    └── RunInterrupted                the run cannot go on for a reason that is not the model's
+                                      (its database is unreachable): it stops, to resume later
 
 Tool failures are *not* exceptions at this level: an unknown tool, invalid arguments or a
 handler that raises become an error tool result that the model reads (see ``planner.execution``).
@@ -24,6 +26,7 @@ __all__ = [
     "LLMResponseError",
     "LLMStatusError",
     "PlannerError",
+    "RunInterrupted",
     "ToolError",
     "ToolRegistryError",
 ]
@@ -81,3 +84,16 @@ class ToolError(PlannerError):
     """Raised by a tool handler (or executor) whose failure already has the words the model
     should read: the call's error is ``str(exc)`` verbatim. Any other exception becomes
     ``"<tool> failed: <ExceptionClass>: <message>"``."""
+
+
+class RunInterrupted(PlannerError):
+    """The run must stop now, for a reason that is not the model's to handle: what it needs
+    to go on safely (the journal a write is recorded in, the gate's rate-limit ledger, a
+    tool's own database) stayed unreachable.
+
+    Raised by a ``CallJournal``, a ``CallLedger`` (through the gate, in ``enforce``) or a tool
+    handler. The loop never turns it into a tool result: it propagates out of
+    ``run_planner_loop`` (cancelling the calls still running), and the caller resumes the run
+    later from its last checkpoint, where a call that never started runs then. The message is
+    for the operator (it is stored as the iteration's error) and names the cause.
+    """

@@ -3,8 +3,9 @@
 Every call the model issued gets one result, whatever happens: an unknown tool, arguments that
 are not valid JSON or fail the tool's schema, a policy denial, a handler that raises and a
 handler that runs past its timeout all become an *error tool result* that the model reads on
-the next round. Nothing here raises for those; only cancellation of the whole run propagates
-(and cancels every call still running).
+the next round. Nothing here raises for those; only cancellation of the whole run and
+``RunInterrupted`` (an infrastructure fault a journal, the gate or a tool reports: not the
+model's to handle) propagate, and cancel every call still running.
 
 How a round runs (the plan is the pure function ``plan_segments``, the shell is
 ``execute_calls``):
@@ -38,7 +39,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from planner.errors import ToolError
+from planner.errors import RunInterrupted, ToolError
 from planner.messages import ChatMessage, ToolCall
 from planner.policy import PolicyDecision, PolicyGate
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
@@ -72,9 +73,10 @@ class CallJournal(Protocol):
     call in flight when the worker died is known (and never run again silently).
 
     ``started`` is awaited before the handler; if it raises, the call does not run and its
-    result says why. ``finished`` is awaited as soon as the call has its outcome (not when the
-    run is cancelled mid-call: that call's outcome is then unknown); what it raises is logged
-    and otherwise ignored.
+    result says why, except ``RunInterrupted``, which stops the run (the call never started,
+    so a resumed run runs it). ``finished`` is awaited as soon as the call has its outcome
+    (not when the run is cancelled mid-call: that call's outcome is then unknown); what it
+    raises is logged and otherwise ignored.
     """
 
     async def started(
@@ -260,6 +262,8 @@ async def execute_calls(
         ValueError: ``max_parallel_reads`` < 1 or ``tool_timeout_s`` ≤ 0.
         asyncio.CancelledError: the run was cancelled; every call still running is cancelled
             and awaited first.
+        RunInterrupted: the journal, the gate or a handler said the run cannot go on (its
+            database is unreachable); the calls still running are cancelled first.
         Whatever ``policy`` or ``on_executed`` raise (operator bugs, not tool failures).
     """
     if max_parallel_reads < 1:
@@ -422,6 +426,8 @@ async def _run(
             await journal.started(
                 call, spec, round=round, position=ready.position, decision=ready.decision, ctx=ctx
             )
+        except RunInterrupted:
+            raise  # the runner's to recover from, never the model's
         except Exception as exc:  # not recorded, not run: a write must never run unrecorded
             return done(
                 None,
@@ -460,6 +466,8 @@ async def _run_handler(
             raise  # the run (or this round) is being cancelled: not the tool's failure
         # the handler itself raised CancelledError (e.g. it awaited a cancelled future)
         return done(None, f"{call.name} failed: it was cancelled from inside the tool")
+    except RunInterrupted:
+        raise  # the tool's infrastructure failed: the run stops and resumes later
     except ToolError as exc:  # the handler's own words
         return done(None, str(exc))
     except Exception as exc:  # a tool failure is feedback for the model, not a crash

@@ -320,8 +320,8 @@ async def run_planner_loop(
     else:
         for message in inp.resume.messages:
             log(message)
-        if inp.resume.context_tokens is not None:
-            context_tokens = inp.resume.context_tokens
+        if inp.resume.context_tokens is not None:  # the larger, as after every reply
+            context_tokens = max(context_tokens, inp.resume.context_tokens)
         usage = inp.resume.usage
         first_round = inp.resume.rounds_done + 1
         pending = inp.resume.pending_calls()
@@ -456,9 +456,11 @@ async def run_planner_loop(
         reply = stored_reply(response)
         log(reply)
         if compactor is not None and response.usage.prompt_tokens and not response.usage.estimated:
-            # the provider's count of what it read, plus what it wrote: exact where estimates
-            # drift; messages appended from now on add their estimate (O(1) per round)
-            context_tokens = response.usage.total_tokens
+            # the larger of the provider's count (what it read and wrote: exact where the
+            # estimate drifts) and the estimate: endpoints with prompt caching report only the
+            # uncached part (ollama/ollama#5370), and trusting them alone never compacts;
+            # messages appended from now on add their estimate (O(1) per round)
+            context_tokens = max(context_tokens, response.usage.total_tokens)
         verdict = judge_reply(response, round=round_no, max_rounds=inp.max_rounds)
         for message in verdict.follow_up:
             log(message)

@@ -46,6 +46,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.errors import RunInterrupted
 from planner.messages import ToolCall
 from planner.tools import ToolContext, ToolSpec
 
@@ -638,7 +639,10 @@ class RulePolicyGate:
 
     When the ledger fails, the gate fails closed in ``enforce`` (denied,
     ``policy_unavailable``) and open in ``log-only`` (allowed, with a ``policy_unavailable``
-    would-be denial), and logs a warning. Nothing raises out of the gate.
+    would-be denial), and logs a warning. A ledger that raises ``RunInterrupted`` (a mission's
+    ledger, once its database stayed unreachable) stops the run in ``enforce`` instead: the
+    model is never told to try again for a fault that is not its own. Nothing else raises out
+    of the gate.
 
     Args:
         mode: ``log-only`` or ``enforce`` (use no gate at all for ``off``).
@@ -667,7 +671,8 @@ class RulePolicyGate:
         self.observe = observe
 
     async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
-        """Decide ``call`` (see the class docstring); never raises except on cancellation."""
+        """Decide ``call`` (see the class docstring); never raises except on cancellation and
+        ``RunInterrupted`` from the ledger in ``enforce``."""
         inp = PolicyInput(
             spec, ctx, call.arguments, self.user_settings, None, self.mode, None, self.config
         )
@@ -683,6 +688,11 @@ class RulePolicyGate:
                 reservation = await self.ledger.reserve(
                     user_id=ctx.user_id, tool=spec.name, limit=limit, consumer=self.consumer
                 )
+            except RunInterrupted:
+                if self.mode == "enforce":
+                    raise  # the run stops and resumes; the model is not told "try later"
+                decision = self._unavailable(inp, decision, "its rate-limit store is unreachable")
+                logger.warning("policy gate unavailable for %s: allowing it (log-only)", spec.name)
             except Exception as exc:
                 logger.warning(
                     "policy gate unavailable for %s (%s: %s): %s",

@@ -39,6 +39,8 @@ __all__ = [
     "allowed_tools_for",
     "application_name",
     "check_policy_settings",
+    "gate_lane",
+    "gate_lane_size",
     "mcp_policy_setup",
     "mission_policy_setup",
     "offered_tools",
@@ -53,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def open_database(
-    settings: Settings, *, migrate: bool | None = None
+    settings: Settings, *, migrate: bool | None = None, pool_size: int | None = None
 ) -> AsyncIterator[AsyncEngine]:
     """An engine for the configured (or embedded) database, disposed on exit.
 
@@ -61,6 +63,7 @@ async def open_database(
         migrate: ``True`` upgrades the schema to head (under the advisory lock); ``False``
             requires it to be at head already; ``None`` (default) migrates the embedded
             database and requires an external one to be migrated.
+        pool_size: connections kept open (default ``MANA_AI_DB_POOL_SIZE``).
 
     Raises:
         DatabaseError: the database is unreachable, or not migrated when ``migrate`` is false.
@@ -68,7 +71,7 @@ async def open_database(
     url = await resolve_database_url(settings)
     engine = create_engine(
         url,
-        pool_size=settings.db_pool_size,
+        pool_size=pool_size or settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pgbouncer=settings.pgbouncer,
         application_name=application_name(settings.worker_id),
@@ -90,6 +93,39 @@ async def open_database(
         yield engine
     finally:
         await engine.dispose()
+
+
+GATE_LANE_MIN_POOL = 4
+"""From this ``MANA_AI_DB_POOL_SIZE`` on, one of the pool's connections is the policy gate's
+own (``gate_lane``)."""
+
+
+def gate_lane_size(settings: Settings) -> int:
+    """Connections of the worker's pool that are the gate's own: 1 from ``GATE_LANE_MIN_POOL``
+    on, else 0 (a small pool is shared)."""
+    return 1 if settings.db_pool_size >= GATE_LANE_MIN_POOL else 0
+
+
+@asynccontextmanager
+async def gate_lane(settings: Settings, engine: AsyncEngine) -> AsyncIterator[AsyncEngine]:
+    """The engine the policy gate's ledger uses: a connection of its own to the database of
+    ``engine`` when ``gate_lane_size`` says so (its reservations never wait behind the
+    missions' statements for a pooled connection, however many missions run), else
+    ``engine`` itself. Disposed on exit."""
+    if not gate_lane_size(settings):
+        yield engine
+        return
+    lane = create_engine(
+        engine.url.render_as_string(hide_password=False),
+        pool_size=1,
+        max_overflow=0,
+        pgbouncer=settings.pgbouncer,
+        application_name=application_name(settings.worker_id),
+    )
+    try:
+        yield lane
+    finally:
+        await lane.dispose()
 
 
 def application_name(worker_id: str) -> str:
@@ -254,7 +290,11 @@ async def open_app(
         ManaAIError: the database could not be opened or migrated.
     """
     check_policy_settings(settings, builtin_tool_catalog())
-    async with open_database(settings, migrate=migrate) as engine:
+    lane = gate_lane_size(settings)
+    async with (
+        open_database(settings, migrate=migrate, pool_size=settings.db_pool_size - lane) as engine,
+        gate_lane(settings, engine) as ledger_engine,
+    ):
         store = MissionStore(engine)
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
@@ -264,7 +304,7 @@ async def open_app(
             return offered_tools(tools, mission.allowed_tools, settings.policy_mission_scopes)
 
         lease = timedelta(seconds=settings.lease_s)
-        policy = mission_policy_setup(settings, engine, tools)
+        policy = mission_policy_setup(settings, ledger_engine, tools)
         runner = MissionRunner(
             store=store,
             llm=chat,

@@ -15,7 +15,7 @@ from functools import cache
 
 from prometheus_client import Counter
 
-from planner import ToolCall, ToolContext, ToolSpec
+from planner import RunInterrupted, ToolCall, ToolContext, ToolSpec
 from planner.policy import (
     DEFAULT_INJECTION_MARKERS,
     INJECTION_MARKER,
@@ -26,13 +26,22 @@ from planner.policy import (
     PolicyDecision,
     PolicyMode,
     RateLimit,
+    Reservation,
     RulePolicyGate,
     UserPolicySettings,
 )
 from worker import metrics
+from worker.db.engine import describe_error
+from worker.db.transient import is_transient
+from worker.leases import HeldLease
 from worker.settings import Settings
 
-__all__ = ["PolicySetup", "decision_observer", "policy_config_from_settings"]
+__all__ = [
+    "LeaseBoundLedger",
+    "PolicySetup",
+    "decision_observer",
+    "policy_config_from_settings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -120,10 +129,15 @@ class PolicySetup:
     consumer: str = "mission"
 
     def gate(
-        self, *, user_settings: UserPolicySettings, mode: PolicyMode | None = None
+        self,
+        *,
+        user_settings: UserPolicySettings,
+        mode: PolicyMode | None = None,
+        ledger: CallLedger | None = None,
     ) -> RulePolicyGate | None:
         """The gate for one iteration (or request) of the user with ``user_settings``, in
-        ``mode`` (default: ``default_mode``); ``None`` when the mode is ``off``."""
+        ``mode`` (default: ``default_mode``), counting in ``ledger`` (default: ``self.ledger``;
+        a run passes it wrapped in ``LeaseBoundLedger``); ``None`` when the mode is ``off``."""
         effective = mode or self.default_mode
         if effective == "off":
             return None
@@ -131,7 +145,48 @@ class PolicySetup:
             mode=effective,
             config=self.config,
             user_settings=user_settings,
-            ledger=self.ledger,
+            ledger=ledger or self.ledger,
             consumer=self.consumer,
             observe=decision_observer(self.consumer),
         )
+
+
+class LeaseBoundLedger:
+    """A mission run's ``CallLedger``: ``ledger``'s reservations with their transient database
+    failures retried while the run's lease holds (``HeldLease.retry``), and ``RunInterrupted``
+    raised when they outlast it, so that the gate (in ``enforce``) stops the run instead of
+    denying the call with ``policy_unavailable``: an unreachable ledger is the runner's fault
+    to recover, not the model's to work around.
+
+    Args:
+        ledger: the shared ledger (``PostgresCallLedger``).
+        lease: the run's lease.
+    """
+
+    def __init__(self, ledger: CallLedger, lease: HeldLease) -> None:
+        self.ledger = ledger
+        self.lease = lease
+
+    async def reserve(
+        self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
+    ) -> Reservation:
+        """See ``planner.policy.CallLedger.reserve``.
+
+        Raises:
+            RunInterrupted: the ledger's database stayed unreachable while the lease held.
+            Exception: what the ledger raised for any other reason.
+        """
+        try:
+            return await self.lease.retry(
+                lambda: self.ledger.reserve(
+                    user_id=user_id, tool=tool, limit=limit, consumer=consumer
+                ),
+                what=f"reserving a rate-limit slot for {tool}",
+            )
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise RunInterrupted(
+                f"the policy gate's rate-limit ledger did not answer for {tool} "
+                f"({describe_error(exc)})"
+            ) from exc

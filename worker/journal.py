@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from planner import (
     ChatMessage,
     Checkpoint,
     ExecutedCall,
     PolicyDecision,
+    RunInterrupted,
     TokenUsage,
     ToolCall,
     ToolContext,
@@ -36,7 +37,10 @@ from planner import (
     messages_from_json,
 )
 from planner.compaction import estimate_message_tokens
+from worker.db.engine import describe_error
 from worker.db.stores import ClaimedMission, MissionStore, StartedIteration
+from worker.db.transient import is_transient
+from worker.leases import HeldLease
 from worker.transcript import Transcript, json_safe, log_rounds, log_usage
 
 __all__ = [
@@ -47,6 +51,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CHECKPOINT_EVERY_ROUNDS = 3
 """A run commits its rounds at least this often even when they only read."""
@@ -65,6 +71,12 @@ class MissionJournal:
         transcript: the run's record, which the journal writes from.
         specs: the run's tools by name (their policy hints decide what is journaled).
         checkpoint_every: commit at least every this many rounds (≥ 1).
+        lease: the run's lease; every write retries transient database failures while it
+            holds (``HeldLease.retry``). ``None``: one attempt each.
+
+    A call whose start cannot be recorded because the database stayed unreachable raises
+    ``RunInterrupted`` (the run stops and resumes later; the call never started, so it runs
+    then): the model is never told to try again for a fault that is not its own.
     """
 
     def __init__(
@@ -77,6 +89,7 @@ class MissionJournal:
         transcript: Transcript,
         specs: Mapping[str, ToolSpec],
         checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
+        lease: HeldLease | None = None,
     ) -> None:
         self.store = store
         self.mission = mission
@@ -85,7 +98,13 @@ class MissionJournal:
         self.transcript = transcript
         self.specs = specs
         self.checkpoint_every = max(1, checkpoint_every)
+        self.lease = lease
         self._uncommitted_rounds = 0
+
+    async def _retry(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
+        if self.lease is None:
+            return await operation()
+        return await self.lease.retry(operation, what=what)
 
     async def started(
         self,
@@ -98,20 +117,39 @@ class MissionJournal:
         ctx: ToolContext,
     ) -> None:
         """Store the log so far and the call's ``started`` row (raises when it cannot: the
-        call then does not run)."""
+        call then does not run).
+
+        Raises:
+            RunInterrupted: the database stayed unreachable while the lease held.
+            LeaseLostError: another worker owns the mission now.
+        """
         transcript = self.transcript
         row = transcript.started_row(call, round, position, ctx.idempotency_key, decision)
         checkpoint = transcript.checkpoint()
-        row_id = await self.store.record_call_start(
-            self.mission, self.iteration_id, checkpoint, row, worker_id=self.worker_id
-        )
+        try:
+            row_id = await self._retry(
+                lambda: self.store.record_call_start(
+                    self.mission, self.iteration_id, checkpoint, row, worker_id=self.worker_id
+                ),
+                what=f"recording the start of {spec.name}",
+            )
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise RunInterrupted(
+                f"the start of {spec.name} could not be recorded: the database did not "
+                f"answer ({describe_error(exc)})"
+            ) from exc
         transcript.stored[(round, position)] = row_id
         transcript.archive_written(checkpoint.archive)
 
     async def finished(self, executed: ExecutedCall) -> None:
         """Bring the call's row up to date with its outcome."""
         row = self.transcript.invocation_row(executed)
-        await self.store.record_call_outcome(row)
+        await self._retry(
+            lambda: self.store.record_call_outcome(row),
+            what=f"recording the outcome of {executed.call.name}",
+        )
         self.transcript.current.add((executed.round, executed.index))
 
     async def round_end(self, round_no: int, calls: Sequence[ExecutedCall]) -> None:
@@ -132,8 +170,11 @@ class MissionJournal:
         rows = self.transcript.invocation_rows()
         checkpoint = self.transcript.checkpoint()
         try:
-            ids = await self.store.commit_round(
-                self.mission, self.iteration_id, checkpoint, rows, worker_id=self.worker_id
+            ids = await self._retry(
+                lambda: self.store.commit_round(
+                    self.mission, self.iteration_id, checkpoint, rows, worker_id=self.worker_id
+                ),
+                what="committing the round",
             )
         except Exception:
             logger.exception("could not commit the round; the next commit will")

@@ -12,21 +12,62 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.db.stores import MissionStore
+from worker.db.transient import retry_transient
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["HeldLease", "LeaseKeeper"]
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 @dataclass
-class _Held:
-    lost: asyncio.Event
-    run: asyncio.Task[Any] | None
+class HeldLease:
+    """One mission's lease while its run holds it (``LeaseKeeper.hold``).
+
+    Attributes:
+        mission_id: the mission.
+        lease_s: the lease's length in seconds.
+        renewed_at: ``time.monotonic()`` of the hold, or of the start of the last renewal
+            that found the lease still ours.
+        lost: set once a renewal found the lease taken over (the run was cancelled, unless
+            ``detach``ed).
+        run: the task cancelled when the lease is found lost (``None``: none).
+    """
+
+    mission_id: int
+    lease_s: float
+    renewed_at: float = field(default_factory=time.monotonic)
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    run: asyncio.Task[Any] | None = None
+
+    @property
+    def expires_at(self) -> float:
+        """``time.monotonic()`` until which no other worker can have claimed the mission."""
+        return self.renewed_at + self.lease_s
+
+    def detach(self) -> None:
+        """Stop cancelling the run when the lease is found lost (it is storing its outcome,
+        which then writes nothing); ``lost`` is still set."""
+        self.run = None
+
+    async def retry(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """``operation()`` with its transient database failures retried until the lease
+        expires as known now (``expires_at``) or is found lost (``retry_transient``).
+
+        Raises:
+            Whatever the last attempt raised (see ``retry_transient``).
+        """
+        return await retry_transient(
+            operation, deadline=self.expires_at, what=what, stop=self.lost.is_set
+        )
 
 
 class LeaseKeeper:
@@ -45,7 +86,7 @@ class LeaseKeeper:
         self.store = store
         self.worker_id = worker_id
         self.lease = lease
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, HeldLease] = {}
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -53,18 +94,20 @@ class LeaseKeeper:
         """The ids of the missions whose leases are being renewed."""
         return frozenset(self._held)
 
-    def hold(self, mission_id: int, run: asyncio.Task[Any] | None) -> asyncio.Event:
-        """Renew ``mission_id``'s lease from now on; return the event set (after ``run`` is
-        cancelled) when the lease turns out to be lost."""
-        held = _Held(asyncio.Event(), run)
+    def hold(self, mission_id: int, run: asyncio.Task[Any] | None) -> HeldLease:
+        """Renew ``mission_id``'s lease from now on (it was claimed just before); return the
+        held lease, whose ``lost`` event is set (after ``run`` is cancelled) when the lease
+        turns out to be lost."""
+        held = HeldLease(mission_id, self.lease.total_seconds(), run=run)
         self._held[mission_id] = held
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._renew(), name="lease-renewal")
-        return held.lost
+        return held
 
     def release(self, mission_id: int) -> None:
-        """Stop renewing ``mission_id``'s lease (its run is about to store its outcome, which
-        releases the lease in the database)."""
+        """Stop renewing ``mission_id``'s lease: its run stored its outcome (which released
+        the lease in the database), or leaves the mission to whoever claims it after the lease
+        expires."""
         self._held.pop(mission_id, None)
 
     async def renew_now(self) -> set[int]:
@@ -72,10 +115,13 @@ class LeaseKeeper:
         ids = list(self._held)
         if not ids:
             return set()
+        started = time.monotonic()
         owned = await self.store.renew_leases(ids, worker_id=self.worker_id, lease=self.lease)
         lost = set()
         for mission_id in ids:
             if mission_id in owned:
+                if (renewed := self._held.get(mission_id)) is not None:
+                    renewed.renewed_at = started
                 continue
             held = self._held.pop(mission_id, None)
             if held is None:  # released meanwhile: it finished, nothing was lost

@@ -3,14 +3,21 @@
 The runner is the composition point for one iteration. It computes the mission's next run
 first (a broken stored schedule pauses the mission with the error instead of looping), takes
 over or creates the iteration row, renews the lease while the loop runs, and stores the
-outcome together with the next run in one transaction. Outcomes:
+outcome together with the next run in one statement. Every write is retried while the lease
+holds when the database fails transiently (``HeldLease.retry``); ``store_failed`` is only for
+data the database refuses. Outcomes:
 
 * ``succeeded`` — the loop ended with ``final_answer`` or ``max_rounds``.
 * ``failed`` — the LLM could not answer (after retries), its answer was cut, filtered or
   empty (``planner.replies``), a required MCP server could not be used
   (``tool_source_unavailable``), or the run itself crashed; the iteration carries the reason,
   the mission keeps its schedule.
-* ``interrupted`` — the worker shut down before the run finished; the next worker reruns it.
+* ``interrupted`` — the worker shut down before the run finished, or its database stayed
+  unreachable while the lease held (a write could not be journaled or gated, a tool's own
+  database failed, the end could not be stored): the run is stored as interrupted when that
+  is possible, else left as it is, and the next claim resumes it from its last checkpoint.
+  Infrastructure faults are the runner's to recover: the model is never told to try again,
+  and an iteration whose writes could not run never ends ``succeeded``.
 * ``lease_lost`` — another worker took the mission over; nothing is written.
 * ``skipped`` — the scheduled run already finished elsewhere, or the deadline passed.
 """
@@ -22,7 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -31,6 +38,7 @@ from planner import (
     ExecutedCall,
     PlannerLoopInput,
     PlannerLoopResult,
+    RunInterrupted,
     ToolContext,
     ToolSpec,
     run_planner_loop,
@@ -43,9 +51,10 @@ from reminders import SentReminder
 from worker import metrics
 from worker.db.engine import describe_error
 from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, StartedIteration
-from worker.gate import PolicySetup
+from worker.db.transient import is_transient, retry_transient
+from worker.gate import LeaseBoundLedger, PolicySetup
 from worker.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
-from worker.leases import LeaseKeeper
+from worker.leases import HeldLease, LeaseKeeper
 from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
@@ -61,6 +70,10 @@ ToolsFactory = Callable[[ClaimedMission], Sequence[ToolSpec]]
 """``mission -> tools`` the mission's agent may call (already filtered to its allow-list)."""
 
 RunOutcome = str  # succeeded | failed | interrupted | lease_lost | skipped
+
+SHUTDOWN_STORE_S = 5.0
+"""Seconds a run interrupted by shutdown keeps trying to store its interruption; past it the
+mission is left to whoever claims it once its lease expires (the takeover resumes it)."""
 
 BUDGET_WINDOW = timedelta(hours=24)
 """An agent's ``max_tokens_per_day`` is checked against its iterations of the last 24 hours
@@ -190,23 +203,51 @@ class MissionRunner:
         return outcome
 
     async def _run(self, mission: ClaimedMission) -> RunOutcome:
+        lease = self.leases.hold(mission.id, asyncio.current_task())
+        try:
+            return await self._run_held(mission, lease)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # a database failure outside the loop (reading the checkpoint, a skipped run's
+            # store) that outlasted the lease: whoever claims the mission next runs it
+            logger.error(
+                "the database did not answer while the lease held (%s); the mission is left "
+                "to whoever claims it once its lease expires",
+                describe_error(exc),
+            )
+            return "interrupted"
+        finally:
+            self.leases.release(mission.id)
+
+    async def _run_held(self, mission: ClaimedMission, lease: HeldLease) -> RunOutcome:
         next_run = self._next_run(mission)
         if mission.deadline is not None and mission.scheduled_for > mission.deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
             done = _no_run(_NextRun(None, "completed"))
-            await self.store.finish_iteration(mission, None, done, worker_id=self.worker_id)
+            await lease.retry(
+                lambda: self.store.finish_iteration(mission, None, done, worker_id=self.worker_id),
+                what="completing the mission",
+            )
             return "skipped"
 
         model = mission.model or self.default_model
         iteration = mission.iteration  # claim_due started it
         if iteration is not None:
-            iteration = await self.store.resume_details(iteration)
+            started = iteration
+            iteration = await lease.retry(
+                lambda: self.store.resume_details(started), what="reading the checkpoint"
+            )
         if iteration is None:
             logger.warning(
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
             )
-            await self.store.finish_iteration(
-                mission, None, _no_run(next_run), worker_id=self.worker_id
+            skipped = _no_run(next_run)
+            await lease.retry(
+                lambda: self.store.finish_iteration(
+                    mission, None, skipped, worker_id=self.worker_id
+                ),
+                what="advancing the schedule",
             )
             return "skipped"
         bind_log_context(iteration_id=iteration.id)
@@ -230,13 +271,10 @@ class MissionRunner:
                 over = _no_run(
                     next_run, status="failed", stop_reason="budget_exhausted", error=error
                 )
-                await self.store.finish_iteration(
-                    mission, iteration.id, over, worker_id=self.worker_id
-                )
-                return "failed"
+                stored, _ = await self._store(mission, iteration, over, lease)
+                return "failed" if stored else "interrupted"
 
         this_task = asyncio.current_task()
-        lease_lost = self.leases.hold(mission.id, this_task)
         result: PlannerLoopResult | None = None
         transcript = Transcript(attempt=iteration.attempt, policy_mode=self._policy_mode(mission))
         if self.reminders:
@@ -253,71 +291,50 @@ class MissionRunner:
                 for r in iteration.reminders
             )
         try:
-            result = await self._run_loop(mission, iteration, model, transcript)
+            result = await self._run_loop(mission, iteration, model, transcript, lease)
             outcome = self._outcome(result, next_run, transcript)
         except asyncio.CancelledError:
-            if lease_lost.is_set() and this_task is not None:
+            if lease.lost.is_set() and this_task is not None:
                 this_task.uncancel()
                 metrics.LEASES_LOST.inc()
                 logger.error("lease lost while running; another worker owns the mission now")
                 return "lease_lost"
-            await self.store.interrupt_iteration(
+            lease.detach()
+            await self._interrupt(
                 mission,
-                iteration.id,
-                worker_id=self.worker_id,
+                iteration,
+                transcript,
+                lease,
                 reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
-                checkpoint=transcript.checkpoint(),
-                invocations=transcript.invocation_rows(),
+                within_s=SHUTDOWN_STORE_S,
             )
             logger.warning("iteration interrupted by shutdown; the next worker resumes it")
             metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
             raise
-        except ToolSourceError as exc:  # a required MCP server: no run without its tools
-            outcome = _no_run(
-                next_run,
-                status="failed",
-                stop_reason="tool_source_unavailable",
-                error=json_safe(str(exc)),
-            )
-        except Exception as exc:  # a crash in our own code must not stop other missions
-            logger.exception("iteration crashed")
-            outcome = dataclasses.replace(
-                _no_run(
-                    next_run,
-                    status="failed",
-                    stop_reason="crashed",
-                    error=f"internal error: {type(exc).__name__}: {exc}",
-                ),
-                messages=transcript.messages_json(),
-                tool_invocations=transcript.invocation_rows(),
-                reminders=transcript.reminders_json(),
-                archive=tuple(transcript.archive_pending),
-                rounds=transcript.rounds(),
-                prompt_tokens=transcript.usage().prompt_tokens,
-                completion_tokens=transcript.usage().completion_tokens,
-            )
-        finally:
-            self.leases.release(mission.id)
-
-        try:
-            stored = await self.store.finish_iteration(
-                mission, iteration.id, outcome, worker_id=self.worker_id
-            )
         except Exception as exc:
-            # Something in the outcome the database refuses (or the database went away).
-            # Store the failure without the log, so the run is not retried forever with its
-            # tool side effects; if even that fails, the lease expiry reruns it later.
-            logger.exception("could not store the iteration; storing the failure instead")
-            outcome = _no_run(
-                next_run,
-                status="failed",
-                stop_reason="store_failed",
-                # the cause, not SQLAlchemy's dump of the statement and its parameters
-                error=f"could not store the iteration: {describe_error(exc)}"[:500],
-            )
-            stored = await self.store.finish_iteration(
-                mission, iteration.id, outcome, worker_id=self.worker_id
-            )
+            fault = exc if isinstance(exc, RunInterrupted) or is_transient(exc) else None
+            if fault is None and not isinstance(exc, ToolSourceError):
+                logger.exception("iteration crashed")
+            if fault is not None:  # infrastructure: the runner's to recover, not the model's
+                lease.detach()
+                detail = str(fault) if isinstance(fault, RunInterrupted) else describe_error(fault)
+                logger.warning("iteration interrupted: %s; it resumes from its checkpoint", detail)
+                await self._interrupt(
+                    mission,
+                    iteration,
+                    transcript,
+                    lease,
+                    reason=json_safe(
+                        f"interrupted: {detail} (worker {self.worker_id}); the run resumes "
+                        "from its last checkpoint"
+                    ),
+                )
+                return "interrupted"
+            outcome = _failed_outcome(exc, next_run, transcript)
+        lease.detach()
+        stored, outcome = await self._store(mission, iteration, outcome, lease)
+        if stored is None:
+            return "interrupted"
         if not stored:
             metrics.LEASES_LOST.inc()
             logger.error("lease lost before the iteration could be stored; result dropped")
@@ -340,12 +357,105 @@ class MissionRunner:
         )
         return outcome.status
 
+    async def _store(
+        self,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        outcome: IterationOutcome,
+        lease: HeldLease,
+    ) -> tuple[bool | None, IterationOutcome]:
+        """Store the end of the run (``finish_iteration``), retrying transient failures for
+        as long as the lease allows; with the outcome stored. True: stored; False: the lease
+        was lost (nothing written); ``None``: the database stayed unreachable, or refused even
+        the bare failure, and the run is left to a takeover, which resumes it from its last
+        checkpoint.
+
+        Data the database refuses (not a transient failure) is stored as ``failed`` /
+        ``store_failed`` with as much as it takes (``_degraded``): never retried, so that a
+        run whose tools already acted is not run again for ever.
+        """
+
+        def finish(done: IterationOutcome) -> Callable[[], Awaitable[bool]]:
+            return lambda: self.store.finish_iteration(
+                mission, iteration.id, done, worker_id=self.worker_id, attempt=iteration.attempt
+            )
+
+        refusal: Exception | None = None
+        for attempt in (outcome, *_degraded(outcome)):
+            if refusal is not None:
+                attempt = dataclasses.replace(
+                    attempt,
+                    # the cause, not SQLAlchemy's dump of the statement and its parameters
+                    error=f"could not store the iteration: {describe_error(refusal)}"[:500],
+                )
+            try:
+                return await lease.retry(finish(attempt), what="storing the iteration"), attempt
+            except Exception as exc:
+                if is_transient(exc):
+                    logger.error(
+                        "could not store the iteration: the database did not answer while the "
+                        "lease held (%s); the run is left to a takeover, which resumes it from "
+                        "its last checkpoint",
+                        describe_error(exc),
+                    )
+                    return None, attempt
+                logger.exception(
+                    "the database refused the iteration; storing the failure with less of it"
+                )
+                refusal = refusal or exc
+        logger.error("the database refused even the bare failure; the run is left to a takeover")
+        return None, outcome
+
+    async def _interrupt(
+        self,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        transcript: Transcript,
+        lease: HeldLease,
+        *,
+        reason: str,
+        within_s: float | None = None,
+    ) -> bool:
+        """Store the run as interrupted with its checkpoint and release the lease, so the next
+        claim resumes it (``interrupt_iteration``), retrying transient failures while the
+        lease holds (at most ``within_s`` seconds when given). False when that failed: the
+        mission is then left to whoever claims it once its lease expires."""
+        checkpoint = transcript.checkpoint()
+        rows = transcript.invocation_rows()
+
+        def interrupt() -> Awaitable[bool]:
+            return self.store.interrupt_iteration(
+                mission,
+                iteration.id,
+                worker_id=self.worker_id,
+                reason=reason,
+                checkpoint=checkpoint,
+                invocations=rows,
+                attempt=iteration.attempt,
+            )
+
+        deadline = lease.expires_at
+        if within_s is not None:
+            deadline = min(deadline, time.monotonic() + within_s)
+        try:
+            return await retry_transient(
+                interrupt, deadline=deadline, what="storing the interruption"
+            )
+        except Exception as exc:
+            logger.error(
+                "could not store the interruption (%s); the mission is left to whoever claims "
+                "it once its lease expires",
+                describe_error(exc),
+            )
+            return False
+
     async def _run_loop(
         self,
         mission: ClaimedMission,
         iteration: StartedIteration,
         model: str | None,
         transcript: Transcript,
+        lease: HeldLease,
     ) -> PlannerLoopResult:
         ctx = ToolContext(
             user_id=mission.owner_user_id,
@@ -356,7 +466,15 @@ class MissionRunner:
         gate = None
         if self.policy is not None:
             gate = self.policy.gate(
-                user_settings=mission.user_policy, mode=_policy_mode_or_none(mission.policy_mode)
+                user_settings=mission.user_policy,
+                mode=_policy_mode_or_none(mission.policy_mode),
+                # enforce: an unreachable ledger interrupts the run instead of denying calls
+                # (log-only fails open at once: it must never hold a call up)
+                ledger=(
+                    LeaseBoundLedger(self.policy.ledger, lease)
+                    if self._policy_mode(mission) == "enforce"
+                    else None
+                ),
             )
 
         def on_executed(call: ExecutedCall) -> None:  # completion order
@@ -376,6 +494,7 @@ class MissionRunner:
                 transcript=transcript,
                 specs=specs,
                 checkpoint_every=self.checkpoint_every,
+                lease=lease,
             )
             resume = None
             if iteration.resumable:
@@ -540,6 +659,50 @@ def _count_read_batch(size: int) -> None:
 def _time_call(call: ExecutedCall) -> None:
     if call.ran:  # a known tool whose handler started: the label stays a registered name
         metrics.TOOL_DURATION.labels(tool=call.call.name).observe(call.duration_ms / 1000)
+
+
+def _failed_outcome(exc: Exception, next_run: _NextRun, transcript: Transcript) -> IterationOutcome:
+    """The outcome of a run that raised ``exc``: a required MCP server that could not be used
+    (no run without its tools), or a crash in our own code (what the run did is kept)."""
+    if isinstance(exc, ToolSourceError):
+        return _no_run(
+            next_run,
+            status="failed",
+            stop_reason="tool_source_unavailable",
+            error=json_safe(str(exc)),
+        )
+    usage = transcript.usage()
+    return dataclasses.replace(
+        _no_run(
+            next_run,
+            status="failed",
+            stop_reason="crashed",
+            error=json_safe(f"internal error: {type(exc).__name__}: {exc}"),
+        ),
+        messages=transcript.messages_json(),
+        tool_invocations=transcript.invocation_rows(),
+        reminders=transcript.reminders_json(),
+        archive=tuple(transcript.archive_pending),
+        rounds=transcript.rounds(),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+    )
+
+
+def _degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
+    """What to store, in turn, when the database refuses ``outcome``: a ``store_failed``
+    failure with its message log, reminders and calls but not its archive; then without its
+    calls; then without its log (rounds and tokens stay: they count toward the budget); then
+    the failure alone."""
+    failed = dataclasses.replace(outcome, status="failed", stop_reason="store_failed", archive=())
+    bare = dataclasses.replace(failed, tool_invocations=())
+    unlogged = dataclasses.replace(bare, messages=[], reminders=[])
+    return (
+        failed,
+        bare,
+        unlogged,
+        dataclasses.replace(unlogged, rounds=0, prompt_tokens=0, completion_tokens=0),
+    )
 
 
 def _no_run(

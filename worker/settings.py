@@ -151,9 +151,10 @@ class Settings(BaseSettings):
         description=(
             "PostgreSQL connections this worker keeps open (1-1000), whatever "
             "MANA_AI_MAX_CONCURRENT_MISSIONS is: a running mission takes a connection for each "
-            "short transaction and gives it back, never while it waits for the LLM or a tool. "
+            "short statement and gives it back, never while it waits for the LLM or a tool. "
             "One of them listens for wake-ups (MANA_AI_WAKE_UP; off when pool and overflow add "
-            "up to 1). Default 10."
+            "up to 1); from 4 on, one is the policy gate's own, so that its rate-limit "
+            "reservations never wait behind the missions' statements. Default 10."
         ),
     )
     db_max_overflow: int = Field(

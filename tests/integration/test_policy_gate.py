@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner.policy import PolicyConfig, RateLimit, rate_limit_wait
 from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
-from tests.integration.worker_harness import add_mission, iterations, make_worker, policy_setup
+from tests.integration.worker_harness import (
+    add_mission,
+    iterations,
+    make_worker,
+    mission_row,
+    policy_setup,
+)
 from worker.db.engine import create_engine
 from worker.db.policy import PolicyStore, PostgresCallLedger
 from worker.db.tables import agents, notes, policy_call_events, tool_invocations
@@ -47,6 +54,7 @@ async def test_ledger_gives_out_exactly_the_limit_across_two_engines(
         await other.dispose()
     assert sum(a.reserved for a in answers) == 30
     assert await events(db) == 30
+    assert ledgers[0].statements + ledgers[1].statements < 40  # they went in batches
     refused = [a for a in answers if not a.reserved]
     assert len(refused) == 10
     # what a refusal returns is what the rule needs to say when a slot frees
@@ -62,6 +70,22 @@ async def test_ledger_gives_out_exactly_the_limit_across_two_engines(
         user_id="u1", tool="notes_list", limit=LIMIT, consumer="t"
     )
     assert other_user.reserved and other_tool.reserved
+
+
+async def test_a_burst_of_reservations_goes_in_few_statements_and_counts_each_key(
+    db: AsyncEngine,
+) -> None:
+    ledger = PostgresCallLedger(db)
+    keys = [(f"u{n % 3}", ("notes_create", "clock_now")[n % 2]) for n in range(360)]
+    answers = await asyncio.gather(
+        *(ledger.reserve(user_id=u, tool=t, limit=LIMIT, consumer="t") for u, t in keys)
+    )
+    reserved: dict[tuple[str, str], int] = {}
+    for key, answer in zip(keys, answers, strict=True):
+        reserved[key] = reserved.get(key, 0) + answer.reserved
+    assert reserved == {key: 30 for key in set(keys)}  # 6 keys, 60 calls each, 30 allowed
+    assert await events(db) == 180
+    assert ledger.statements <= 3  # the first alone, then the rest in batches of 500 at most
 
 
 async def test_ledger_window_slides_and_old_calls_are_pruned(db: AsyncEngine) -> None:
@@ -217,27 +241,48 @@ async def test_a_rate_limited_mission_is_refused_past_the_limit_and_goes_on(
     assert "clock_now is rate-limited" in reminders[0]  # the refusal comes first (critical)
 
 
-async def test_a_gate_whose_database_is_down_fails_closed_in_enforce(db: AsyncEngine) -> None:
+async def test_a_gate_whose_database_is_down_interrupts_the_run_in_enforce(
+    db: AsyncEngine,
+) -> None:
+    """An unreachable ledger is the runner's to recover: in enforce the run stops (to resume
+    later) instead of telling the model "try again later"; log-only fails open."""
     dead = create_engine("postgresql+asyncpg://postgres@127.0.0.1:1/none", connect_timeout_s=2)
     try:
-        for mode, outcome in (("enforce", "denied"), ("log-only", "ok")):
-            setup = PolicySetup(
-                default_mode=mode,  # type: ignore[arg-type]
-                config=PolicyConfig(),
-                ledger=PostgresCallLedger(dead),
-            )
-            with FakeLLMServer() as server:
-                server.enqueue_completion(tool_calls=[("clock_now", {})])
-                server.enqueue_completion(content="Done.")
-                await add_mission(db, cron=None)
-                llm = OpenAICompatibleChatModel(base_url=server.base_url, max_retries=0)
-                try:
-                    assert await make_worker(db, llm, policy=setup).run_once() == ["succeeded"]
-                finally:
-                    await llm.aclose()
-            call = (await _invocations(db))[-1]
-            assert call["outcome"] == outcome, mode
-            assert call["policy_decision"]["reason"] == "policy_unavailable", mode
+        setup = PolicySetup(
+            default_mode="enforce", config=PolicyConfig(), ledger=PostgresCallLedger(dead)
+        )
+        with FakeLLMServer() as server:
+            server.enqueue_completion(tool_calls=[("clock_now", {})])
+            mission_id = await add_mission(db, cron=None)
+            llm = OpenAICompatibleChatModel(base_url=server.base_url, max_retries=0)
+            try:
+                worker = make_worker(db, llm, policy=setup, lease=timedelta(seconds=2))
+                assert await worker.run_once() == ["interrupted"]
+            finally:
+                await llm.aclose()
+            assert len(server.requests) == 1  # the model never read a made-up tool result
+        [it] = await iterations(db)
+        assert (it["status"], it["stop_reason"]) == ("failed", "interrupted")
+        assert "rate-limit ledger did not answer for clock_now" in it["error"]
+        assert [m["role"] for m in it["messages"]] == ["system", "user", "assistant"]
+        assert await _invocations(db) == []  # nothing ran, nothing was denied
+        mission = await mission_row(db, mission_id)
+        assert mission["lease_owner"] is None and mission["status"] == "active"  # resumable now
+
+        # the next claim resumes it; in log-only the gate fails open at once
+        setup = dataclasses.replace(setup, default_mode="log-only")
+        with FakeLLMServer() as server:
+            server.enqueue_completion(content="Done.")
+            llm = OpenAICompatibleChatModel(base_url=server.base_url, max_retries=0)
+            try:
+                assert await make_worker(db, llm, policy=setup).run_once() == ["succeeded"]
+            finally:
+                await llm.aclose()
+        [it] = await iterations(db)
+        assert (it["status"], it["attempt"], it["rounds"]) == ("succeeded", 2, 2)
+        [call] = await _invocations(db)
+        assert call["outcome"] == "ok"
+        assert call["policy_decision"]["reason"] == "policy_unavailable"
     finally:
         await dead.dispose()
 

@@ -352,13 +352,11 @@ async def test_an_outcome_the_database_refuses_is_stored_as_a_failure_not_rerun(
     class RefusingStore(MissionStore):
         refused = 0
 
-        async def finish_iteration(self, mission, iteration_id, outcome, *, worker_id):  # type: ignore[no-untyped-def]
-            if outcome.messages and not self.refused:
+        async def finish_iteration(self, mission, iteration_id, outcome, **kwargs):  # type: ignore[no-untyped-def]
+            if outcome.tool_invocations and not self.refused:
                 self.refused += 1
                 raise ValueError("value out of range")
-            return await super().finish_iteration(
-                mission, iteration_id, outcome, worker_id=worker_id
-            )
+            return await super().finish_iteration(mission, iteration_id, outcome, **kwargs)
 
     mission_id = await add_mission(db)
     worker = make_worker(db, FunctionChatModel(clock_then_answer), store=RefusingStore(db))
@@ -366,6 +364,15 @@ async def test_an_outcome_the_database_refuses_is_stored_as_a_failure_not_rerun(
     [it] = await iterations(db)
     assert it["status"] == "failed" and it["stop_reason"] == "store_failed"
     assert "could not store the iteration: ValueError: value out of range" in it["error"]
+    # stored as far as the database takes it: the log and its figures, without the calls
+    assert [m["role"] for m in it["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert it["rounds"] == 2
     mission = await mission_row(db, mission_id)
     assert mission["lease_owner"] is None and mission["next_run_at"] > datetime.now(UTC)
 

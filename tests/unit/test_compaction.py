@@ -325,6 +325,29 @@ async def test_the_providers_reported_usage_drives_the_count() -> None:
     assert json.dumps(result.compaction_errors)  # nothing to fold after one turn: reported
 
 
+async def test_an_endpoint_that_under_counts_its_prompt_is_still_compacted() -> None:
+    """Endpoints with prompt caching report only the uncached part of the prompt
+    (ollama/ollama#5370): the loop trusts the larger of that and its own estimate."""
+
+    async def page(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "p" * 1200  # about 300 tokens a call
+
+    def answer(request: CompletionRequest) -> CompletionResponse:
+        done = sum(m.role == "assistant" for m in request.messages)
+        if done >= 12:
+            return final_answer("done", usage=TokenUsage(prompt_tokens=12, completion_tokens=2))
+        return tool_calls(("page", {}), usage=TokenUsage(prompt_tokens=12, completion_tokens=5))
+
+    model = FunctionChatModel(answer)
+    tools = [ToolSpec("page", "A page.", {"type": "object"}, "read", page)]
+    compactor = Compactor(llm=summariser(), max_ctx=2000, keep_recent_tokens=300)
+    result = await run_planner_loop(loop_input(compactor, tools=tools), llm=model)
+    assert result.compactions_done >= 1
+    # no request went out past the context, whatever the endpoint reported
+    sent = [sum(estimate_message_tokens(m) for m in r.messages) for r in model.requests]
+    assert max(sent) < 2000
+
+
 @pytest.mark.parametrize(
     ("answer", "why"),
     [

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, RowMapping, make_url
+from sqlalchemy.engine import URL, CursorResult, RowMapping, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -248,13 +248,18 @@ async def _run_statement_once(
         try:
             if not behind_pgbouncer(engine):
                 conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                return list((await conn.execute(stmt, params)).mappings().all())
+                return _rows(await conn.execute(stmt, params))
             async with conn.begin():
-                return list((await conn.execute(stmt, params)).mappings().all())
+                return _rows(await conn.execute(stmt, params))
         except DBAPIError as exc:
             if _connection_broken(exc) and not conn.invalidated:
                 await conn.invalidate()  # never back into the pool
             raise
+
+
+def _rows(result: CursorResult[Any]) -> list[RowMapping]:
+    """The rows of ``result`` (none for a statement that returns none)."""
+    return list(result.mappings().all()) if result.returns_rows else []
 
 
 def _connection_broken(exc: DBAPIError) -> bool:

@@ -1,10 +1,12 @@
 """The policy gate's tables: user settings, the rate-limit ledger, and the rollout report.
 
 * ``PostgresCallLedger`` implements ``planner.policy.CallLedger`` with the SQL function
-  ``mana_ai_reserve_tool_call`` (migration 0002): one statement that takes a transaction
-  advisory lock per (user, tool), counts the calls in the rolling window, and records one when
-  fewer than the limit — so any number of replicas share the limit exactly. It runs in
-  autocommit, or inside BEGIN … COMMIT under PgBouncer (see the class).
+  ``mana_ai_reserve_tool_call`` (migration 0002), which takes a transaction advisory lock per
+  (user, tool), counts the calls in the rolling window, and records one when fewer than the
+  limit — so any number of replicas share the limit exactly. Reservations that wait together
+  go to the database together: one statement calls the function once per reservation, so a
+  burst of 500 calls costs a few statements, not 500. It runs in autocommit, or inside
+  BEGIN … COMMIT under PgBouncer (see the class).
   Its predicate (``count(created_at > now - window) < limit``) is the one of
   ``planner.policy.rate_limit_wait``.
 * ``PolicyStore`` reads and writes ``user_policy_settings`` (the ``mana-ai policy`` commands)
@@ -40,12 +42,43 @@ _RESERVE = text(
     "FROM mana_ai_reserve_tool_call(:user_id, :tool, :consumer, :window, :limit)"
 )
 
+# One statement for a batch: the function once per reservation, in the batch's order (a
+# nested loop over the unnested arrays), in one transaction.
+_RESERVE_MANY = text(
+    "SELECT b.ord, r.reserved, r.checked_at, r.recent "
+    "FROM unnest(CAST(:users AS text[]), CAST(:tools AS text[]), CAST(:consumers AS text[]), "
+    "CAST(:windows_s AS float8[]), CAST(:limits AS int[])) "
+    "WITH ORDINALITY AS b(user_id, tool, consumer, window_s, lim, ord) "
+    "CROSS JOIN LATERAL mana_ai_reserve_tool_call("
+    "b.user_id, b.tool, b.consumer, b.window_s * interval '1 second', b.lim) AS r"
+)
+
+MAX_BATCH = 500
+"""Reservations one statement makes at most."""
+
+
+@dataclass
+class _Waiting:
+    """A reservation waiting for its batch."""
+
+    user_id: str
+    tool: str
+    consumer: str
+    limit: RateLimit
+    answer: asyncio.Future[Reservation]
+
 
 class PostgresCallLedger:
     """A ``CallLedger`` in PostgreSQL, shared by every replica on the database.
 
     The database clock stamps the slots, so replicas with skewed clocks agree. The advisory
     lock is transaction-level, so no session state outlives a reservation.
+
+    Reservations are batched without waiting for one another: the first goes to the database
+    at once; those that arrive while a statement is under way go together in the next one
+    (at most ``MAX_BATCH``), ordered by (user, tool) so that two replicas' batches take the
+    advisory locks in the same order. A failed statement fails every reservation of its
+    batch with the same exception.
 
     The statement runs with ``worker.db.engine.run_statement``: in autocommit directly on
     PostgreSQL; inside BEGIN … COMMIT behind PgBouncer in transaction pooling mode, where
@@ -55,35 +88,82 @@ class PostgresCallLedger:
     had committed).
 
     Args:
-        engine: the database.
-        timeout_s: how long one reservation may take, connecting included (default 5 s);
-            past it the call raises ``TimeoutError`` and the gate fails closed (``enforce``) or
-            open (``log-only``) at once instead of waiting for the connect timeout.
+        engine: the database; the worker gives the ledger a connection of its own (the gate
+            lane, ``worker.app``), so that reservations never wait behind the missions'
+            statements for a pooled connection.
+        timeout_s: how long one reservation may take, waiting for its batch and connecting
+            included (default 5 s); past it the call raises ``TimeoutError`` and the gate
+            fails closed (``enforce``) or open (``log-only``) at once instead of waiting for
+            the connect timeout. A slot its batch takes afterwards counts against the limit
+            (a conservative miscount).
     """
 
     def __init__(self, engine: AsyncEngine, *, timeout_s: float = 5.0) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
+        self.statements = 0
+        self._waiting: list[_Waiting] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
     ) -> Reservation:
         """See ``planner.policy.CallLedger.reserve``. Raises SQLAlchemy/OS errors when the
-        database is unavailable."""
-        params = {
-            "user_id": user_id,
-            "tool": tool,
-            "consumer": consumer,
-            "window": limit.window,
-            "limit": limit.calls,
-        }
+        database is unavailable, ``TimeoutError`` past ``timeout_s``."""
+        answer: asyncio.Future[Reservation] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Waiting(user_id, tool, consumer, limit, answer))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="policy-ledger")
         async with asyncio.timeout(self.timeout_s):
-            [row] = await run_statement(self.engine, _RESERVE, params)
-        return Reservation(
-            reserved=bool(row["reserved"]),
-            now=row["checked_at"],
-            recent=tuple(row["recent"] or ()),
-        )
+            return await asyncio.shield(answer)
+
+    async def _flush(self) -> None:
+        while self._waiting:
+            batch = self._waiting[:MAX_BATCH]
+            del self._waiting[:MAX_BATCH]
+            batch.sort(key=lambda w: (w.user_id, w.tool))
+            try:
+                answers = await self._reserve_many(batch)
+            except Exception as exc:
+                for waiting in batch:
+                    if not waiting.answer.done():
+                        waiting.answer.set_exception(exc)
+                        waiting.answer.exception()  # retrieved: a waiter may have timed out
+                continue
+            for waiting, reservation in zip(batch, answers, strict=True):
+                if not waiting.answer.done():
+                    waiting.answer.set_result(reservation)
+
+    async def _reserve_many(self, batch: list[_Waiting]) -> list[Reservation]:
+        self.statements += 1
+        if len(batch) == 1:
+            [one] = batch
+            params: dict[str, Any] = {
+                "user_id": one.user_id,
+                "tool": one.tool,
+                "consumer": one.consumer,
+                "window": one.limit.window,
+                "limit": one.limit.calls,
+            }
+            rows = await run_statement(self.engine, _RESERVE, params)
+        else:
+            params = {
+                "users": [w.user_id for w in batch],
+                "tools": [w.tool for w in batch],
+                "consumers": [w.consumer for w in batch],
+                "windows_s": [w.limit.window.total_seconds() for w in batch],
+                "limits": [w.limit.calls for w in batch],
+            }
+            found = await run_statement(self.engine, _RESERVE_MANY, params)
+            rows = sorted(found, key=lambda r: int(r["ord"]))
+        return [
+            Reservation(
+                reserved=bool(row["reserved"]),
+                now=row["checked_at"],
+                recent=tuple(row["recent"] or ()),
+            )
+            for row in rows
+        ]
 
 
 def user_settings_from_row(row: Mapping[str, Any] | None) -> UserPolicySettings:

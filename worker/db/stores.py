@@ -27,17 +27,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
-    DateTime,
     Integer,
     Interval,
     Text,
     and_,
     bindparam,
     case,
-    column,
     func,
-    insert,
     literal,
     null,
     or_,
@@ -47,12 +43,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import Null
 
 from planner.policy import UserPolicySettings
 from worker.db.engine import run_statement
 from worker.db.policy import user_settings_from_row
+from worker.db.round_writes import MissionWrite, round_write_statement
 from worker.db.tables import (
     agent_mcp_servers,
     agents,
@@ -385,51 +382,44 @@ class MissionStore:
         outcome: IterationOutcome,
         *,
         worker_id: str,
+        attempt: int = 1,
     ) -> bool:
         """Store the run and schedule the next one, and release the lease, in one statement
-        (data-modifying CTEs, all or nothing): the mission's next run, the iteration row, its
-        new tool invocations (journaled ones brought up to date) and its compactions.
+        (``round_write_statement``, all or nothing): the mission's next run, the iteration
+        row, its new tool invocations (journaled ones brought up to date) and its compactions.
 
         ``iteration_id=None`` only advances the schedule (the run was skipped). Returns False,
-        writing nothing, when this worker no longer owns the lease.
+        writing nothing, when this worker no longer owns the lease. Safe to run again after a
+        failure that left it unknown whether it committed: a repeat by the same ``attempt``
+        of the iteration finds what the first stored and returns True.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data (a transient
+                failure is ``worker.db.transient.is_transient``).
         """
         params: dict[str, Any] = {
-            "p_mission_id": mission.id,
-            "p_worker_id": worker_id,
             "p_next_run_at": outcome.next_run_at,
             "p_mission_status": outcome.mission_status,
             "p_last_error": outcome.error,
         }
-        shape = (iteration_id is not None, False, False, False)
         if iteration_id is not None:
-            new = [
-                _plain(_invocation_values(mission, iteration_id, row))
-                for row in outcome.tool_invocations
-                if row.row_id is None
-            ]
-            known = [
-                _plain({"id": row.row_id, **invocation_outcome_values(row)})
-                for row in outcome.tool_invocations
-                if row.row_id is not None
-            ]
-            archive = [_archive_values(mission, iteration_id, row) for row in outcome.archive]
-            shape = (True, bool(new), bool(known), bool(archive))
             params |= {
-                "p_iteration_id": iteration_id,
                 "p_status": outcome.status,
-                "p_messages": outcome.messages,
-                "p_reminders": outcome.reminders,
-                "p_rounds": outcome.rounds,
-                "p_prompt_tokens": outcome.prompt_tokens,
-                "p_completion_tokens": outcome.completion_tokens,
                 "p_stop_reason": outcome.stop_reason,
                 "p_error": outcome.error,
-                "p_new_calls": new,
-                "p_known_calls": known,
-                "p_archive": archive,
+                "p_attempt": attempt,
             }
-        [row] = await self._run_one(_finish_statement(*shape), params)
-        return int(row["advanced"]) > 0
+        row = await self._write(
+            "finish",
+            mission,
+            iteration_id,
+            worker_id,
+            params,
+            checkpoint=_outcome_checkpoint(outcome) if iteration_id is not None else None,
+            rows=outcome.tool_invocations,
+            end=iteration_id is not None,
+        )
+        return bool(row["owned"]) or bool(row.get("stored"))
 
     async def record_call_start(
         self,
@@ -442,28 +432,30 @@ class MissionStore:
     ) -> int:
         """Before a write or destructive call runs: store the log so far (it ends with the
         assistant message that issued the call) and the call's ``started`` row, in one
-        transaction under the lease. Returns the row's id.
+        statement under the lease. Returns the row's id (the stored one, when a repeat finds
+        it: safe to run again).
 
         Raises:
             LeaseLostError: this worker no longer owns the mission (the call must not run).
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
         """
-        async with self.engine.begin() as conn:
-            if not await _store_checkpoint(conn, mission, iteration_id, checkpoint, worker_id):
-                raise LeaseLostError(f"mission {mission.id}: lease lost; the call was not run")
-            [row_id] = await _insert_invocations(conn, mission, iteration_id, [row])
-        return row_id
+        written = await self._write(
+            "check", mission, iteration_id, worker_id, {}, checkpoint=checkpoint, rows=[row]
+        )
+        if not written["owned"]:
+            raise LeaseLostError(f"mission {mission.id}: lease lost; the call was not run")
+        return _new_ids(written, [row])[0]
 
     async def record_call_outcome(self, row: ToolInvocationRow) -> None:
         """A journaled call's outcome (``row.row_id`` set), recorded as soon as it is known,
-        whoever owns the lease now: the call happened."""
+        whoever owns the lease now: the call happened. One statement; safe to run again."""
         if row.row_id is None:
             raise ValueError("record_call_outcome needs the row id of the started call")
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                update(tool_invocations)
-                .where(tool_invocations.c.id == row.row_id)
-                .values(invocation_outcome_values(row))
-            )
+        await self._run_one(
+            update(tool_invocations)
+            .where(tool_invocations.c.id == row.row_id)
+            .values(invocation_outcome_values(row))
+        )
 
     async def commit_round(
         self,
@@ -474,15 +466,22 @@ class MissionStore:
         *,
         worker_id: str,
     ) -> list[int] | None:
-        """The round commit: the log, rounds, tokens and reminders so far and the round's
-        ``tool_invocations`` rows (new ones inserted, journaled ones brought up to date), in one
-        transaction under the lease — a checkpoint a takeover resumes from. Returns the new
-        rows' ids, or ``None`` (writing nothing) when this worker no longer owns the lease."""
-        async with self.engine.begin() as conn:
-            if not await _store_checkpoint(conn, mission, iteration_id, checkpoint, worker_id):
-                await conn.rollback()
-                return None
-            return await _insert_invocations(conn, mission, iteration_id, rows)
+        """The round commit: the log, rounds, tokens and reminders so far, the round's
+        ``tool_invocations`` rows (new ones inserted, journaled ones brought up to date) and
+        the compactions not stored yet, in one statement under the lease — a checkpoint a
+        takeover resumes from. Returns the new rows' ids (in the order of the rows without a
+        ``row_id``), or ``None`` (writing nothing) when this worker no longer owns the lease.
+        Safe to run again.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
+        """
+        written = await self._write(
+            "check", mission, iteration_id, worker_id, {}, checkpoint=checkpoint, rows=rows
+        )
+        if not written["owned"]:
+            return None
+        return _new_ids(written, rows)
 
     async def interrupt_iteration(
         self,
@@ -493,46 +492,81 @@ class MissionStore:
         reason: str,
         checkpoint: RoundCheckpoint | None = None,
         invocations: Sequence[ToolInvocationRow] = (),
+        attempt: int = 1,
     ) -> bool:
         """Mark a run ``failed`` / ``interrupted`` and release the lease without advancing
         the schedule, so the next worker takes that scheduled run over and resumes it from
-        ``checkpoint`` (the log, rounds, tokens and reminders so far); ``invocations`` are
-        the calls not yet written (they happened).
-        False when this worker no longer owns the lease (nothing written)."""
-        async with self.engine.begin() as conn:
-            released = await conn.execute(
-                update(missions)
-                .where(missions.c.id == mission.id, missions.c.lease_owner == worker_id)
-                .values(lease_owner=None, lease_expires_at=None, updated_at=func.now())
-                .returning(missions.c.id)
-            )
-            if released.first() is None:
-                await conn.rollback()
-                return False
-            if iteration_id is not None:
-                values: dict[str, Any] = {
-                    "status": "failed",
-                    "stop_reason": "interrupted",
-                    "error": reason,
-                    "finished_at": func.now(),
+        ``checkpoint`` (the log, rounds, tokens and reminders so far, and the compactions not
+        stored yet); ``invocations`` are the calls not yet written (they happened). One
+        statement. False when this worker no longer owns the lease (nothing written); a
+        repeat by the same ``attempt`` that finds the interruption stored returns True.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
+        """
+        params = {
+            "p_status": "failed",
+            "p_stop_reason": "interrupted",
+            "p_error": reason,
+            "p_attempt": attempt,
+        }
+        row = await self._write(
+            "release",
+            mission,
+            iteration_id,
+            worker_id,
+            params if iteration_id is not None else {},
+            checkpoint=checkpoint,
+            rows=invocations,
+            end=iteration_id is not None,
+        )
+        return bool(row["owned"]) or bool(row.get("stored"))
+
+    async def _write(
+        self,
+        mission_write: MissionWrite,
+        mission: ClaimedMission,
+        iteration_id: int | None,
+        worker_id: str,
+        params: dict[str, Any],
+        *,
+        checkpoint: RoundCheckpoint | None,
+        rows: Sequence[ToolInvocationRow] = (),
+        end: bool = False,
+    ) -> RowMapping:
+        """Run the ``round_write_statement`` of this shape; its one row."""
+        params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
+        new: list[dict[str, Any]] = []
+        known: list[dict[str, Any]] = []
+        archive: list[dict[str, Any]] = []
+        if iteration_id is not None:
+            params["p_iteration_id"] = iteration_id
+            for row in rows:
+                if row.row_id is None:
+                    new.append(_plain(_invocation_values(mission, iteration_id, row)))
+                else:
+                    known.append(_plain({"id": row.row_id, **invocation_outcome_values(row)}))
+            if checkpoint is not None:
+                params |= {
+                    "p_messages": checkpoint.messages,
+                    "p_reminders": checkpoint.reminders,
+                    "p_rounds": checkpoint.rounds,
+                    "p_prompt_tokens": checkpoint.prompt_tokens,
+                    "p_completion_tokens": checkpoint.completion_tokens,
                 }
-                if checkpoint is not None:
-                    values |= {
-                        "messages": checkpoint.messages,
-                        "rounds": checkpoint.rounds,
-                        "prompt_tokens": checkpoint.prompt_tokens,
-                        "completion_tokens": checkpoint.completion_tokens,
-                        "reminders": checkpoint.reminders,
-                    }
-                await conn.execute(
-                    update(mission_iterations)
-                    .where(mission_iterations.c.id == iteration_id)
-                    .values(**values)
-                )
-                await _insert_invocations(conn, mission, iteration_id, invocations)
-                if checkpoint is not None:
-                    await _insert_archive(conn, mission, iteration_id, checkpoint.archive)
-        return True
+                archive = [_archive_values(mission, iteration_id, r) for r in checkpoint.archive]
+            params |= {"p_new_calls": new, "p_known_calls": known, "p_archive": archive}
+        stmt = round_write_statement(
+            mission_write,
+            iteration=iteration_id is not None,
+            checkpoint=iteration_id is not None and checkpoint is not None,
+            end=end,
+            new_calls=bool(new),
+            known_calls=bool(known),
+            archive=bool(archive),
+        )
+        [written] = await self._run_one(stmt, params)
+        return written
 
 
 @functools.cache
@@ -747,163 +781,23 @@ def _start_iteration_statement(values: Any) -> Any:
     )
 
 
-async def _store_checkpoint(
-    conn: AsyncConnection,
-    mission: ClaimedMission,
-    iteration_id: int,
-    checkpoint: RoundCheckpoint,
-    worker_id: str,
-) -> bool:
-    """Update the iteration row with ``checkpoint`` if ``worker_id`` owns the lease."""
-    owns_lease = (
-        select(missions.c.id)
-        .where(missions.c.id == mission.id, missions.c.lease_owner == worker_id)
-        .exists()
-    )
-    stored = await conn.execute(
-        update(mission_iterations)
-        .where(mission_iterations.c.id == iteration_id, owns_lease)
-        .values(
-            messages=checkpoint.messages,
-            rounds=checkpoint.rounds,
-            prompt_tokens=checkpoint.prompt_tokens,
-            completion_tokens=checkpoint.completion_tokens,
-            reminders=checkpoint.reminders,
-        )
-        .returning(mission_iterations.c.id)
-    )
-    if stored.first() is None:
-        return False
-    await _insert_archive(conn, mission, iteration_id, checkpoint.archive)
-    return True
-
-
-def _recordset(table: Any, keys: Sequence[str], param: str) -> Any:
-    """The JSONB array bound to ``param`` (objects with ``keys``, columns of ``table``) as a
-    derived table: ``jsonb_to_recordset(:param) AS param(key type, ...)``. JSON null reads as
-    SQL NULL."""
-    columns = [column(key, table.c[key].type) for key in keys]
-    return (
-        func.jsonb_to_recordset(bindparam(param, type_=JSONB))
-        .table_valued(*columns)
-        .render_derived(name=param, with_types=True)
+def _outcome_checkpoint(outcome: IterationOutcome) -> RoundCheckpoint:
+    """What a finished run stores on its iteration row, as a checkpoint (with its archive)."""
+    return RoundCheckpoint(
+        messages=outcome.messages,
+        rounds=outcome.rounds,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        reminders=outcome.reminders,
+        archive=outcome.archive,
     )
 
 
-def _insert_recordset(table: Any, keys: Sequence[str], param: str, owned: Any) -> Any:
-    """INSERT into ``table`` the rows of the JSONB array bound to ``param`` (``_recordset``),
-    when ``owned`` holds."""
-    data = _recordset(table, keys, param)
-    return (
-        insert(table)
-        .from_select(keys, select(*(data.c[k] for k in keys)).where(owned))
-        .returning(table.c.id)
-    )
-
-
-_NEW_CALL_KEYS = (
-    "iteration_id",
-    "mission_id",
-    "user_id",
-    "attempt",
-    "round",
-    "position",
-    "call_id",
-    "tool",
-    "arguments",
-    "idempotency_key",
-    "result",
-    "error",
-    "outcome",
-    "policy_decision",
-    "policy_mode",
-    "duration_ms",
-)
-_OUTCOME_KEYS = ("result", "error", "outcome", "policy_decision", "policy_mode", "duration_ms")
-_ARCHIVE_KEYS = (
-    "iteration_id",
-    "mission_id",
-    "attempt",
-    "compaction_index",
-    "round",
-    "start_index",
-    "folded",
-    "folded_turns",
-    "summary",
-    "tokens_before",
-    "tokens_after",
-    "model",
-    "duration_ms",
-    "error",
-)
-
-
-@functools.cache
-def _finish_statement(iteration: bool, new_calls: bool, known_calls: bool, archive: bool) -> Any:
-    """``finish_iteration``'s statement for one shape (which parts it writes), built once.
-
-    Bind parameters: ``p_mission_id``, ``p_worker_id``, ``p_next_run_at``,
-    ``p_mission_status``, ``p_last_error``; with ``iteration``: ``p_iteration_id``,
-    ``p_status``, ``p_messages``, ``p_reminders``, ``p_rounds``, ``p_prompt_tokens``,
-    ``p_completion_tokens``, ``p_stop_reason``, ``p_error``; and the JSONB arrays
-    ``p_new_calls`` (objects with ``_NEW_CALL_KEYS``), ``p_known_calls`` (``id`` and
-    ``_OUTCOME_KEYS``) and ``p_archive`` (``_ARCHIVE_KEYS``) for the parts it writes. Every
-    write depends on the first one, the mission's, which holds only under the lease.
-    """
-    advanced = (
-        update(missions)
-        .where(
-            missions.c.id == bindparam("p_mission_id", type_=BigInteger),
-            missions.c.lease_owner == bindparam("p_worker_id", type_=Text),
-        )
-        .values(
-            next_run_at=bindparam("p_next_run_at", type_=DateTime(timezone=True)),
-            status=case(
-                (missions.c.status == "paused", "paused"),
-                else_=bindparam("p_mission_status", type_=Text),
-            ),
-            last_error=bindparam("p_last_error", type_=Text),
-            lease_owner=None,
-            lease_expires_at=None,
-            updated_at=func.now(),
-        )
-        .returning(missions.c.id)
-        .cte("advanced")
-    )
-    stmt = select(func.count().label("advanced")).select_from(advanced)
-    if not iteration:
-        return stmt
-    owned = select(advanced.c.id).exists()
-    its = mission_iterations
-    writes: list[Any] = [
-        update(its)
-        .where(its.c.id == bindparam("p_iteration_id", type_=BigInteger), owned)
-        .values(
-            status=bindparam("p_status", type_=Text),
-            messages=bindparam("p_messages", type_=JSONB),
-            reminders=bindparam("p_reminders", type_=JSONB),
-            rounds=bindparam("p_rounds", type_=Integer),
-            prompt_tokens=bindparam("p_prompt_tokens", type_=BigInteger),
-            completion_tokens=bindparam("p_completion_tokens", type_=BigInteger),
-            stop_reason=bindparam("p_stop_reason", type_=Text),
-            error=bindparam("p_error", type_=Text),
-            finished_at=func.now(),
-        )
-        .returning(its.c.id)
-    ]
-    if new_calls:
-        writes.append(_insert_recordset(tool_invocations, _NEW_CALL_KEYS, "p_new_calls", owned))
-    if known_calls:
-        data = _recordset(tool_invocations, ("id", *_OUTCOME_KEYS), "p_known_calls")
-        writes.append(
-            update(tool_invocations)
-            .where(tool_invocations.c.id == data.c.id, owned)
-            .values({k: data.c[k] for k in _OUTCOME_KEYS})
-            .returning(tool_invocations.c.id)
-        )
-    if archive:
-        writes.append(_insert_recordset(compacted_turns, _ARCHIVE_KEYS, "p_archive", owned))
-    return stmt.add_cte(*(w.cte(f"write_{i}") for i, w in enumerate(writes)))
+def _new_ids(written: RowMapping, rows: Sequence[ToolInvocationRow]) -> list[int]:
+    """The ids of the rows of ``rows`` without a ``row_id``, in their order, from the
+    statement's ``calls`` (``[[round, position, id], ...]``)."""
+    by_place = {(int(r), int(p)): int(i) for r, p, i in written.get("calls") or ()}
+    return [by_place[(row.round, row.position)] for row in rows if row.row_id is None]
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -928,45 +822,6 @@ def _archive_values(mission: ClaimedMission, iteration_id: int, row: ArchiveRow)
         "duration_ms": row.duration_ms,
         "error": row.error,
     }
-
-
-async def _insert_archive(
-    conn: AsyncConnection,
-    mission: ClaimedMission,
-    iteration_id: int,
-    rows: Sequence[ArchiveRow],
-) -> None:
-    if not rows:
-        return
-    await conn.execute(
-        insert(compacted_turns), [_archive_values(mission, iteration_id, row) for row in rows]
-    )
-
-
-async def _insert_invocations(
-    conn: AsyncConnection,
-    mission: ClaimedMission,
-    iteration_id: int,
-    rows: Sequence[ToolInvocationRow],
-) -> list[int]:
-    """Insert the new rows and update the ones that exist (``row_id``); the new rows' ids, in
-    order."""
-    new = [row for row in rows if row.row_id is None]
-    ids: list[int] = []
-    if new:
-        found = await conn.execute(
-            insert(tool_invocations).returning(tool_invocations.c.id),
-            [_invocation_values(mission, iteration_id, row) for row in new],
-        )
-        ids = [int(r) for r in found.scalars()]
-    for row in rows:
-        if row.row_id is not None:
-            await conn.execute(
-                update(tool_invocations)
-                .where(tool_invocations.c.id == row.row_id)
-                .values(invocation_outcome_values(row))
-            )
-    return ids
 
 
 def invocation_outcome_values(row: ToolInvocationRow) -> dict[str, Any]:

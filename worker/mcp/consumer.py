@@ -25,6 +25,7 @@ from typing import Any
 import mcp.types as types
 
 from planner import ToolCall, ToolContext, ToolRegistry, ToolSpec
+from planner.errors import RunInterrupted
 from planner.execution import ExecutedCall, execute_calls
 from planner.policy import UserPolicySettings
 from worker import metrics
@@ -127,15 +128,27 @@ class ServedTools:
             )
             return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
         gate = self.policy.gate(user_settings=settings)
-        [executed] = await execute_calls(
-            [call],
-            round=1,
-            registry=self.registry,
-            ctx=ctx,
-            policy=gate,
-            max_parallel_reads=1,
-            tool_timeout_s=self.tool_timeout_s,
-        )
+        try:
+            [executed] = await execute_calls(
+                [call],
+                round=1,
+                registry=self.registry,
+                ctx=ctx,
+                policy=gate,
+                max_parallel_reads=1,
+                tool_timeout_s=self.tool_timeout_s,
+            )
+        except RunInterrupted as exc:  # a tool's own database failed: the client may retry
+            logger.warning("MCP call of %s failed: %s", name[:MAX_RECORDED_NAME_CHARS], exc)
+            spec = self.registry.get(name)
+            effect = (
+                "; its outcome is unknown: check before calling it again"
+                if spec is not None and spec.policy_hint != "read"
+                else "; try again later"
+            )
+            executed = ExecutedCall(
+                1, call, None, f"{name} failed: mana-ai's database did not answer{effect}", ran=True
+            )
         await self._record(principal, executed, "off" if gate is None else gate.mode)
         return _result(executed)
 

@@ -11,11 +11,15 @@ second attempt at the same call returns the note the first made), and each write
 Results are JSON objects (timestamps as ISO-8601 strings in UTC). Failures the model should
 react to (an unknown id, an update with nothing to change) raise ``LookupError`` /
 ``ValueError`` with a message written for the model; the loop turns them into error tool
-results.
+results. A database that fails transiently (``worker.db.transient.is_transient``) is not the
+model's to handle: the tools raise ``RunInterrupted``, the run stops and resumes later (a
+write in flight is then reported by its ``outcome_of``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -23,8 +27,11 @@ from sqlalchemy import RowMapping, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from planner.errors import RunInterrupted
 from planner.tools import ToolContext, ToolSpec
+from worker.db.engine import describe_error
 from worker.db.tables import notes
+from worker.db.transient import is_transient
 
 __all__ = [
     "BODY_MAX_CHARS",
@@ -213,7 +220,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             raise LookupError(_missing(note_id))
         return {"deleted": row.id, "title": row.title}
 
-    return [
+    specs = [
         ToolSpec(
             name="notes_list",
             description=(
@@ -289,6 +296,29 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             outcome_of=note_state,
         ),
     ]
+    return [
+        dataclasses.replace(spec, handler=_interrupting_on_outage(spec.name, spec.handler))
+        for spec in specs
+    ]
+
+
+Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+
+
+def _interrupting_on_outage(name: str, handler: Handler) -> Handler:
+    """``handler`` with a transient database failure raised as ``RunInterrupted``."""
+
+    async def handle(args: dict[str, Any], ctx: ToolContext) -> Any:
+        try:
+            return await handler(args, ctx)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise RunInterrupted(
+                f"{name}: the notes database did not answer ({describe_error(exc)})"
+            ) from exc
+
+    return handle
 
 
 def escape_like(text: str) -> str:

@@ -1,0 +1,133 @@
+"""FlakyProxy: a TCP proxy in front of PostgreSQL that drops connections on demand.
+
+It listens on 127.0.0.1 with an OS-assigned port and forwards every connection to the
+server of a database URL (TCP host and port, or the unix socket of an embedded server), on
+the test's event loop. ``outage(seconds)`` is what a network blip, a failover or a restarting
+server looks like to a client: every open connection is cut at once, and new ones are
+refused (accepted, then closed before a byte is answered) until the outage is over.
+
+``url_for(url)`` is ``url`` through the proxy. ``outages`` counts the outages so far and
+``connections`` the client connections accepted.
+
+Example::
+
+    async with FlakyProxy(database_url) as proxy:
+        engine = create_engine(proxy.url_for(database_url))
+        ...
+        await proxy.outage(0.5)   # returns at once; the outage ends by itself
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+from typing import Self
+
+from sqlalchemy.engine import make_url
+
+__all__ = ["FlakyProxy"]
+
+
+class FlakyProxy:
+    """See the module docstring."""
+
+    def __init__(self, upstream_url: str) -> None:
+        parsed = make_url(upstream_url)
+        socket_dir = parsed.query.get("host")
+        self._unix: str | None = None
+        self._host = parsed.host or "127.0.0.1"
+        self._port = parsed.port or 5432
+        if isinstance(socket_dir, str) and socket_dir.startswith("/"):
+            self._unix = f"{socket_dir}/.s.PGSQL.{parsed.port or 5432}"
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._down_until = 0.0
+        self.outages = 0
+        self.connections = 0
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "not started"
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def url_for(self, url: str) -> str:
+        """``url`` (same user, password and database) through this proxy, over TCP."""
+        parsed = make_url(url)
+        query = {k: v for k, v in parsed.query.items() if k != "host"}
+        return parsed.set(host="127.0.0.1", port=self.port, query=query).render_as_string(
+            hide_password=False
+        )
+
+    @property
+    def down(self) -> bool:
+        """True during an outage."""
+        return asyncio.get_running_loop().time() < self._down_until
+
+    async def back_up(self) -> None:
+        """Return once the outage under way (if any) is over."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, self._down_until - loop.time()))
+
+    async def outage(self, seconds: float) -> None:
+        """Cut every open connection now and refuse new ones for ``seconds``."""
+        loop = asyncio.get_running_loop()
+        self._down_until = max(self._down_until, loop.time() + seconds)
+        self.outages += 1
+        pipes = list(self._pipes)
+        for pipe in pipes:
+            pipe.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._server is not None
+        self._server.close()
+        for pipe in list(self._pipes):
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        if self.down:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._pipes.add(task)
+        upstream_writer: asyncio.StreamWriter | None = None
+        try:
+            if self._unix is not None:
+                up_reader, upstream_writer = await asyncio.open_unix_connection(self._unix)
+            else:
+                up_reader, upstream_writer = await asyncio.open_connection(self._host, self._port)
+            await asyncio.gather(
+                _pump(reader, upstream_writer), _pump(up_reader, writer), return_exceptions=True
+            )
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._pipes.discard(task)
+            for w in (writer, upstream_writer):
+                if w is not None:
+                    w.transport.abort()  # a cut, not a polite close
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.transport.abort()

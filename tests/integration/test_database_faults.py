@@ -1,0 +1,282 @@
+"""A database that blinks loses nothing: a proxy between the worker and PostgreSQL cuts every
+connection and refuses new ones for a while (``tests.fakes.db_proxy.FlakyProxy``), at the
+moments that used to lose runs: while a finished run is stored, while a write is journaled,
+while a tool writes. Infrastructure faults are the runner's to recover: the run waits and
+retries while its lease holds, or stops and is resumed by the next claim; the model is never
+told to try again, and no run is stored ``store_failed`` for a fault that is not its data's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import CompletionRequest, CompletionResponse, ToolContext
+from planner.testing import FunctionChatModel, final_answer, tool_calls
+from tests.fakes.db_proxy import FlakyProxy
+from tests.integration.worker_harness import add_mission, iterations, make_worker
+from worker.db.engine import create_engine
+from worker.db.tables import missions, notes, tool_invocations
+from worker.tools import builtin_tools
+
+TRY_AGAIN = "try again"
+
+
+@pytest.fixture
+async def proxy(database_url: str, db: AsyncEngine) -> AsyncIterator[FlakyProxy]:
+    async with FlakyProxy(database_url) as flaky:
+        yield flaky
+
+
+@pytest.fixture
+async def flaky_engine(proxy: FlakyProxy, database_url: str) -> AsyncIterator[AsyncEngine]:
+    """The worker's engine, through the proxy (the test reads through ``db``, directly)."""
+    engine = create_engine(proxy.url_for(database_url), pool_size=4, max_overflow=0)
+    yield engine
+    await engine.dispose()
+
+
+def objective_of(request: CompletionRequest) -> str:
+    return next(m.content or "" for m in request.messages if m.role == "user")
+
+
+def tool_results(request: CompletionRequest) -> list[str]:
+    return [m.content or "" for m in request.messages if m.role == "tool"]
+
+
+async def note_titles(engine: AsyncEngine) -> list[str]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(select(notes.c.title).order_by(notes.c.title))).scalars())
+
+
+async def test_a_blip_while_finished_runs_are_stored_loses_none(
+    db: AsyncEngine,
+    proxy: FlakyProxy,
+    flaky_engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """12 one-shot missions write a note, then answer while every connection is cut for
+    0.5 s; the answer arrives 10-60 ms before the database is back."""
+    ids = [await add_mission(db, cron=None, objective=f"note {i:02d}") for i in range(12)]
+    all_writing = asyncio.Barrier(12)
+
+    async def model(request: CompletionRequest) -> CompletionResponse:
+        results = tool_results(request)
+        if not results:
+            return tool_calls(("notes_create", {"title": objective_of(request)}))
+        assert not any(TRY_AGAIN in r for r in results), results
+        if await all_writing.wait() == 0:  # every mission's note is in: the answers are due
+            await proxy.outage(0.5)
+        # back 16-60 ms after the answer arrives
+        await asyncio.sleep(0.44 + 0.004 * int(objective_of(request).split()[-1]))
+        return final_answer("Saved.")
+
+    worker = make_worker(flaky_engine, FunctionChatModel(model), max_concurrent=12)
+    with caplog.at_level("WARNING", logger="worker.db.transient"):
+        assert await worker.run_once() == ["succeeded"] * 12
+    assert proxy.outages == 1
+    # the stores did meet the outage, and were retried
+    assert sum("storing the iteration failed" in r.message for r in caplog.records) >= 12
+    its = await iterations(db)
+    assert [(it["status"], it["stop_reason"], it["rounds"]) for it in its] == [
+        ("succeeded", "final_answer", 2)
+    ] * 12
+    assert all(len(it["messages"]) == 5 for it in its)  # system, user, call, result, answer
+    assert await note_titles(db) == [f"note {i:02d}" for i in range(12)]
+    async with db.connect() as conn:
+        statuses = (
+            await conn.execute(select(missions.c.status).where(missions.c.id.in_(ids)))
+        ).scalars()
+        assert set(statuses) == {"completed"}
+
+
+async def test_two_outages_over_100_missions_lose_none(
+    db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
+) -> None:
+    """100 one-shot missions, 20 at a time, through two 1.5 s outages (bench/db_outage.py
+    runs the 5 s ones): every mission stores its run and its one note."""
+    for i in range(100):
+        await add_mission(db, cron=None, objective=f"note {i:03d}")
+    answered = 0
+
+    async def model(request: CompletionRequest) -> CompletionResponse:
+        nonlocal answered
+        results = tool_results(request)
+        if not results:
+            return tool_calls(("notes_create", {"title": objective_of(request)}))
+        assert not any(TRY_AGAIN in r for r in results), results
+        answered += 1
+        if answered in (15, 60):  # mid-run, with missions at every stage
+            await proxy.outage(1.5)
+        return final_answer("Saved.")
+
+    worker = make_worker(flaky_engine, FunctionChatModel(model), max_concurrent=20)
+    outcomes: list[str] = []
+    while len(outcomes) < 100:
+        try:
+            outcomes += await worker.run_once()
+        except Exception:  # the claim met an outage: the daemon's next tick claims again
+            await asyncio.sleep(0.1)
+    assert outcomes == ["succeeded"] * 100 and proxy.outages == 2
+    its = await iterations(db)
+    assert len(its) == 100 and {it["status"] for it in its} == {"succeeded"}
+    assert await note_titles(db) == [f"note {i:03d}" for i in range(100)]
+
+
+async def test_a_write_waits_for_the_journal_through_an_outage(
+    db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
+) -> None:
+    """The database goes away as the model asks for a write: the call is not run unrecorded,
+    and the model is not told to try again; the run waits for the journal, then writes."""
+    await add_mission(db, cron=None, objective="note")
+    seen: list[str] = []
+
+    async def model(request: CompletionRequest) -> CompletionResponse:
+        results = tool_results(request)
+        seen.extend(results)
+        if not results:
+            await proxy.outage(1.0)
+            return tool_calls(("notes_create", {"title": "once"}))
+        return final_answer("Saved.")
+
+    worker = make_worker(flaky_engine, FunctionChatModel(model))
+    assert await worker.run_once() == ["succeeded"]
+    [result] = seen
+    assert json.loads(result)["title"] == "once"
+    assert await note_titles(db) == ["once"]
+    async with db.connect() as conn:
+        [call] = (await conn.execute(select(tool_invocations))).mappings().all()
+    assert (call["tool"], call["outcome"], call["attempt"]) == ("notes_create", "ok", 1)
+
+
+async def test_an_outage_longer_than_the_lease_is_resumed_by_the_next_claim(
+    db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
+) -> None:
+    """The journal stays unreachable past the lease: the run stops without running the write
+    or telling the model anything; after the outage the next claim runs the mission again,
+    and it succeeds with exactly one note."""
+    await add_mission(db, cron=None, objective="note")
+    seen: list[str] = []
+    requests = 0
+
+    async def model(request: CompletionRequest) -> CompletionResponse:
+        nonlocal requests
+        requests += 1
+        results = tool_results(request)
+        seen.extend(results)
+        if not results:
+            if requests == 1:
+                await proxy.outage(3.0)
+            return tool_calls(("notes_create", {"title": "once"}))
+        return final_answer("Saved.")
+
+    worker = make_worker(flaky_engine, FunctionChatModel(model), lease=timedelta(seconds=1.5))
+    assert await worker.run_once() == ["interrupted"]
+    assert await note_titles(db) == []
+    await proxy.back_up()
+    await asyncio.sleep(0.5)  # the lease has expired by now (1.5 s into a 3 s outage)
+    assert await worker.run_once() == ["succeeded"]
+    assert not any(TRY_AGAIN in r for r in seen)
+    assert await note_titles(db) == ["once"]
+    [it] = await iterations(db)
+    assert (it["status"], it["attempt"]) == ("succeeded", 2)
+
+
+async def test_a_tool_whose_database_fails_mid_write_is_resumed_and_told_what_it_did(
+    db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
+) -> None:
+    """The notes database fails under notes_create itself: the run stops (the write's
+    outcome is unknown), the next claim resumes it, and the model reads what the tool can tell
+    about the call (that no note was made) instead of a made-up failure."""
+    await add_mission(db, cron=None, objective="note")
+    tools = {t.name: t for t in builtin_tools(flaky_engine)}
+    real_create = tools["notes_create"].handler
+
+    async def create_in_an_outage(args: dict[str, Any], ctx: ToolContext) -> Any:
+        await proxy.outage(0.5)
+        return await real_create(args, ctx)
+
+    flaky = [
+        dataclasses.replace(t, handler=create_in_an_outage) if t.name == "notes_create" else t
+        for t in tools.values()
+    ]
+    steady = list(tools.values())
+    seen: list[str] = []
+
+    def model(request: CompletionRequest) -> CompletionResponse:
+        results = tool_results(request)
+        seen.extend(results)
+        if not results or ("no note was created" in results[-1] and len(results) == 1):
+            return tool_calls(("notes_create", {"title": "once"}))
+        return final_answer("Saved.")
+
+    first = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: flaky)
+    assert await first.run_once() == ["interrupted"]
+    [it] = await iterations(db)
+    assert (it["status"], it["stop_reason"]) == ("failed", "interrupted")
+    assert "notes database did not answer" in it["error"]
+
+    second = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: steady)
+    assert await second.run_once() == ["succeeded"]
+    assert "no note was created by that call" in seen[0]
+    assert not any(TRY_AGAIN in r for r in seen)
+    assert await note_titles(db) == ["once"]
+    [it] = await iterations(db)
+    assert (it["status"], it["attempt"], it["rounds"]) == ("succeeded", 2, 3)
+
+
+async def test_data_the_database_refuses_is_stored_as_a_failure_with_its_log(
+    db: AsyncEngine,
+) -> None:
+    """What the database refuses (here a trigger an operator added) is not retried: the run
+    is stored ``store_failed`` with as much as the database takes, its message log included,
+    and the one-shot mission is not run again."""
+    async with db.begin() as conn:
+        await conn.execute(
+            text(
+                "CREATE FUNCTION refuse_clock() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "RAISE EXCEPTION 'clock calls are not stored here' USING ERRCODE = '22023'; "
+                "END $$"
+            )
+        )
+        await conn.execute(
+            text(
+                "CREATE TRIGGER refuse_clock BEFORE INSERT ON tool_invocations FOR EACH ROW "
+                "WHEN (NEW.tool = 'clock_now') EXECUTE FUNCTION refuse_clock()"
+            )
+        )
+    try:
+        await add_mission(db, cron=None)
+
+        def model(request: CompletionRequest) -> CompletionResponse:
+            if tool_results(request):
+                return final_answer("It is late.")
+            return tool_calls(("clock_now", {}))
+
+        assert await make_worker(db, FunctionChatModel(model)).run_once() == ["failed"]
+        [it] = await iterations(db)
+        assert (it["status"], it["stop_reason"], it["rounds"]) == ("failed", "store_failed", 2)
+        assert "clock calls are not stored here" in it["error"]
+        assert [m["role"] for m in it["messages"]] == [
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        async with db.connect() as conn:
+            calls = (await conn.execute(select(func.count()).select_from(tool_invocations))).one()
+            status = (await conn.execute(select(missions.c.status))).scalar_one()
+        assert calls == (0,) and status == "completed"
+    finally:
+        async with db.begin() as conn:
+            await conn.execute(text("DROP TRIGGER refuse_clock ON tool_invocations"))
+            await conn.execute(text("DROP FUNCTION refuse_clock()"))
