@@ -120,4 +120,6 @@ def _http_model(settings: Settings, name: str, base_url: str, api_key: SecretStr
         strip_schema_keywords=settings.llm_schema_strip,
         # one request in flight per running mission: none waits for a connection
         max_connections=settings.max_concurrent_missions,
+        max_response_bytes=settings.llm_max_response_bytes,
+        max_response_bytes_name="MANA_AI_LLM_MAX_RESPONSE_BYTES",
     )

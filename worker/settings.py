@@ -43,6 +43,8 @@ MIN_TICK_INTERVAL_S = 0.1
 interval of 0 every second, and a tick is at least a database round trip anyway."""
 HOUR_S = 3_600
 DAY_S = 86_400
+MIB = 1024 * 1024
+GIB = 1024 * MIB
 MIN_CONTEXT_TOKENS = 256
 """A model context smaller than this leaves no room to compact (a quarter is kept verbatim)."""
 MAX_CONTEXT_TOKENS = 100_000_000
@@ -261,6 +263,18 @@ class Settings(BaseSettings):
             "and 5xx answers), with exponential backoff (0-100). 0 disables retries."
         ),
     )
+    llm_max_response_bytes: int = Field(
+        default=8 * MIB,
+        ge=1024,
+        le=GIB,
+        description=(
+            "Bytes of a chat-completion answer read at most (after gzip decoding; 1024 to "
+            "1073741824, default 8 MiB), from every endpoint: the mission's, the fallback and "
+            "the compaction summariser. A larger answer is stopped there and fails at once, "
+            "not retried (the fallback endpoint is asked, when set). Of an error answer "
+            "(4xx, 5xx) at most the first 64 KiB are read, for the error's text."
+        ),
+    )
     max_parallel_reads: int = Field(
         default=10,
         ge=1,
@@ -346,8 +360,9 @@ class Settings(BaseSettings):
         description=(
             "Base URL of a second OpenAI-compatible endpoint. A request goes there when the "
             "primary endpoint still fails after its retries, or answers an error that retrying "
-            "cannot fix (400, 401, 404, a reply that is not a chat completion). Each round's "
-            "assistant message records which endpoint answered. Unset: no fallback."
+            "cannot fix (400, 401, 404, a reply that is not a chat completion or is larger than "
+            "MANA_AI_LLM_MAX_RESPONSE_BYTES). Each round's assistant message records which "
+            "endpoint answered. Unset: no fallback."
         ),
     )
     llm_fallback_model: str | None = Field(

@@ -18,6 +18,13 @@ the same statuses reported inside a 2xx body, after timeouts and after transport
 seconds. When the answer carries ``Retry-After`` (delta-seconds or an HTTP-date, RFC 9110
 §10.2.3) that delay is used instead, capped at ``backoff_max_s``. Any other error fails at
 once. Usage reported by failed attempts is added to the request's usage (it may be billed).
+
+Size: the body is read as it arrives and held to ``max_response_bytes`` decoded bytes
+(``planner.providers.response_body``: gzip and deflate are decoded with bounded output, a
+``Content-Length`` above the cap refuses the answer before it is read). An answer that passes
+the cap is stopped there (the connection is dropped, not drained) and fails at once as an
+``LLMResponseError``: it is not retried, since another attempt would only pull as much again.
+The body of a non-2xx answer is read only for an excerpt: its first ``ERROR_BODY_BYTES``.
 """
 
 from __future__ import annotations
@@ -49,14 +56,28 @@ from planner.messages import TokenUsage
 from planner.providers.openai_reply import (
     EXCERPT_CHARS,
     ErrorReply,
+    body_text,
     estimate_tokens,
     excerpt,
     parse_chat_completion,
 )
 from planner.providers.openai_request import wire_messages
+from planner.providers.response_body import (
+    ACCEPT_ENCODING,
+    BodyNotDecodable,
+    BodyTooLarge,
+    read_body,
+)
 from planner.providers.tool_schema import SchemaDialect, adapt_schema
 
-__all__ = ["OpenAICompatibleChatModel"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "ERROR_BODY_BYTES", "OpenAICompatibleChatModel"]
+
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+"""Decoded bytes of a chat completion answer held at most, by default (8 MiB): a thousand
+times a long answer with tool calls, and a bound on what one request can cost in memory."""
+
+ERROR_BODY_BYTES = 64 * 1024
+"""Bytes of a non-2xx answer's body read at most (its error text is quoted from them)."""
 
 _RETRYABLE_STATUS = frozenset({408, 429})
 """Non-5xx statuses worth retrying: Request Timeout and Too Many Requests (RFC 9110, RFC 6585)."""
@@ -102,12 +123,17 @@ class OpenAICompatibleChatModel:
         max_connections: HTTP connections to the endpoint open at once, at most (default 100,
             httpx's); a request finding all busy waits for one. Size it to the requests in
             flight (the worker passes ``MANA_AI_MAX_CONCURRENT_MISSIONS``).
+        max_response_bytes: decoded bytes of an answer's body held at most (default
+            ``DEFAULT_MAX_RESPONSE_BYTES``, 8 MiB; >= 1); see the module docstring.
+        max_response_bytes_name: what the error of a larger answer calls that limit (default
+            ``max_response_bytes``; the worker passes the setting an operator would raise).
 
     Raises (from ``complete``), each carrying in ``usage`` what failed attempts reported:
         LLMStatusError: a non-2xx answer, or an error inside a 2xx body (after retries for
             408 / 429 / 5xx); ``status_code`` is the status the error stands for.
         LLMConnectionError: no whole answer (connect error, deadline) after all retries.
-        LLMResponseError: a 2xx answer that is not a usable chat completion.
+        LLMResponseError: a 2xx answer that is not a usable chat completion, or a body
+            larger than ``max_response_bytes`` (at once, not retried).
 
     Use ``async with`` or call ``aclose()`` to release the connection pool.
     """
@@ -129,6 +155,8 @@ class OpenAICompatibleChatModel:
         schema_dialect: SchemaDialect = "json-schema",
         strip_schema_keywords: Collection[str] = (),
         max_connections: int = 100,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_response_bytes_name: str = "max_response_bytes",
     ) -> None:
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
@@ -140,6 +168,10 @@ class OpenAICompatibleChatModel:
                 "timeout_s must be > 0 and backoff_initial_s, backoff_max_s >= 0; got "
                 f"{timeout_s}, {backoff_initial_s}, {backoff_max_s}"
             )
+        if max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be >= 1, got {max_response_bytes}")
+        self.max_response_bytes = max_response_bytes
+        self.max_response_bytes_name = max_response_bytes_name
         self.base_url = base_url.rstrip("/")
         # the path goes before a query (``…/v1?key=…`` → ``…/v1/chat/completions?key=…``)
         self.url = str(url.copy_with(path=url.path.rstrip("/") + "/chat/completions"))
@@ -162,7 +194,9 @@ class OpenAICompatibleChatModel:
         self._sleep = sleep
         self._on_retry = on_retry
         self._jitter = wait_random_exponential(multiplier=backoff_initial_s, max=backoff_max_s)
-        headers = {"Accept": "application/json"}
+        # only the codings read_body decodes with bounded output (httpx adds br when brotli
+        # is installed, whose decoder it cannot bound)
+        headers = {"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         if max_connections < 1:
@@ -201,23 +235,25 @@ class OpenAICompatibleChatModel:
             attempts += 1
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    response = await self._post(payload)
+                    response, content = await self._post(payload)
+            except BodyTooLarge as exc:
+                raise self._too_large(exc, attempts) from None
+            except BodyNotDecodable as exc:
+                raise LLMResponseError(
+                    f"LLM endpoint {self.shown_url} sent a body that could not be decoded: {exc}"
+                ) from None
             except (TimeoutError, httpx.TransportError) as exc:
                 cause = _transport_cause(exc)
                 timed_out = isinstance(cause, TimeoutError) or (
                     cause is exc and isinstance(exc, httpx.TimeoutException)
                 )
                 raise _Retryable("timeout" if timed_out else "connection", exc=cause) from exc
-            except httpx.DecodingError as exc:
-                raise LLMResponseError(
-                    f"LLM endpoint {self.shown_url} sent a body that could not be decoded: {exc}"
-                ) from exc
             if _retryable(response.status_code):
                 raise _Retryable(
                     f"http_{response.status_code}",
                     status=response.status_code,
                     answered=_status_text(response),
-                    body=response.text[:EXCERPT_CHARS],
+                    body=_head(response, content),
                     retry_after_s=_retry_after_s(response.headers.get("Retry-After")),
                 )
             if not response.is_success:
@@ -225,12 +261,12 @@ class OpenAICompatibleChatModel:
                     self.shown_url,
                     response.status_code,
                     _status_text(response),
-                    response.text[:EXCERPT_CHARS],
+                    _head(response, content),
                     attempts,
                 )
             try:
                 return parse_chat_completion(
-                    response, url=self.shown_url, prompt_tokens_estimate=prompt_estimate
+                    response, content, url=self.shown_url, prompt_tokens_estimate=prompt_estimate
                 )
             except ErrorReply as exc:
                 billed = billed + exc.usage
@@ -302,9 +338,31 @@ class OpenAICompatibleChatModel:
         )
         return {**tool, "function": {**function, "parameters": parameters}}
 
-    async def _post(self, payload: bytes) -> httpx.Response:
+    async def _post(self, payload: bytes) -> tuple[httpx.Response, bytes]:
+        """Send ``payload``; the answer and its body, read within the caps (module docstring).
+
+        Raises:
+            BodyTooLarge, BodyNotDecodable: a 2xx body, see ``read_body``; the connection is
+                dropped. (A non-2xx body that does not decode is taken as empty.)
+            httpx.TransportError: connecting, sending or reading failed.
+        """
         # an httpx.URL, parsed once: a str would be parsed and quoted again on every request
-        return await self._client.post(self._url, content=payload, headers=_JSON_CONTENT)
+        request = self._client.build_request(
+            "POST", self._url, content=payload, headers=_JSON_CONTENT
+        )
+        response = await self._client.send(request, stream=True)
+        try:
+            if response.is_success:
+                content = await read_body(response, limit_bytes=self.max_response_bytes)
+            else:  # read for its text only: the status decides what happens next
+                limit = min(ERROR_BODY_BYTES, self.max_response_bytes)
+                try:
+                    content = await read_body(response, limit_bytes=limit, truncate=True)
+                except BodyNotDecodable:
+                    content = b""
+        finally:
+            await response.aclose()
+        return response, content
 
     async def aclose(self) -> None:
         """Close the connection pool. The model must not be used afterwards."""
@@ -334,6 +392,17 @@ class OpenAICompatibleChatModel:
         exc = state.outcome.exception() if state.outcome is not None else None
         reason = exc.reason if isinstance(exc, _Retryable) else "unknown"
         self._on_retry(state.attempt_number, reason)
+
+    def _too_large(self, exc: BodyTooLarge, attempts: int) -> LLMResponseError:
+        limit = f"larger than {self.max_response_bytes_name} ({exc.limit_bytes} bytes)"
+        if exc.announced_bytes is not None:
+            what = f"announced an answer of {exc.announced_bytes} bytes (Content-Length), {limit}"
+            how = "not read"
+        else:
+            what, how = f"sent an answer {limit}", "reading stopped at the limit"
+        return LLMResponseError(
+            f"LLM endpoint {self.shown_url} {what}, {how} ({_attempts(attempts)}; not retried)"
+        )
 
     def _final_error(self, exc: _Retryable, attempts: int) -> LLMError:
         if exc.status is not None:
@@ -399,6 +468,11 @@ def _retryable(status: int) -> bool:
 
 def _attempts(n: int) -> str:
     return f"after {n} attempt{'s' if n != 1 else ''}"
+
+
+def _head(response: httpx.Response, content: bytes) -> str:
+    """The first ``EXCERPT_CHARS`` characters of a body (4 bytes hold any character)."""
+    return body_text(response, content[: 4 * EXCERPT_CHARS])[:EXCERPT_CHARS]
 
 
 def _status_text(response: httpx.Response) -> str:

@@ -45,6 +45,7 @@ from planner.providers.tool_arguments import decode_arguments
 __all__ = [
     "CHARS_PER_TOKEN",
     "ErrorReply",
+    "body_text",
     "estimate_tokens",
     "excerpt",
     "normalize_finish_reason",
@@ -140,12 +141,13 @@ def normalize_finish_reason(raw: Any) -> str | None:
 
 
 def parse_chat_completion(
-    response: httpx.Response, *, url: str, prompt_tokens_estimate: int = 0
+    response: httpx.Response, body: bytes, *, url: str, prompt_tokens_estimate: int = 0
 ) -> CompletionResponse:
     """Turn a 2xx chat completion answer into a CompletionResponse (see the module docstring).
 
     Args:
-        response: the answer, body read.
+        response: the answer (its status and headers; the body is not read from it).
+        body: the answer's body, decoded (``planner.providers.response_body.read_body``).
         url: the endpoint, for error messages.
         prompt_tokens_estimate: the request's size in tokens, used when the body reports no
             prompt token count.
@@ -158,15 +160,17 @@ def parse_chat_completion(
     """
 
     try:
-        data = response.json()
+        data = json.loads(body)  # as httpx's ``response.json()``: UTF-8, -16 or -32, detected
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise _unusable(response, url, "a body that is not JSON", TokenUsage()) from None
+        raise _unusable(response, body, url, "a body that is not JSON", TokenUsage()) from None
     except RecursionError:
-        raise _unusable(response, url, "JSON nested too deeply to read", TokenUsage()) from None
+        raise _unusable(
+            response, body, url, "JSON nested too deeply to read", TokenUsage()
+        ) from None
     if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict):
         data = data[0]  # Gemini wraps errors in a list
     if not isinstance(data, dict):
-        raise _unusable(response, url, "JSON that is not an object", TokenUsage())
+        raise _unusable(response, body, url, "JSON that is not an object", TokenUsage())
     billed = _reported_usage(data)
     choices = data.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
@@ -174,9 +178,9 @@ def parse_chat_completion(
     if error is not None:
         raise ErrorReply(_error_status(error), _error_message(error), billed)
     if choice is None:
-        raise _unusable(response, url, "no choices", billed)
+        raise _unusable(response, body, url, "no choices", billed)
     if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-        raise _unusable(response, url, "a first choice without a message object", billed)
+        raise _unusable(response, body, url, "a first choice without a message object", billed)
     message = choice["message"]
     finish_reason = normalize_finish_reason(choice.get("finish_reason"))
 
@@ -189,7 +193,7 @@ def parse_chat_completion(
         )
     if content is not None and not isinstance(content, str):
         raise _unusable(
-            response, url, "a message content that is neither a string nor null", billed
+            response, body, url, "a message content that is neither a string nor null", billed
         )
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
@@ -212,10 +216,19 @@ def parse_chat_completion(
     )
 
 
-def _unusable(response: httpx.Response, url: str, what: str, usage: TokenUsage) -> LLMResponseError:
+def body_text(response: httpx.Response, body: bytes) -> str:
+    """``body`` as text, in the charset the answer names (else UTF-8), undecodable bytes
+    replaced: what httpx's ``response.text`` gives for it (``encoding`` is always a known
+    codec)."""
+    return body.decode(response.encoding or "utf-8", errors="replace")
+
+
+def _unusable(
+    response: httpx.Response, body: bytes, url: str, what: str, usage: TokenUsage
+) -> LLMResponseError:
     return LLMResponseError(
         f"LLM endpoint {url} answered {response.status_code} with {what}: "
-        f"{excerpt(response.text) or '(empty body)'}",
+        f"{excerpt(body_text(response, body)) or '(empty body)'}",
         usage=usage,
     )
 

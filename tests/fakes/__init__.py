@@ -8,6 +8,7 @@
 
 from tests.fakes.llm_server import (
     FakeLLMServer,
+    Flood,
     RequestCheck,
     Responder,
     ScriptedReply,
@@ -20,6 +21,7 @@ from tests.fakes.web_server import FakeWebServer, RecordedRequest
 __all__ = [
     "FakeLLMServer",
     "FakeWebServer",
+    "Flood",
     "RecordedRequest",
     "RequestCheck",
     "Responder",

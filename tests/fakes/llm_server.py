@@ -8,7 +8,10 @@ Answers come from a queue of scripted replies (``enqueue`` / ``enqueue_text``); 
 is empty the default responder answers (a function of the parsed request body). Every parsed
 request body is recorded in ``requests``. ``hang()`` makes every answer block until ``release()``
 or ``stop()``, for tests that kill a worker mid-mission. ``enqueue(..., trickle_s=0.15)`` sends
-the body one byte at a time.
+the body one byte at a time. ``enqueue_flood(200_000_000)`` answers with a body of that size,
+generated as it is sent (1 MiB writes, as fast as the client reads), with or without a
+``Content-Length``, optionally gzip-compressed (a gzip bomb: 200 MB in about 300 KB); the bytes
+each flood wrote before the client hung up are in ``flood_sent``.
 
 ``checks`` make it a strict backend: each is ``request body -> error text | None``, and the
 first error is answered with a 400 in OpenAI's error shape instead of the next reply, as real
@@ -25,13 +28,16 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json as jsonlib
 import socket
+import sys
 import threading
 import time
+import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -41,12 +47,14 @@ import httpx
 
 __all__ = [
     "FakeLLMServer",
+    "Flood",
     "RequestCheck",
     "Responder",
     "ScriptedReply",
     "chat_completion_body",
     "down_base_url",
     "final_answer_responder",
+    "flood_chunks",
 ]
 
 Responder = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
@@ -60,9 +68,21 @@ RequestCheck = Callable[[dict[str, Any]], str | None]
 
 
 @dataclass(frozen=True)
+class Flood:
+    """A body of ``size_bytes`` generated as it is sent (``flood_chunks``): with a
+    ``Content-Length`` or chunked (no size announced), and ``gzip`` compressed or not
+    (``size_bytes`` is the decoded size; compressed, the body is about a thousandth of it)."""
+
+    size_bytes: int
+    content_length: bool = True
+    gzip: bool = False
+
+
+@dataclass(frozen=True)
 class ScriptedReply:
-    """One queued answer: status, raw body bytes, extra headers, delay before answering, and
-    ``trickle_s`` > 0 to send the body one byte per that many seconds."""
+    """One queued answer: status, raw body bytes, extra headers, delay before answering,
+    ``trickle_s`` > 0 to send the body one byte per that many seconds, and ``flood`` to send
+    a generated body of that kind instead of ``body``."""
 
     status: int
     body: bytes
@@ -70,6 +90,53 @@ class ScriptedReply:
     delay_s: float = 0.0
     content_type: str = "application/json"
     trickle_s: float = 0.0
+    flood: Flood | None = None
+
+
+_FLOOD_HEAD = (
+    b'{"id": "chatcmpl-flood", "object": "chat.completion", "model": "fake-model", '
+    b'"choices": [{"index": 0, "finish_reason": "stop", '
+    b'"message": {"role": "assistant", "content": "'
+)
+_FLOOD_TAIL = b'"}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}'
+_FLOOD_FILLER = (b"flood " * 174763)[: 1 << 20]
+FLOOD_MIN_BYTES = len(_FLOOD_HEAD) + len(_FLOOD_TAIL)
+"""The smallest flood: a chat completion with empty content."""
+
+
+def flood_chunks(size_bytes: int) -> Iterator[bytes | memoryview]:
+    """A chat completion of exactly ``size_bytes`` bytes (at least ``FLOOD_MIN_BYTES``) whose
+    content is ``flood flood …``: valid JSON when read whole, so a client can only refuse it
+    for its size. Yielded in pieces of at most 1 MiB, views of one buffer: generating it
+    allocates nothing per piece."""
+    filler = size_bytes - FLOOD_MIN_BYTES
+    if filler < 0:
+        raise ValueError(f"a flood has at least {FLOOD_MIN_BYTES} bytes, got {size_bytes}")
+    yield _FLOOD_HEAD
+    view = memoryview(_FLOOD_FILLER)
+    while filler:
+        piece = view[: min(filler, len(view))]
+        filler -= len(piece)
+        yield piece
+    yield _FLOOD_TAIL
+
+
+@functools.lru_cache(maxsize=4)
+def _gzipped_flood(size_bytes: int) -> bytes:
+    """``flood_chunks(size_bytes)`` gzip-compressed (level 9; cached: 200 MB take 0.7 s)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    parts = [compressor.compress(chunk) for chunk in flood_chunks(size_bytes)]
+    parts.append(compressor.flush())
+    return b"".join(parts)
+
+
+def _flood_pieces(flood: Flood) -> tuple[int | None, Iterator[bytes | memoryview]]:
+    """``(Content-Length or None, the pieces to write)`` for ``flood``."""
+    if not flood.gzip:
+        return (flood.size_bytes if flood.content_length else None), flood_chunks(flood.size_bytes)
+    body = memoryview(_gzipped_flood(flood.size_bytes))
+    pieces = (body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20))
+    return (len(body) if flood.content_length else None), pieces
 
 
 _call_ids = itertools.count(1)
@@ -158,6 +225,9 @@ class FakeLLMServer:
         headers: the request headers of each recorded request, same order (names
             case-insensitive).
         refusals: the check errors answered with 400, in order.
+        flood_sent: for each flood served, in order, the body bytes written before it ended
+            (the client hung up, or all of them; bytes in the sockets' buffers count as
+            written).
     """
 
     def __init__(
@@ -168,6 +238,7 @@ class FakeLLMServer:
         self.refusals: list[str] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[httpx.Headers] = []
+        self.flood_sent: list[int] = []
         self._queue: deque[ScriptedReply] = deque()
         self._lock = threading.Lock()
         self._released = threading.Event()
@@ -182,7 +253,7 @@ class FakeLLMServer:
         """Bind 127.0.0.1 on a free port and serve from a daemon thread. Idempotent."""
         if self._httpd is not None:
             return self
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        httpd = _Server(("127.0.0.1", 0), _make_handler(self))
         httpd.daemon_threads = True
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -262,6 +333,34 @@ class FakeLLMServer:
         """Queue ``chat_completion_body(content, tool_calls, **kwargs)`` with status 200."""
         self.enqueue(json=chat_completion_body(content, tool_calls, **kwargs))
 
+    def enqueue_flood(
+        self,
+        size_bytes: int,
+        *,
+        status: int = 200,
+        content_length: bool = True,
+        gzip: bool = False,
+    ) -> None:
+        """Queue one answer with a body of ``size_bytes`` (see ``Flood``) for the next request.
+        A gzip body is compressed here, before any request (once per size)."""
+        flood = Flood(size_bytes, content_length=content_length, gzip=gzip)
+        if gzip:
+            _gzipped_flood(size_bytes)
+        self._push(ScriptedReply(status, b"", flood=flood))
+
+    def wait_for_floods(self, count: int, timeout_s: float = 10.0) -> list[int]:
+        """Block until at least ``count`` floods ended; ``flood_sent``.
+
+        Raises:
+            TimeoutError: fewer than ``count`` floods ended within ``timeout_s`` seconds.
+        """
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self.flood_sent) >= count, timeout_s):
+                raise TimeoutError(
+                    f"{len(self.flood_sent)} flood(s) ended within {timeout_s} s, expected {count}"
+                )
+            return list(self.flood_sent)
+
     @property
     def pending(self) -> int:
         """Queued answers not yet served."""
@@ -291,6 +390,11 @@ class FakeLLMServer:
             return list(self.requests)
 
     # -- serving (called from handler threads) ------------------------------------------------
+
+    def _flooded(self, sent: int) -> None:
+        with self._arrived:
+            self.flood_sent.append(sent)
+            self._arrived.notify_all()
 
     def _push(self, reply: ScriptedReply) -> None:
         with self._lock:
@@ -324,6 +428,13 @@ class FakeLLMServer:
         return ScriptedReply(status, jsonlib.dumps(payload).encode())
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client that hung up (on a flood, say): nothing to report
+        super().handle_error(request, client_address)
+
+
 def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -352,6 +463,9 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             self._send(reply)
 
         def _send(self, reply: ScriptedReply) -> None:
+            if reply.flood is not None:
+                self._flood(reply, reply.flood)
+                return
             self.send_response(reply.status)
             self.send_header("Content-Type", reply.content_type)
             self.send_header("Content-Length", str(len(reply.body)))
@@ -371,6 +485,36 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True
                     return
                 time.sleep(reply.trickle_s)
+
+        def _flood(self, reply: ScriptedReply, flood: Flood) -> None:
+            length, pieces = _flood_pieces(flood)
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            if flood.gzip:
+                self.send_header("Content-Encoding", "gzip")
+            if length is None:
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Length", str(length))
+            self.end_headers()
+            sent = 0
+            try:
+                for piece in pieces:  # until the client hangs up or the server stops
+                    if server._httpd is None:
+                        self.close_connection = True
+                        return
+                    if length is None:
+                        self.wfile.write(b"%x\r\n" % len(piece))
+                    self.wfile.write(piece)
+                    if length is None:
+                        self.wfile.write(b"\r\n")
+                    sent += len(piece)
+                if length is None:
+                    self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # the client hung up: what a flood is for
+                self.close_connection = True
+            finally:
+                server._flooded(sent)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output quiet

@@ -128,6 +128,24 @@ async def test_a_trickling_body_fails_the_iteration_at_the_timeout(
     assert "did not answer within 0.25 s (after 1 attempt)" in it["error"]
 
 
+async def test_an_answer_over_the_cap_fails_the_iteration_naming_the_limit(
+    db: AsyncEngine, server: FakeLLMServer, chat_model: Any
+) -> None:
+    server.enqueue(json=reply(calls=[("clock_now", {})]))
+    server.enqueue_flood(200_000_000, content_length=False)
+    mission_id = await add_mission(db)
+    assert await make_worker(db, chat_model()).run_once() == ["failed"]
+    [it] = await iterations(db)
+    assert (it["status"], it["stop_reason"], it["rounds"]) == ("failed", "llm_error", 2)
+    assert (
+        "sent an answer larger than MANA_AI_LLM_MAX_RESPONSE_BYTES (8388608 bytes), reading "
+        "stopped at the limit (after 1 attempt; not retried)" in it["error"]
+    )
+    assert len(server.requests) == 2  # the first round's, and one attempt of the second
+    assert [m["role"] for m in it["messages"]][-2:] == ["assistant", "tool"]  # round 1 kept
+    assert (await mission_row(db, mission_id))["last_error"] == it["error"]
+
+
 async def test_the_fallback_answers_and_each_round_records_who_answered(
     db: AsyncEngine,
     server: FakeLLMServer,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -348,3 +348,81 @@ async def test_credentials_in_the_base_url_are_used_but_never_shown(failure: Any
     message = str(caught.value)
     assert "pw789" not in message and "APIKEY123" not in message
     assert "http://carol:***@llm.test/v1/chat/completions?key=***" in message
+
+
+async def _stream(data: bytes, size: int = 16 * 1024) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["content-length", "chunked"])
+async def test_an_answer_over_the_cap_fails_at_once_naming_the_limit(announced: bool) -> None:
+    body = json.dumps(completion(content="x" * 5000)).encode()
+    headers = {"Content-Length": str(len(body))} if announced else {}
+    rec = Recorder(httpx.Response(200, headers=headers, content=_stream(body)))
+    async with rec.model(
+        max_retries=3, max_response_bytes=4096, max_response_bytes_name="THE_CAP"
+    ) as llm:
+        with pytest.raises(LLMResponseError) as info:
+            await llm.complete(REQUEST)
+    assert "larger than THE_CAP (4096 bytes)" in str(info.value)
+    assert "(after 1 attempt; not retried)" in str(info.value)
+    assert (len(rec.requests), rec.retries) == (1, [])
+
+
+async def test_an_answer_at_the_cap_is_read() -> None:
+    body = json.dumps(completion(content="fits")).encode()
+    rec = Recorder(httpx.Response(200, content=_stream(body, 7)))
+    async with rec.model(max_response_bytes=len(body)) as llm:
+        response = await llm.complete(REQUEST)
+    assert response.message.content == "fits"
+
+
+async def _flood(chunk: bytes, count: int) -> AsyncIterator[bytes]:
+    for _ in range(count):
+        yield chunk
+
+
+async def test_a_long_error_body_is_quoted_from_its_head_and_retried() -> None:
+    rec = Recorder(
+        *(httpx.Response(503, content=_flood(b"overloaded " * 1500, 1000)) for _ in range(2))
+    )  # 16 MB each, over the cap: an error is read only for its text, and still retried
+    async with rec.model(max_retries=1, max_response_bytes=1024) as llm:
+        with pytest.raises(LLMStatusError) as info:
+            await llm.complete(REQUEST)
+    assert rec.retries == [(1, "http_503")]
+    assert "answered 503 Service Unavailable after 2 attempts: overloaded overloaded" in str(
+        info.value
+    )
+    assert len(info.value.body) == 500
+
+
+async def test_an_error_body_that_does_not_decode_keeps_the_status_and_its_retry() -> None:
+    rec = Recorder(
+        httpx.Response(502, headers={"Content-Encoding": "br"}, content=_stream(b"\x1b\x00")),
+        httpx.Response(200, json=completion(content="later")),
+    )
+    async with rec.model() as llm:
+        assert (await llm.complete(REQUEST)).message.content == "later"
+    assert rec.retries == [(1, "http_502")]
+
+
+async def test_an_answer_in_a_coding_not_asked_for_is_unusable() -> None:
+    rec = Recorder(httpx.Response(200, headers={"Content-Encoding": "br"}, content=_stream(b"x")))
+    async with rec.model() as llm:
+        with pytest.raises(LLMResponseError) as info:
+            await llm.complete(REQUEST)
+    assert "could not be decoded: Content-Encoding 'br', which was not asked for" in str(info.value)
+    assert (len(rec.requests), rec.retries) == (1, [])
+
+
+async def test_only_codings_it_can_bound_are_asked_for() -> None:
+    rec = Recorder(httpx.Response(200, json=completion()))
+    async with rec.model() as llm:
+        await llm.complete(REQUEST)
+    assert rec.requests[0].headers["Accept-Encoding"] == "gzip, deflate"
+
+
+def test_the_cap_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_response_bytes must be >= 1"):
+        OpenAICompatibleChatModel(base_url=BASE_URL, max_response_bytes=0)

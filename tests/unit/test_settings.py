@@ -38,6 +38,7 @@ def test_defaults() -> None:
     assert settings.shutdown_grace_s == 30
     assert settings.llm_timeout_s == 60
     assert settings.llm_max_retries == 3
+    assert settings.llm_max_response_bytes == 8 * 1024 * 1024
     assert settings.log_level == "INFO"
     assert settings.log_format == "text"
     assert settings.max_parallel_reads == 10
@@ -93,6 +94,7 @@ def test_values_are_parsed_from_the_environment(
         "MANA_AI_SHUTDOWN_GRACE_S": "5",
         "MANA_AI_LLM_TIMEOUT_S": "12",
         "MANA_AI_LLM_MAX_RETRIES": "0",
+        "MANA_AI_LLM_MAX_RESPONSE_BYTES": "65536",
         "MANA_AI_LOG_LEVEL": "debug",
         "MANA_AI_LOG_FORMAT": "json",
         "MANA_AI_MAX_PARALLEL_READS": "4",
@@ -132,6 +134,7 @@ def test_values_are_parsed_from_the_environment(
     assert settings.shutdown_grace_s == 5
     assert settings.llm_timeout_s == 12
     assert settings.llm_max_retries == 0
+    assert settings.llm_max_response_bytes == 65536
     assert settings.log_level == "DEBUG"
     assert settings.log_format == "json"
 
@@ -190,6 +193,9 @@ def test_an_invalid_value_names_the_variable_and_the_value(
         ("MANA_AI_LLM_SCHEMA_DIALECT", "openapi", "'json-schema' or 'gemini'"),
         ("MANA_AI_LLM_TIMEOUT_S", "0", "greater than 0"),
         ("MANA_AI_LLM_MAX_RETRIES", "-1", "greater than or equal to 0"),
+        ("MANA_AI_LLM_MAX_RESPONSE_BYTES", "1023", "greater than or equal to 1024"),
+        ("MANA_AI_LLM_MAX_RESPONSE_BYTES", "1073741825", "less than or equal to 1073741824"),
+        ("MANA_AI_LLM_MAX_RESPONSE_BYTES", "8MiB", "valid integer"),
         ("MANA_AI_SHUTDOWN_GRACE_S", "-1", "greater than or equal to 0"),
         ("MANA_AI_WORKER_ID", "x" * 201, "is 201 characters long; at most 200"),
         ("MANA_AI_WORKER_ID", "w\n2", "must not contain control"),
