@@ -18,8 +18,7 @@ once.
 ``--mode odd`` is a hand-written JSON-RPC server (as servers built without this SDK are) whose
 listing holds what the SDK's own server would refuse to send (``ODD_TOOLS``: a remote
 ``$ref``, no name, names too long, clashing or not ASCII, a huge description, an invalid
-schema) next to ``echo``, which it runs; ``--mode invalid`` adds a tool whose input schema
-is not even an object, which breaks the MCP specification (the SDK refuses such a listing).
+schema) next to ``echo``, which it runs.
 ``--mode raw`` is ``tests.fakes.mcp_raw`` on stdio, one message a line: tools that answer with
 50 MB, garbled replies, log lines on stdout, replies to nobody or a flood of notifications,
 listed next to entries that break the MCP specification. With ``--log FILE`` it appends
@@ -139,9 +138,8 @@ def serve_raw(log: Path | None) -> None:
         pass
 
 
-def serve_odd(*, invalid: bool) -> None:
-    """Newline-delimited JSON-RPC on stdin/stdout, by hand (the handshake era); with
-    ``invalid`` the listing breaks the MCP specification (an input schema that is a list)."""
+def serve_odd() -> None:
+    """Newline-delimited JSON-RPC on stdin/stdout, by hand (the handshake era)."""
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -156,8 +154,6 @@ def serve_odd(*, invalid: bool) -> None:
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "odd", "version": "1"},
             }
-        elif method == "tools/list" and invalid:
-            reply["result"] = {"tools": [*ODD_TOOLS, {"name": "list", "inputSchema": []}]}
         elif method == "tools/list":
             reply["result"] = {"tools": ODD_TOOLS}
         elif method == "tools/call" and params.get("name") == "echo":
@@ -220,9 +216,7 @@ async def serve(log: Path | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument(
-        "--mode", default="serve", choices=("serve", "hang", "exit", "odd", "invalid", "raw")
-    )
+    parser.add_argument("--mode", default="serve", choices=("serve", "hang", "exit", "odd", "raw"))
     parser.add_argument("--log", type=Path)
     args = parser.parse_args()
     if args.mode == "exit":
@@ -232,8 +226,8 @@ def main() -> None:
         for _ in sys.stdin:  # reads every message, answers none, ends when stdin closes
             pass
         return
-    if args.mode in ("odd", "invalid"):
-        serve_odd(invalid=args.mode == "invalid")
+    if args.mode == "odd":
+        serve_odd()
         return
     if args.mode == "raw":
         serve_raw(args.log)
