@@ -18,8 +18,11 @@ once.
 ``--mode odd`` is a hand-written JSON-RPC server (as servers built without this SDK are) whose
 listing holds what the SDK's own server would refuse to send (``ODD_TOOLS``: a remote
 ``$ref``, no name, names too long, clashing or not ASCII, a huge description, an invalid
-schema) next to ``echo``, which it runs; ``--mode invalid`` adds a tool whose input schema
-is not even an object, which breaks the MCP specification (the SDK refuses such a listing).
+schema) next to ``echo``, which it runs.
+``--mode raw`` is ``tests.fakes.mcp_raw`` on stdio, one message a line: tools that answer with
+50 MB, garbled replies, log lines on stdout, replies to nobody or a flood of notifications,
+listed next to entries that break the MCP specification. With ``--log FILE`` it appends
+``sent NAME`` to FILE once it has written the whole reply of a call of tool NAME.
 Environment variable ``FAKE_MCP_SECRET`` (when set) is echoed by ``echo`` with ``text`` equal
 to ``$secret``, so a test can check that an agent's ``--mcp-env`` reaches the server.
 """
@@ -30,8 +33,12 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+if not __package__:  # run as a script: the repository root on the path, for tests.fakes
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import anyio
 import mcp.types as types
@@ -105,9 +112,34 @@ ODD_TOOLS: list[dict[str, Any]] = [
 ]
 
 
-def serve_odd(*, invalid: bool) -> None:
-    """Newline-delimited JSON-RPC on stdin/stdout, by hand (the handshake era); with
-    ``invalid`` the listing breaks the MCP specification (an input schema that is a list)."""
+def serve_raw(log: Path | None) -> None:
+    """``tests.fakes.mcp_raw`` on stdin/stdout, one message a line, each chunk flushed."""
+    from tests.fakes.mcp_raw import replies
+
+    out = sys.stdout.buffer
+    try:
+        for line in sys.stdin.buffer:
+            if not line.strip():
+                continue
+            message = json.loads(line)
+            for outgoing in replies(message):
+                for index, chunk in enumerate(outgoing.chunks):
+                    if index and outgoing.pause_s:
+                        time.sleep(outgoing.pause_s)
+                    out.write(chunk)
+                    out.flush()
+                out.write(b"\n")
+                out.flush()
+            name = (message.get("params") or {}).get("name")
+            if log is not None and message.get("method") == "tools/call":
+                with log.open("a", encoding="utf-8") as f:
+                    f.write(f"sent {name}\n")
+    except BrokenPipeError:  # the client is gone
+        pass
+
+
+def serve_odd() -> None:
+    """Newline-delimited JSON-RPC on stdin/stdout, by hand (the handshake era)."""
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -122,8 +154,6 @@ def serve_odd(*, invalid: bool) -> None:
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "odd", "version": "1"},
             }
-        elif method == "tools/list" and invalid:
-            reply["result"] = {"tools": [*ODD_TOOLS, {"name": "list", "inputSchema": []}]}
         elif method == "tools/list":
             reply["result"] = {"tools": ODD_TOOLS}
         elif method == "tools/call" and params.get("name") == "echo":
@@ -186,9 +216,7 @@ async def serve(log: Path | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument(
-        "--mode", default="serve", choices=("serve", "hang", "exit", "odd", "invalid")
-    )
+    parser.add_argument("--mode", default="serve", choices=("serve", "hang", "exit", "odd", "raw"))
     parser.add_argument("--log", type=Path)
     args = parser.parse_args()
     if args.mode == "exit":
@@ -198,8 +226,11 @@ def main() -> None:
         for _ in sys.stdin:  # reads every message, answers none, ends when stdin closes
             pass
         return
-    if args.mode in ("odd", "invalid"):
-        serve_odd(invalid=args.mode == "invalid")
+    if args.mode == "odd":
+        serve_odd()
+        return
+    if args.mode == "raw":
+        serve_raw(args.log)
         return
     anyio.run(serve, args.log)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import CompletionRequest
 from planner.testing import ScriptedChatModel, final_answer, tool_calls
+from tests.fakes.mcp_raw import GOOD_TOOLS, LEFT_OUT
 from tests.integration.worker_harness import iterations, make_worker, mission_row, policy_setup
 from worker.db.admin import AdminStore
 from worker.db.policy import PolicyStore
@@ -221,18 +223,73 @@ async def test_odd_tools_are_left_out_one_by_one_and_the_others_work(db: AsyncEn
     assert (call["tool"], call["outcome"], call["result"]) == ("odd__echo", "ok", "still here")
 
 
-async def test_a_listing_that_breaks_the_specification_leaves_the_server_out_readably(
+async def test_one_bad_tool_is_left_out_alone_and_the_servers_good_tools_run(
     db: AsyncEngine,
 ) -> None:
-    await mission_for(db, [stdio("bad", "--mode", "invalid")])
-    llm = ScriptedChatModel([final_answer("ok")])
-    assert await make_worker(db, llm).run_once() == ["succeeded"]
-    [it] = await iterations(db)
-    assert "MCP server bad (stdio: " in it["error"]
-    assert (
-        "it answered something that breaks the MCP specification (tools.9.inputSchema"
-        in (it["error"])
+    # tools/list holds entries that break the MCP specification (which made the SDK refuse
+    # the whole listing) and others no agent can be given, next to good ones
+    await mission_for(db, [stdio("raw", "--mode", "raw")])
+    llm = ScriptedChatModel(
+        [
+            tool_calls(("raw__echo", {"text": "still here"}), ("raw__note", {"text": "n"})),
+            final_answer("ok"),
+        ]
     )
+    assert await make_worker(db, llm, policy=policy_setup(db, "enforce")).run_once() == [
+        "succeeded"
+    ]
+    offered = {name for name in tool_names(llm.requests[0]) if name.startswith("raw__")}
+    assert offered == {f"raw__{name}" for name in GOOD_TOOLS}
+    [it] = await iterations(db)
+    assert it["status"] == "succeeded"
+    # the first reasons, then a count (worker.runner.MAX_PROBLEMS_SHOWN); all are logged
+    assert it["error"] == "; ".join(f"MCP server raw: {reason}" for reason in LEFT_OUT[:5]) + (
+        f"; and {len(LEFT_OUT) - 5} more (see the worker's log)"
+    )
+    rows = sorted(await calls(db), key=lambda row: str(row["tool"]))
+    assert [(r["tool"], r["outcome"], r["result"]) for r in rows] == [
+        ("raw__echo", "ok", "still here"),
+        ("raw__note", "ok", "noted: n"),
+    ]
+
+
+async def test_a_garbled_reply_fails_its_call_at_once_and_a_writes_outcome_is_unknown(
+    db: AsyncEngine,
+) -> None:
+    await mission_for(db, [stdio("raw", "--mode", "raw")])
+    llm = ScriptedChatModel(
+        [
+            tool_calls(
+                ("raw__garbled", {"kind": "surrogate"}),
+                ("raw__garbled_note", {"kind": "no_id"}),
+                ("raw__huge", {"size": 50_000_000}),
+            ),
+            final_answer("ok"),
+        ]
+    )
+    worker = make_worker(db, llm, tool_sources=McpToolSources(call_timeout_s=35))
+    worker.runner.tool_timeout_s = 30
+    started = time.monotonic()
+    assert await worker.run_once() == ["succeeded"]
+    assert time.monotonic() - started < 20  # generous: each call could have waited 30 s
+    # a write is recorded as it starts, reads when their round ends: by name
+    read, write, huge = sorted(await calls(db), key=lambda row: str(row["tool"]))
+    unreadable = (
+        "MCP server raw: its reply could not be read: it is JSON with a lone UTF-16 surrogate "
+        "(\\ud800), which is not valid Unicode"
+    )
+    assert (read["outcome"], read["error"]) == (
+        "error",
+        f"raw__garbled failed: McpToolError: {unreadable}",
+    )
+    assert write["outcome"] == "error"
+    assert write["error"].startswith(f"raw__garbled_note failed: McpToolError: {unreadable}")
+    assert write["error"].endswith(
+        "; its outcome is unknown: the write may or may not have taken effect, check before "
+        "retrying it"
+    )
+    assert huge["outcome"] == "ok"
+    assert huge["result"].startswith("x" * 20_000 + "\n[cut while it was read: the reply had ")
 
 
 async def test_results_are_cut_errors_are_errors_and_the_env_reaches_the_server(

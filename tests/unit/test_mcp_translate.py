@@ -14,7 +14,7 @@ from worker.mcp.translate import McpToolError, result_value, tool_spec
 SERVER = McpServerConfig(name="fs", transport="stdio", command="srv")
 
 
-def _handler(name: str) -> Any:
+def _handler(name: str, hint: str) -> Any:
     async def call(arguments: dict[str, Any], ctx: ToolContext) -> str:
         return name
 
@@ -41,6 +41,12 @@ def test_a_tool_becomes_a_namespaced_spec_in_its_servers_scope() -> None:
         ({"type": "object", "properties": {"a": {"type": 7}}}, "invalid JSON schema"),
         ({"type": "object", "description": "x" * 200_000}, "more than 100000"),
         ({"properties": {}}, "is not an object schema"),
+        ({"type": "nonsense"}, "is not an object schema"),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+            "has a reference '#/$defs/missing' to nothing in it",
+        ),
+        ({"type": "object", "properties": {"a": {"$ref": "#nowhere"}}}, "to nothing in it"),
     ],
 )
 def test_a_tool_whose_schema_cannot_be_used_is_left_out_with_the_reason(
@@ -49,6 +55,42 @@ def test_a_tool_whose_schema_cannot_be_used_is_left_out_with_the_reason(
     tool = types.Tool.model_construct(name="t", input_schema=schema, annotations=None)
     spec, why = tool_spec(SERVER, tool, set(), _handler)
     assert spec is None and why is not None and problem in why
+
+
+def test_local_references_that_resolve_are_fine() -> None:
+    schema = {
+        "type": "object",
+        "$defs": {"p": {"$anchor": "point", "type": "number"}},
+        "properties": {"a": {"$ref": "#/$defs/p"}, "b": {"$ref": "#point"}, "c": {"$ref": "#"}},
+    }
+    tool = types.Tool(name="t", input_schema=schema)
+    spec, why = tool_spec(SERVER, tool, set(), _handler)
+    assert why is None and spec is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "description", "listed", "problem"),
+    [
+        ("echo", "", {"echo"}, "tool 'echo' was left out: the server lists a tool of that name"),
+        ("a" * 129, "", set(), "its name has 129 characters, more than 128"),
+        ("tab\tname", "", set(), "its name holds control characters or is not valid Unicode"),
+        ("lone\ud800", "", set(), "its name holds control characters or is not valid Unicode"),
+        ("t", "d" * 100_001, set(), "its description has 100001 characters, more than 100000"),
+    ],
+)
+def test_junk_in_one_tool_leaves_that_tool_out_with_the_reason(
+    name: str, description: str, listed: set[str], problem: str
+) -> None:
+    tool = types.Tool(name=name, description=description, input_schema={"type": "object"})
+    spec, why = tool_spec(SERVER, tool, set(), _handler, listed=listed)
+    assert spec is None and why is not None and problem in why
+
+
+def test_names_and_descriptions_at_their_limits_are_kept() -> None:
+    tool = types.Tool(name="a" * 128, description="d" * 100_000, input_schema={"type": "object"})
+    spec, why = tool_spec(SERVER, tool, set(), _handler, listed={"b"})
+    assert why is None and spec is not None
+    assert len(spec.description) == 4_002  # cut at MAX_DESCRIPTION_CHARS, as before
 
 
 def test_results_in_the_agents_terms() -> None:

@@ -7,6 +7,13 @@ tools within ``list_timeout_s`` (connecting included), and turns each tool into 
 (``worker.mcp.translate``: ``SERVER__tool`` in scope ``mcp:SERVER``, its policy hint from its
 annotations, its schema when usable) whose handler calls the tool on the session.
 
+What the server sends is read within ``worker.mcp.wire``'s limits while it comes in (stdio:
+``worker.mcp.stdio``; HTTP: ``worker.mcp.http_transport`` under the SDK's client), and
+``worker.mcp.guard`` sits between the transport and the SDK: a reply the SDK would drop fails
+its call at once, and a tool whose listing entry the SDK would refuse is left out alone. A
+call whose reply was lost that way (or whose session closed under it) is, for a write, said
+to have an unknown outcome, as a write that timed out is.
+
 The sessions live until the iteration ends (the caller's ``AsyncExitStack``). Each runs in a
 task of its own, so that the SDK's task groups and a server that dies mid-run never cancel the
 iteration itself; a call on a dead session fails like any tool call. A server that cannot be
@@ -29,11 +36,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner import ToolContext, ToolSpec
-from planner.tools import ToolHandler
+from planner.tools import PolicyHint, ToolHandler
 from worker import metrics
 from worker.errors import ManaAIError
 from worker.mcp.config import McpServerConfig, redact_url
+from worker.mcp.guard import SessionGuard
 from worker.mcp.translate import McpToolError, result_value, tool_spec
+from worker.mcp.wire import MAX_MESSAGE_BYTES, WireLimits, is_lost_reply
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -58,6 +67,14 @@ MAX_LIST_PAGES = 20
 _SDK_MODULES = ("mcp", "mcp.client.stdio", "mcp.client.streamable_http", "httpx2")
 CONNECTION_CLOSED = -32000
 """The SDK's error code for a connection that closed under a request."""
+_REPLY_LOST_CODES = frozenset({CONNECTION_CLOSED, -32001, -32700})
+"""Error codes of a call whose reply never arrived whole: connection closed, timed out (the
+SDK's), parse error (the SDK's, for an HTTP body it could not read)."""
+_UNKNOWN_OUTCOME = (
+    "its outcome is unknown: the {hint} may or may not have taken effect, check before retrying it"
+)
+"""What a write's error says when its reply was lost (``planner.execution``'s words for a
+write that timed out)."""
 CLOSE_TIMEOUT_S = 10.0
 """Seconds closing one session may take at the end of a run (a stdio server gets stdin
 closed, then SIGTERM and SIGKILL by the SDK) before its task is cancelled."""
@@ -81,7 +98,8 @@ class McpToolSources:
 
     Args:
         list_timeout_s: seconds to connect to a server and list its tools.
-        max_result_chars: characters of one tool result the agent gets at most.
+        max_result_chars: characters of one tool result the agent gets at most (its reply
+            is read up to ``WireLimits.for_result_chars(max_result_chars)`` bytes).
         call_timeout_s: seconds one call may wait for the server's answer; set it above the
             loop's tool timeout, which stops a call first with its own message.
     """
@@ -95,6 +113,7 @@ class McpToolSources:
     ) -> None:
         self.list_timeout_s = list_timeout_s
         self.max_result_chars = max_result_chars
+        self.limits = WireLimits.for_result_chars(max_result_chars)
         self.call_timeout_s = call_timeout_s
         # the SDK's import takes about half a second: pay it when the worker starts, not
         # inside a tick, where it would stall the event loop of every running mission
@@ -149,6 +168,7 @@ class _Session:
     def __init__(self, server: McpServerConfig, sources: McpToolSources) -> None:
         self.server = server
         self.sources = sources
+        self.guard = SessionGuard(server.describe())
         self.client: Any = None
         self.listed: list[Any] = []
         self.truncated = False
@@ -181,7 +201,7 @@ class _Session:
                 transport = await self._transport(stack)
                 client = await stack.enter_async_context(
                     Client(
-                        transport,
+                        self.guard.wrap(transport),
                         read_timeout_seconds=self.sources.list_timeout_s,
                         cache=None,
                     )
@@ -207,22 +227,36 @@ class _Session:
 
     async def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
         import httpx2  # the SDK's HTTP client: the documented way to send headers
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.stdio import StdioServerParameters
         from mcp.client.streamable_http import streamable_http_client
 
-        server = self.server
+        from worker.mcp.http_transport import BoundedTransport
+        from worker.mcp.stdio import bounded_stdio_client
+
+        server, limits = self.server, self.sources.limits
         if server.transport == "http":
-            # the SDK's default timeouts (a response stream may stay open), our headers
+            # the SDK's default timeouts (a response stream may stay open), our headers, and
+            # a transport that reads each body within the limits
             http = await stack.enter_async_context(
                 httpx2.AsyncClient(
-                    headers=dict(server.headers), timeout=httpx2.Timeout(30.0, read=300.0)
+                    headers=dict(server.headers),
+                    timeout=httpx2.Timeout(30.0, read=300.0),
+                    transport=BoundedTransport(limits, server=server.describe()),
                 )
             )
-            return streamable_http_client(server.url or "", http_client=http)
-        return stdio_client(
+            return streamable_http_client(
+                server.url or "",
+                http_client=http,
+                # ours cuts first; the SDK's own limit must not refuse what ours lets through
+                max_sse_event_size=limits.message_bytes + MAX_MESSAGE_BYTES,
+            )
+        return bounded_stdio_client(
             StdioServerParameters(
                 command=server.command or "", args=list(server.args), env=dict(server.env)
-            )
+            ),
+            limits=limits,
+            ledger=self.guard.ledger,
+            server=server.describe(),
         )
 
     async def close(self) -> None:
@@ -248,8 +282,9 @@ class _Session:
         """The listed tools as ``ToolSpec``s (names not in ``taken``), and why others were
         left out."""
         specs: list[ToolSpec] = []
-        problems: list[str] = []
+        problems = self.guard.listing_problems()
         names = set(taken)
+        listed: set[str] = set()
         for tool in self.listed:
             if len(specs) >= MAX_TOOLS_PER_SERVER:
                 problems.append(
@@ -257,11 +292,12 @@ class _Session:
                     f"{MAX_TOOLS_PER_SERVER} were taken"
                 )
                 break
-            spec, problem = tool_spec(self.server, tool, names, self._handler)
+            spec, problem = tool_spec(self.server, tool, names, self._handler, listed=listed)
             if spec is None:
                 problems.append(problem or "a tool was left out")
                 continue
             names.add(spec.name)
+            listed.add(tool.name)
             specs.append(spec)
         if self.truncated:
             problems.append(
@@ -269,7 +305,7 @@ class _Session:
             )
         return specs, problems
 
-    def _handler(self, tool_name: str) -> ToolHandler:
+    def _handler(self, tool_name: str, hint: PolicyHint) -> ToolHandler:
         async def call(arguments: dict[str, Any], ctx: ToolContext) -> Any:
             client = self.client
             if client is None:
@@ -284,9 +320,10 @@ class _Session:
                     meta=meta,
                 )
             except Exception as exc:
-                raise McpToolError(
-                    f"MCP server {self.server.name}: {self._describe(exc)}"
-                ) from None
+                text = f"MCP server {self.server.name}: {self._describe(exc)}"
+                if hint != "read" and _reply_lost(exc):
+                    text += "; " + _UNKNOWN_OUTCOME.format(hint=hint)
+                raise McpToolError(text) from None
             return result_value(result, self.sources.max_result_chars)
 
         return call
@@ -298,7 +335,9 @@ class _Session:
         if isinstance(exc, BaseExceptionGroup):
             leaves = exc.exceptions
             return "; ".join(self._describe(e) for e in leaves[:3])
-        if isinstance(exc, MCPError):
+        if isinstance(exc, MCPError) and is_lost_reply(exc.error.data):
+            text = exc.message  # mana-ai's own words (worker.mcp.wire, worker.mcp.guard)
+        elif isinstance(exc, MCPError):
             text = f"{exc.message} (MCP error {exc.code})"
             if exc.code == CONNECTION_CLOSED and self.server.transport == "stdio":
                 text += "; the server process exited or closed its output (its stderr is in "
@@ -319,6 +358,15 @@ class _Session:
             if len(value) >= 4:
                 text = text.replace(value, "***")
         return text[:500]
+
+
+def _reply_lost(exc: BaseException) -> bool:
+    """True when a call failed without its reply read whole (its tool may have run)."""
+    from mcp import MCPError
+
+    if isinstance(exc, MCPError):
+        return is_lost_reply(exc.error.data) or exc.code in _REPLY_LOST_CODES
+    return isinstance(exc, ValidationError)  # a reply, but not a tool result
 
 
 async def _list_tools(client: Any) -> tuple[list[Any], bool]:
