@@ -18,6 +18,7 @@ from worker.cli.args import UsageError, checked_name, group, json_flag, row_id
 from worker.cli.output import emit, print_json, table
 from worker.errors import ManaAIError
 from worker.settings import Settings
+from worker.terminal_text import visible_line
 
 __all__ = ["register"]
 
@@ -185,9 +186,10 @@ async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
 
     async with open_database(settings) as engine:
         row, was_live = await McpStore(engine).revoke_token(args.id)
+    user = visible_line(row["user_id"])
     if was_live:
-        text = f"MCP token {row['id']} of user {row['user_id']} revoked"
+        text = f"MCP token {row['id']} of user {user} revoked"
     else:
-        text = f"MCP token {row['id']} of user {row['user_id']} was already revoked; unchanged"
+        text = f"MCP token {row['id']} of user {user} was already revoked; unchanged"
     emit(args, row, text)
     return 0

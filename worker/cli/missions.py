@@ -19,9 +19,10 @@ from worker.cli.args import (
     limit,
     row_id,
 )
-from worker.cli.output import emit, fmt, print_json, table
+from worker.cli.output import emit, fields, fmt, print_json, table
 from worker.cli.stores import admin_store
 from worker.settings import Settings
+from worker.terminal_text import visible_line
 
 __all__ = ["register"]
 
@@ -193,8 +194,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json(mission)
     else:
-        for key, value in mission.items():
-            print(f"{key:>18}: {fmt(value)}")
+        fields(mission)
     return 0
 
 
@@ -206,7 +206,7 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     shown = len(mission["iterations"])
     print(
-        f"mission {mission['id']} (agent {mission['agent']}, {mission['status']}): "
+        f"mission {mission['id']} (agent {visible_line(mission['agent'])}, {mission['status']}): "
         f"{mission['iteration_count']} iteration(s)"
         + (f", the latest {shown} shown" if shown < mission["iteration_count"] else "")
     )
@@ -214,23 +214,25 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
         tokens = it["prompt_tokens"] + it["completion_tokens"]
         print(
             f"  iteration {it['id']} scheduled for {fmt(it['scheduled_for'])}: {it['status']}, "
-            f"{it['rounds']} round(s), {tokens} tokens, stop reason {fmt(it['stop_reason'])}"
+            f"{it['rounds']} round(s), {tokens} tokens, "
+            f"stop reason {visible_line(fmt(it['stop_reason']))}"
             + (f", attempt {it['attempt']}" if it["attempt"] > 1 else "")
         )
         if it["error"]:
-            print(f"    error: {it['error']}")
+            print(f"    error: {visible_line(it['error'])}")
         for c in it["compactions"]:
             if c["error"]:
                 print(
                     f"    compaction {c['compaction_index']} before round {c['round']}: "
-                    f"failed, nothing folded: {c['error']}"
+                    f"failed, nothing folded: {visible_line(c['error'])}"
                 )
             else:
                 print(
                     f"    compaction {c['compaction_index']} before round {c['round']}: "
                     f"{c['folded_turns']} turn(s) folded, {c['tokens_before']} -> "
                     f"{c['tokens_after']} tokens (estimated), by "
-                    f"{c['model'] or 'the default model'} in {c['duration_ms']:.0f} ms"
+                    f"{visible_line(c['model'] or 'the default model')} in "
+                    f"{c['duration_ms']:.0f} ms"
                 )
     return 0
 
