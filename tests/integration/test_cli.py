@@ -296,8 +296,13 @@ def test_objective_file_reads_long_objectives_from_a_file_or_stdin(
     [
         (("x" * 20_001).encode(), "--objective-file is 20,001 characters long; at most 20,000"),
         (("é" * 40_001).encode(), "is too long; an objective holds at most 20,000 characters"),
-        (b"nul \x00 here", "must not contain control characters"),
+        (b"nul \x00 here", "is not UTF-8 text (a NUL byte at byte 5: a binary file?)"),
         (b"latin-1 \xe9t\xe9", "is not UTF-8 text (byte 9)"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "is not UTF-8 text (a NUL byte at byte 9"),
+        (b"\x89PNG\r\n\x1a\n", "is not UTF-8 text (byte 1)"),  # a small binary file
+        (Path("/bin/ls").read_bytes(), "is not UTF-8 text"),  # said "too long"
+        (b"step 1\nrun \x1b[2J now", "(U+001B ESC at line 2, column 5)"),
+        ("step 1\nok \u202egnp.exe".encode(), "--objective-file must not contain bidi"),
         (None, "cannot read"),
     ],
 )

@@ -152,8 +152,12 @@ def _read_objective(path: str) -> str:
     """The text of ``path`` (``-``: standard input), read as UTF-8; at most a little more than
     the longest objective is read, so a huge file is refused without being loaded.
 
+    What is not text is said first, whatever its size: a NUL byte (a binary file, like
+    ``/bin/ls``) or bytes that are not UTF-8 in what was read; then a file longer than the
+    longest objective is "too long".
+
     Raises:
-        UsageError: the file cannot be read, or is not UTF-8 text.
+        UsageError: the file cannot be read, is not UTF-8 text, or is too long.
     """
     limit_bytes = MAX_TEXT_CHARS * 4 + 1  # enough for MAX_TEXT_CHARS characters, plus one
     where = "standard input" if path == "-" else path
@@ -165,17 +169,27 @@ def _read_objective(path: str) -> str:
                 data = file.read(limit_bytes)
     except OSError as exc:
         raise UsageError(f"--objective-file: cannot read {where}: {exc.strerror or exc}") from None
-    if len(data) == limit_bytes:
+    cut = len(data) == limit_bytes  # there is more; what was read may end inside a character
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise UsageError(
+            f"--objective-file: {where} is not UTF-8 text (a NUL byte at byte {nul + 1}: "
+            "a binary file?)"
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        if not (cut and exc.reason == "unexpected end of data"):
+            raise UsageError(
+                f"--objective-file: {where} is not UTF-8 text (byte {exc.start + 1})"
+            ) from None
+        text = ""
+    if cut:
         raise UsageError(
             f"--objective-file: {where} is too long; an objective holds at most "
             f"{MAX_TEXT_CHARS:,} characters"
         )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageError(
-            f"--objective-file: {where} is not UTF-8 text (byte {exc.start + 1})"
-        ) from None
+    return text
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
