@@ -249,6 +249,20 @@ def test_missions_add_finds_an_agent_by_its_trimmed_name(run: Any, given: str) -
             "--timezone is 10000 characters long",  # was an OSError reported as a database error
         ),
         (["missions", "add", "--agent", "a", "--objective", "a\x1bb", "--due-now"], "--objective"),
+        (
+            ["missions", "add", "--agent", "a", "--objective", "Pay\n\u202e01$", "--due-now"],
+            "--objective must not contain bidi embeddings, overrides or isolates (U+202E "
+            "RIGHT-TO-LEFT OVERRIDE at line 2, column 1)",
+        ),
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--system-prompt", "Be \u2067x"],
+            "--system-prompt must not contain bidi embeddings, overrides or isolates (U+2067",
+        ),
+        (
+            ["agents", "set", "a", "--system-prompt", "Be\tbrief\x1b[8m hidden"],
+            "--system-prompt must not contain control characters other than newline and tab "
+            "(U+001B ESC at line 1, column 9)",
+        ),
         (["policy", "allow-destructive", "u", "notes\u200b_delete"], "TOOL_OR_SCOPE must not"),
         (["policy", "set-rate-limit", "u", "5", "--tool", "x" * 300], "--tool is 300 characters"),
     ],
