@@ -27,9 +27,8 @@ from sqlalchemy.types import ARRAY, Text
 from planner import CompletionRequest, CompletionResponse, TokenUsage
 from planner.compaction import SUMMARY_PROMPT
 from planner.testing import FunctionChatModel, final_answer, tool_calls
-from tests.integration.cli_harness import as_json
+from tests.integration.cli_harness import as_json, command_names
 from tests.integration.worker_harness import make_worker, policy_setup
-from worker.cli import build_parser
 from worker.db.tables import compacted_turns, metadata, mission_iterations
 from worker.runner import CompactionSetup
 from worker.tools import builtin_tools
@@ -105,18 +104,6 @@ PRINT_NO_STORED_TEXT = {
     "policy set-rate-limit": "prints what it was given",
     "mcp token create": "prints what it was given and the new token",
 }
-
-
-def command_names() -> list[str]:
-    """Every command of the parser: ``tick``, ``agents list``, ``mcp token list``, …"""
-
-    def walk(parser: Any, prefix: list[str]) -> list[str]:
-        subs = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-        if not subs:
-            return [" ".join(prefix)]
-        return [n for name, sub in subs[0].choices.items() for n in walk(sub, [*prefix, name])]
-
-    return walk(build_parser(), [])
 
 
 def hidden_characters(text: str) -> list[str]:
