@@ -14,7 +14,7 @@ import pytest
 
 START = (
     "import os, signal, sys; from pathlib import Path; "
-    "from worker.db.engine import start_embedded_postgres; "
+    "from worker.db.embedded import start_embedded_postgres; "
     "start_embedded_postgres(Path(sys.argv[1])); "
     "os.kill(os.getpid(), signal.SIGKILL) if sys.argv[2] == 'crash' else None"
 )
