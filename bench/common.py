@@ -23,7 +23,8 @@ from sqlalchemy import make_url, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.db.engine import create_engine, start_embedded_postgres, to_async_url
+from worker.db.embedded import start_embedded_postgres
+from worker.db.engine import create_engine, to_async_url
 
 __all__ = [
     "RoundTripCounter",

@@ -36,12 +36,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from tests.pgbouncer import PgBouncer, PgBouncerUnavailable, start_pgbouncer
-from worker.db.engine import (
-    create_engine,
-    start_embedded_postgres,
-    stop_embedded_postgres,
-    to_async_url,
-)
+from worker.db.embedded import start_embedded_postgres, stop_embedded_postgres
+from worker.db.engine import create_engine, to_async_url
 from worker.db.migrate import upgrade_database
 from worker.db.tables import metadata
 

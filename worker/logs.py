@@ -1,5 +1,7 @@
 """Log setup: one line per record, as JSON or ``key=value`` text, with the mission and
-iteration ids on every line logged while a mission runs.
+iteration ids on every line logged while a mission runs. No line carries a hidden character
+raw (a terminal escape, a bidi control): JSON escapes them, and so does the text format's
+quoting.
 
 Ids come from ``extra`` on the call, or else from the log context that ``bind_log_context``
 sets for the current asyncio task (each mission runs in its own task, and threads started
@@ -14,6 +16,8 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from types import MappingProxyType
+
+from worker.terminal_text import visible_line
 
 __all__ = ["bind_log_context", "configure_logging"]
 
@@ -55,8 +59,14 @@ class _Formatter(logging.Formatter):
 
 
 def _quote(value: object) -> str:
+    """``value`` as a ``key=value`` text value: as is, or JSON-quoted when it is empty or holds
+    a space, a quote, an ``=`` or a hidden character (``worker.terminal_text``: a terminal
+    escape, a bidi control, a newline), which JSON writes as an escape; so a line can neither
+    be split nor drive the terminal that shows it, whatever a model or a peer wrote in it."""
     text = str(value)
-    return json.dumps(text) if (not text or any(c in text for c in ' "=\n')) else text
+    if not text or any(c in text for c in ' "=') or visible_line(text) != text:
+        return json.dumps(text)
+    return text
 
 
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:

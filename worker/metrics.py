@@ -171,6 +171,10 @@ class HealthState:
         self.last_error = error
 
     def snapshot(self) -> tuple[bool, dict[str, object]]:
+        """``(healthy, body)``: the body of ``/healthz``, ``{"status": "ok" | "stale",
+        "seconds_since_last_ok_tick": float | None (None before the first tick succeeded),
+        "last_error": str | None (why the latest tick failed; None once one succeeds)}``, as
+        README's "Metrics and health" documents it."""
         now = time.monotonic()
         reference = self.last_ok_tick if self.last_ok_tick is not None else self.started_at
         age = now - reference
@@ -184,7 +188,7 @@ class HealthState:
 
 class MetricsServer:
     """HTTP on ``host:port`` in a daemon thread: ``GET /metrics`` (Prometheus text format)
-    and ``GET /healthz`` (200 ``{"status": "ok"}`` or 503 ``{"status": "stale"}``).
+    and ``GET /healthz`` (200 when healthy, else 503, with ``HealthState.snapshot``'s body).
 
     ``port=0`` binds a free port; read it back from ``.port``.
     """

@@ -4,8 +4,13 @@ A *name* (agent name, user id, model name, timezone, tool or scope, worker id) i
 1 to ``MAX_NAME_CHARS`` characters, without control or format characters (newlines, NUL,
 zero-width and bidi marks) or unpaired surrogates (what undecodable bytes on a command line
 become). *Text* (an objective, a system prompt) is trimmed, 1 to ``MAX_TEXT_CHARS``
-characters, and may hold newlines and tabs but no other control characters: PostgreSQL text
-cannot hold NUL, and the rest are invisible on a terminal.
+characters, and may hold newlines and tabs but no other control characters (PostgreSQL text
+cannot hold NUL; ESC and the rest drive or hide from a terminal: in an objective they are a
+pasted mistake or an attack on whoever reads it), no bidi embedding, override or isolate
+(``worker.terminal_text.BIDI_CONTROLS``: they make the text read in another order than it is
+stored, what the names rule refuses them for) and no unpaired surrogate. Other format
+characters stay allowed in text, as languages and emoji need them (the zero-width joiner and
+non-joiner, the bidi marks of right-to-left prose); commands show them escaped.
 
 Both raise ``ValueError`` with a message that reads after the thing's name ("must not be
 empty"), so that callers can say what was wrong: the command line (``worker.cli.args``) as a
@@ -15,6 +20,8 @@ usage error naming the flag, the settings as a ``SettingsError`` naming the vari
 from __future__ import annotations
 
 import unicodedata
+
+from worker.terminal_text import BIDI_CONTROLS, describe_char
 
 __all__ = ["MAX_NAME_CHARS", "MAX_TEXT_CHARS", "normalised_name", "normalised_text"]
 
@@ -27,7 +34,6 @@ MAX_TEXT_CHARS = 20_000
 (the embedded model's whole context is 2,048 tokens)."""
 
 _NAME_REFUSED = ("Cc", "Cf", "Cs", "Co")  # control, format, surrogate, private use
-_TEXT_REFUSED = ("Cc", "Cs")
 _TEXT_ALLOWED = frozenset("\n\t")
 
 
@@ -50,11 +56,13 @@ def normalised_name(text: str) -> str:
 
 
 def normalised_text(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
-    """``text`` trimmed (line ends as ``\\n``), if it is valid free text.
+    """``text`` trimmed (line ends as ``\\n``), if it is valid free text (module docstring).
 
     Raises:
         ValueError: empty, longer than ``max_chars``, or holding a control character other
-            than newline and tab, or an unpaired surrogate (the message says which and where).
+            than newline and tab, a bidi control or an unpaired surrogate; the message names
+            the character and where it is, e.g. ``must not contain bidi controls (U+202E
+            RIGHT-TO-LEFT OVERRIDE at line 2, column 7) …``.
     """
     value = text.replace("\r\n", "\n").strip()
     if not value:
@@ -62,9 +70,28 @@ def normalised_text(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
     if len(value) > max_chars:
         raise ValueError(f"is {len(value):,} characters long; at most {max_chars:,}")
     for at, char in enumerate(value):
-        if char not in _TEXT_ALLOWED and unicodedata.category(char) in _TEXT_REFUSED:
-            raise ValueError(
-                f"must not contain control characters or undecodable bytes "
-                f"({char!r} at character {at + 1})"
-            )
+        if char in _TEXT_ALLOWED:
+            continue
+        category = unicodedata.category(char)
+        if category == "Cc":
+            what = "control characters other than newline and tab"
+            why = "a terminal acts on them (ESC, BEL) instead of showing them"
+        elif char in BIDI_CONTROLS:
+            what = "bidi embeddings, overrides or isolates"
+            why = "they show the text in another order than it is stored"
+        elif category == "Cs":
+            what = "undecodable bytes"
+            why = "give the text as UTF-8"
+        else:
+            continue
+        raise ValueError(
+            f"must not contain {what} ({describe_char(char)} at {_where(value, at)}): {why}"
+        )
     return value
+
+
+def _where(text: str, at: int) -> str:
+    """``line L, column C`` of the character at index ``at`` of ``text`` (both from 1)."""
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    return f"line {line}, column {column}"

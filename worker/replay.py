@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import ManaAIError
+from worker.terminal_text import visible
 
 __all__ = [
     "ReplayError",
@@ -44,7 +44,6 @@ __all__ = [
     "render_text",
     "replay_events",
     "restored_log",
-    "visible",
 ]
 
 Row = dict[str, Any]
@@ -345,7 +344,8 @@ def render_text(iteration: Row, events: Sequence[Row], write: Callable[[str], No
     """Plain text, one line per message or call (a message of several lines goes on, indented);
     folded turns are prefixed ``| `` (one bar per compaction that folded them) between the
     lines that open and close their compaction. Control and invisible characters (a bidi
-    override, a terminal escape) are shown as ``\\uXXXX``, never sent to the terminal."""
+    override, a terminal escape) are shown as escapes (``worker.terminal_text.visible``), never
+    sent to the terminal."""
     for line in _header_lines(iteration):
         _write_text(write, "", line)
     depth = 0
@@ -409,20 +409,6 @@ def _write_text(write: Callable[[str], None], bar: str, text: str) -> None:
     write(f"{bar}{first}")
     for line in rest:
         write(f"{bar}    {line}")
-
-
-_HIDDEN = ("Cc", "Cf", "Cs", "Co", "Zl", "Zp")
-
-
-def visible(text: str) -> str:
-    """``text`` with control, format (bidi, zero-width), surrogate and private-use characters
-    written as ``\\uXXXX``; newlines and tabs stay."""
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c in "\n\t" or unicodedata.category(c) not in _HIDDEN else f"\\u{ord(c):04x}"
-        for c in text
-    )
 
 
 def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str], None]) -> None:

@@ -67,7 +67,8 @@ from planner.policy import (
 from planner.testing import InMemoryCallLedger
 from worker.mcp.config import is_mcp_tool_name
 from worker.reminder_channel import mission_reminder_channel
-from worker.replay import ReplayError, checked_iteration, policy_text, restored_log, visible
+from worker.replay import ReplayError, checked_iteration, policy_text, restored_log
+from worker.terminal_text import visible_line
 from worker.transcript import call_outcome
 
 __all__ = [
@@ -200,7 +201,7 @@ class RerunReport:
         out.extend(f"note: {n}" for n in self.notes)
         out.append("not compared: " + "; ".join(self.not_compared) + ".")
         # tool names, errors and reminders came from models and tools: one line each, shown
-        return [visible(line).replace("\n", "\\n") for line in out]
+        return [visible_line(line) for line in out]
 
 
 def _difference_text(d: Row) -> str:

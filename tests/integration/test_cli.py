@@ -249,6 +249,20 @@ def test_missions_add_finds_an_agent_by_its_trimmed_name(run: Any, given: str) -
             "--timezone is 10000 characters long",  # was an OSError reported as a database error
         ),
         (["missions", "add", "--agent", "a", "--objective", "a\x1bb", "--due-now"], "--objective"),
+        (
+            ["missions", "add", "--agent", "a", "--objective", "Pay\n\u202e01$", "--due-now"],
+            "--objective must not contain bidi embeddings, overrides or isolates (U+202E "
+            "RIGHT-TO-LEFT OVERRIDE at line 2, column 1)",
+        ),
+        (
+            ["agents", "add", "--name", "a", "--owner", "u", "--system-prompt", "Be \u2067x"],
+            "--system-prompt must not contain bidi embeddings, overrides or isolates (U+2067",
+        ),
+        (
+            ["agents", "set", "a", "--system-prompt", "Be\tbrief\x1b[8m hidden"],
+            "--system-prompt must not contain control characters other than newline and tab "
+            "(U+001B ESC at line 1, column 9)",
+        ),
         (["policy", "allow-destructive", "u", "notes\u200b_delete"], "TOOL_OR_SCOPE must not"),
         (["policy", "set-rate-limit", "u", "5", "--tool", "x" * 300], "--tool is 300 characters"),
     ],
@@ -266,7 +280,9 @@ def test_missions_list_cuts_long_objectives_like_other_columns(run: Any) -> None
     code, out, _ = run("missions", "list")
     row = out.splitlines()[1]
     cell = row[row.index("Summarise") :]
-    assert code == 0 and len(cell) == 60 and cell.endswith(" and more and…")
+    # one line per row: the newline shows as \n, and the cell is cut at 60 characters
+    assert code == 0 and len(cell) == 60 and cell.endswith(" and more an…")
+    assert cell.startswith("Summarise\\nthe notes and more") and len(out.splitlines()) == 2
     assert max(len(line) for line in out.splitlines()) < 200
     assert as_json(run, "missions", "show", "1")["objective"] == objective.strip()
 
@@ -294,8 +310,13 @@ def test_objective_file_reads_long_objectives_from_a_file_or_stdin(
     [
         (("x" * 20_001).encode(), "--objective-file is 20,001 characters long; at most 20,000"),
         (("é" * 40_001).encode(), "is too long; an objective holds at most 20,000 characters"),
-        (b"nul \x00 here", "must not contain control characters"),
+        (b"nul \x00 here", "is not UTF-8 text (a NUL byte at byte 5: a binary file?)"),
         (b"latin-1 \xe9t\xe9", "is not UTF-8 text (byte 9)"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "is not UTF-8 text (a NUL byte at byte 9"),
+        (b"\x89PNG\r\n\x1a\n", "is not UTF-8 text (byte 1)"),  # a small binary file
+        (Path("/bin/ls").read_bytes(), "is not UTF-8 text"),  # said "too long"
+        (b"step 1\nrun \x1b[2J now", "(U+001B ESC at line 2, column 5)"),
+        ("step 1\nok \u202egnp.exe".encode(), "--objective-file must not contain bidi"),
         (None, "cannot read"),
     ],
 )

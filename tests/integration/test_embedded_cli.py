@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.integration.cli_harness import command_names
 from worker.cli import main
-from worker.db.engine import stop_embedded_postgres
+from worker.db.embedded import stop_embedded_postgres
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +109,81 @@ def test_root_is_told_of_a_database_left_in_the_old_default(
         f"set MANA_AI_DATA_DIR={old} to use it"
     )
     assert lines[1:] == ([] if explicit else [hint])
+
+
+IN_PROCESS = {
+    "db upgrade": ["db", "upgrade"],
+    "agents add": ["agents", "add", "--name", "told", "--owner", "u"],
+    "agents set": ["agents", "set", "told", "--max-rounds", "3"],
+    "agents list": ["agents", "list"],
+    "missions add": ["missions", "add", "--agent", "told", "--objective", "x", "--due-now"],
+    "missions list": ["missions", "list"],
+    "missions show": ["missions", "show", "1"],
+    "missions history": ["missions", "history", "1"],
+    "missions pause": ["missions", "pause", "1"],
+    "missions resume": ["missions", "resume", "1"],
+    "tick": ["tick"],
+    "iterations list": ["iterations", "list"],
+    "iterations show": ["iterations", "show", "latest"],
+    "replay": ["replay", "latest"],
+    "policy show": ["policy", "show", "u"],
+    "policy allow-destructive": ["policy", "allow-destructive", "u", "notes_delete"],
+    "policy revoke-destructive": ["policy", "revoke-destructive", "u", "notes_delete"],
+    "policy set-rate-limit": ["policy", "set-rate-limit", "u", "5"],
+    "policy report": ["policy", "report"],
+    "mcp token create": ["mcp", "token", "create", "u"],
+    "mcp token list": ["mcp", "token", "list"],
+    "mcp token revoke": ["mcp", "token", "revoke", "1"],
+}  # fmt: skip
+"""A command line of every command that runs to its end: each opens the database."""
+
+SERVERS = {
+    "worker": (["worker"], "ticking every"),
+    "mcp serve": (["mcp", "serve"], "mana-ai: serving MCP at"),
+}
+"""The commands that run until stopped, with the line that says they are up."""
+
+
+def test_every_command_is_here_once() -> None:
+    assert sorted(command_names()) == sorted([*IN_PROCESS, *SERVERS])
+
+
+@pytest.mark.parametrize("command", IN_PROCESS)
+def test_every_command_names_the_embedded_database_it_opens(
+    command: str, run: Any, data_dir: Path
+) -> None:
+    # the trial: `mcp serve` (and `mcp token …`) opened it without a word; a missing row
+    # (exit 1) is fine here, what is printed before it is the point
+    code, _, err = run(*IN_PROCESS[command])
+    assert code in (0, 1) and err.startswith(notice(data_dir)), err
+    assert err.count("MANA_AI_DATABASE_URL is not set") == 1
+
+
+@pytest.mark.parametrize("command", SERVERS)
+def test_the_servers_name_the_embedded_database_before_they_serve(
+    command: str, data_dir: Path
+) -> None:
+    argv, ready = SERVERS[command]
+    env = {k: v for k, v in os.environ.items() if k != "MANA_AI_DATABASE_URL"}
+    env |= {"MANA_AI_DATA_DIR": str(data_dir), "MANA_AI_METRICS_PORT": "0", "MANA_AI_MCP_PORT": "0"}
+    env |= {"MANA_AI_LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", *argv],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # until the server says it is up (or exits)
+            lines.append(line)
+            if ready in line:
+                break
+    finally:
+        proc.terminate()
+        rest = proc.communicate(timeout=60)[1]
+    assert any(ready in line for line in lines), "".join(lines) + rest
+    assert lines[0] == notice(data_dir) and proc.returncode == 0

@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 START = (
     "import os, signal, sys; from pathlib import Path; "
-    "from worker.db.engine import start_embedded_postgres; "
+    "from worker.db.embedded import start_embedded_postgres; "
     "start_embedded_postgres(Path(sys.argv[1])); "
     "os.kill(os.getpid(), signal.SIGKILL) if sys.argv[2] == 'crash' else None"
 )
@@ -53,3 +56,127 @@ def test_a_crashed_client_does_not_keep_the_server_running_forever(pgdata: Path)
     # the next clean client reused the server, forgot the dead client, and stopped it at exit
     assert server_pid(pgdata) is None
     assert os.path.exists(pgdata / "PG_VERSION")
+
+
+@pytest.mark.parametrize(
+    ("data_dir", "error"),
+    [
+        ("/proc/nope", "No such file or directory"),  # the trial's: /proc takes no directory
+        ("/proc/nope/deeper", "No such file or directory (/proc/nope)"),
+        ("{file}", "Not a directory"),
+        ("{file}/sub", "Not a directory"),
+    ],
+)
+def test_a_data_directory_that_cannot_be_made_is_named_without_a_log_that_is_not_there(
+    data_dir: str,
+    error: str,
+    embedded_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
+    from worker.cli import main
+
+    (embedded_dir / "a-file").write_text("")
+    where = Path(data_dir.format(file=embedded_dir / "a-file"))
+    monkeypatch.delenv("MANA_AI_DATABASE_URL", raising=False)
+    monkeypatch.setenv("MANA_AI_DATA_DIR", str(where))
+    assert main(["agents", "list"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(
+        f"mana-ai: error: cannot create or write the data directory {where} of the embedded "
+        f"PostgreSQL: {error}"
+    ), err
+    assert err.endswith("set MANA_AI_DATA_DIR to a directory mana-ai may create and write")
+    assert "log" not in err  # said "see the server log at /proc/nope/pgdata/log"
+
+
+HOLD = (
+    "import ctypes, sys; from pathlib import Path; "
+    # 36: PR_SET_CHILD_SUBREAPER
+    "sys.argv[2] == 'subreaper' and ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+    "from worker.db.embedded import start_embedded_postgres; "
+    "start_embedded_postgres(Path(sys.argv[1])); print('up', flush=True); sys.stdin.readline()"
+)
+
+
+def mana_ai(data_dir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "MANA_AI_DATABASE_URL"}
+    env["MANA_AI_DATA_DIR"] = str(data_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def kill_server(pgdata: Path) -> psutil.Process:
+    pid = server_pid(pgdata)
+    assert pid is not None
+    server = psutil.Process(pid)
+    server.kill()  # SIGKILL
+    return server
+
+
+@contextmanager
+def holder(pgdata: Path, mode: str) -> Iterator[subprocess.Popen[str]]:
+    """A client process that starts (or reuses) the server and holds it until its stdin
+    closes; with ``subreaper`` it also becomes the server's parent, and never reaps it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(pgdata), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        yield proc
+    finally:
+        if proc.poll() is None:  # the test failed before it let go
+            proc.kill()
+            proc.communicate()
+
+
+def test_a_killed_server_leaves_no_traceback_and_the_next_command_starts_another(
+    pgdata: Path,
+) -> None:
+    with holder(pgdata, "plain") as held:
+        kill_server(pgdata)
+        # at once, while the dead server may still be a zombie that looks alive
+        after = mana_ai(pgdata.parent, "agents", "list")
+        assert (after.returncode, after.stdout) == (0, "(none)\n"), after.stderr
+        _, err = held.communicate("\n", timeout=120)
+    assert held.returncode == 0 and "Traceback" not in err, err
+    # the holder was the last client of the server the command started: it stopped it
+    assert server_pid(pgdata) is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_a_killed_server_nobody_reaps_is_named_and_its_clients_exit_cleanly(
+    pgdata: Path,
+) -> None:
+    # the holder is the server's parent and never reaps it: the dead server stays a zombie,
+    # whose postmaster.pid looks alive (the package reused it: "Connection refused")
+    with holder(pgdata, "subreaper") as held:
+        server = kill_server(pgdata)
+        until(lambda: server.status() == psutil.STATUS_ZOMBIE, "the killed server's zombie")
+        after = mana_ai(pgdata.parent, "agents", "list")
+        assert after.returncode == 1 and "Traceback" not in after.stderr
+        assert (
+            f"the embedded PostgreSQL server in {pgdata} was killed: its process {server.pid} "
+            f"has exited, but its parent (process {held.pid}) has not reaped it"
+        ) in " ".join(after.stderr.split())
+        # its client exits at once and quietly: no traceback, no `pg_ctl stop` of a dead one
+        _, err = held.communicate("\n", timeout=120)
+    assert (held.returncode, err) == (0, "")
+    again = mana_ai(pgdata.parent, "agents", "list")
+    assert (again.returncode, again.stdout) == (0, "(none)\n"), again.stderr

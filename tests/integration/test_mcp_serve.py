@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.readme import documented_responses, section
 from worker.app import open_served_tools
 from worker.db.mcp import McpStore
 from worker.db.policy import PolicyStore
@@ -308,5 +309,14 @@ async def test_metrics_and_health_need_no_token(db: AsyncEngine, database_url: s
         base = server.url.removesuffix("/mcp")
         health = await http.get(f"{base}/healthz")
         scraped = await http.get(f"{base}/metrics")
-    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    # the body README documents, in the MCP server's section and beside the worker's
+    # (tests/integration/test_health.py holds the worker's to the same text)
+    documented = [
+        *documented_responses(section("### The MCP server").split("`/healthz` (", 1)[1]),
+        *documented_responses(
+            section("### Metrics and health").split("`mana-ai mcp serve` has no tick", 1)[1]
+        ),
+    ]
+    assert documented == [(200, {"status": "ok"})] * 2
+    assert (health.status_code, health.json()) == documented[0]
     assert scraped.status_code == 200 and "mana_ai_policy_decisions_total" in scraped.text

@@ -15,7 +15,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, MetaData, Text, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.db.engine import create_engine, resolve_database_url, stop_embedded_postgres
+from worker.db.embedded import stop_embedded_postgres
+from worker.db.engine import create_engine, resolve_database_url
 from worker.db.migrate import (
     MIGRATION_LOCK_KEY,
     alembic_config,

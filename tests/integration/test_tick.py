@@ -175,13 +175,18 @@ async def test_two_workers_on_one_database_run_50_missions_exactly_once(
         first, second = await asyncio.gather(drain(workers[0]), drain(workers[1]))
     finally:
         await other_engine.dispose()
-    assert len(first) + len(second) == 50
-    assert first and second, "both workers should have claimed some missions"
+    # exactly once: every mission ran, none twice, each run stored once under the worker
+    # that reported it. How the 50 split between the two is the scheduler's business (on a
+    # loaded machine one worker may claim them all), so it is not asserted.
+    assert first + second == ["succeeded"] * 50
     stored = await iterations(db)
-    assert len(stored) == 50
     assert sorted(i["mission_id"] for i in stored) == sorted(ids)
-    assert {i["worker_id"] for i in stored} == {"w1", "w2"}
     assert all(i["status"] == "succeeded" and i["attempt"] == 1 for i in stored)
+    by_worker = [i["worker_id"] for i in stored]
+    assert (by_worker.count("w1"), by_worker.count("w2")) == (len(first), len(second))
+    async with db.connect() as conn:
+        calls = (await conn.execute(select(tool_invocations.c.iteration_id))).scalars().all()
+    assert sorted(calls) == sorted(i["id"] for i in stored), "one clock_now call per run"
 
 
 async def test_expired_lease_of_a_dead_worker_is_taken_over(db: AsyncEngine) -> None:

@@ -29,7 +29,16 @@ GROUPS = (db, agents, missions, daemon, iterations, replay, policy, mcp)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mana-ai`` console script; returns the exit status."""
+    """Entry point of the ``mana-ai`` console script; returns the exit status. Everything the
+    command writes to stdout and stderr shows hidden characters as escapes
+    (``worker.cli.output.visible_streams``)."""
+    from worker.cli.output import visible_streams
+
+    with visible_streams():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "command_fn"):

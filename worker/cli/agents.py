@@ -21,6 +21,7 @@ from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
 from worker.settings import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, Settings
+from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
     from worker.mcp.config import McpServerConfig
@@ -228,14 +229,14 @@ def _mcp_shown(servers: list[dict[str, Any]]) -> str:
         shown.append(
             f"{s['name']} ({s['transport']}: {where}{', required' if s['required'] else ''})"
         )
-    return ", ".join(shown) or "(none)"
+    return visible_line(", ".join(shown)) or "(none)"
 
 
 def _shown(value: Any) -> str:
     if value is None:
         return "default"
     text = ",".join(value) if isinstance(value, list) else str(value)
-    return repr(text[:60] + "…") if len(text) > 60 else text
+    return repr(text[:60] + "…") if len(text) > 60 else visible_line(text)
 
 
 def _context(text: str) -> int:
@@ -300,7 +301,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
             compact_max_ctx=args.compact_max_ctx,
             mcp_servers=servers,
         )
-    text = f"agent {agent['name']} created (id {agent['id']})"
+    text = f"agent {visible_line(agent['name'])} created (id {agent['id']})"
     if servers:
         text += f"; MCP servers: {_mcp_shown(agent['mcp_servers'])}"
     emit(args, agent, text)
@@ -341,7 +342,7 @@ async def _set(args: argparse.Namespace, settings: Settings) -> int:
     shown = [f"{key} {_shown(agent[key])}" for key in sorted(changes)]
     if servers or remove:
         shown.append(f"MCP servers now {_mcp_shown(agent['mcp_servers'])}")
-    emit(args, agent, f"agent {agent['name']} changed: {', '.join(shown)}")
+    emit(args, agent, f"agent {visible_line(agent['name'])} changed: {', '.join(shown)}")
     return 0
 
 

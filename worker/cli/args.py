@@ -69,10 +69,11 @@ def checked_name(text: str, what: str) -> str:
 def checked_text(text: str, what: str, max_chars: int = MAX_TEXT_CHARS) -> str:
     """The rule for free text a command takes (objectives, system prompts;
     ``worker.names.normalised_text``): trimmed, 1 to ``max_chars`` characters, newlines and
-    tabs but no other control characters.
+    tabs but no other control characters (ESC, BEL, …), no bidi embedding, override or isolate.
 
     Raises:
-        UsageError: naming ``what`` (e.g. ``--objective``) and what is wrong.
+        UsageError: naming ``what`` (e.g. ``--objective``) and what is wrong (for a refused
+            character: its code point, name, line and column).
     """
     try:
         return normalised_text(text, max_chars)

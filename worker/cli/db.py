@@ -24,11 +24,9 @@ def register(commands: Any) -> None:
 
 
 async def _upgrade(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
-    from worker.cli.stores import announce_database
+    from worker.cli.stores import database
     from worker.db.migrate import current_revision
 
-    announce_database(settings)
-    async with open_database(settings, migrate=True) as engine:
+    async with database(settings, migrate=True) as engine:
         print(f"database schema at revision {await current_revision(engine)}")
     return 0

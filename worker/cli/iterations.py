@@ -17,9 +17,9 @@ from worker.replay import (
     is_summary,
     message_label,
     policy_text,
-    visible,
 )
 from worker.settings import Settings
+from worker.terminal_text import visible, visible_line
 
 __all__ = ["register", "unsupported_figures", "verdict"]
 
@@ -90,7 +90,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     print(
         f"iteration {it['id']} of mission {it['mission_id']}: {it['status']} "
-        f"(attempt {it['attempt']}, worker {it['worker_id']})"
+        f"(attempt {it['attempt']}, worker {visible_line(it['worker_id'])})"
     )
     print(
         f"  scheduled for {fmt(it['scheduled_for'])}, started {fmt(it['started_at'])}, "
@@ -102,10 +102,10 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         f"  rounds {it['rounds']}, tokens {it['prompt_tokens']} prompt + "
         f"{it['completion_tokens']} completion"
         f"{' (partly estimated: the endpoint did not report all usage)' if estimated else ''}, "
-        f"stop reason {it['stop_reason']}"
+        f"stop reason {visible_line(str(it['stop_reason']))}"
     )
     if it["error"]:
-        print(f"  error: {it['error']}")
+        print(f"  error: {visible_line(it['error'])}")
     done = [c for c in it.get("compactions") or [] if not c.get("error")]
     folded = sum(int(c.get("folded_turns") or 0) for c in done)
     if done:
@@ -115,7 +115,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         )
     attempts = it.get("attempts") or []
     if len(attempts) > 1:
-        print("  attempts: " + "; ".join(_attempt_text(a) for a in attempts))
+        print("  attempts: " + visible_line("; ".join(_attempt_text(a) for a in attempts)))
     _print_log(
         it["messages"], it.get("reminders") or [], attempts, folded_rounds=folded, it_id=it["id"]
     )
@@ -127,13 +127,13 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             f"error: {inv['error']}" if inv["error"] else f"result: {json.dumps(inv['result'])}"
         )
         print(
-            f"  round {inv['round']} {inv['tool']}({json.dumps(inv['arguments'])}) "
-            f"{inv['outcome']} in {inv['duration_ms']:.1f} ms; {detail}"
+            f"  round {inv['round']} {visible_line(inv['tool'])}({json.dumps(inv['arguments'])}) "
+            f"{inv['outcome']} in {inv['duration_ms']:.1f} ms; {visible_line(detail)}"
         )
         policy = policy_text(inv.get("policy_decision"), inv.get("policy_mode"))
         if policy:
-            print(f"    policy: {policy}")
-    print(f"\n{verdict(it)}")
+            print(f"    policy: {visible_line(policy)}")
+    print(f"\n{visible_line(verdict(it))}")
     return 0
 
 
@@ -261,12 +261,16 @@ def _print_log(
     def header(round_no: int, note: str = "") -> None:
         for attempt in resumed.pop(round_no, []):
             print(
-                f"  == attempt {attempt.get('attempt')} (worker {attempt.get('worker_id')}) "
+                f"  == attempt {attempt.get('attempt')} "
+                f"(worker {visible_line(str(attempt.get('worker_id')))}) "
                 f"resumed here, after round {round_no - 1} =="
             )
         print(f"  -- round {round_no}{note} --")
         for reminder in by_round.pop(round_no, []):
-            print(f"  [reminder {reminder.get('producer')}] {reminder.get('text')}")
+            print(
+                f"  [reminder {visible_line(str(reminder.get('producer')))}] "
+                f"{visible_line(str(reminder.get('text')))}"
+            )
 
     round_no = folded_rounds
     for folded in range(1, folded_rounds + 1):
@@ -284,11 +288,15 @@ def _print_log(
             )
         label = message_label(message)
         if message.get("content") is not None:
-            print(f"  {label} {visible(str(message['content']))}")
+            content = visible(str(message["content"])).replace("\n", "\n    ")
+            print(f"  {visible_line(label)} {content}")
         for call in message.get("tool_calls", []):
             arguments = json.dumps(call.get("arguments", {}))
             if call.get("raw_arguments") is not None:
                 arguments = f"<undecodable: {call['raw_arguments']!r}>"
-            print(f"  {label} calls {call['name']}({arguments}) id={call['id']}")
+            print(
+                f"  {visible_line(label)} calls {visible_line(str(call['name']))}({arguments}) "
+                f"id={visible_line(str(call['id']))}"
+            )
     for leftover in sorted(by_round):  # a round whose request got no answer
         header(leftover, " (no answer)")

@@ -18,6 +18,7 @@ from worker.cli.args import UsageError, checked_name, group, json_flag, row_id
 from worker.cli.output import emit, print_json, table
 from worker.errors import ManaAIError
 from worker.settings import Settings
+from worker.terminal_text import visible_line
 
 __all__ = ["register"]
 
@@ -87,7 +88,7 @@ def register(commands: Any) -> None:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_served_tools
+    from worker.cli.stores import served_tools
 
     if args.stdio:
         if args.user is None:
@@ -96,7 +97,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     elif args.user is not None:
         raise UsageError("--user goes with --stdio; over HTTP each client's token names its user")
     scopes = ", ".join(settings.mcp_scopes) or "every scope"
-    async with open_served_tools(settings) as (served, store):
+    async with served_tools(settings) as (served, store):
         if args.stdio:
             from worker.mcp.server import serve_stdio
 
@@ -117,17 +118,18 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
                 f"cannot listen on {settings.mcp_host}:{settings.mcp_port} "
                 f"({exc.strerror or exc}); set MANA_AI_MCP_HOST / MANA_AI_MCP_PORT"
             ) from None
+        # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for
+        # the handlers it found: these, so the command ends with status 0 as `worker` does.
+        # Installed before the line below, which tells a supervisor it may stop the server.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.stop)
         print(
             f"mana-ai: serving MCP at {server.url} (bearer tokens; policy mode "
             f"{settings.policy_mode}; scopes: {scopes})",
             file=sys.stderr,
             flush=True,
         )
-        # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for
-        # the handlers it found: these, so the command ends with status 0 as `worker` does
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, server.stop)
         try:
             await server.serve()
         finally:
@@ -137,13 +139,13 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _create(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
+    from worker.cli.stores import database
     from worker.db.mcp import McpStore
     from worker.db.policy import PolicyStore
 
     user = checked_name(args.user, "the user id")
     label = checked_name(args.label, "--label") if args.label is not None else None
-    async with open_database(settings) as engine:
+    async with database(settings) as engine:
         row, token = await McpStore(engine).create_token(user, label=label)
         owns = await PolicyStore(engine).owns_agents(user)
     if not owns:
@@ -166,11 +168,11 @@ async def _create(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
+    from worker.cli.stores import database
     from worker.db.mcp import McpStore
 
     user = checked_name(args.user, "the user id") if args.user is not None else None
-    async with open_database(settings) as engine:
+    async with database(settings) as engine:
         rows = await McpStore(engine).list_tokens(user)
     if args.json:
         print_json(rows)
@@ -180,14 +182,15 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import open_database
+    from worker.cli.stores import database
     from worker.db.mcp import McpStore
 
-    async with open_database(settings) as engine:
+    async with database(settings) as engine:
         row, was_live = await McpStore(engine).revoke_token(args.id)
+    user = visible_line(row["user_id"])
     if was_live:
-        text = f"MCP token {row['id']} of user {row['user_id']} revoked"
+        text = f"MCP token {row['id']} of user {user} revoked"
     else:
-        text = f"MCP token {row['id']} of user {row['user_id']} was already revoked; unchanged"
+        text = f"MCP token {row['id']} of user {user} was already revoked; unchanged"
     emit(args, row, text)
     return 0

@@ -19,9 +19,10 @@ from worker.cli.args import (
     limit,
     row_id,
 )
-from worker.cli.output import emit, fmt, print_json, table
+from worker.cli.output import emit, fields, fmt, print_json, table
 from worker.cli.stores import admin_store
 from worker.settings import Settings
+from worker.terminal_text import visible_line
 
 __all__ = ["register"]
 
@@ -151,8 +152,12 @@ def _read_objective(path: str) -> str:
     """The text of ``path`` (``-``: standard input), read as UTF-8; at most a little more than
     the longest objective is read, so a huge file is refused without being loaded.
 
+    What is not text is said first, whatever its size: a NUL byte (a binary file, like
+    ``/bin/ls``) or bytes that are not UTF-8 in what was read; then a file longer than the
+    longest objective is "too long".
+
     Raises:
-        UsageError: the file cannot be read, or is not UTF-8 text.
+        UsageError: the file cannot be read, is not UTF-8 text, or is too long.
     """
     limit_bytes = MAX_TEXT_CHARS * 4 + 1  # enough for MAX_TEXT_CHARS characters, plus one
     where = "standard input" if path == "-" else path
@@ -164,17 +169,27 @@ def _read_objective(path: str) -> str:
                 data = file.read(limit_bytes)
     except OSError as exc:
         raise UsageError(f"--objective-file: cannot read {where}: {exc.strerror or exc}") from None
-    if len(data) == limit_bytes:
+    cut = len(data) == limit_bytes  # there is more; what was read may end inside a character
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise UsageError(
+            f"--objective-file: {where} is not UTF-8 text (a NUL byte at byte {nul + 1}: "
+            "a binary file?)"
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        if not (cut and exc.reason == "unexpected end of data"):
+            raise UsageError(
+                f"--objective-file: {where} is not UTF-8 text (byte {exc.start + 1})"
+            ) from None
+        text = ""
+    if cut:
         raise UsageError(
             f"--objective-file: {where} is too long; an objective holds at most "
             f"{MAX_TEXT_CHARS:,} characters"
         )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageError(
-            f"--objective-file: {where} is not UTF-8 text (byte {exc.start + 1})"
-        ) from None
+    return text
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
@@ -193,8 +208,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json(mission)
     else:
-        for key, value in mission.items():
-            print(f"{key:>18}: {fmt(value)}")
+        fields(mission)
     return 0
 
 
@@ -206,7 +220,7 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     shown = len(mission["iterations"])
     print(
-        f"mission {mission['id']} (agent {mission['agent']}, {mission['status']}): "
+        f"mission {mission['id']} (agent {visible_line(mission['agent'])}, {mission['status']}): "
         f"{mission['iteration_count']} iteration(s)"
         + (f", the latest {shown} shown" if shown < mission["iteration_count"] else "")
     )
@@ -214,23 +228,25 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
         tokens = it["prompt_tokens"] + it["completion_tokens"]
         print(
             f"  iteration {it['id']} scheduled for {fmt(it['scheduled_for'])}: {it['status']}, "
-            f"{it['rounds']} round(s), {tokens} tokens, stop reason {fmt(it['stop_reason'])}"
+            f"{it['rounds']} round(s), {tokens} tokens, "
+            f"stop reason {visible_line(fmt(it['stop_reason']))}"
             + (f", attempt {it['attempt']}" if it["attempt"] > 1 else "")
         )
         if it["error"]:
-            print(f"    error: {it['error']}")
+            print(f"    error: {visible_line(it['error'])}")
         for c in it["compactions"]:
             if c["error"]:
                 print(
                     f"    compaction {c['compaction_index']} before round {c['round']}: "
-                    f"failed, nothing folded: {c['error']}"
+                    f"failed, nothing folded: {visible_line(c['error'])}"
                 )
             else:
                 print(
                     f"    compaction {c['compaction_index']} before round {c['round']}: "
                     f"{c['folded_turns']} turn(s) folded, {c['tokens_before']} -> "
                     f"{c['tokens_after']} tokens (estimated), by "
-                    f"{c['model'] or 'the default model'} in {c['duration_ms']:.0f} ms"
+                    f"{visible_line(c['model'] or 'the default model')} in "
+                    f"{c['duration_ms']:.0f} ms"
                 )
     return 0
 

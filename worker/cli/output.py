@@ -1,13 +1,33 @@
-"""How the ``mana-ai`` commands print: one line for people, ``--json`` for scripts, tables."""
+"""How the ``mana-ai`` commands print: one line for people, ``--json`` for scripts, tables.
+
+Nothing a command prints shows a hidden character raw (``worker.terminal_text``: terminal
+escapes, bidi controls, other controls and invisible characters): ``main`` runs every command
+inside ``visible_streams``, which writes stdout and stderr through ``visible``; tables and
+fields escape before they measure, ``print_json`` escapes inside JSON strings.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO
 
-__all__ = ["CELL_CHARS", "cell", "emit", "fmt", "jsonable", "print_json", "table"]
+from worker.terminal_text import visible, visible_json, visible_line
+
+__all__ = [
+    "CELL_CHARS",
+    "cell",
+    "emit",
+    "fields",
+    "fmt",
+    "jsonable",
+    "print_json",
+    "table",
+    "visible_streams",
+]
 
 
 def fmt(value: Any) -> str:
@@ -33,8 +53,9 @@ def jsonable(value: Any) -> Any:
 
 
 def print_json(value: Any) -> None:
-    """Print ``value`` as indented JSON."""
-    print(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
+    """Print ``value`` as indented JSON (``visible_json``: hidden characters as ``\\u``
+    escapes, so the output parses back to ``value`` and shows nothing hidden)."""
+    print(visible_json(jsonable(value), indent=2))
 
 
 def emit(args: argparse.Namespace, row: dict[str, Any], text: str) -> None:
@@ -64,7 +85,55 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def cell(value: Any) -> str:
-    """``value`` as a table cell: ``fmt``, whitespace runs (newlines too) as one space, at most
-    ``CELL_CHARS`` characters with ``…`` where cut."""
-    text = " ".join(fmt(value).split())
+    """``value`` as a table cell: ``fmt`` on one line (``visible_line``: a newline shows as
+    ``\\n``, a tab as ``\\t``, an escape or bidi control as ``\\u001b``, ``\\u202e``), at
+    most ``CELL_CHARS`` characters with ``…`` where cut."""
+    text = visible_line(fmt(value))
     return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+
+
+def fields(row: dict[str, Any], key_width: int = 18) -> None:
+    """Print ``row`` one field a line, ``key: value`` with the keys right-aligned in
+    ``key_width``; a value of several lines (an objective) goes on under its first line,
+    indented to it, so that no line of it can pass for another field."""
+    indent = " " * (key_width + 2)
+    for key, value in row.items():
+        first, *rest = visible(fmt(value)).split("\n")
+        print(f"{key:>{key_width}}: {first}")
+        for line in rest:
+            print(f"{indent}{line}")
+
+
+class _VisibleStream:
+    """A text stream that writes what it is given through ``visible`` (newlines and tabs
+    kept); everything else (``flush``, ``fileno``, ``buffer``, ``isatty``) is the wrapped
+    stream's, so binary writers (``mcp serve --stdio``) are untouched."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.wrapped = stream
+
+    def write(self, text: str) -> int:
+        self.wrapped.write(visible(text))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+@contextmanager
+def visible_streams() -> Iterator[None]:
+    """While it lasts, ``sys.stdout`` and ``sys.stderr`` (and log handlers made meanwhile)
+    write every hidden character as an escape: what a command prints, its error messages and
+    its log lines cannot move the cursor, set the title or reorder text, whatever the database
+    or a peer put in them. The streams are restored on exit."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = _VisibleStream(saved[0])
+    sys.stderr = _VisibleStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved

@@ -17,6 +17,7 @@ from worker.cli.args import UsageError, checked_name, group, json_flag
 from worker.cli.output import emit, fmt, print_json, table
 from worker.cli.stores import policy_store
 from worker.settings import Settings
+from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
     from planner import ToolSpec
@@ -232,9 +233,12 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     saved = f"settings saved {fmt(row['updated_at'])}" if row else "no settings of their own"
     print(f"user {user}: {saved}" + ("" if owns else "; owns no agent"))
-    print(f"  destructive opt-ins: {', '.join(result['destructive_opt_ins']) or '(none)'}")
+    opt_ins = visible_line(", ".join(result["destructive_opt_ins"]))
+    print(f"  destructive opt-ins: {opt_ins or '(none)'}")
     print(f"  rate limit for every tool: {fmt(user_settings.rate_limit)}")
-    overrides = ", ".join(f"{k}={v}" for k, v in sorted(user_settings.tool_rate_limits.items()))
+    overrides = visible_line(
+        ", ".join(f"{k}={v}" for k, v in sorted(user_settings.tool_rate_limits.items()))
+    )
     print(f"  rate limits per tool: {overrides or '(none)'}")
     print(f"  mode: {settings.policy_mode} (MANA_AI_POLICY_MODE; agents may override it)")
     print(f"  scopes missions may use: {', '.join(scopes) or 'every scope'}")
@@ -265,7 +269,8 @@ async def _allow(args: argparse.Namespace, settings: Settings) -> int:
     emit(
         args,
         row,
-        f"user {user} opted in to {target}; opt-ins now: {', '.join(row['destructive_opt_ins'])}",
+        f"user {user} opted in to {target}; opt-ins now: "
+        f"{visible_line(', '.join(row['destructive_opt_ins']))}",
     )
     return 0
 
@@ -283,14 +288,13 @@ async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
                 args,
                 current or {"user_id": user, "destructive_opt_ins": []},
                 f"user {user} had not opted in to {target}; nothing changed "
-                f"(opt-ins: {', '.join(opt_ins) or '(none)'})",
+                f"(opt-ins: {visible_line(', '.join(opt_ins)) or '(none)'})",
             )
             return 0
         row = await store.revoke_destructive(user, target)
     remaining = list(row["destructive_opt_ins"])
-    text = (
-        f"user {user}'s opt-in to {target} revoked; opt-ins now: {', '.join(remaining) or '(none)'}"
-    )
+    now = visible_line(", ".join(remaining)) or "(none)"
+    text = f"user {user}'s opt-in to {target} revoked; opt-ins now: {now}"
     spec = next((t for t in tools if t.name == target), None)
     scope = spec.scope if spec is not None else _mcp_scope_of(target)
     if scope is not None and scope in remaining:
@@ -338,9 +342,10 @@ def _print_report(report: PolicyReport) -> None:
         print("  (no decisions: the gate was off, or no tool calls ran in this period)")
         return
     print(f"\n  {'MODE':<10} {'CALLS':>7} {'ALLOWED':>8} {'DENIED':>7} {'SHARE':>7} {'FLAGGED':>8}")
-    for mode, counts in report.by_mode.items():
+    for stored_mode, counts in report.by_mode.items():
+        mode = visible_line(stored_mode)
         share = counts["denied"] / counts["calls"] if counts["calls"] else 0.0
-        denied = f"{counts['denied']}" + ("*" if mode == "log-only" else "")
+        denied = f"{counts['denied']}" + ("*" if stored_mode == "log-only" else "")
         print(
             f"  {mode:<10} {counts['calls']:>7} {counts['allowed']:>8} {denied:>7} "
             f"{share:>7.1%} {counts['flagged']:>8}"
@@ -350,17 +355,22 @@ def _print_report(report: PolicyReport) -> None:
     print("\n  by consumer (mission: missions' calls; mcp: MCP clients' calls):")
     for (consumer, mode), counts in sorted(report.by_consumer.items()):
         print(
-            f"    {consumer:<8} {mode:<10} {counts['calls']:>7} calls {counts['denied']:>6} "
-            f"denied {counts['flagged']:>6} flagged"
+            f"    {visible_line(consumer):<8} {visible_line(mode):<10} {counts['calls']:>7} "
+            f"calls {counts['denied']:>6} denied {counts['flagged']:>6} flagged"
         )
     print("\n  by reason:")
     for (mode, reason), calls in sorted(report.by_reason.items()):
-        print(f"    {mode:<10} {reason:<26} {calls:>7}")
+        print(f"    {visible_line(mode):<10} {visible_line(reason):<26} {calls:>7}")
     print("\n  by tool:")
     for (mode, tool), counts in sorted(report.by_tool.items()):
-        print(f"    {mode:<10} {tool:<26} {counts['calls']:>7} calls {counts['denied']:>6} denied")
+        print(
+            f"    {visible_line(mode):<10} {visible_line(tool):<26} {counts['calls']:>7} calls "
+            f"{counts['denied']:>6} denied"
+        )
     if report.injection_flags:
-        flags = ", ".join(f"{t}: {n}" for t, n in sorted(report.injection_flags.items()))
+        flags = visible_line(
+            ", ".join(f"{t}: {n}" for t, n in sorted(report.injection_flags.items()))
+        )
         print(f"\n  injection markers flagged: {flags}")
     would_deny = report.would_deny_share
     if would_deny is not None:

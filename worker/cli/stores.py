@@ -1,4 +1,10 @@
-"""Opening the database for one admin command."""
+"""Opening the database for one command.
+
+Every command that opens the database goes through here (``database``, ``served_tools``,
+``admin_store``, ``policy_store``), or calls ``announce_database`` right before it opens it
+(``tick`` and ``worker``, whose setup opens it), so that each one says which embedded
+database it uses.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,14 @@ from typing import TYPE_CHECKING
 from worker.settings import Settings, default_data_dir
 
 if TYPE_CHECKING:  # imported when a command runs, so that `--help` stays quick
-    from worker.db.admin import AdminStore
-    from worker.db.policy import PolicyStore
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["admin_store", "announce_database", "policy_store"]
+    from worker.db.admin import AdminStore
+    from worker.db.mcp import McpStore
+    from worker.db.policy import PolicyStore
+    from worker.mcp.consumer import ServedTools
+
+__all__ = ["admin_store", "announce_database", "database", "policy_store", "served_tools"]
 
 
 def announce_database(settings: Settings) -> None:
@@ -42,22 +52,53 @@ def announce_database(settings: Settings) -> None:
 
 
 @asynccontextmanager
-async def admin_store(settings: Settings) -> AsyncIterator[AdminStore]:
-    """An ``AdminStore`` on the configured (or embedded) database, closed on exit."""
+async def database(
+    settings: Settings, *, migrate: bool | None = None
+) -> AsyncIterator[AsyncEngine]:
+    """The configured (or embedded) database, announced (``announce_database``) and opened
+    (``worker.app.open_database``, which ``migrate`` is passed to), disposed on exit.
+
+    Raises:
+        DatabaseError: the database is unreachable, or not migrated (see ``open_database``).
+    """
     from worker.app import open_database
-    from worker.db.admin import AdminStore
 
     announce_database(settings)
-    async with open_database(settings) as engine:
+    async with open_database(settings, migrate=migrate) as engine:
+        yield engine
+
+
+@asynccontextmanager
+async def served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, McpStore]]:
+    """What ``mcp serve`` serves (``worker.app.open_served_tools``) on the database, which is
+    announced once the policy settings are known to be valid.
+
+    Raises:
+        SettingsError: a policy setting names an unknown tool or scope (nothing is opened).
+        ManaAIError: the database could not be opened (or is not migrated).
+    """
+    from worker.app import check_policy_settings, open_served_tools
+    from worker.tools import builtin_tool_catalog
+
+    check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
+    announce_database(settings)
+    async with open_served_tools(settings) as opened:
+        yield opened
+
+
+@asynccontextmanager
+async def admin_store(settings: Settings) -> AsyncIterator[AdminStore]:
+    """An ``AdminStore`` on the configured (or embedded) database, closed on exit."""
+    from worker.db.admin import AdminStore
+
+    async with database(settings) as engine:
         yield AdminStore(engine)
 
 
 @asynccontextmanager
 async def policy_store(settings: Settings) -> AsyncIterator[PolicyStore]:
     """A ``PolicyStore`` on the configured (or embedded) database, closed on exit."""
-    from worker.app import open_database
     from worker.db.policy import PolicyStore
 
-    announce_database(settings)
-    async with open_database(settings) as engine:
+    async with database(settings) as engine:
         yield PolicyStore(engine)

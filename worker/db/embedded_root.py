@@ -23,6 +23,7 @@ server:
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import shutil
@@ -71,7 +72,12 @@ def prepare_as_root(pgdata: Path, *, source_bin: Path | None = None) -> Path:
     Raises:
         DatabaseError: a directory above ``pgdata`` exists and the system user cannot
             traverse it (nothing was created or changed then).
+        OSError: a directory cannot be created (``NotADirectoryError`` when a path on the
+            way is a file; nothing was created or changed then).
     """
+    for directory in [*reversed(pgdata.parents), pgdata]:
+        if directory.exists() and not directory.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
     user = _system_user()
     blocked = unreachable_dir(pgdata.parent, user)
     if blocked is not None:

