@@ -3,7 +3,7 @@
 Not a test: it prints figures. Usage::
 
     python bench/concurrency.py [--missions 1000] [--latency 1.0] [--concurrency 500]
-                                [--pool 10] [--overflow 0]
+                                [--pool 10] [--overflow 0] [--policy-mode enforce]
 
 A fake OpenAI-compatible server in a child process (``tests.fakes.async_llm_server``:
 asyncio, HTTP/1.1 keep-alive) answers every request after ``--latency`` seconds: a
@@ -17,7 +17,11 @@ every iteration finished. Each mission belongs to its own user, as in a real dep
 Prints the wall time, the ideal (N x 2 x L / C: every slot always waiting on the LLM), their
 ratio, the peak number of PostgreSQL connections the worker held (sampled every 50 ms from
 ``pg_stat_activity``), how many plain connections a bystander opened during the run (one every
-250 ms) and how many were refused, the worker process's peak RSS, and missions per second.
+250 ms) and how many were refused, the worker process's peak RSS, and missions per second;
+and the policy gate's figures: calls it could not decide (``policy_unavailable``), runs it
+interrupted, the ledger's statements, and how long a call took from its checks to its result
+(``tool_invocations.duration_ms`` of ``clock_now``, whose handler takes microseconds: the
+gate's reservation is nearly all of it).
 
 Database: ``MANA_AI_TEST_DATABASE_URL`` when set (a throw-away database in that server), else
 an embedded PostgreSQL in a temporary directory.
@@ -33,6 +37,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from sqlalchemy import make_url
@@ -97,6 +102,33 @@ async def iteration_durations(url: str) -> list[float]:
     return [float(r["s"]) for r in rows]
 
 
+async def gate_figures(url: str) -> dict[str, Any]:
+    """Iterations by status, policy_unavailable decisions, and call durations (ms)."""
+    connection = await asyncpg.connect(
+        make_url(url).set(drivername="postgresql").render_as_string(False)
+    )
+    try:
+        statuses = await connection.fetch(
+            "SELECT status || '/' || coalesce(stop_reason, '-') AS s, count(*) AS n "
+            "FROM mission_iterations GROUP BY 1 ORDER BY 1"
+        )
+        unavailable = await connection.fetchval(
+            "SELECT count(*) FROM tool_invocations "
+            "WHERE policy_decision->>'reason' = 'policy_unavailable'"
+        )
+        durations = [
+            float(r["duration_ms"])
+            for r in await connection.fetch("SELECT duration_ms FROM tool_invocations")
+        ]
+    finally:
+        await connection.close()
+    return {
+        "iterations": {r["s"]: r["n"] for r in statuses},
+        "policy_unavailable": unavailable,
+        "call_ms": durations,
+    }
+
+
 async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None:
     async with throwaway_database(server_url) as url:
         await add_missions(url, args.missions, users=args.missions)
@@ -109,6 +141,7 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
             worker_id="bench",
             metrics_port=0,
             llm_timeout_s=max(30.0, 10 * args.latency),
+            policy_mode=args.policy_mode,
         )
         watch = Watch(url)
         async with open_app(settings, migrate=True) as app:
@@ -122,6 +155,8 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
                 cpu = time.process_time() - cpu_before
                 watcher.cancel()
             durations = await iteration_durations(url)
+            ledger = app.worker.runner.policy.ledger if app.worker.runner.policy else None
+            gate = await gate_figures(url)
         ideal = args.missions * 2 * args.latency / args.concurrency
         rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"missions              {args.missions}")
@@ -146,6 +181,21 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
         )
         print(f"peak_rss_mib          {rss_mib:.0f}  (the worker's process)")
         print(f"missions_per_s        {args.missions / elapsed:.1f}")
+        print(f"policy_mode           {args.policy_mode}")
+        print(f"iterations            {gate['iterations']}")
+        print(
+            f"policy_unavailable    {gate['policy_unavailable']}  (calls the gate could not decide)"
+        )
+        print(
+            f"ledger_statements     {getattr(ledger, 'statements', '-')}  "
+            f"(for {len(gate['call_ms'])} calls)"
+        )
+        calls = sorted(gate["call_ms"]) or [0.0]
+        print(
+            f"call_ms               median {statistics.median(calls):.1f}, "
+            f"p99 {calls[int(0.99 * (len(calls) - 1))]:.1f}, max {calls[-1]:.1f}  "
+            "(checks + gate + handler of clock_now)"
+        )
 
 
 def main() -> None:
@@ -162,6 +212,12 @@ def main() -> None:
     )
     parser.add_argument("--pool", type=at_least(1), default=10, help="MANA_AI_DB_POOL_SIZE")
     parser.add_argument("--overflow", type=at_least(0), default=0, help="MANA_AI_DB_MAX_OVERFLOW")
+    parser.add_argument(
+        "--policy-mode",
+        choices=("off", "log-only", "enforce"),
+        default="log-only",
+        help="MANA_AI_POLICY_MODE",
+    )
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
