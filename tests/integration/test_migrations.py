@@ -90,7 +90,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0007"
+    assert revision == head_revision() == "0008"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES
@@ -171,9 +171,9 @@ async def test_downgrade_to_base_and_upgrade_again(fresh: AsyncEngine) -> None:
         await conn.run_sync(downgrade)
     assert await table_names(fresh) == {"alembic_version"}
     assert await current_revision(fresh) is None
-    async with fresh.connect() as conn:  # 0007's trigger function goes with its trigger
+    async with fresh.connect() as conn:  # the migrations' functions go with them
         functions = await conn.execute(
-            text("SELECT proname FROM pg_proc WHERE proname = 'mana_ai_notify_due'")
+            text("SELECT proname FROM pg_proc WHERE proname LIKE 'mana\\_ai\\_%'")
         )
         assert functions.all() == []
 

@@ -4,9 +4,9 @@
   ``mana_ai_reserve_tool_call`` (migration 0002), which takes a transaction advisory lock per
   (user, tool), counts the calls in the rolling window, and records one when fewer than the
   limit — so any number of replicas share the limit exactly. Reservations that wait together
-  go to the database together: one statement calls the function once per reservation, so a
-  burst of 500 calls costs a few statements, not 500. It runs in autocommit, or inside
-  BEGIN … COMMIT under PgBouncer (see the class).
+  go to the database together, through its set-based twin ``mana_ai_reserve_tool_calls``
+  (migration 0008): a burst of 500 calls costs a few statements of milliseconds each. It runs
+  in autocommit, or inside BEGIN … COMMIT under PgBouncer (see the class).
   Its predicate (``count(created_at > now - window) < limit``) is the one of
   ``planner.policy.rate_limit_wait``.
 * ``PolicyStore`` reads and writes ``user_policy_settings`` (the ``mana-ai policy`` commands)
@@ -42,15 +42,12 @@ _RESERVE = text(
     "FROM mana_ai_reserve_tool_call(:user_id, :tool, :consumer, :window, :limit)"
 )
 
-# One statement for a batch: the function once per reservation, in the batch's order (a
-# nested loop over the unnested arrays), in one transaction.
+# One statement for a batch (migration 0008): the rule of the single call, set-based, with the
+# advisory locks of every key of the batch taken in one order.
 _RESERVE_MANY = text(
-    "SELECT b.ord, r.reserved, r.checked_at, r.recent "
-    "FROM unnest(CAST(:users AS text[]), CAST(:tools AS text[]), CAST(:consumers AS text[]), "
-    "CAST(:windows_s AS float8[]), CAST(:limits AS int[])) "
-    "WITH ORDINALITY AS b(user_id, tool, consumer, window_s, lim, ord) "
-    "CROSS JOIN LATERAL mana_ai_reserve_tool_call("
-    "b.user_id, b.tool, b.consumer, b.window_s * interval '1 second', b.lim) AS r"
+    "SELECT ord, reserved, checked_at, recent FROM mana_ai_reserve_tool_calls("
+    "CAST(:users AS text[]), CAST(:tools AS text[]), CAST(:consumers AS text[]), "
+    "CAST(:windows AS interval[]), CAST(:limits AS integer[]))"
 )
 
 MAX_BATCH = 500
@@ -76,9 +73,9 @@ class PostgresCallLedger:
 
     Reservations are batched without waiting for one another: the first goes to the database
     at once; those that arrive while a statement is under way go together in the next one
-    (at most ``MAX_BATCH``), ordered by (user, tool) so that two replicas' batches take the
-    advisory locks in the same order. A failed statement fails every reservation of its
-    batch with the same exception.
+    (at most ``MAX_BATCH``, in the order they came; the function takes their advisory locks in
+    one order, so two replicas' batches never wait for each other in a cycle). A failed
+    statement fails every reservation of its batch with the same exception.
 
     The statement runs with ``worker.db.engine.run_statement``: in autocommit directly on
     PostgreSQL; inside BEGIN … COMMIT behind PgBouncer in transaction pooling mode, where
@@ -121,7 +118,6 @@ class PostgresCallLedger:
         while self._waiting:
             batch = self._waiting[:MAX_BATCH]
             del self._waiting[:MAX_BATCH]
-            batch.sort(key=lambda w: (w.user_id, w.tool))
             try:
                 answers = await self._reserve_many(batch)
             except Exception as exc:
@@ -151,11 +147,10 @@ class PostgresCallLedger:
                 "users": [w.user_id for w in batch],
                 "tools": [w.tool for w in batch],
                 "consumers": [w.consumer for w in batch],
-                "windows_s": [w.limit.window.total_seconds() for w in batch],
+                "windows": [w.limit.window for w in batch],
                 "limits": [w.limit.calls for w in batch],
             }
-            found = await run_statement(self.engine, _RESERVE_MANY, params)
-            rows = sorted(found, key=lambda r: int(r["ord"]))
+            rows = await run_statement(self.engine, _RESERVE_MANY, params)  # in batch order
         return [
             Reservation(
                 reserved=bool(row["reserved"]),
