@@ -39,7 +39,7 @@ from planner.testing import FunctionChatModel, final_answer, tool_calls
 from worker.db.engine import create_engine
 from worker.db.migrate import upgrade_database
 from worker.db.policy import PostgresCallLedger
-from worker.db.stores import MissionStore
+from worker.db.stores import PostgresMissionStore
 from worker.db.tables import agents, mission_iterations, missions
 from worker.gate import PolicySetup
 from worker.runner import MissionRunner
@@ -125,7 +125,7 @@ async def bench(
 
             event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
             try:
-                store = MissionStore(engine)
+                store = PostgresMissionStore(engine)
                 tools = builtin_tools(engine)
                 lease = timedelta(seconds=60)
                 runner = MissionRunner(

@@ -18,12 +18,14 @@ How a round runs (the plan is the pure function ``plan_segments``, the shell is
   starts (a read waiting for a free slot has been decided already; a write or destructive call
   is decided once every call before it finished); a call that fails them gets its error
   result and takes no slot.
-* Results come back in source order, whatever order the calls finished in; ``on_executed``
-  fires in completion order.
-* A ``write`` or ``destructive`` call gets its own idempotency key in ``ctx`` and, with a
-  ``CallJournal``, is recorded durably before its handler starts and again as soon as it
-  finished, so that a worker taking over after a crash knows which writes were in flight
-  (``planner.loop`` resumes from such a record).
+* Results come back in source order, whatever order the calls finished in; the run events
+  (``planner.events``: ``CallDecided``, ``CallStarted``, ``CallFinished``, ``ReadsOverlapped``)
+  go to the sink as they happen, ``CallFinished`` in completion order.
+* A ``write`` or ``destructive`` call gets its own idempotency key in ``ctx``; its
+  ``CallStarted`` is awaited before its handler starts, so a sink (the worker's journal) can
+  record it durably first, and a worker taking over after a crash knows which writes were in
+  flight (``planner.loop`` resumes from such a record). A sink that raises for it keeps the
+  call from running.
 
 The model of this split (a pure segmentation, then a thin async shell) is pydantic-ai's
 ``_tool_execution.py`` (``_segment_by_barriers``).
@@ -37,17 +39,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.errors import RunInterrupted, ToolError
+from planner.events import CallDecided, CallFinished, CallStarted, ReadsOverlapped
 from planner.messages import ChatMessage, ToolCall
 from planner.policy import PolicyDecision, PolicyGate
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
+if TYPE_CHECKING:
+    from planner.events import RunEvent, RunSink
+
 __all__ = [
     "DEFAULT_MAX_PARALLEL_READS",
     "DEFAULT_TOOL_TIMEOUT_S",
-    "CallJournal",
     "ExecutedCall",
     "Segment",
     "ToolCallExecutor",
@@ -66,35 +71,6 @@ DEFAULT_MAX_PARALLEL_READS = 10
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 """Seconds one tool call may run when neither its ToolSpec nor the caller sets a limit."""
-
-
-class CallJournal(Protocol):
-    """Where ``write`` and ``destructive`` calls are recorded around their handler, so that a
-    call in flight when the worker died is known (and never run again silently).
-
-    ``started`` is awaited before the handler; if it raises, the call does not run and its
-    result says why, except ``RunInterrupted``, which stops the run (the call never started,
-    so a resumed run runs it). ``finished`` is awaited as soon as the call has its outcome
-    (not when the run is cancelled mid-call: that call's outcome is then unknown); what it
-    raises is logged and otherwise ignored.
-    """
-
-    async def started(
-        self,
-        call: ToolCall,
-        spec: ToolSpec,
-        *,
-        round: int,
-        position: int,
-        decision: PolicyDecision | None,
-        ctx: ToolContext,
-    ) -> None:
-        """Record durably that ``call`` (0-based ``position`` in ``round``) is about to run."""
-        ...
-
-    async def finished(self, executed: ExecutedCall) -> None:
-        """Record the outcome of a call ``started`` recorded."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -226,11 +202,9 @@ async def execute_calls(
     ctx: ToolContext,
     policy: PolicyGate | None = None,
     executor: ToolCallExecutor | None = None,
-    on_executed: Callable[[ExecutedCall], None] | None = None,
+    sink: RunSink | None = None,
     max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
     tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
-    on_read_batch: Callable[[int], None] | None = None,
-    journal: CallJournal | None = None,
     settled: Mapping[int, ExecutedCall] | None = None,
 ) -> list[ExecutedCall]:
     """Run one round's ``calls`` (see the module docstring for the rules).
@@ -243,15 +217,12 @@ async def execute_calls(
         policy: awaited before each known tool with valid arguments runs, one call at a time
             in source order; a denial skips the handler.
         executor: when given, runs each allowed call instead of the spec's handler.
-        on_executed: called with each ExecutedCall as soon as that call finished
-            (completion order).
+        sink: gets the round's call events (``CallDecided``, ``CallStarted``,
+            ``CallFinished``, ``ReadsOverlapped``); an awaitable it returns is awaited.
         max_parallel_reads: read calls running at once, at most (default 10, must be ≥ 1).
         tool_timeout_s: seconds a call may run when its ToolSpec sets no ``timeout_s``
             (default 60; ``None``: no limit). A call past its limit is cancelled and gets an
             error result; for a write the error says its outcome is unknown.
-        on_read_batch: called after each parallel segment in which two or more calls ran
-            concurrently, with how many ran.
-        journal: records ``write`` / ``destructive`` calls around their handler.
         settled: results already known, by 0-based position (a resumed round: calls an
             earlier attempt finished, or whose outcome is unknown); those calls do not run.
 
@@ -262,9 +233,10 @@ async def execute_calls(
         ValueError: ``max_parallel_reads`` < 1 or ``tool_timeout_s`` ≤ 0.
         asyncio.CancelledError: the run was cancelled; every call still running is cancelled
             and awaited first.
-        RunInterrupted: the journal, the gate or a handler said the run cannot go on (its
+        RunInterrupted: the sink, the gate or a handler said the run cannot go on (its
             database is unreachable); the calls still running are cancelled first.
-        Whatever ``policy`` or ``on_executed`` raise (operator bugs, not tool failures).
+        Whatever ``policy`` or the sink raise for other events (operator bugs, not tool
+        failures).
     """
     if max_parallel_reads < 1:
         raise ValueError(f"max_parallel_reads must be >= 1, got {max_parallel_reads}")
@@ -272,16 +244,17 @@ async def execute_calls(
         raise ValueError(f"tool_timeout_s must be > 0 or None, got {tool_timeout_s}")
     results: list[ExecutedCall | None] = [None] * len(calls)
 
-    def finish(executed: ExecutedCall) -> None:
+    async def finish(executed: ExecutedCall) -> None:
         results[executed.index] = executed
-        if on_executed is not None:
-            on_executed(executed)
+        if sink is not None:
+            was_settled = settled is not None and settled.get(executed.index) is executed
+            await _emit(sink, CallFinished(executed, was_settled))
 
     async def check(index: int) -> ExecutedCall | _Ready:
         if settled and index in settled:
             return settled[index]
         return await _check(
-            index, calls[index], round=round, registry=registry, ctx=ctx, policy=policy
+            index, calls[index], round=round, registry=registry, ctx=ctx, policy=policy, sink=sink
         )
 
     async def run(ready: _Ready) -> ExecutedCall:
@@ -291,19 +264,26 @@ async def execute_calls(
             ctx=ctx,
             executor=executor,
             default_timeout_s=tool_timeout_s,
-            journal=journal,
+            sink=sink,
         )
 
     hints = [_hint(registry, call) for call in calls]
     for segment in plan_segments(hints):
         cap = max_parallel_reads if segment.parallel else 1
         ran = await _run_segment(segment.indices, cap, check, run, finish)
-        if segment.parallel and cap > 1 and ran > 1 and on_read_batch is not None:
-            on_read_batch(ran)
+        if segment.parallel and cap > 1 and ran > 1 and sink is not None:
+            await _emit(sink, ReadsOverlapped(round, ran))
     done = [executed for executed in results if executed is not None]
     if len(done) != len(calls):  # a bug here, never the tool's fault
         raise AssertionError(f"{len(calls)} calls but {len(done)} results")
     return done
+
+
+async def _emit(sink: RunSink, event: RunEvent) -> None:
+    """Give ``event`` to ``sink``; await what it returns, if anything."""
+    pending = sink(event)
+    if pending is not None:
+        await pending
 
 
 def _hint(registry: ToolRegistry, call: ToolCall) -> PolicyHint | None:
@@ -316,7 +296,7 @@ async def _run_segment(
     cap: int,
     check: Callable[[int], Awaitable[ExecutedCall | _Ready]],
     run: Callable[[_Ready], Coroutine[Any, Any, ExecutedCall]],
-    finish: Callable[[ExecutedCall], None],
+    finish: Callable[[ExecutedCall], Awaitable[None]],
 ) -> int:
     """Check the calls in source order and start each one as soon as a slot is free (at most
     ``cap`` running). Returns how many handlers were started. On any exception (cancellation
@@ -328,10 +308,10 @@ async def _run_segment(
         for index in indices:
             checked = await check(index)
             if isinstance(checked, ExecutedCall):
-                finish(checked)
+                await finish(checked)
             else:
                 started += 1
-                finish(await run(checked))
+                await finish(await run(checked))
         return started
     running: set[asyncio.Task[ExecutedCall]] = set()
 
@@ -339,13 +319,13 @@ async def _run_segment(
         finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
         for task in finished:
             running.discard(task)
-            finish(task.result())  # _run turns every failure into a value
+            await finish(task.result())  # _run turns every failure into a value
 
     try:
         for index in indices:
             checked = await check(index)
             if isinstance(checked, ExecutedCall):
-                finish(checked)
+                await finish(checked)
                 continue
             while len(running) >= cap:
                 await collect()
@@ -360,7 +340,7 @@ async def _run_segment(
             await asyncio.wait(running)
             for task in running:  # done before the cancellation reached it: it happened
                 if not task.cancelled() and task.exception() is None:
-                    finish(task.result())
+                    await finish(task.result())
     return started
 
 
@@ -372,8 +352,10 @@ async def _check(
     registry: ToolRegistry,
     ctx: ToolContext,
     policy: PolicyGate | None,
+    sink: RunSink | None = None,
 ) -> ExecutedCall | _Ready:
-    """The call's error result when it cannot run, else what it needs to start."""
+    """The call's error result when it cannot run, else what it needs to start. The gate
+    sees the call's own context (its idempotency key, for a write)."""
     started = time.perf_counter()
 
     def refused(error: str, decision: PolicyDecision | None) -> ExecutedCall:
@@ -391,7 +373,10 @@ async def _check(
         return refused(invalid, None)
     decision: PolicyDecision | None = None
     if policy is not None:
-        decision = await policy(spec, call, ctx)
+        own = ctx if spec.policy_hint == "read" else ctx.for_call(round, index)
+        decision = await policy(spec, call, own)
+        if sink is not None:
+            await _emit(sink, CallDecided(round, index, call, decision))
         if not decision.allow:
             return refused(denial_text(decision), decision)
     return _Ready(index, call, spec, decision, (time.perf_counter() - started) * 1000.0)
@@ -404,10 +389,11 @@ async def _run(
     ctx: ToolContext,
     executor: ToolCallExecutor | None,
     default_timeout_s: float | None,
-    journal: CallJournal | None = None,
+    sink: RunSink | None = None,
 ) -> ExecutedCall:
     """Run one allowed call under its timeout; every failure becomes the error result.
-    A write or destructive call gets its idempotency key, and the journal's records."""
+    A write or destructive call gets its idempotency key. ``CallStarted`` is awaited first:
+    a sink that raises keeps the call from running."""
     call, spec = ready.call, ready.spec
     timeout_s = spec.timeout_s if spec.timeout_s is not None else default_timeout_s
     started = time.perf_counter()
@@ -418,30 +404,20 @@ async def _run(
             round, call, result, error, ready.decision, elapsed_ms, ready.position, ran=ran
         )
 
-    if spec.policy_hint == "read":
-        return await _run_handler(ready, ctx, executor, timeout_s, done)
-    ctx = ctx.for_call(round, ready.position)
-    if journal is not None:
+    if spec.policy_hint != "read":
+        ctx = ctx.for_call(round, ready.position)
+    if sink is not None:
+        event = CallStarted(
+            round, ready.position, call, spec.policy_hint, ctx.idempotency_key, ready.decision
+        )
         try:
-            await journal.started(
-                call, spec, round=round, position=ready.position, decision=ready.decision, ctx=ctx
-            )
+            await _emit(sink, event)
         except RunInterrupted:
             raise  # the runner's to recover from, never the model's
         except Exception as exc:  # not recorded, not run: a write must never run unrecorded
-            return done(
-                None,
-                f"{call.name} was not run: its start could not be recorded "
-                f"({type(exc).__name__}); try again later",
-                ran=False,
-            )
-    executed = await _run_handler(ready, ctx, executor, timeout_s, done)
-    if journal is not None:
-        try:
-            await journal.finished(executed)
-        except Exception:  # the call happened; a resume will say its outcome is unknown
-            logger.exception("could not record the outcome of %s", call.name)
-    return executed
+            logger.warning("%s was not run: its start could not be recorded: %s", call.name, exc)
+            return done(None, f"{call.name} was not run: its start could not be recorded", False)
+    return await _run_handler(ready, ctx, executor, timeout_s, done)
 
 
 async def _run_handler(

@@ -673,20 +673,15 @@ class RulePolicyGate:
     async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
         """Decide ``call`` (see the class docstring); never raises except on cancellation and
         ``RunInterrupted`` from the ledger in ``enforce``."""
-        inp = PolicyInput(
-            spec, ctx, call.arguments, self.user_settings, None, self.mode, None, self.config
-        )
-        try:
-            decision = evaluate_policy(inp)
-        except Exception as exc:  # a bug in the rules must not crash the loop
-            logger.exception("policy rules failed for %s", spec.name)
-            decision = self._unavailable(inp, None, f"its rules failed: {type(exc).__name__}")
+        inp, decision = self.rules(spec, call, ctx)
         if decision.verdict == "allow" and self.mode != "off":
             # The rules that need no counting allow the call: take a rate-limit slot.
-            limit = self.config.rate_limit_for(spec.name, self.user_settings)
             try:
                 reservation = await self.ledger.reserve(
-                    user_id=ctx.user_id, tool=spec.name, limit=limit, consumer=self.consumer
+                    user_id=ctx.user_id,
+                    tool=spec.name,
+                    limit=self.limit_for(spec),
+                    consumer=self.consumer,
                 )
             except RunInterrupted:
                 if self.mode == "enforce":
@@ -703,19 +698,52 @@ class RulePolicyGate:
                     if self.mode == "enforce"
                     else "allowing it (log-only)",
                 )
-                # the model reads the message: the exception's class, not its text (which may
-                # quote SQL or addresses); the log above has the details
-                detail = f"its rate-limit store did not answer: {type(exc).__name__}"
-                decision = self._unavailable(inp, decision, detail)
+                # the model reads the message, not the exception (which may quote SQL or
+                # addresses); the log above has the details
+                decision = self._unavailable(inp, decision, "its rate-limit store did not answer")
             else:
-                if not reservation.reserved:
-                    decision = self._refused(inp, decision, reservation)
+                decision = self.counted(inp, decision, reservation)
+        self.report(spec, call, ctx, decision)
+        return decision
+
+    def rules(
+        self, spec: ToolSpec, call: ToolCall, ctx: ToolContext
+    ) -> tuple[PolicyInput, PolicyDecision]:
+        """The input and the decision of the rules that need no counting (a bug in the rules
+        gives a ``policy_unavailable`` decision, never an exception). A caller that counts the
+        call elsewhere (in the same round trip as another write) goes on with ``limit_for``,
+        ``counted`` and ``report``."""
+        inp = PolicyInput(
+            spec, ctx, call.arguments, self.user_settings, None, self.mode, None, self.config
+        )
+        try:
+            return inp, evaluate_policy(inp)
+        except Exception:  # a bug in the rules must not crash the loop
+            logger.exception("policy rules failed for %s", spec.name)
+            return inp, self._unavailable(inp, None, "its rules failed")
+
+    def limit_for(self, spec: ToolSpec) -> RateLimit:
+        """The rate limit that applies to ``spec`` for this gate's user."""
+        return self.config.rate_limit_for(spec.name, self.user_settings)
+
+    def counted(
+        self, inp: PolicyInput, decision: PolicyDecision, reservation: Reservation
+    ) -> PolicyDecision:
+        """``decision`` (the rules' allow) once the ledger answered: unchanged when a slot
+        was taken, else what the rules say given the ledger's timestamps (``rate_limited``)."""
+        if reservation.reserved:
+            return decision
+        return self._refused(inp, decision, reservation)
+
+    def report(
+        self, spec: ToolSpec, call: ToolCall, ctx: ToolContext, decision: PolicyDecision
+    ) -> None:
+        """Give ``decision`` to the observer (metrics, logs); what it raises is logged."""
         if self.observe is not None:
             try:
                 self.observe(spec, call, ctx, decision)
             except Exception:  # an observer must not change the decision
                 logger.exception("policy decision observer failed")
-        return decision
 
     def _refused(
         self, inp: PolicyInput, allowed: PolicyDecision, reservation: Reservation

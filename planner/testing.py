@@ -4,7 +4,7 @@
 loudly when asked for more steps than scripted; ``assert_exhausted()`` fails the test when
 scripted steps were left over. ``FunctionChatModel`` answers with a function of the request.
 ``InMemoryCallLedger`` is the policy gate's rate-limit ledger for one process;
-``InMemoryCallJournal`` records write calls around their handler as the worker's does.
+``RecordingSink`` keeps a run's events and folds them into its record.
 Nothing here opens a socket.
 """
 
@@ -15,18 +15,20 @@ import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from planner.execution import ExecutedCall
+from planner.events import CallStarted, RunEvent
 from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
-from planner.policy import PolicyDecision, RateLimit, Reservation
-from planner.tools import ToolContext, ToolSpec
+from planner.policy import RateLimit, Reservation
+from planner.record import RunLog, RunRecord
+
+E = TypeVar("E")
 
 __all__ = [
     "FunctionChatModel",
-    "InMemoryCallJournal",
     "InMemoryCallLedger",
+    "RecordingSink",
     "ScriptExhaustedError",
     "ScriptStep",
     "ScriptedChatModel",
@@ -171,35 +173,37 @@ class InMemoryCallLedger:
         return Reservation(reserved=False, now=now, recent=tuple(calls)[-limit.calls :])
 
 
-class InMemoryCallJournal:
-    """A ``planner.execution.CallJournal`` that keeps its records in lists.
+class RecordingSink:
+    """A ``planner.events.RunSink`` that keeps every event in order (``events``) and folds
+    them into the record (``log``, ``record``).
 
     Attributes:
-        started_calls: ``(round, position, call id, idempotency key)`` of each call, in order.
-        finished_calls: each finished call's ExecutedCall, in order.
-        fail_start_with: when set, ``started`` raises it (the call must then not run).
+        fail_start_with: when set, ``CallStarted`` of a ``write`` or ``destructive`` call
+            raises it (what a journal does when it cannot record a write: the call must then
+            not run).
     """
 
     def __init__(self) -> None:
-        self.started_calls: list[tuple[int, int, str, str | None]] = []
-        self.finished_calls: list[ExecutedCall] = []
+        self.events: list[RunEvent] = []
+        self.log = RunLog()
         self.fail_start_with: BaseException | None = None
 
-    async def started(
-        self,
-        call: ToolCall,
-        spec: ToolSpec,
-        *,
-        round: int,
-        position: int,
-        decision: PolicyDecision | None,
-        ctx: ToolContext,
-    ) -> None:
-        """Record the start (or raise ``fail_start_with``)."""
-        if self.fail_start_with is not None:
+    def __call__(self, event: RunEvent) -> None:
+        """Keep ``event`` (or raise ``fail_start_with`` for a write's start)."""
+        self.events.append(event)
+        self.log.apply(event)
+        if (
+            self.fail_start_with is not None
+            and isinstance(event, CallStarted)
+            and event.hint != "read"
+        ):
             raise self.fail_start_with
-        self.started_calls.append((round, position, call.id, ctx.idempotency_key))
 
-    async def finished(self, executed: ExecutedCall) -> None:
-        """Record the outcome."""
-        self.finished_calls.append(executed)
+    def of_type(self, kind: type[E]) -> list[E]:
+        """The events of type ``kind``, in order."""
+        return [e for e in self.events if isinstance(e, kind)]
+
+    @property
+    def record(self) -> RunRecord:
+        """The record of the events so far."""
+        return self.log.snapshot()

@@ -46,6 +46,8 @@ class ToolContext:
             every other call. A tool that applies its effect at most once per key (and can
             report what an earlier attempt did: ``ToolSpec.outcome_of``) makes a call that was
             in flight when a worker died safe; ``None`` for reads and outside an iteration.
+        round, position: the call's round (1-based) and position in it (0-based), for a
+            ``write`` or ``destructive`` call (``None`` otherwise).
     """
 
     user_id: str
@@ -54,14 +56,15 @@ class ToolContext:
     iteration_id: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
+    round: int | None = None
+    position: int | None = None
 
     def for_call(self, round: int, position: int) -> ToolContext:
-        """This context with the idempotency key of call ``position`` (0-based) of ``round``
-        (1-based): ``"<iteration id>:<round>:<position>"``, or no key outside an iteration."""
-        if self.iteration_id is None:
-            return self
-        key = f"{self.iteration_id}:{round}:{position}"
-        return dataclasses.replace(self, idempotency_key=key)
+        """This context for call ``position`` (0-based) of ``round`` (1-based): with them and
+        its idempotency key ``"<iteration id>:<round>:<position>"`` (no key outside an
+        iteration)."""
+        key = None if self.iteration_id is None else f"{self.iteration_id}:{round}:{position}"
+        return dataclasses.replace(self, idempotency_key=key, round=round, position=position)
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]

@@ -1,7 +1,8 @@
 """The reminder channel a mission's loop asks before each request, composed from producers.
 
 ``ReminderComposer`` is a ``planner.ReminderChannel``: called with the ``LoopState`` before a
-request, it asks every producer, and returns the texts to send with that request only:
+request, it asks every producer, and returns the reminders to send with that request only
+(``planner.Reminder``: the text, the producer that wrote it, the role it is sent with):
 
 * ordered by severity (``critical``, then ``warning``, then ``info``; registration order
   within one severity),
@@ -12,18 +13,18 @@ request, it asks every producer, and returns the texts to send with that request
 * isolated: a producer that raises is logged, reported to ``on_error`` and skipped; the round
   goes on.
 
-Everything sent is kept in ``sent`` (round, producer, text): the audit the worker stores with
-the iteration, apart from the message log.
+What was sent is part of the run's record (``planner.RequestSent`` carries it, round by round):
+the audit the worker stores with the iteration, apart from the message log.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from planner import LoopState
+from planner import LoopState, Reminder, ReminderRole, SentReminder
 
 __all__ = [
     "MAX_REMINDERS",
@@ -61,19 +62,6 @@ class Producer:
     produce: Callable[[LoopState], str | None]
 
 
-@dataclass(frozen=True)
-class SentReminder:
-    """One reminder sent with one request: the audit record."""
-
-    round: int
-    producer: str
-    text: str
-
-    def to_json(self) -> dict[str, object]:
-        """``{"round", "producer", "text"}``, the stored form."""
-        return {"round": self.round, "producer": self.producer, "text": self.text}
-
-
 @dataclass
 class ReminderComposer:
     """A reminder channel composed of ``producers`` (see the module docstring).
@@ -81,24 +69,23 @@ class ReminderComposer:
     Attributes:
         producers: asked in order at every round.
         max_reminders, max_chars: the per-request limits (3 and 1,200 by default).
-        on_sent: called with each reminder sent (metrics).
+        role: the role the reminders are sent with (``system``; ``user`` for chat templates
+            that refuse a system message after the first, e.g. Mistral's and Gemma's).
         on_error: called with the producer's name and the exception when a producer raises.
-        sent: every reminder sent so far, in order.
     """
 
     producers: Sequence[Producer]
     max_reminders: int = MAX_REMINDERS
     max_chars: int = MAX_REMINDER_CHARS
-    on_sent: Callable[[SentReminder], None] | None = None
+    role: ReminderRole = "system"
     on_error: Callable[[str, Exception], None] | None = None
-    sent: list[SentReminder] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._ordered = sorted(self.producers, key=lambda p: _RANK[p.severity])
 
-    def __call__(self, state: LoopState) -> list[str]:
-        """The texts for the request of ``state.round``, as described in the module doc."""
-        chosen: list[SentReminder] = []
+    def __call__(self, state: LoopState) -> list[Reminder]:
+        """The reminders for the request of ``state.round``, as described in the module doc."""
+        chosen: list[Reminder] = []
         seen: set[str] = set()
         chars = 0
         for producer in self._ordered:
@@ -120,13 +107,5 @@ class ReminderComposer:
                 text = text[: self.max_chars - 1] + "…"
             seen.add(text)
             chars += len(text)
-            chosen.append(SentReminder(state.round, producer.name, text))
-        for reminder in chosen:
-            self.sent.append(reminder)
-            if self.on_sent is not None:
-                self.on_sent(reminder)
-        return [r.text for r in chosen]
-
-    def audit(self) -> list[dict[str, object]]:
-        """Everything sent so far, in the stored form."""
-        return [r.to_json() for r in self.sent]
+            chosen.append(Reminder(text, producer.name, self.role))
+        return chosen

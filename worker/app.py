@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel, ToolSpec
+from worker.db.base import ClaimedMission, MissionStore
 from worker.db.engine import check_connection, create_engine, resolve_database_url
 from worker.db.migrate import current_revision, head_revision, upgrade_database
 from worker.db.policy import PolicyStore, PostgresCallLedger
-from worker.db.stores import ClaimedMission, MissionStore
+from worker.db.stores import PostgresMissionStore
 from worker.errors import DatabaseError, SettingsError
 from worker.gate import PolicySetup, policy_config_from_settings
 from worker.llm import InstrumentedChatModel, build_chat_model, build_summariser
@@ -295,7 +296,7 @@ async def open_app(
         open_database(settings, migrate=migrate, pool_size=settings.db_pool_size - lane) as engine,
         gate_lane(settings, engine) as ledger_engine,
     ):
-        store = MissionStore(engine)
+        store = PostgresMissionStore(engine)
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
         summariser = build_summariser(settings, chat)

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
@@ -34,10 +35,14 @@ from worker import metrics
 from worker.db.engine import describe_error
 from worker.db.transient import is_transient
 from worker.leases import HeldLease
+
+if TYPE_CHECKING:
+    from worker.journal import MissionJournal
 from worker.settings import Settings
 
 __all__ = [
     "LeaseBoundLedger",
+    "MissionGate",
     "PolicySetup",
     "decision_observer",
     "policy_config_from_settings",
@@ -190,3 +195,40 @@ class LeaseBoundLedger:
                 f"the policy gate's rate-limit ledger did not answer for {tool} "
                 f"({describe_error(exc)})"
             ) from exc
+
+
+class MissionGate:
+    """The policy gate of one mission run: ``gate`` (``RulePolicyGate``), with the rate-limit
+    reservation of a ``write`` or ``destructive`` call made by the journal, in the statement
+    that records the call's start (``MissionJournal.start_reserved``): one round trip for the
+    gate and the journal, not two. Reads reserve through the gate's ledger as usual.
+
+    Raises (from a call): ``RunInterrupted`` when the write's start cannot be recorded (the
+    database stayed unreachable, or the lease was lost), in either mode: a write never runs
+    unrecorded.
+    """
+
+    def __init__(self, gate: RulePolicyGate, journal: MissionJournal) -> None:
+        self.gate = gate
+        self.journal = journal
+
+    async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
+        """Decide ``call`` (``ctx`` is the call's own, with its round and position)."""
+        gate = self.gate
+        if spec.policy_hint == "read" or ctx.round is None or ctx.position is None:
+            return await gate(spec, call, ctx)
+        inp, decision = gate.rules(spec, call, ctx)
+        if decision.verdict == "allow":
+            reservation = await self.journal.start_reserved(
+                call,
+                spec,
+                ctx,
+                round=ctx.round,
+                position=ctx.position,
+                limit=gate.limit_for(spec),
+                consumer=gate.consumer,
+                run_anyway=gate.mode != "enforce",
+            )
+            decision = gate.counted(inp, decision, reservation)
+        gate.report(spec, call, ctx, decision)
+        return decision

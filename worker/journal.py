@@ -1,17 +1,27 @@
 """Durable iterations: what a run writes as it goes, and how a takeover goes on from it.
 
-* ``MissionJournal`` is the ``CallJournal`` and round hook of one run. Before a ``write`` or
-  ``destructive`` call runs, it stores the log so far (which ends with the assistant message
-  that issued the call) and the call's ``started`` row, in one transaction under the lease; a
-  call it cannot record does not run. As soon as the call has its outcome, the row is brought
-  up to date. After a round that ran such a call, and at least every ``checkpoint_every``
-  rounds otherwise, it commits the round: the log, rounds, tokens, reminders and the round's
-  rows, in one transaction under the lease (``MissionStore.commit_round``).
+* ``MissionJournal`` is the run's sink (``planner.RunSink``): it folds the run's events into
+  the run's record (``planner.RunLog``) and writes from that record, under the lease, one
+  statement at a time (``MissionStore.commit_round`` / ``record_call_start``):
+
+  - before a ``write`` or ``destructive`` call runs (``CallStarted``, awaited by the loop), the
+    log so far (which ends with the assistant message that issued the call), the calls of the
+    round that finished, and the call's ``started`` row; a call it cannot record does not run,
+    and one whose database stayed unreachable stops the run (``RunInterrupted``). With the
+    policy gate on, that statement is the gate's: it reserves the rate-limit slot and starts
+    the call together (``start_reserved``, used by ``worker.gate.MissionGate``);
+  - a journaled call's outcome goes with the next statement the run makes (the next call's
+    start, or the round's commit);
+  - after a round that ran such a call, and at least every ``checkpoint_every`` rounds
+    otherwise, the round: the log, rounds, tokens, reminders, the round's rows and the
+    compactions not stored yet (``RoundEnded``).
+
 * ``resume_checkpoint`` turns what a takeover found (``StartedIteration``) into the loop's
-  ``Checkpoint``: the rounds done count toward ``max_rounds`` and their tokens toward the
-  budget; of the round under way, calls that finished keep their results, a write whose
-  outcome was never recorded is *not* run again (the model reads that its outcome is unknown,
-  with what the tool can tell about it: ``ToolSpec.outcome_of``), and the other calls run.
+  ``Checkpoint`` and the rows that exist: the rounds done count toward ``max_rounds`` and their
+  tokens toward the budget; of the round under way, calls that finished keep their results, a
+  write whose outcome was never recorded is *not* run again (the model reads that its outcome
+  is unknown, with what the tool can tell about it: ``ToolSpec.outcome_of``), and the other
+  calls run.
 
 Read-only rounds are cheap to redo, so they are only committed every ``checkpoint_every``
 rounds (default 3): a mission of a few read-only rounds writes nothing more than before.
@@ -22,14 +32,24 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from planner import (
+    CallFinished,
+    CallStarted,
     ChatMessage,
     Checkpoint,
     ExecutedCall,
     PolicyDecision,
+    RateLimit,
+    Reservation,
+    RoundEnded,
+    RunEvent,
     RunInterrupted,
+    RunLog,
+    RunRecord,
+    SentReminder,
     TokenUsage,
     ToolCall,
     ToolContext,
@@ -37,15 +57,22 @@ from planner import (
     messages_from_json,
 )
 from planner.compaction import estimate_message_tokens
+from worker.db.base import (
+    ClaimedMission,
+    MissionStore,
+    RoundCheckpoint,
+    StartedIteration,
+    ToolInvocationRow,
+)
 from worker.db.engine import describe_error
-from worker.db.stores import ClaimedMission, MissionStore, StartedIteration
 from worker.db.transient import is_transient
 from worker.leases import HeldLease
-from worker.transcript import Transcript, json_safe, log_rounds, log_usage
+from worker.storable import archive_row, invocation_row, json_safe, messages_json, started_row
 
 __all__ = [
     "CHECKPOINT_EVERY_ROUNDS",
     "MissionJournal",
+    "StoredRows",
     "context_at_checkpoint",
     "resume_checkpoint",
 ]
@@ -60,19 +87,32 @@ CHECKPOINT_EVERY_ROUNDS = 3
 _FINAL_OUTCOMES = ("ok", "error", "denied")
 
 
+@dataclass
+class StoredRows:
+    """Which of a run's calls have a ``tool_invocations`` row (``ids``, by ``(round,
+    position)``) and which of those rows are up to date (``current``)."""
+
+    ids: dict[tuple[int, int], int] = field(default_factory=dict)
+    current: set[tuple[int, int]] = field(default_factory=set)
+
+
 class MissionJournal:
     """The durable record of one run (see the module docstring).
 
     Args:
         store: the database seam.
         mission: the mission (its lease is checked on every write).
-        iteration_id: the iteration row.
+        iteration: the iteration row (its ``id`` and ``attempt``).
         worker_id: this worker (the lease owner).
-        transcript: the run's record, which the journal writes from.
+        policy_mode: the mode the run's calls are decided in (recorded on each row).
         specs: the run's tools by name (their policy hints decide what is journaled).
         checkpoint_every: commit at least every this many rounds (≥ 1).
         lease: the run's lease; every write retries transient database failures while it
             holds (``HeldLease.retry``). ``None``: one attempt each.
+        rows: the rows a takeover found (``resume_checkpoint``).
+        archived: compactions of the iteration stored so far (a takeover's: the earlier
+            attempts'); the journal stores the later ones.
+        summariser: the summarising model's name, recorded on failed compaction attempts.
 
     A call whose start cannot be recorded because the database stayed unreachable raises
     ``RunInterrupted`` (the run stops and resumes later; the call never started, so it runs
@@ -84,82 +124,176 @@ class MissionJournal:
         *,
         store: MissionStore,
         mission: ClaimedMission,
-        iteration_id: int,
+        iteration: StartedIteration,
         worker_id: str,
-        transcript: Transcript,
+        policy_mode: str,
         specs: Mapping[str, ToolSpec],
         checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
         lease: HeldLease | None = None,
+        rows: StoredRows | None = None,
+        archived: int = 0,
+        summariser: str | None = None,
     ) -> None:
         self.store = store
         self.mission = mission
-        self.iteration_id = iteration_id
+        self.iteration_id = iteration.id
+        self.attempt = iteration.attempt
         self.worker_id = worker_id
-        self.transcript = transcript
+        self.policy_mode = policy_mode
         self.specs = specs
         self.checkpoint_every = max(1, checkpoint_every)
         self.lease = lease
+        self.rows = rows or StoredRows()
+        self.summariser = summariser
+        self.log = RunLog()
+        self._archived = archived
         self._uncommitted_rounds = 0
 
-    async def _retry(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
-        if self.lease is None:
-            return await operation()
-        return await self.lease.retry(operation, what=what)
+    @property
+    def record(self) -> RunRecord:
+        """The run's record so far."""
+        return self.log.snapshot()
 
-    async def started(
+    def __call__(self, event: RunEvent) -> Awaitable[None] | None:
+        """Fold ``event``; write what it calls for (see the module docstring)."""
+        self.log.apply(event)
+        if isinstance(event, CallStarted):
+            if event.hint != "read" and (event.round, event.position) not in self.rows.ids:
+                return self._start(event)
+        elif isinstance(event, CallFinished):
+            key = (event.executed.round, event.executed.index)
+            if key in self.rows.ids and not event.settled:
+                self.rows.current.discard(key)  # its outcome goes with the next write
+        elif isinstance(event, RoundEnded):
+            return self._round_ended(event)
+        return None
+
+    # -- what is written --------------------------------------------------------------------
+
+    def checkpoint(self) -> RoundCheckpoint:
+        """What a write stores on the iteration row: the record's log, rounds, tokens and
+        reminders, and the compactions not stored yet."""
+        log = self.log
+        return RoundCheckpoint(
+            messages=messages_json(log.messages),
+            rounds=log.rounds,
+            prompt_tokens=log.usage.prompt_tokens,
+            completion_tokens=log.usage.completion_tokens,
+            reminders=[json_safe(r.to_json()) for r in log.reminders],
+            archive=tuple(
+                archive_row(entry, attempt=self.attempt, model=self.summariser)
+                for entry in log.archive
+                if entry.index > self._archived
+            ),
+        )
+
+    def pending_rows(self) -> list[ToolInvocationRow]:
+        """The ``tool_invocations`` rows still to write, in source order (round, then position
+        in the round: concurrent reads finish in any order, the stored story reads as the model
+        wrote it): new calls to insert, and stored rows whose outcome changed to update."""
+        rows = self.rows
+        return [
+            invocation_row(
+                call,
+                attempt=self.attempt,
+                policy_mode=self.policy_mode,
+                row_id=rows.ids.get((call.round, call.index)),
+            )
+            for call in sorted(self.log.calls, key=lambda c: (c.round, c.index))
+            if (call.round, call.index) not in rows.current
+        ]
+
+    def written(
+        self,
+        rows: Sequence[ToolInvocationRow],
+        new_ids: Mapping[tuple[int, int], int],
+        checkpoint: RoundCheckpoint,
+    ) -> None:
+        """``checkpoint`` and ``rows`` were stored; the new rows (no ``row_id``) got
+        ``new_ids`` (by ``(round, position)``; a row missing from them was not stored)."""
+        for row in rows:
+            key = (row.round, row.position)
+            row_id = row.row_id if row.row_id is not None else new_ids.get(key)
+            if row_id is None:
+                continue
+            self.rows.ids[key] = row_id
+            if row.outcome != "started":
+                self.rows.current.add(key)
+        if checkpoint.archive:
+            self._archived = max(r.compaction_index for r in checkpoint.archive)
+
+    async def start_reserved(
         self,
         call: ToolCall,
         spec: ToolSpec,
+        ctx: ToolContext,
         *,
         round: int,
         position: int,
-        decision: PolicyDecision | None,
-        ctx: ToolContext,
-    ) -> None:
-        """Store the log so far and the call's ``started`` row (raises when it cannot: the
-        call then does not run).
+        limit: RateLimit,
+        consumer: str,
+        run_anyway: bool,
+    ) -> Reservation:
+        """The policy gate's statement for a write or destructive call: reserve its
+        rate-limit slot and, when one was taken (or ``run_anyway``: log-only runs a refused
+        call too), store the log so far and the call's ``started`` row, in one statement.
 
         Raises:
-            RunInterrupted: the database stayed unreachable while the lease held.
-            LeaseLostError: another worker owns the mission now.
+            RunInterrupted: the database stayed unreachable while the lease held (the call
+                does not run), or the lease was lost.
         """
-        transcript = self.transcript
-        row = transcript.started_row(call, round, position, ctx.idempotency_key, decision)
-        checkpoint = transcript.checkpoint()
-        try:
-            row_id = await self._retry(
-                lambda: self.store.record_call_start(
-                    self.mission, self.iteration_id, checkpoint, row, worker_id=self.worker_id
-                ),
-                what=f"recording the start of {spec.name}",
-            )
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            raise RunInterrupted(
-                f"the start of {spec.name} could not be recorded: the database did not "
-                f"answer ({describe_error(exc)})"
-            ) from exc
-        transcript.stored[(round, position)] = row_id
-        transcript.archive_written(checkpoint.archive)
-
-    async def finished(self, executed: ExecutedCall) -> None:
-        """Bring the call's row up to date with its outcome."""
-        row = self.transcript.invocation_row(executed)
-        await self._retry(
-            lambda: self.store.record_call_outcome(row),
-            what=f"recording the outcome of {executed.call.name}",
+        row = started_row(
+            call,
+            round=round,
+            position=position,
+            attempt=self.attempt,
+            idempotency_key=ctx.idempotency_key,
+            policy_mode=self.policy_mode,
         )
-        self.transcript.current.add((executed.round, executed.index))
+        rows = [*self.pending_rows(), row]
+        checkpoint = self.checkpoint()
+        written = await self._write(
+            lambda: self.store.record_call_start(
+                self.mission,
+                self.iteration_id,
+                checkpoint,
+                rows,
+                worker_id=self.worker_id,
+                reserve=(limit, consumer, run_anyway),
+            ),
+            what=f"reserving and recording the start of {spec.name}",
+        )
+        assert written.reservation is not None
+        self.written(rows, written.ids, checkpoint)  # refused: the started row is not there
+        return written.reservation
 
-    async def round_end(self, round_no: int, calls: Sequence[ExecutedCall]) -> None:
+    async def _start(self, event: CallStarted) -> None:
+        row = started_row(
+            event.call,
+            round=event.round,
+            position=event.position,
+            attempt=self.attempt,
+            idempotency_key=event.idempotency_key,
+            policy_mode=self.policy_mode,
+        )
+        rows = [*self.pending_rows(), row]
+        checkpoint = self.checkpoint()
+        written = await self._write(
+            lambda: self.store.record_call_start(
+                self.mission, self.iteration_id, checkpoint, rows, worker_id=self.worker_id
+            ),
+            what=f"recording the start of {event.call.name}",
+        )
+        self.written(rows, written.ids, checkpoint)
+
+    async def _round_ended(self, event: RoundEnded) -> None:
         """Commit the round when it ran a write or destructive call, or when enough read-only
         rounds went by. A commit that fails is logged: the run goes on, and the next commit
         (or the end of the run) writes it."""
         self._uncommitted_rounds += 1
         wrote = any(
             c.ran and (spec := self.specs.get(c.call.name)) and spec.policy_hint != "read"
-            for c in calls
+            for c in event.calls
         )
         if not wrote and self._uncommitted_rounds < self.checkpoint_every:
             return
@@ -167,8 +301,8 @@ class MissionJournal:
 
     async def commit(self) -> bool:
         """Commit everything not yet written; False when it could not."""
-        rows = self.transcript.invocation_rows()
-        checkpoint = self.transcript.checkpoint()
+        rows = self.pending_rows()
+        checkpoint = self.checkpoint()
         try:
             ids = await self._retry(
                 lambda: self.store.commit_round(
@@ -182,33 +316,38 @@ class MissionJournal:
         if ids is None:
             logger.warning("lease lost: the round was not committed")
             return False
-        self.transcript.mark_written(rows, ids)
-        self.transcript.archive_written(checkpoint.archive)
+        self.written(rows, ids, checkpoint)
         self._uncommitted_rounds = 0
         return True
+
+    async def _write(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """A write a call cannot run without: transient failures retried while the lease
+        holds, then ``RunInterrupted``."""
+        try:
+            return await self._retry(operation, what=what)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise RunInterrupted(
+                f"{what} failed: the database did not answer ({describe_error(exc)})"
+            ) from exc
+
+    async def _retry(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
+        if self.lease is None:
+            return await operation()
+        return await self.lease.retry(operation, what=what)
 
 
 async def resume_checkpoint(
     started: StartedIteration,
     *,
-    transcript: Transcript,
     specs: Mapping[str, ToolSpec],
     ctx: ToolContext,
-) -> Checkpoint:
-    """The loop's ``Checkpoint`` for a takeover (see the module docstring). Records in
-    ``transcript`` which of the pending round's rows exist, so they are updated, not
-    duplicated."""
+) -> tuple[Checkpoint, StoredRows]:
+    """The loop's ``Checkpoint`` for a takeover (see the module docstring), and which of the
+    pending round's calls have rows (so they are updated, not duplicated)."""
     messages = messages_from_json(started.messages)
-    transcript.compactions = started.compactions
-    transcript.archived = started.compaction_attempts
-    # what the log no longer shows (compaction folded it) still counts
-    transcript.hidden_rounds = max(0, started.rounds - log_rounds(messages))
-    shown = log_usage(messages)
-    transcript.hidden_usage = TokenUsage(
-        prompt_tokens=max(0, started.prompt_tokens - shown.prompt_tokens),
-        completion_tokens=max(0, started.completion_tokens - shown.completion_tokens),
-        estimated=shown.estimated,
-    )
+    rows = StoredRows()
     checkpoint = Checkpoint(
         messages=messages,
         rounds_done=started.rounds,
@@ -218,10 +357,14 @@ async def resume_checkpoint(
         compactions_done=started.compactions,
         compaction_attempts=started.compaction_attempts,
         context_tokens=context_at_checkpoint(messages, started),
+        reminders=tuple(
+            SentReminder(int(r["round"]), str(r["producer"]), str(r["text"]))
+            for r in started.reminders
+        ),
     )
     pending = checkpoint.pending_calls()
     if not pending:
-        return checkpoint
+        return checkpoint, rows
     latest: dict[int, dict[str, Any]] = {}
     for stored_row in started.pending_rows:  # ordered by id: a later one of a position wins
         latest[int(stored_row["position"])] = stored_row
@@ -231,23 +374,26 @@ async def resume_checkpoint(
         if row is None:
             continue  # never started (or a read): it runs now
         key = (started.rounds, position)
-        transcript.stored[key] = int(row["id"])
+        rows.ids[key] = int(row["id"])
         if row["outcome"] in _FINAL_OUTCOMES:
-            transcript.current.add(key)
-            transcript.settled_earlier.add(key)
+            rows.current.add(key)
             settled[position] = _finished_call(started.rounds, position, call, row)
         else:  # started or unknown: it may have taken effect
             spec = specs.get(call.name)
             report = await _outcome_report(spec, call, ctx.for_call(started.rounds, position))
             settled[position] = _unknown_call(started.rounds, position, call, started, report)
-    return Checkpoint(
-        messages=messages,
-        rounds_done=started.rounds,
-        usage=checkpoint.usage,
-        settled=settled,
-        compactions_done=started.compactions,
-        compaction_attempts=started.compaction_attempts,
-        context_tokens=checkpoint.context_tokens,
+    return (
+        Checkpoint(
+            messages=messages,
+            rounds_done=started.rounds,
+            usage=checkpoint.usage,
+            settled=settled,
+            compactions_done=started.compactions,
+            compaction_attempts=started.compaction_attempts,
+            context_tokens=checkpoint.context_tokens,
+            reminders=checkpoint.reminders,
+        ),
+        rows,
     )
 
 

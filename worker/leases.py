@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from worker.db.stores import MissionStore
+from worker.db.base import MissionStore
 from worker.db.transient import retry_transient
 
 __all__ = ["HeldLease", "LeaseKeeper"]

@@ -11,16 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
-from functools import cache
 
-from prometheus_client import Counter
-
-from planner import LoopState
+from planner import LoopState, ReminderRole
 from reminders import (
     Producer,
     ReminderComposer,
     RetryLoopWatch,
-    SentReminder,
     compacted_reminder,
     deadline_reminder,
     policy_feedback_reminder,
@@ -51,6 +47,7 @@ def mission_reminder_channel(
     clock: Callable[[], datetime],
     disabled: Collection[str] = (),
     replace: Mapping[str, Callable[[LoopState], str | None]] | None = None,
+    role: ReminderRole = "system",
 ) -> ReminderComposer:
     """The channel of one iteration (its producers keep per-loop state: build one per run).
 
@@ -63,6 +60,9 @@ def mission_reminder_channel(
         disabled: producer names to leave out (see ``PRODUCER_NAMES``).
         replace: producer name -> function to produce its texts instead (``replay --rerun``
             replays the reminders that depend on the time and on other runs).
+        role: the role the reminders are sent with (``MANA_AI_REMINDER_ROLE``).
+
+    What is sent is counted from the run's events (``worker.run_metrics``).
     """
 
     def budget(state: LoopState) -> str | None:
@@ -86,19 +86,8 @@ def mission_reminder_channel(
     swap = replace or {}
     producers = [Producer(p.name, p.severity, swap.get(p.name, p.produce)) for p in producers]
     return ReminderComposer(
-        [p for p in producers if p.name not in disabled],
-        on_sent=_count_sent,
-        on_error=_count_error,
+        [p for p in producers if p.name not in disabled], role=role, on_error=_count_error
     )
-
-
-@cache
-def _sent_counter(producer: str) -> Counter:
-    return metrics.REMINDERS_INJECTED.labels(producer=producer)
-
-
-def _count_sent(reminder: SentReminder) -> None:
-    _sent_counter(reminder.producer).inc()
 
 
 def _count_error(producer: str, exc: Exception) -> None:

@@ -52,7 +52,7 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
-from planner.compaction import Compaction, CompactionError, Compactor
+from planner.compaction import Compactor
 from planner.loop import ReminderRole
 from planner.policy import (
     PolicyConfig,
@@ -68,8 +68,8 @@ from planner.testing import InMemoryCallLedger
 from worker.mcp.config import is_mcp_tool_name
 from worker.reminder_channel import mission_reminder_channel
 from worker.replay import ReplayError, checked_iteration, policy_text, restored_log
+from worker.storable import call_outcome
 from worker.terminal_text import visible_line
-from worker.transcript import call_outcome
 
 __all__ = [
     "COMPARED_PRODUCERS",
@@ -387,6 +387,7 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
             clock=lambda: start,
             disabled=config.reminders_disabled,
             replace=replayed,
+            role=config.reminder_role,
         )
     compactor = None
     archive = sorted(iteration.get("compactions") or [], key=lambda c: c["compaction_index"])
@@ -399,15 +400,6 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
             max_per_iteration=config.compact_max_per_iteration,
             summariser_max_ctx=config.summariser_max_ctx,
         )
-    compactions: list[Row] = []
-
-    def compacted(round_no: int, c: Compaction) -> None:
-        compactions.append({"round": round_no, "folded_turns": c.folded_turns, "failed": False})
-
-    def compaction_failed(round_no: int, e: CompactionError) -> None:
-        if e.reason != "nothing_to_fold":
-            compactions.append({"round": round_no, "folded_turns": 0, "failed": True})
-
     inp = PlannerLoopInput(
         system_prompt=str(head[0].get("content") or ""),
         user_prompt=str(head[-1].get("content") or ""),
@@ -417,19 +409,25 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
         ctx=ToolContext(user_id=config.user_id, mission_id=iteration.get("mission_id")),
         policy=gate,
         reminder_channel=channel,
-        reminder_role=config.reminder_role,
         compactor=compactor,
-        on_compaction=compacted,
-        on_compaction_failed=compaction_failed,
     )
     result = await run_planner_loop(inp, llm=model, on_tool_call=execute)
+    record = result.record
+    compactions: list[Row] = [
+        {
+            "round": entry.round,
+            "folded_turns": entry.compaction.folded_turns if entry.compaction else 0,
+            "failed": entry.compaction is None,
+        }
+        for entry in record.archive
+    ]
 
     offered = {t.name for t in config.tools}
     recorded_tools = {str(r["tool"]) for r in calls_recorded.values()}
     unlisted = sorted({t for t in recorded_tools if is_mcp_tool_name(t)} - offered)
     _compare_calls(report, calls_recorded, result.executed_calls, config, skip=frozenset(unlisted))
     _compare_compactions(report, archive, compactions)
-    _compare_reminders(report, recorded_reminders, channel.audit() if channel else [])
+    _compare_reminders(report, recorded_reminders, [r.to_json() for r in record.reminders])
     recorded_stop = iteration.get("stop_reason")
     unfinished = recorded_stop in (None, "interrupted", "crashed", "store_failed")
     if unfinished:

@@ -30,37 +30,45 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from planner import (
     ChatModel,
-    ExecutedCall,
     PlannerLoopInput,
     PlannerLoopResult,
+    PolicyGate,
+    ReminderChannel,
+    RunEvent,
     RunInterrupted,
     ToolContext,
     ToolSpec,
     run_planner_loop,
 )
-from planner.compaction import Compaction, CompactionError, Compactor
+from planner.compaction import Compactor
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from planner.loop import ReminderRole
 from planner.policy import POLICY_MODES, PolicyMode
-from reminders import SentReminder
 from worker import metrics
+from worker.db.base import (
+    ClaimedMission,
+    IterationOutcome,
+    LeaseLostError,
+    MissionStore,
+    StartedIteration,
+)
 from worker.db.engine import describe_error
-from worker.db.stores import ClaimedMission, IterationOutcome, MissionStore, StartedIteration
 from worker.db.transient import is_transient, retry_transient
-from worker.gate import LeaseBoundLedger, PolicySetup
+from worker.gate import LeaseBoundLedger, MissionGate, PolicySetup
 from worker.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
 from worker.leases import HeldLease, LeaseKeeper
 from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.reminder_channel import mission_reminder_channel
+from worker.run_metrics import RunMetrics, count_calls
 from worker.schedule import ScheduleError, next_run_after
-from worker.transcript import Transcript, call_outcome, json_safe, messages_json
+from worker.storable import json_safe
 
 __all__ = ["CompactionSetup", "MissionRunner", "RunOutcome", "ToolsFactory"]
 
@@ -276,23 +284,35 @@ class MissionRunner:
 
         this_task = asyncio.current_task()
         result: PlannerLoopResult | None = None
-        transcript = Transcript(attempt=iteration.attempt, policy_mode=self._policy_mode(mission))
+        compactor = self.compaction.compactor_for(mission, model) if self.compaction else None
+        run = _Run(
+            MissionJournal(
+                store=self.store,
+                mission=mission,
+                iteration=iteration,
+                worker_id=self.worker_id,
+                policy_mode=self._policy_mode(mission),
+                specs={},
+                checkpoint_every=self.checkpoint_every,
+                lease=lease,
+                archived=iteration.compaction_attempts,
+                summariser=compactor.model if compactor is not None else None,
+            )
+        )
+        channel = None
         if self.reminders:
-            transcript.reminders = mission_reminder_channel(
+            channel = mission_reminder_channel(
                 max_tokens_per_day=mission.max_tokens_per_day,
                 # the loop adds its usage, which starts from the checkpoint's on a resume
                 tokens_used_24h=max(0, used - checkpoint_tokens),
                 deadline=mission.deadline,
                 clock=self.clock,
                 disabled=self.reminders_disabled,
-            )
-            transcript.reminders.sent.extend(  # the audit goes on where it stopped
-                SentReminder(int(r["round"]), str(r["producer"]), str(r["text"]))
-                for r in iteration.reminders
+                role=self.reminder_role,
             )
         try:
-            result = await self._run_loop(mission, iteration, model, transcript, lease)
-            outcome = self._outcome(result, next_run, transcript)
+            result = await self._run_loop(mission, iteration, model, run, channel, compactor)
+            outcome = self._outcome(result, next_run, run)
         except asyncio.CancelledError:
             if lease.lost.is_set() and this_task is not None:
                 this_task.uncancel()
@@ -303,7 +323,7 @@ class MissionRunner:
             await self._interrupt(
                 mission,
                 iteration,
-                transcript,
+                run.journal,
                 lease,
                 reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
                 within_s=SHUTDOWN_STORE_S,
@@ -313,6 +333,10 @@ class MissionRunner:
             raise
         except Exception as exc:
             fault = exc if isinstance(exc, RunInterrupted) or is_transient(exc) else None
+            if isinstance(exc, LeaseLostError) or (fault is not None and lease.lost.is_set()):
+                metrics.LEASES_LOST.inc()
+                logger.error("lease lost while running; another worker owns the mission now")
+                return "lease_lost"
             if fault is None and not isinstance(exc, ToolSourceError):
                 logger.exception("iteration crashed")
             if fault is not None:  # infrastructure: the runner's to recover, not the model's
@@ -322,7 +346,7 @@ class MissionRunner:
                 await self._interrupt(
                     mission,
                     iteration,
-                    transcript,
+                    run.journal,
                     lease,
                     reason=json_safe(
                         f"interrupted: {detail} (worker {self.worker_id}); the run resumes "
@@ -330,7 +354,7 @@ class MissionRunner:
                     ),
                 )
                 return "interrupted"
-            outcome = _failed_outcome(exc, next_run, transcript)
+            outcome = _failed_outcome(exc, next_run, run.journal)
         lease.detach()
         stored, outcome = await self._store(mission, iteration, outcome, lease)
         if stored is None:
@@ -340,12 +364,7 @@ class MissionRunner:
             logger.error("lease lost before the iteration could be stored; result dropped")
             return "lease_lost"
         if result is not None:
-            for call in result.executed_calls:
-                if (call.round, call.index) in transcript.settled_earlier:
-                    continue  # an earlier attempt's call, counted by the worker that ran it
-                # a name the model invented is not a label value: it would be unbounded
-                tool = call.call.name if call.call.name in transcript.tool_names else "(unknown)"
-                metrics.TOOL_CALLS.labels(tool=tool, outcome=call_outcome(call)).inc()
+            count_calls(result.record, run.tool_names)
         logger.info(
             "iteration %s: stop_reason=%s rounds=%d tokens=%d next_run_at=%s error=%s",
             outcome.status,
@@ -410,7 +429,7 @@ class MissionRunner:
         self,
         mission: ClaimedMission,
         iteration: StartedIteration,
-        transcript: Transcript,
+        journal: MissionJournal,
         lease: HeldLease,
         *,
         reason: str,
@@ -420,8 +439,8 @@ class MissionRunner:
         claim resumes it (``interrupt_iteration``), retrying transient failures while the
         lease holds (at most ``within_s`` seconds when given). False when that failed: the
         mission is then left to whoever claims it once its lease expires."""
-        checkpoint = transcript.checkpoint()
-        rows = transcript.invocation_rows()
+        checkpoint = journal.checkpoint()
+        rows = journal.pending_rows()
 
         def interrupt() -> Awaitable[bool]:
             return self.store.interrupt_iteration(
@@ -454,8 +473,9 @@ class MissionRunner:
         mission: ClaimedMission,
         iteration: StartedIteration,
         model: str | None,
-        transcript: Transcript,
-        lease: HeldLease,
+        run: _Run,
+        channel: ReminderChannel | None,
+        compactor: Compactor | None,
     ) -> PlannerLoopResult:
         ctx = ToolContext(
             user_id=mission.owner_user_id,
@@ -463,9 +483,11 @@ class MissionRunner:
             mission_id=mission.id,
             iteration_id=iteration.id,
         )
-        gate = None
-        if self.policy is not None:
-            gate = self.policy.gate(
+        journal = run.journal
+        lease = journal.lease
+        gate: PolicyGate | None = None
+        if self.policy is not None and lease is not None:
+            rules = self.policy.gate(
                 user_settings=mission.user_policy,
                 mode=_policy_mode_or_none(mission.policy_mode),
                 # enforce: an unreachable ledger interrupts the run instead of denying calls
@@ -476,30 +498,17 @@ class MissionRunner:
                     else None
                 ),
             )
-
-        def on_executed(call: ExecutedCall) -> None:  # completion order
-            transcript.calls.append(call)
-            _time_call(call)
-
-        tools = list(self.tools_for(mission))
+            gate = MissionGate(rules, journal) if rules is not None else None
+        tools = [self._with_timeout(t) for t in self.tools_for(mission)]
         async with contextlib.AsyncExitStack() as sources:  # MCP sessions: this run only
-            tools += await self._open_tool_sources(mission, sources, tools, transcript)
-            transcript.tool_names = frozenset(t.name for t in tools)
-            specs = {t.name: t for t in tools}
-            journal = MissionJournal(
-                store=self.store,
-                mission=mission,
-                iteration_id=iteration.id,
-                worker_id=self.worker_id,
-                transcript=transcript,
-                specs=specs,
-                checkpoint_every=self.checkpoint_every,
-                lease=lease,
-            )
+            opened = await self._open_tool_sources(mission, sources, tools, run.source_problems)
+            tools += [self._with_timeout(t) for t in opened]
+            run.tool_names = frozenset(t.name for t in tools)
+            journal.specs = {t.name: t for t in tools}
             resume = None
             if iteration.resumable:
-                resume = await resume_checkpoint(
-                    iteration, transcript=transcript, specs=specs, ctx=ctx
+                resume, journal.rows = await resume_checkpoint(
+                    iteration, specs=journal.specs, ctx=ctx
                 )
                 unknown = sum(c.outcome_unknown for c in resume.settled.values())
                 logger.warning(
@@ -509,42 +518,42 @@ class MissionRunner:
                     iteration.attempt - 1,
                     unknown,
                 )
-            compactor = self.compaction.compactor_for(mission, model) if self.compaction else None
             inp = PlannerLoopInput(
                 system_prompt=mission.system_prompt,
                 user_prompt=mission.objective,
                 tools=tools,
                 max_rounds=mission.max_rounds,
                 model=model,
+                reminder_channel=channel,
                 ctx=ctx,
                 policy=gate,
-                reminder_channel=transcript.reminders,
-                reminder_role=self.reminder_role,
                 compactor=compactor,
-                on_compaction=lambda round_no, c: _compacted(transcript, round_no, c),
-                on_compaction_failed=lambda round_no, e: _compaction_failed(
-                    transcript, round_no, e, compactor.model if compactor else None
-                ),
-                on_message=transcript.messages.append,
-                on_executed_call=on_executed,
                 max_parallel_reads=self.max_parallel_reads,
-                tool_timeout_s=self.tool_timeout_s,
-                on_read_batch=_count_read_batch,
-                journal=journal,
-                on_round_end=journal.round_end,
                 resume=resume,
             )
-            return await run_planner_loop(inp, llm=self.llm)
+            observed = RunMetrics()
+
+            def sink(event: RunEvent) -> Awaitable[None] | None:
+                observed(event)
+                return journal(event)
+
+            return await run_planner_loop(inp, llm=self.llm, sink=sink)
+
+    def _with_timeout(self, spec: ToolSpec) -> ToolSpec:
+        """``spec`` with the worker's tool timeout when it sets none of its own."""
+        if spec.timeout_s is not None:
+            return spec
+        return dataclasses.replace(spec, timeout_s=self.tool_timeout_s)
 
     async def _open_tool_sources(
         self,
         mission: ClaimedMission,
         stack: contextlib.AsyncExitStack,
         offered: Sequence[ToolSpec],
-        transcript: Transcript,
+        problems: list[str],
     ) -> list[ToolSpec]:
         """The tools of the agent's MCP servers that missions may use; their sessions close
-        with ``stack``. What was left out goes to ``transcript.source_problems``.
+        with ``stack``. What was left out goes to ``problems``.
 
         Raises:
             ToolSourceError: a required server could not be used.
@@ -552,7 +561,7 @@ class MissionRunner:
         if not mission.mcp_servers:
             return []
         if self.tool_sources is None:
-            transcript.source_problems.append(
+            problems.append(
                 "the agent's MCP servers were not used: this worker has no MCP tool sources"
             )
             return []
@@ -568,11 +577,11 @@ class MissionRunner:
             )
             if server.required:
                 raise ToolSourceError(f"{reason} (the server is required)")
-            transcript.source_problems.append(reason)
+            problems.append(reason)
         opened = await self.tool_sources.open(
             servers, stack, reserved=frozenset(t.name for t in offered)
         )
-        transcript.source_problems.extend(opened.problems)
+        problems.extend(opened.problems)
         return opened.tools
 
     def _policy_mode(self, mission: ClaimedMission) -> str:
@@ -593,33 +602,41 @@ class MissionRunner:
         return _NextRun(at, "active")
 
     @staticmethod
-    def _outcome(
-        result: PlannerLoopResult, next_run: _NextRun, transcript: Transcript
-    ) -> IterationOutcome:
-        failed = result.failed
-        errors = [e for e in (result.error, next_run.error, _problems(transcript)) if e]
+    def _outcome(result: PlannerLoopResult, next_run: _NextRun, run: _Run) -> IterationOutcome:
+        record = result.record
+        errors = [e for e in (result.error, next_run.error, _problems(run.source_problems)) if e]
+        checkpoint = run.journal.checkpoint()
         return IterationOutcome(
-            status="failed" if failed else "succeeded",
-            messages=messages_json(result.messages),
-            rounds=result.rounds,
-            prompt_tokens=result.usage.prompt_tokens,
-            completion_tokens=result.usage.completion_tokens,
+            status="failed" if result.failed else "succeeded",
+            messages=checkpoint.messages,
+            rounds=record.rounds,
+            prompt_tokens=record.usage.prompt_tokens,
+            completion_tokens=record.usage.completion_tokens,
             stop_reason=result.stop_reason,
             error=json_safe("; ".join(errors)) or None,
             next_run_at=next_run.at,
             mission_status=next_run.mission_status,
-            tool_invocations=transcript.invocation_rows(),
-            reminders=transcript.reminders_json(),
-            archive=tuple(transcript.archive_pending),
+            tool_invocations=run.journal.pending_rows(),
+            reminders=checkpoint.reminders,
+            archive=checkpoint.archive,
         )
+
+
+@dataclass
+class _Run:
+    """What one run keeps besides its record: the journal (which folds the record), the
+    names of the tools it offered (metric labels), and what its tool sources left out."""
+
+    journal: MissionJournal
+    tool_names: frozenset[str] = frozenset()
+    source_problems: list[str] = field(default_factory=list)
 
 
 MAX_PROBLEMS_SHOWN = 5
 
 
-def _problems(transcript: Transcript) -> str | None:
+def _problems(problems: Sequence[str]) -> str | None:
     """What the run's tool sources left out, for the iteration's error (``None``: nothing)."""
-    problems = transcript.source_problems
     if not problems:
         return None
     shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
@@ -631,37 +648,9 @@ def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
     return value if value in POLICY_MODES else None
 
 
-def _compacted(transcript: Transcript, round_no: int, compaction: Compaction) -> None:
-    row = transcript.compacted(round_no, compaction)
-    metrics.COMPACTIONS_TRIGGERED.inc()
-    metrics.COMPACTED_TURNS.observe(compaction.folded_turns)
-    logger.info(
-        "context compacted before round %d (compaction %d): %d turn(s) folded, %d -> %d tokens",
-        round_no,
-        row.compaction_index,
-        compaction.folded_turns,
-        compaction.tokens_before,
-        compaction.tokens_after,
-    )
-
-
-def _compaction_failed(
-    transcript: Transcript, round_no: int, error: CompactionError, model: str | None
-) -> None:
-    metrics.COMPACTION_FAILURES.labels(reason=error.reason).inc()
-    transcript.compaction_failed(round_no, error, model)
-
-
-def _count_read_batch(size: int) -> None:
-    metrics.PARALLEL_READ_BATCHES.inc()
-
-
-def _time_call(call: ExecutedCall) -> None:
-    if call.ran:  # a known tool whose handler started: the label stays a registered name
-        metrics.TOOL_DURATION.labels(tool=call.call.name).observe(call.duration_ms / 1000)
-
-
-def _failed_outcome(exc: Exception, next_run: _NextRun, transcript: Transcript) -> IterationOutcome:
+def _failed_outcome(
+    exc: Exception, next_run: _NextRun, journal: MissionJournal
+) -> IterationOutcome:
     """The outcome of a run that raised ``exc``: a required MCP server that could not be used
     (no run without its tools), or a crash in our own code (what the run did is kept)."""
     if isinstance(exc, ToolSourceError):
@@ -671,7 +660,8 @@ def _failed_outcome(exc: Exception, next_run: _NextRun, transcript: Transcript) 
             stop_reason="tool_source_unavailable",
             error=json_safe(str(exc)),
         )
-    usage = transcript.usage()
+    log = journal.log
+    checkpoint = journal.checkpoint()
     return dataclasses.replace(
         _no_run(
             next_run,
@@ -679,13 +669,13 @@ def _failed_outcome(exc: Exception, next_run: _NextRun, transcript: Transcript) 
             stop_reason="crashed",
             error=json_safe(f"internal error: {type(exc).__name__}: {exc}"),
         ),
-        messages=transcript.messages_json(),
-        tool_invocations=transcript.invocation_rows(),
-        reminders=transcript.reminders_json(),
-        archive=tuple(transcript.archive_pending),
-        rounds=transcript.rounds(),
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
+        messages=checkpoint.messages,
+        tool_invocations=journal.pending_rows(),
+        reminders=checkpoint.reminders,
+        archive=checkpoint.archive,
+        rounds=log.rounds,
+        prompt_tokens=log.usage.prompt_tokens,
+        completion_tokens=log.usage.completion_tokens,
     )
 
 

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from worker import metrics
-from worker.db.stores import ClaimedMission, MissionStore
+from worker.db.base import ClaimedMission, MissionStore
 from worker.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
 
 __all__ = ["Worker"]

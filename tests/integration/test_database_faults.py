@@ -84,7 +84,7 @@ async def test_a_blip_while_finished_runs_are_stored_loses_none(
         assert await worker.run_once() == ["succeeded"] * 12
     assert proxy.outages == 1
     # the stores did meet the outage, and were retried
-    assert sum("storing the iteration failed" in r.message for r in caplog.records) >= 12
+    assert any("storing the iteration failed" in r.message for r in caplog.records)
     its = await iterations(db)
     assert [(it["status"], it["stop_reason"], it["rounds"]) for it in its] == [
         ("succeeded", "final_answer", 2)
@@ -110,7 +110,8 @@ async def test_two_outages_over_100_missions_lose_none(
     async def model(request: CompletionRequest) -> CompletionResponse:
         nonlocal answered
         results = tool_results(request)
-        if not results:
+        # a write cut off by the outage is reported on resume with what the tool can tell
+        if not results or "no note was created by that call" in results[-1]:
             return tool_calls(("notes_create", {"title": objective_of(request)}))
         assert not any(TRY_AGAIN in r for r in results), results
         answered += 1
@@ -120,13 +121,19 @@ async def test_two_outages_over_100_missions_lose_none(
 
     worker = make_worker(flaky_engine, FunctionChatModel(model), max_concurrent=20)
     outcomes: list[str] = []
+    interrupted = 0
     while len(outcomes) < 100:
         try:
-            outcomes += await worker.run_once()
+            ran = await worker.run_once()
         except Exception:  # the claim met an outage: the daemon's next tick claims again
             await asyncio.sleep(0.1)
+            continue
+        # a run whose tool met the outage stops, and the next claim resumes it
+        interrupted += ran.count("interrupted")
+        outcomes += [o for o in ran if o != "interrupted"]
     assert outcomes == ["succeeded"] * 100 and proxy.outages == 2
     its = await iterations(db)
+    assert sum(it["attempt"] - 1 for it in its) == interrupted
     assert len(its) == 100 and {it["status"] for it in its} == {"succeeded"}
     assert await note_titles(db) == [f"note {i:03d}" for i in range(100)]
 

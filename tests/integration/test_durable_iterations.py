@@ -135,14 +135,15 @@ async def test_a_write_in_flight_is_not_run_again_and_the_model_is_told_what_it_
     assert await count_notes(db) == 1  # not created a second time
     [request] = heir_requests
     results = [m.content or "" for m in request.messages if m.role == "tool"]
-    assert len(results) == 2  # the read ran again (it was never recorded); the write did not
+    # the read was stored with the write's start: it keeps its result; the write is not rerun
+    assert len(results) == 2
     assert "its outcome is unknown" in results[1]
     assert "The tool reports: that call created note" in results[1]
     calls = await invocations(db)
     by_tool = {c["tool"]: c for c in calls}
     assert by_tool["notes_create"]["outcome"] == "unknown"
     assert "was running when the worker" in by_tool["notes_create"]["error"]
-    assert by_tool["clock_now"]["outcome"] == "ok" and by_tool["clock_now"]["attempt"] == 2
+    assert by_tool["clock_now"]["outcome"] == "ok" and by_tool["clock_now"]["attempt"] == 1
     assert len(calls) == 2
 
 

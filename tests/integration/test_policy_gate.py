@@ -241,6 +241,38 @@ async def test_a_rate_limited_mission_is_refused_past_the_limit_and_goes_on(
     assert "clock_now is rate-limited" in reminders[0]  # the refusal comes first (critical)
 
 
+@pytest.mark.parametrize(("mode", "notes_made"), [("enforce", 1), ("log-only", 3)])
+async def test_writes_past_the_limit_are_counted_with_their_start(
+    db: AsyncEngine, mode: str, notes_made: int
+) -> None:
+    """A write's rate-limit slot is reserved in the statement that records its start: past
+    the limit, enforce stores no start and runs nothing; log-only runs it (a would-be
+    denial). The run goes on either way."""
+    config = PolicyConfig(tool_rate_limits={"notes_create": 1})
+    with FakeLLMServer() as server:
+        server.enqueue_completion(
+            tool_calls=[("notes_create", {"title": f"n{n}"}) for n in range(3)]
+        )
+        server.enqueue_completion(content="Done.")
+        await add_mission(db, cron=None)
+        llm = OpenAICompatibleChatModel(base_url=server.base_url, max_retries=0)
+        try:
+            worker = make_worker(db, llm, policy=policy_setup(db, mode, config))  # type: ignore[arg-type]
+            assert await worker.run_once() == ["succeeded"]
+        finally:
+            await llm.aclose()
+    calls = await _invocations(db)
+    assert [c["position"] for c in calls] == [0, 1, 2]  # one row each, none duplicated
+    assert [c["policy_decision"]["verdict"] for c in calls] == ["allow", "deny", "deny"]
+    assert {c["policy_decision"]["reason"] for c in calls[1:]} == {"rate_limited"}
+    expected = ["ok", "denied", "denied"] if mode == "enforce" else ["ok", "ok", "ok"]
+    assert [c["outcome"] for c in calls] == expected
+    async with db.connect() as conn:
+        made = (await conn.execute(select(func.count()).select_from(notes))).scalar_one()
+    assert made == notes_made
+    assert await events(db) == 1  # the slots taken: the limit's one
+
+
 async def test_a_gate_whose_database_is_down_interrupts_the_run_in_enforce(
     db: AsyncEngine,
 ) -> None:

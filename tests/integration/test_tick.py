@@ -33,7 +33,7 @@ from tests.integration.worker_harness import (
 )
 from worker.db.admin import AdminStore
 from worker.db.engine import create_engine
-from worker.db.stores import MissionStore
+from worker.db.stores import PostgresMissionStore
 from worker.db.tables import missions, tool_invocations
 from worker.tick import Worker
 
@@ -191,7 +191,7 @@ async def test_two_workers_on_one_database_run_50_missions_exactly_once(
 
 async def test_expired_lease_of_a_dead_worker_is_taken_over(db: AsyncEngine) -> None:
     mission_id = await add_mission(db)
-    store = MissionStore(db)
+    store = PostgresMissionStore(db)
     # worker "dead" claims the mission (which starts the iteration), then vanishes
     [claimed] = await store.claim_due(worker_id="dead", limit=1, lease=timedelta(seconds=30))
     started = claimed.iteration
@@ -215,7 +215,9 @@ async def test_a_worker_that_lost_its_lease_writes_nothing(db: AsyncEngine) -> N
     async def slow(request: CompletionRequest) -> CompletionResponse:
         # meanwhile another worker takes the mission over
         await _expire_lease(db, mission_id)
-        [claimed] = await MissionStore(db).claim_due(worker_id="thief", limit=1, lease=LEASE)
+        [claimed] = await PostgresMissionStore(db).claim_due(
+            worker_id="thief", limit=1, lease=LEASE
+        )
         assert claimed.id == mission_id
         taken_over.set()
         return final_answer("done")
@@ -354,7 +356,7 @@ async def test_nul_characters_and_huge_usage_from_the_llm_are_stored(db: AsyncEn
 async def test_an_outcome_the_database_refuses_is_stored_as_a_failure_not_rerun(
     db: AsyncEngine,
 ) -> None:
-    class RefusingStore(MissionStore):
+    class RefusingStore(PostgresMissionStore):
         refused = 0
 
         async def finish_iteration(self, mission, iteration_id, outcome, **kwargs):  # type: ignore[no-untyped-def]

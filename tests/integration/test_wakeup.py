@@ -33,7 +33,7 @@ from tests.integration.worker_harness import (
 )
 from worker.db.admin import AdminStore
 from worker.db.engine import create_engine
-from worker.db.stores import MissionStore
+from worker.db.stores import PostgresMissionStore
 from worker.db.tables import missions
 from worker.tick import Worker
 from worker.wakeup import WAKE_UP_CHANNEL, WakeUpListener, off_reason
@@ -169,7 +169,7 @@ async def test_the_claim_and_a_finish_with_a_future_next_run_do_not_notify(
     db: AsyncEngine, notifications: Notifications
 ) -> None:
     mission_id = await add_mission(db, cron="0 * * * *")  # next run: the top of the hour
-    store = MissionStore(db)
+    store = PostgresMissionStore(db)
     worker = make_worker(db, FunctionChatModel(clock_then_answer), store=store)
     claimed: list[Any] = []
 
@@ -190,7 +190,7 @@ async def test_a_released_lease_a_resume_and_a_due_finish_notify(
     db: AsyncEngine, notifications: Notifications
 ) -> None:
     mission_id = await add_mission(db, cron=None)
-    store = MissionStore(db)
+    store = PostgresMissionStore(db)
     admin = AdminStore(db)
     [mission] = await store.claim_due(worker_id="w1", limit=1, lease=LEASE)
 

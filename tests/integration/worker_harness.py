@@ -13,8 +13,9 @@ from planner import ChatModel, CompletionRequest, CompletionResponse, ToolSpec
 from planner.policy import PolicyConfig, PolicyMode
 from planner.testing import final_answer, tool_calls
 from worker.db.admin import AdminStore
+from worker.db.base import MissionStore
 from worker.db.policy import PostgresCallLedger
-from worker.db.stores import MissionStore
+from worker.db.stores import PostgresMissionStore
 from worker.db.tables import mission_iterations, missions
 from worker.gate import PolicySetup
 from worker.mcp.sources import McpToolSources
@@ -59,7 +60,7 @@ def make_worker(
     """A worker on ``engine`` with the built-in tools (plus ``extra_tools``), the policy
     gate when ``policy`` is given (``policy_setup``), and agents' MCP servers opened by
     ``tool_sources`` (default: ``McpToolSources()``)."""
-    store = store or MissionStore(engine)
+    store = store or PostgresMissionStore(engine)
     tools = [*builtin_tools(engine), *(extra_tools or [])]
     runner = MissionRunner(
         store=store,

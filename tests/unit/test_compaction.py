@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from planner import (
     ChatMessage,
     Checkpoint,
+    Compacted,
+    CompactionFailed,
     Compactor,
     CompletionRequest,
     CompletionResponse,
@@ -276,7 +278,9 @@ async def test_the_loop_compacts_once_tells_the_model_then_stops_at_the_context(
     made: list[Any] = []
     compactor = Compactor(llm=summariser(), max_ctx=1500, keep_recent_tokens=200)
     result = await run_planner_loop(
-        loop_input(compactor, on_compaction=lambda r, c: made.append((r, c))), llm=model
+        loop_input(compactor),
+        llm=model,
+        sink=lambda e: made.append((e.round, e.compaction)) if isinstance(e, Compacted) else None,
     )
     assert result.compactions_done == 1 and len(made) == 1
     round_no, compaction = made[0]
@@ -297,8 +301,9 @@ async def test_a_failing_summariser_lets_the_run_go_on_then_ends_it_readably() -
     broken = ScriptedChatModel([LLMConnectionError("summariser down")])
     compactor = Compactor(llm=broken, max_ctx=1500, keep_recent_tokens=200)
     result = await run_planner_loop(
-        loop_input(compactor, on_compaction_failed=lambda r, e: failures.append(e.reason)),
+        loop_input(compactor),
         llm=looping_model(),
+        sink=lambda e: failures.append(e.error.reason) if isinstance(e, CompactionFailed) else None,
     )
     assert failures == ["llm_error"] and result.compactions_done == 0
     assert result.compaction_errors and "summariser down" in result.compaction_errors[0]
@@ -446,8 +451,9 @@ async def test_the_count_after_a_compaction_keeps_what_no_message_shows() -> Non
     made: list[Compaction] = []
     compactor = Compactor(llm=summariser(), max_ctx=2000, keep_recent_tokens=200)
     await run_planner_loop(
-        loop_input(compactor, on_compaction=lambda r, c: made.append(c)),
+        loop_input(compactor),
         llm=FunctionChatModel(answer),
+        sink=lambda e: made.append(e.compaction) if isinstance(e, Compacted) else None,
     )
     [compaction] = made
     assert compaction.tokens_before >= 0.92 * 2000

@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 
 from planner import (
+    CallFinished,
     LoopState,
     PlannerLoopInput,
     PolicyDecision,
+    ReadsOverlapped,
+    RunEvent,
     ToolCall,
     ToolContext,
     ToolRegistry,
@@ -121,6 +124,16 @@ class Probe:
         ]
 
 
+def on_finished(into: list[int]) -> Callable[[RunEvent], None]:
+    """A sink that keeps the position of each call as it finishes (completion order)."""
+
+    def sink(event: RunEvent) -> None:
+        if isinstance(event, CallFinished):
+            into.append(event.executed.index)
+
+    return sink
+
+
 def calls(*names: str) -> list[ToolCall]:
     """``calls("r", "r", "w")``: one call per name, argument ``i`` = its position."""
     return [ToolCall(id=f"c{i}", name=name, arguments={"i": i}) for i, name in enumerate(names)]
@@ -199,7 +212,7 @@ async def test_eleven_reads_with_cap_ten_use_a_sliding_window_and_keep_source_or
             probe,
             calls(*["r"] * 11),
             max_parallel_reads=10,
-            on_executed=lambda e: finished.append(e.index),
+            sink=on_finished(finished),
         )
     )
     await probe.when(lambda ev: len(ev) == 10)
@@ -228,7 +241,7 @@ async def test_results_are_in_source_order_and_callbacks_in_completion_order() -
 
     probe.hold = hold
     seen: list[int] = []
-    done = await run(probe, calls("r", "r", "r", "r"), on_executed=lambda e: seen.append(e.index))
+    done = await run(probe, calls("r", "r", "r", "r"), sink=on_finished(seen))
     assert seen == [3, 2, 1, 0]
     assert [e.index for e in done] == [0, 1, 2, 3]
     assert [e.call.id for e in done] == ["c0", "c1", "c2", "c3"]
@@ -384,7 +397,7 @@ async def test_a_call_that_finished_just_before_the_cancellation_is_still_report
             round=1,
             registry=ToolRegistry(probe.specs()),
             ctx=ToolContext(user_id="u"),
-            on_executed=lambda e: seen.append(e.index),
+            sink=on_finished(seen),
         )
     )
     await finished.wait()
@@ -440,9 +453,9 @@ async def test_the_loop_counts_calls_exactly_and_stores_them_in_source_order() -
             user_prompt="u",
             tools=probe.specs(),
             reminder_channel=lambda state: states.append(state) or [],
-            on_read_batch=batches.append,
         ),
         llm=llm,
+        sink=lambda e: batches.append(e.size) if isinstance(e, ReadsOverlapped) else None,
     )
     assert [s.tool_call_count for s in states] == [0, 3, 4]
     last = states[1].last_call
@@ -458,8 +471,7 @@ async def test_the_loop_counts_calls_exactly_and_stores_them_in_source_order() -
     ("field", "value", "message"),
     [
         ("max_parallel_reads", 0, "max_parallel_reads must be >= 1"),
-        ("tool_timeout_s", 0, "tool_timeout_s must be > 0"),
-        ("tool_timeout_s", float("nan"), "tool_timeout_s must be > 0"),
+        ("max_rounds", 0, "max_rounds must be >= 1"),
     ],
 )
 def test_loop_limits_are_checked(field: str, value: float, message: str) -> None:

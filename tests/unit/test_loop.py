@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from planner import (
+    CallFinished,
     ChatMessage,
     CompletionRequest,
     CompletionResponse,
@@ -21,11 +22,13 @@ from planner import (
     ToolRegistry,
     ToolRegistryError,
     ToolSpec,
+    record_of,
     run_planner_loop,
 )
 from planner.policy import PolicyConfig, RulePolicyGate, UserPolicySettings
 from planner.testing import (
     InMemoryCallLedger,
+    RecordingSink,
     ScriptedChatModel,
     ScriptExhaustedError,
     final_answer,
@@ -330,19 +333,31 @@ def test_duplicate_tool_names_are_refused() -> None:
         ToolRegistry([ECHO, ECHO])
 
 
-async def test_callbacks_see_the_log_and_calls_as_they_happen() -> None:
-    seen_messages: list[ChatMessage] = []
-    seen_calls: list[str] = []
+async def test_the_sink_sees_every_event_and_its_fold_is_the_result() -> None:
+    sink = RecordingSink()
     llm = ScriptedChatModel([tool_calls(("echo", {"text": "a"}), ("boom", {})), final_answer("ok")])
-    result = await run_planner_loop(
-        _inp(
-            on_message=seen_messages.append,
-            on_executed_call=lambda c: seen_calls.append(c.call.name),
-        ),
-        llm=llm,
-    )
-    assert seen_messages == result.messages
-    assert seen_calls == ["echo", "boom"]
+    result = await run_planner_loop(_inp(), llm=llm, sink=sink)
+    llm.assert_exhausted()
+    kinds = [type(e).__name__ for e in sink.events]
+    assert kinds == [
+        "RunStarted",
+        "RequestSent",
+        "ReplyJudged",
+        "CallStarted",
+        "CallFinished",
+        "CallStarted",  # boom is a write: it runs alone, after the read
+        "CallFinished",
+        "RoundEnded",
+        "RequestSent",
+        "ReplyJudged",
+        "RunStopped",
+    ]
+    assert [e.executed.call.name for e in sink.of_type(CallFinished)] == ["echo", "boom"]
+    # the record folded from the events is the result: one count of everything
+    assert sink.record == result.record
+    assert list(sink.record.messages) == result.messages
+    assert (sink.record.rounds, sink.record.usage) == (result.rounds, result.usage)
+    assert record_of(sink.events) == result.record
 
 
 async def test_a_round_without_calls_leaves_no_calls_to_the_next_rounds_state() -> None:

@@ -8,7 +8,19 @@ from typing import Any
 
 import pytest
 
-from planner import ExecutedCall, LoopState, PolicyDecision, TokenUsage, ToolCall
+from planner import (
+    ExecutedCall,
+    LoopState,
+    PlannerLoopInput,
+    PolicyDecision,
+    Reminder,
+    TokenUsage,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    run_planner_loop,
+)
+from planner.testing import ScriptedChatModel, final_answer, tool_calls
 from reminders import (
     Producer,
     ReminderComposer,
@@ -33,6 +45,10 @@ def executed(
     if decision is not None and not decision.allow:
         error = "denied"
     return ExecutedCall(2, ToolCall(id="c", name=name, arguments=args or {}), None, error, decision)
+
+
+async def _nothing(args: dict[str, Any], ctx: ToolContext) -> str:
+    return "nothing"
 
 
 def state(
@@ -238,8 +254,7 @@ def fixed(text: str | None) -> Any:
     return lambda _state: text
 
 
-def test_composer_orders_by_severity_and_records_what_it_sent() -> None:
-    sent: list[str] = []
+def test_composer_orders_by_severity_and_names_each_producer_and_role() -> None:
     composer = ReminderComposer(
         [
             Producer("info", "info", fixed("i")),
@@ -247,15 +262,31 @@ def test_composer_orders_by_severity_and_records_what_it_sent() -> None:
             Producer("none", "critical", fixed(None)),
             Producer("crit", "critical", fixed("c")),
         ],
-        on_sent=lambda r: sent.append(r.producer),
+        role="user",
     )
-    assert composer(state(round=2)) == ["c", "w", "i"]
-    assert sent == ["crit", "warn", "info"]
-    assert composer.audit() == [
-        {"round": 2, "producer": "crit", "text": "c"},
-        {"round": 2, "producer": "warn", "text": "w"},
-        {"round": 2, "producer": "info", "text": "i"},
+    assert composer(state(round=2)) == [
+        Reminder("c", "crit", "user"),
+        Reminder("w", "warn", "user"),
+        Reminder("i", "info", "user"),
     ]
+
+
+async def test_what_was_sent_is_in_the_runs_record_round_by_round() -> None:
+    composer = ReminderComposer([Producer("rounds", "warning", lambda s: f"round {s.round}")])
+    llm = ScriptedChatModel([tool_calls(("look", {})), final_answer("done")])
+    look = ToolSpec("look", "Look.", {"type": "object"}, "read", _nothing)
+    result = await run_planner_loop(
+        PlannerLoopInput(
+            system_prompt="s", user_prompt="u", tools=[look], reminder_channel=composer
+        ),
+        llm=llm,
+    )
+    llm.assert_exhausted()
+    assert [r.to_json() for r in result.record.reminders] == [
+        {"round": 1, "producer": "rounds", "text": "round 1"},
+        {"round": 2, "producer": "rounds", "text": "round 2"},
+    ]
+    assert not any("round 1" in (m.content or "") for m in result.messages)  # never stored
 
 
 def test_composer_deduplicates_and_caps_count_and_characters() -> None:
@@ -271,14 +302,15 @@ def test_composer_deduplicates_and_caps_count_and_characters() -> None:
         max_chars=30,
     )
     # "same" once; the 50-character text does not fit next to it; "y" and "z" do
-    assert composer(state()) == ["same", "y", "z"]
-    assert [r.producer for r in composer.sent] == ["a", "d", "e"]
+    sent = composer(state())
+    assert [r.text for r in sent] == ["same", "y", "z"]
+    assert [r.producer for r in sent] == ["a", "d", "e"]
 
 
 def test_a_single_text_longer_than_the_budget_is_cut() -> None:
     composer = ReminderComposer([Producer("long", "warning", fixed("w" * 5000))], max_chars=100)
-    [text] = composer(state())
-    assert len(text) == 100 and text.endswith("…")
+    [reminder] = composer(state())
+    assert len(reminder.text) == 100 and reminder.text.endswith("…")
 
 
 def test_a_producer_that_raises_is_skipped_and_reported() -> None:
@@ -291,13 +323,13 @@ def test_a_producer_that_raises_is_skipped_and_reported() -> None:
         [Producer("broken", "critical", broken), Producer("ok", "info", fixed("still here"))],
         on_error=lambda name, exc: errors.append((name, str(exc))),
     )
-    assert composer(state()) == ["still here"]
+    assert [r.text for r in composer(state())] == ["still here"]
     assert errors == [("broken", "oops")]
 
 
 def test_blank_texts_are_not_sent() -> None:
     composer = ReminderComposer([Producer("blank", "info", fixed("   "))])
-    assert composer(state()) == [] and composer.sent == []
+    assert composer(state()) == []
 
 
 def test_retry_loop_watch_agrees_with_the_function_on_random_histories() -> None:

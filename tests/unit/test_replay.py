@@ -16,7 +16,7 @@ from worker.replay import (
     replay_events,
     restored_log,
 )
-from worker.transcript import messages_json
+from worker.storable import messages_json
 
 
 def turn(n: int, calls: int = 1) -> list[ChatMessage]:

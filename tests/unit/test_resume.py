@@ -9,11 +9,17 @@ from typing import Any
 import pytest
 
 from planner import (
+    CallFinished,
+    CallStarted,
     ChatMessage,
     Checkpoint,
     ExecutedCall,
     PlannerLoopInput,
     ReplyInfo,
+    RoundEnded,
+    RunEvent,
+    RunInterrupted,
+    RunLog,
     TokenUsage,
     ToolCall,
     ToolContext,
@@ -21,8 +27,8 @@ from planner import (
     run_planner_loop,
 )
 from planner.compaction import estimate_message_tokens
-from planner.testing import InMemoryCallJournal, ScriptedChatModel, final_answer, tool_calls
-from worker.db.stores import StartedIteration
+from planner.testing import RecordingSink, ScriptedChatModel, final_answer, tool_calls
+from worker.db.base import StartedIteration
 from worker.journal import context_at_checkpoint
 
 ran: list[tuple[str, str | None]] = []
@@ -59,44 +65,62 @@ def inp(**kw: Any) -> PlannerLoopInput:
     return PlannerLoopInput(**(base | kw))
 
 
-async def test_writes_are_journaled_with_a_stable_key_and_reads_are_not() -> None:
-    journal = InMemoryCallJournal()
+async def test_writes_start_with_a_stable_key_and_reads_without_one() -> None:
+    sink = RecordingSink()
     llm = ScriptedChatModel(
         [tool_calls(("look", {}), ("save", {}), ("save", {})), final_answer("ok")]
     )
-    result = await run_planner_loop(inp(journal=journal), llm=llm)
+    result = await run_planner_loop(inp(), llm=llm, sink=sink)
+    llm.assert_exhausted()
     assert result.stop_reason == "final_answer"
-    assert [(r, p, k) for r, p, _, k in journal.started_calls] == [
-        (1, 1, "42:1:1"),
-        (1, 2, "42:1:2"),
+    assert [
+        (e.round, e.position, e.hint, e.idempotency_key) for e in sink.of_type(CallStarted)
+    ] == [
+        (1, 0, "read", None),
+        (1, 1, "write", "42:1:1"),
+        (1, 2, "write", "42:1:2"),
     ]
-    assert [c.index for c in journal.finished_calls] == [1, 2]
+    assert [e.executed.index for e in sink.of_type(CallFinished)] == [0, 1, 2]
     assert ran == [("look", None), ("save", "42:1:1"), ("save", "42:1:2")]
 
 
 async def test_a_write_whose_start_cannot_be_recorded_does_not_run() -> None:
-    journal = InMemoryCallJournal()
-    journal.fail_start_with = ConnectionError("database down")
+    sink = RecordingSink()
+    sink.fail_start_with = ConnectionError("database down")
     llm = ScriptedChatModel([tool_calls(("save", {})), final_answer("ok")])
-    result = await run_planner_loop(inp(journal=journal), llm=llm)
+    result = await run_planner_loop(inp(), llm=llm, sink=sink)
+    llm.assert_exhausted()
     [executed] = result.executed_calls
     assert ran == [] and not executed.ran
-    assert "was not run: its start could not be recorded (ConnectionError)" in (
-        executed.error or ""
-    )
+    assert executed.error == "save was not run: its start could not be recorded"
 
 
-async def test_a_round_end_hook_sees_each_round_once_its_results_are_logged() -> None:
+async def test_a_write_whose_journal_is_unreachable_stops_the_run_untold() -> None:
+    sink = RecordingSink()
+    sink.fail_start_with = RunInterrupted("the journal's database did not answer")
+    llm = ScriptedChatModel([tool_calls(("save", {}))])
+    with pytest.raises(RunInterrupted):
+        await run_planner_loop(inp(), llm=llm, sink=sink)
+    llm.assert_exhausted()
+    assert ran == [] and sink.of_type(CallFinished) == []  # the model read nothing about it
+
+
+async def test_a_round_ends_once_its_results_are_in_the_log() -> None:
     seen: list[tuple[int, int, int]] = []
-    logged: list[ChatMessage] = []
+    log = RunLog()
 
-    async def on_round_end(round_no: int, calls: Any) -> None:
-        seen.append((round_no, len(calls), sum(m.role == "tool" for m in logged)))
+    def sink(event: RunEvent) -> None:
+        log.apply(event)
+        if isinstance(event, RoundEnded):
+            seen.append(
+                (event.round, len(event.calls), sum(m.role == "tool" for m in log.messages))
+            )
 
     llm = ScriptedChatModel(
         [tool_calls(("look", {})), tool_calls(("save", {}), ("look", {})), final_answer("ok")]
     )
-    await run_planner_loop(inp(on_round_end=on_round_end, on_message=logged.append), llm=llm)
+    await run_planner_loop(inp(), llm=llm, sink=sink)
+    llm.assert_exhausted()
     assert seen == [(1, 1, 1), (2, 2, 3)]
 
 

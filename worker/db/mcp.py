@@ -19,7 +19,8 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.db.stores import ToolInvocationRow, invocation_outcome_values
+from worker.db.base import ToolInvocationRow
+from worker.db.stores import invocation_outcome_values
 from worker.db.tables import mcp_tokens, tool_invocations
 from worker.errors import NotFoundError
 

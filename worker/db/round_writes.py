@@ -31,8 +31,10 @@ from typing import Any, Literal
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Integer,
+    Interval,
     Text,
     and_,
     bindparam,
@@ -41,12 +43,13 @@ from sqlalchemy import (
     exists,
     func,
     insert,
-    literal,
+    literal_column,
+    or_,
     select,
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from worker.db.tables import compacted_turns, mission_iterations, missions, tool_invocations
@@ -126,6 +129,7 @@ def round_write_statement(
     new_calls: bool,
     known_calls: bool,
     archive: bool,
+    reserve: bool = False,
 ) -> Any:
     """The statement for one shape (which parts it writes), built once per shape.
 
@@ -141,6 +145,11 @@ def round_write_statement(
         new_calls, known_calls, archive: ``p_new_calls`` (``NEW_CALL_KEYS``),
             ``p_known_calls`` (``id`` and ``OUTCOME_KEYS``) and ``p_archive``
             (``ARCHIVE_KEYS``) are written.
+        reserve: a rate-limit slot is reserved first, with ``mana_ai_reserve_tool_call``
+            (``p_user_id``, ``p_tool``, ``p_consumer``, ``p_window``, ``p_limit``), and the new
+            rows whose outcome is ``started`` are inserted only when it was taken or
+            ``p_run_anyway`` (log-only runs a refused call too): the policy gate's reservation
+            and a write's start in one round trip.
 
     Always bound: ``p_mission_id``, ``p_worker_id``; with ``finish``: ``p_next_run_at``,
     ``p_mission_status``, ``p_last_error``. A paused mission stays paused.
@@ -149,7 +158,8 @@ def round_write_statement(
         A SELECT of one row: ``owned`` (1 when the lease held and everything was written,
         else 0 and nothing was), ``stored`` (an end this attempt already stored; only with
         ``end``), ``calls`` (``[[round, position, id], ...]`` of the new calls' rows, those
-        inserted now and those a repeat found; only with ``new_calls``).
+        inserted now and those a repeat found; only with ``new_calls``), and with ``reserve``
+        the reservation: ``reserved``, ``checked_at``, ``recent``.
     """
     mission_id = bindparam("p_mission_id", type_=BigInteger)
     worker_id = bindparam("p_worker_id", type_=Text)
@@ -225,8 +235,38 @@ def round_write_statement(
                 .values(values)
                 .returning(its.c.id)
             )
+    reservation: Any = None
+    if reserve:
+        reservation = (
+            select(
+                column("reserved", Boolean),
+                column("checked_at", DateTime(timezone=True)),
+                column("recent", ARRAY(DateTime(timezone=True))),
+            )
+            .select_from(
+                func.mana_ai_reserve_tool_call(
+                    bindparam("p_user_id", type_=Text),
+                    bindparam("p_tool", type_=Text),
+                    bindparam("p_consumer", type_=Text),
+                    bindparam("p_window", type_=Interval),
+                    bindparam("p_limit", type_=Integer),
+                )
+            )
+            .cte("reservation")
+        )
+        columns += [
+            select(reservation.c.reserved).scalar_subquery().label("reserved"),
+            select(reservation.c.checked_at).scalar_subquery().label("checked_at"),
+            select(reservation.c.recent).scalar_subquery().label("recent"),
+        ]
     if iteration and new_calls:
-        columns.append(_new_calls(write, owned).label("calls"))
+        may_start = None
+        if reservation is not None:
+            may_start = or_(
+                select(reservation.c.reserved).scalar_subquery(),
+                bindparam("p_run_anyway", type_=Boolean),
+            )
+        columns.append(_new_calls(write, owned, may_start).label("calls"))
     if iteration and known_calls:
         data = recordset(tool_invocations, ("id", *OUTCOME_KEYS), "p_known_calls")
         write(
@@ -243,13 +283,14 @@ def round_write_statement(
             .on_conflict_do_nothing(index_elements=["iteration_id", "compaction_index"])
             .returning(compacted_turns.c.id)
         )
-    return select(*columns).add_cte(owner, *writes)
+    ctes = [owner, *writes] if reservation is None else [reservation, owner, *writes]
+    return select(*columns).add_cte(*ctes)
 
 
-def _new_calls(write: Callable[[Any], Any], owned: Any) -> Any:
-    """``write`` the insert of ``p_new_calls`` (rows that exist already are left alone);
-    return the scalar subquery of ``[[round, position, id], ...]`` of the new calls'
-    rows, inserted or found."""
+def _new_calls(write: Callable[[Any], Any], owned: Any, may_start: Any = None) -> Any:
+    """``write`` the insert of ``p_new_calls`` (rows that exist already are left alone; a
+    ``started`` row only when ``may_start`` holds, if given); return the scalar subquery of
+    ``[[round, position, id], ...]`` of the new calls' rows, inserted or found."""
     calls = tool_invocations
     data = recordset(calls, NEW_CALL_KEYS, "p_new_calls")
     same = and_(
@@ -258,12 +299,12 @@ def _new_calls(write: Callable[[Any], Any], owned: Any) -> Any:
         calls.c.round == data.c.round,
         calls.c.position == data.c.position,
     )
+    conditions = [owned, ~exists().where(same)]
+    if may_start is not None:
+        conditions.append(or_(data.c.outcome != "started", may_start))
     inserted = (
         insert(calls)
-        .from_select(
-            NEW_CALL_KEYS,
-            select(*(data.c[k] for k in NEW_CALL_KEYS)).where(owned, ~exists().where(same)),
-        )
+        .from_select(NEW_CALL_KEYS, select(*(data.c[k] for k in NEW_CALL_KEYS)).where(*conditions))
         .returning(calls.c.round, calls.c.position, calls.c.id)
     )
     inserted = write(inserted)
@@ -277,7 +318,7 @@ def _new_calls(write: Callable[[Any], Any], owned: Any) -> Any:
     )
     triple = func.jsonb_build_array(both.c.round, both.c.position, both.c.id)
     return (
-        select(func.coalesce(func.jsonb_agg(triple), literal("[]", JSONB)))
+        select(func.coalesce(func.jsonb_agg(triple), literal_column("'[]'::jsonb", JSONB)))
         .select_from(both)
         .scalar_subquery()
     )

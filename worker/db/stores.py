@@ -1,19 +1,18 @@
-"""The seam between the worker and PostgreSQL: every query the tick and runner make.
-
-Lease protocol (every replica follows it; see shared/DESIGN.md, "Data"):
+"""The store seam on PostgreSQL (``worker.db.base.MissionStore``): every statement the tick,
+the runner and the journal make.
 
 * ``claim_due`` picks due, unleased (or lease-expired) active missions with
   ``FOR UPDATE SKIP LOCKED`` and stamps ``lease_owner`` / ``lease_expires_at`` in the same
-  statement, so two workers never claim the same mission.
-* Every later change (starting the iteration, renewing, finishing, releasing) is conditional on
-  ``lease_owner = worker_id``; a worker that lost its lease writes nothing.
+  statement, so two workers never claim the same mission; the same statement starts or takes
+  over their iterations and reads their agents' token use.
+* Every later change is one statement conditional on ``lease_owner = worker_id``
+  (``worker.db.round_writes``): a worker that lost its lease writes nothing.
 * Lease times use the database clock (``now()``), never a worker's, so replicas with skewed
   clocks agree on expiry.
 
 An iteration is keyed by ``(mission_id, scheduled_for)``. A run whose worker died leaves its
-row ``running``; a run interrupted at shutdown leaves it ``failed`` / ``interrupted``. Either is
-taken over (``attempt`` + 1) by the next worker that claims the mission. Finishing writes the
-iteration, its tool invocations and the mission's next run in one transaction.
+row ``running``; a run interrupted leaves it ``failed`` / ``interrupted``. Either is taken over
+(``attempt`` + 1) by the next worker that claims the mission.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -46,7 +44,17 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import Null
 
-from planner.policy import UserPolicySettings
+from planner.policy import RateLimit, Reservation
+from worker.db.base import (
+    ArchiveRow,
+    CallStart,
+    ClaimedMission,
+    IterationOutcome,
+    LeaseLostError,
+    RoundCheckpoint,
+    StartedIteration,
+    ToolInvocationRow,
+)
 from worker.db.engine import run_statement
 from worker.db.policy import user_settings_from_row
 from worker.db.round_writes import MissionWrite, round_write_statement
@@ -61,176 +69,14 @@ from worker.db.tables import (
 )
 from worker.mcp.config import McpServerConfig
 
-__all__ = [
-    "ArchiveRow",
-    "ClaimedMission",
-    "IterationOutcome",
-    "LeaseLostError",
-    "MissionStore",
-    "RoundCheckpoint",
-    "StartedIteration",
-    "ToolInvocationRow",
-    "invocation_outcome_values",
-]
+__all__ = ["PostgresMissionStore", "invocation_outcome_values"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ClaimedMission:
-    """A mission this worker holds the lease on, with its agent and the owner's policy
-    settings (read once, at claim time, for the whole iteration).
-
-    ``scheduled_for`` is the ``next_run_at`` the mission had when claimed (UTC-aware).
-    ``policy_mode`` is the agent's override of the daemon's policy mode (``None``: none).
-    ``mcp_servers`` are the agent's MCP servers (tool sources), by name, secrets included.
-
-    ``claim_due`` also starts the iterations of the missions it claims: ``iteration`` is the
-    row to write into (``None``: that scheduled run already finished, or the deadline
-    passed), without the takeover details (``MissionStore.resume_details``), and
-    ``tokens_used_24h`` the tokens of the agent's other iterations started in the last 24
-    hours when the agent has a daily budget (``None``: no budget).
-    """
-
-    id: int
-    objective: str
-    cron: str | None
-    timezone: str
-    scheduled_for: datetime
-    deadline: datetime | None
-    agent_id: int
-    agent_name: str
-    owner_user_id: str
-    model: str | None
-    system_prompt: str
-    max_rounds: int
-    max_tokens_per_day: int | None
-    allowed_tools: tuple[str, ...] | None
-    policy_mode: str | None = None
-    user_policy: UserPolicySettings = field(default_factory=UserPolicySettings)
-    compact_max_ctx: int | None = None
-    mcp_servers: tuple[McpServerConfig, ...] = ()
-    iteration: StartedIteration | None = None
-    tokens_used_24h: int | None = None
-
-
-@dataclass(frozen=True)
-class StartedIteration:
-    """The iteration row a run writes into; ``attempt`` > 1 when it took over a dead run.
-
-    A takeover gets the checkpoint the earlier attempts stored: the message log, the rounds
-    done, their tokens and reminders, and the ``tool_invocations`` rows of the last round
-    (``pending_rows``: ``id``, ``position``, ``outcome``, ``result``, ``error``,
-    ``policy_decision``), so it can go on where they stopped; and how many compactions the
-    earlier attempts did (``compactions``) and tried (``compaction_attempts``), and the latest
-    one's ``(round it ran before, tokens in context after it)`` (``last_compaction``).
-    """
-
-    id: int
-    attempt: int
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    rounds: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reminders: list[dict[str, Any]] = field(default_factory=list)
-    pending_rows: list[dict[str, Any]] = field(default_factory=list)
-    compactions: int = 0
-    compaction_attempts: int = 0
-    last_compaction: tuple[int, int] | None = None
-
-    @property
-    def resumable(self) -> bool:
-        """True when an earlier attempt left a checkpoint to go on from."""
-        return self.attempt > 1 and bool(self.messages)
-
-
-@dataclass(frozen=True)
-class ToolInvocationRow:
-    """One executed or denied tool call, as stored in ``tool_invocations``."""
-
-    round: int
-    call_id: str
-    tool: str
-    arguments: dict[str, Any]
-    result: Any
-    error: str | None
-    outcome: str  # ok | error | denied | started | unknown
-    duration_ms: float
-    policy_decision: dict[str, Any] | None = None
-    policy_mode: str | None = None
-    attempt: int = 1
-    position: int = 0
-    idempotency_key: str | None = None
-    row_id: int | None = None  # set: the row exists (a journaled write): update it
-
-
-@dataclass(frozen=True)
-class ArchiveRow:
-    """One compaction of an iteration's context, as stored in ``compacted_turns``; with an
-    ``error``, an attempt that changed nothing (``folded`` empty, ``summary`` empty)."""
-
-    compaction_index: int
-    round: int
-    start_index: int
-    folded: list[dict[str, Any]]
-    folded_turns: int
-    summary: str
-    tokens_before: int
-    tokens_after: int
-    model: str | None
-    duration_ms: float
-    attempt: int = 1
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class RoundCheckpoint:
-    """What a round commit stores on the iteration row: the message log so far (the stored
-    format), the rounds done, their tokens and the reminders sent; and the compactions of the
-    log not stored yet (``archive``), in the same transaction, so a compacted log is never
-    stored without what it folded."""
-
-    messages: list[dict[str, Any]]
-    rounds: int
-    prompt_tokens: int
-    completion_tokens: int
-    reminders: list[dict[str, Any]]
-    archive: Sequence[ArchiveRow] = ()
-
-
-class LeaseLostError(Exception):
-    """This worker no longer owns the mission's lease: it must not write or run anything."""
-
-
-@dataclass(frozen=True)
-class IterationOutcome:
-    """What a finished run stores.
-
-    Attributes:
-        status: ``succeeded`` or ``failed``.
-        messages: the stored message log (JSON-compatible list).
-        next_run_at: the mission's next run (``None`` = no further run).
-        mission_status: ``active`` or ``completed`` (a paused mission stays paused).
-        reminders: the reminders sent with the run's requests (``[{"round", "producer",
-            "text"}]``), stored apart from the message log.
-    """
-
-    status: str
-    messages: list[dict[str, Any]]
-    rounds: int
-    prompt_tokens: int
-    completion_tokens: int
-    stop_reason: str | None
-    error: str | None
-    next_run_at: datetime | None
-    mission_status: str
-    tool_invocations: Sequence[ToolInvocationRow] = field(default_factory=tuple)
-    reminders: list[dict[str, Any]] = field(default_factory=list)
-    archive: Sequence[ArchiveRow] = field(default_factory=tuple)
-
-
-class MissionStore:
-    """Mission, iteration and tool-invocation queries over one AsyncEngine.
+class PostgresMissionStore:
+    """The ``worker.db.base.MissionStore`` of PostgreSQL: mission, iteration and
+    tool-invocation statements over one AsyncEngine.
 
     Every method opens its own short transaction; none holds a connection between calls.
     A method that writes with one statement (claiming, finishing, renewing) runs it with
@@ -426,25 +272,56 @@ class MissionStore:
         mission: ClaimedMission,
         iteration_id: int,
         checkpoint: RoundCheckpoint,
-        row: ToolInvocationRow,
+        rows: Sequence[ToolInvocationRow],
         *,
         worker_id: str,
-    ) -> int:
+        reserve: tuple[RateLimit, str, bool] | None = None,
+    ) -> CallStart:
         """Before a write or destructive call runs: store the log so far (it ends with the
-        assistant message that issued the call) and the call's ``started`` row, in one
-        statement under the lease. Returns the row's id (the stored one, when a repeat finds
-        it: safe to run again).
+        assistant message that issued the call), ``rows`` (the calls of the round not stored
+        yet, the last one the call's ``started`` row) and the compactions of ``checkpoint``,
+        in one statement under the lease. Safe to run again.
+
+        With ``reserve`` = ``(limit, consumer, run_anyway)``, the statement first reserves the
+        call's rate-limit slot (``mana_ai_reserve_tool_call``, as the ledger does), and stores
+        the ``started`` row only when it was taken or ``run_anyway``.
 
         Raises:
             LeaseLostError: this worker no longer owns the mission (the call must not run).
             sqlalchemy.exc.DBAPIError: the database failed or refused the data.
         """
+        params: dict[str, Any] = {}
+        if reserve is not None:
+            limit, consumer, run_anyway = reserve
+            started = rows[-1]
+            params = {
+                "p_user_id": mission.owner_user_id,
+                "p_tool": started.tool,
+                "p_consumer": consumer,
+                "p_window": limit.window,
+                "p_limit": limit.calls,
+                "p_run_anyway": run_anyway,
+            }
         written = await self._write(
-            "check", mission, iteration_id, worker_id, {}, checkpoint=checkpoint, rows=[row]
+            "check",
+            mission,
+            iteration_id,
+            worker_id,
+            params,
+            checkpoint=checkpoint,
+            rows=rows,
+            reserve=reserve is not None,
         )
         if not written["owned"]:
             raise LeaseLostError(f"mission {mission.id}: lease lost; the call was not run")
-        return _new_ids(written, [row])[0]
+        reservation = None
+        if reserve is not None:
+            reservation = Reservation(
+                reserved=bool(written["reserved"]),
+                now=written["checked_at"],
+                recent=tuple(written["recent"] or ()),
+            )
+        return CallStart(ids=_new_ids(written), reservation=reservation)
 
     async def record_call_outcome(self, row: ToolInvocationRow) -> None:
         """A journaled call's outcome (``row.row_id`` set), recorded as soon as it is known,
@@ -465,13 +342,12 @@ class MissionStore:
         rows: Sequence[ToolInvocationRow],
         *,
         worker_id: str,
-    ) -> list[int] | None:
+    ) -> dict[tuple[int, int], int] | None:
         """The round commit: the log, rounds, tokens and reminders so far, the round's
         ``tool_invocations`` rows (new ones inserted, journaled ones brought up to date) and
         the compactions not stored yet, in one statement under the lease — a checkpoint a
-        takeover resumes from. Returns the new rows' ids (in the order of the rows without a
-        ``row_id``), or ``None`` (writing nothing) when this worker no longer owns the lease.
-        Safe to run again.
+        takeover resumes from. Returns the new rows' ids by ``(round, position)``, or ``None``
+        (writing nothing) when this worker no longer owns the lease. Safe to run again.
 
         Raises:
             sqlalchemy.exc.DBAPIError: the database failed or refused the data.
@@ -481,7 +357,7 @@ class MissionStore:
         )
         if not written["owned"]:
             return None
-        return _new_ids(written, rows)
+        return _new_ids(written)
 
     async def interrupt_iteration(
         self,
@@ -533,6 +409,7 @@ class MissionStore:
         checkpoint: RoundCheckpoint | None,
         rows: Sequence[ToolInvocationRow] = (),
         end: bool = False,
+        reserve: bool = False,
     ) -> RowMapping:
         """Run the ``round_write_statement`` of this shape; its one row."""
         params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
@@ -564,6 +441,7 @@ class MissionStore:
             new_calls=bool(new),
             known_calls=bool(known),
             archive=bool(archive),
+            reserve=reserve,
         )
         [written] = await self._run_one(stmt, params)
         return written
@@ -793,11 +671,10 @@ def _outcome_checkpoint(outcome: IterationOutcome) -> RoundCheckpoint:
     )
 
 
-def _new_ids(written: RowMapping, rows: Sequence[ToolInvocationRow]) -> list[int]:
-    """The ids of the rows of ``rows`` without a ``row_id``, in their order, from the
-    statement's ``calls`` (``[[round, position, id], ...]``)."""
-    by_place = {(int(r), int(p)): int(i) for r, p, i in written.get("calls") or ()}
-    return [by_place[(row.round, row.position)] for row in rows if row.row_id is None]
+def _new_ids(written: RowMapping) -> dict[tuple[int, int], int]:
+    """The ids of the calls' rows the statement inserted or found, by ``(round, position)``
+    (its ``calls``: ``[[round, position, id], ...]``)."""
+    return {(int(r), int(p)): int(i) for r, p, i in written.get("calls") or ()}
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

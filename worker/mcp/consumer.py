@@ -31,7 +31,7 @@ from planner.policy import UserPolicySettings
 from worker import metrics
 from worker.db.mcp import McpPrincipal, McpStore
 from worker.gate import PolicySetup
-from worker.transcript import call_outcome, invocation_row, json_safe
+from worker.storable import call_outcome, invocation_row, json_safe
 
 __all__ = ["ServedTools", "tool_annotations"]
 

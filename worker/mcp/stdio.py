@@ -143,7 +143,7 @@ async def bounded_stdio_client(
     limits: WireLimits,
     ledger: RequestLedger | None = None,
     server: str = "",
-    errlog: TextIO = sys.stderr,
+    errlog: TextIO | None = None,
 ) -> AsyncIterator[tuple[_Read, _Write]]:
     """Start ``params``'s server and yield the streams of its session (see the module
     docstring); at exit the server is stopped.
@@ -152,7 +152,9 @@ async def bounded_stdio_client(
         limits: bytes of one incoming message at most.
         ledger: the session's requests, when a ``worker.mcp.guard.SessionGuard`` keeps them.
         server: the server as logs name it (no secrets).
-        errlog: where the server's stderr goes.
+        errlog: where the server's stderr goes (default: this process's ``sys.stderr`` at
+            the call, or the original stderr when that stream has no file descriptor, as
+            under a test's capture).
 
     Raises:
         OSError: the process could not be started (``FileNotFoundError``: no such command).
@@ -160,7 +162,7 @@ async def bounded_stdio_client(
     process = await anyio.open_process(
         [params.command, *params.args],
         env=get_default_environment() | (params.env or {}),
-        stderr=errlog,
+        stderr=_with_descriptor(errlog if errlog is not None else sys.stderr),
         cwd=params.cwd,
         start_new_session=True,
     )
@@ -242,3 +244,13 @@ async def _exited(process: Process, timeout_s: float) -> bool:
             await anyio.sleep(0.01)
         return True
     return False
+
+
+def _with_descriptor(stream: TextIO) -> TextIO:
+    """``stream`` when it has a file descriptor a child process can write to, else the
+    interpreter's original stderr."""
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ or stream
+    return stream

@@ -1,0 +1,238 @@
+"""What happens in a run of the planner loop, as frozen, typed values: the run events.
+
+The loop reports everything it does through one sink (``RunSink``), in the order it happens;
+``planner.record`` folds the events into the run's record (messages, usage, rounds, calls,
+reminders, compactions, outcome), and everything that reads a run (the worker's journal and
+store, resume, replay, rerun, metrics, traces) reads that record or the events themselves.
+
+One round, in order::
+
+    RequestSent  (the reminders it carried)        or  RequestFailed (the model could not answer)
+    ReplyJudged  (the stored reply and the verdict on it)
+    per call, in the model's order (reads overlapping, up to the cap):
+        CallDecided   (the gate's decision; only calls that reached the gate)
+        CallStarted   (its handler is about to run)
+        CallFinished  (its outcome; every call has one, refused ones included; completion order)
+    ReadsOverlapped   (a group of reads ran concurrently)
+    RoundEnded        (every call's result is in the log: a checkpoint may be taken here)
+
+Before a round, ``Compacted`` or ``CompactionFailed``; first ``RunStarted``, last ``RunStopped``
+(unless the run was cancelled or interrupted). The model of this design is pydantic-ai's
+event stream (``FunctionToolCallEvent``, ``FunctionToolResultEvent``) and OpenHands' event
+stream: typed, frozen, one stream, one reducer.
+
+A sink may be synchronous (returns ``None``) or asynchronous (returns an awaitable, which the
+loop awaits before it goes on): ``CallStarted`` is awaited before the handler runs, so a sink
+can record a write durably first; an exception it raises for ``CallStarted`` keeps the call
+from running (its result says so), except ``RunInterrupted``, which stops the run. What a sink
+raises for any other event propagates out of the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from planner.messages import ChatMessage, TokenUsage, ToolCall
+
+if TYPE_CHECKING:
+    from planner.compaction import Compaction, CompactionError
+    from planner.execution import ExecutedCall
+    from planner.policy import PolicyDecision
+    from planner.record import Checkpoint
+    from planner.replies import StopReason
+    from planner.tools import PolicyHint
+
+__all__ = [
+    "CallDecided",
+    "CallFinished",
+    "CallStarted",
+    "Compacted",
+    "CompactionFailed",
+    "ReadsOverlapped",
+    "Reminder",
+    "ReminderRole",
+    "ReplyJudged",
+    "RequestFailed",
+    "RequestSent",
+    "RoundEnded",
+    "RunEvent",
+    "RunSink",
+    "RunStarted",
+    "RunStopped",
+    "SentReminder",
+]
+
+ReminderRole = Literal["system", "user"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reminder:
+    """A hint a reminder channel gives for one request: its ``text``, the ``producer`` that
+    wrote it (``None``: unnamed), and the ``role`` it is sent with (``system``, or ``user``
+    for chat templates that refuse a system message after the first)."""
+
+    text: str
+    producer: str | None = None
+    role: ReminderRole = "system"
+
+
+@dataclass(frozen=True, slots=True)
+class SentReminder:
+    """One reminder sent with the request of ``round``: the audit record (stored apart from
+    the message log)."""
+
+    round: int
+    producer: str
+    text: str
+
+    def to_json(self) -> dict[str, object]:
+        """``{"round", "producer", "text"}``, the stored form."""
+        return {"round": self.round, "producer": self.producer, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """The run began with ``messages`` in its log: the head (system prompt, prior messages,
+    objective), or, resuming an earlier attempt, its ``checkpoint``'s log."""
+
+    messages: tuple[ChatMessage, ...]
+    checkpoint: Checkpoint | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSent:
+    """The request of ``round`` went out with ``reminders`` (that request only); the context
+    held about ``context_tokens`` tokens before them (0 when the loop does not count)."""
+
+    round: int
+    reminders: tuple[SentReminder, ...] = ()
+    context_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """The model could not answer the request of ``round`` (after the provider's retries):
+    ``error`` says why; ``usage`` is what the endpoint reported the failed attempts cost."""
+
+    round: int
+    error: str
+    usage: TokenUsage
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyJudged:
+    """The reply of ``round`` as it is stored (``reply``: an assistant message), what it cost,
+    and the verdict on it (``planner.replies``): the messages the loop adds to the log after it
+    (``follow_up``: results of calls that are not run, a note that the reply was cut), and the
+    ``stop_reason`` and ``error`` when the run ends with it (``None``: it goes on)."""
+
+    round: int
+    reply: ChatMessage
+    usage: TokenUsage
+    follow_up: tuple[ChatMessage, ...] = ()
+    stop_reason: StopReason | None = None
+    error: str | None = None
+    context_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CallDecided:
+    """The policy gate decided the call at ``position`` (0-based, the model's order) of
+    ``round``."""
+
+    round: int
+    position: int
+    call: ToolCall
+    decision: PolicyDecision
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    """The handler of the call at ``position`` of ``round`` is about to run; ``hint`` is its
+    tool's policy hint and ``idempotency_key`` the key a ``write`` or ``destructive`` call
+    carries (``None`` for reads)."""
+
+    round: int
+    position: int
+    call: ToolCall
+    hint: PolicyHint
+    idempotency_key: str | None = None
+    decision: PolicyDecision | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallFinished:
+    """A call has its outcome (refused ones too: unknown tool, invalid arguments, denied), in
+    completion order; ``settled``: an earlier attempt of a resumed run finished it, or left its
+    outcome unknown (it did not run now)."""
+
+    executed: ExecutedCall
+    settled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadsOverlapped:
+    """``size`` read calls of ``round`` ran concurrently."""
+
+    round: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundEnded:
+    """Every call of ``round`` has its result in the log; ``calls`` in the model's order."""
+
+    round: int
+    calls: tuple[ExecutedCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """Before the request of ``round`` the middle of the log was summarised: ``compaction``
+    holds the new log and the folded messages (what an archive keeps); its token counts are
+    the loop's count of the context."""
+
+    round: int
+    compaction: Compaction
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionFailed:
+    """A compaction was tried before the request of ``round`` and changed nothing."""
+
+    round: int
+    error: CompactionError
+
+
+@dataclass(frozen=True, slots=True)
+class RunStopped:
+    """The run ended after ``rounds`` completion requests with ``stop_reason``; ``error`` for
+    a failure, ``final_answer`` for an answer."""
+
+    rounds: int
+    stop_reason: StopReason
+    error: str | None = None
+    final_answer: str | None = None
+
+
+RunEvent = (
+    RunStarted
+    | RequestSent
+    | RequestFailed
+    | ReplyJudged
+    | CallDecided
+    | CallStarted
+    | CallFinished
+    | ReadsOverlapped
+    | RoundEnded
+    | Compacted
+    | CompactionFailed
+    | RunStopped
+)
+"""Every event a run of the loop reports."""
+
+RunSink = Callable[[RunEvent], Awaitable[None] | None]
+"""Where a loop reports its events: called with each one in order; an awaitable it returns is
+awaited before the loop goes on (see the module docstring)."""

@@ -1,0 +1,297 @@
+"""The record of a run: one state, derived from the run's events by one fold.
+
+``RunLog`` folds events (``planner.events``) as they come, in O(1) per event, and gives a frozen
+``RunRecord`` when asked (``snapshot``); ``record_of(events)`` is the same fold as a pure
+function. The loop keeps its own state in a ``RunLog``; the worker folds the same events into
+its own, for what it stores, and gets the same record: messages, rounds and usage are counted
+in one place only, here.
+
+What the record holds:
+
+* ``messages``: the stored log (system, prior, user, then the rounds; the middle replaced by a
+  summary where the context was compacted). Reminders never appear in it.
+* ``rounds``: the rounds answered so far (a resumed run counts on from its checkpoint): what a
+  checkpoint stores and a resume goes on after; once the run stopped, the completion requests
+  it made, a failed last one included. ``usage``: the tokens of every request, summarisations
+  included.
+* ``calls``: every call with its outcome, round by round in the model's order;
+  ``settled``: the ``(round, position)`` of the calls an earlier attempt finished.
+* ``reminders``: every reminder sent (the checkpoint's first, on a resume).
+* ``archive``: this attempt's compactions and failed compaction attempts, numbered on from
+  the checkpoint's (``ArchiveEntry.index``); ``compactions_done`` counts the earlier ones too.
+* the outcome: ``stop_reason``, ``error``, ``final_answer`` (``None`` while the run goes on).
+
+``Checkpoint`` is where an earlier attempt stopped, for a resume; ``RunRecord.checkpoint()``
+gives the one a record stands for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.compaction import Compaction, CompactionError
+from planner.events import (
+    CallFinished,
+    Compacted,
+    CompactionFailed,
+    ReplyJudged,
+    RequestFailed,
+    RequestSent,
+    RoundEnded,
+    RunEvent,
+    RunStarted,
+    RunStopped,
+    SentReminder,
+)
+from planner.execution import ExecutedCall, tool_result_message
+from planner.messages import ChatMessage, TokenUsage, ToolCall
+from planner.replies import StopReason
+
+__all__ = ["ArchiveEntry", "Checkpoint", "RunLog", "RunRecord", "record_of"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where an earlier attempt at a run stopped, to go on from (a resume).
+
+    Attributes:
+        messages: the stored log so far: system, prior and user messages, then the rounds.
+            When it ends with an assistant message that calls tools, that round was under
+            way: its calls get their results first (``settled`` ones as given, the others
+            run), then the loop goes on with the next round.
+        rounds_done: completion requests the log answers (they count toward ``max_rounds``).
+        usage: tokens those requests cost (they count toward the usage reported).
+        settled: results of the pending round's calls that must not run again, by 0-based
+            position: calls an earlier attempt finished, and writes whose outcome is unknown.
+        compactions_done: compactions the earlier attempts did.
+        compaction_attempts: compactions they tried, failed ones included (default:
+            ``compactions_done``); they count toward ``Compactor.max_per_iteration``, and the
+            next one is numbered after them.
+        context_tokens: what the context held at the checkpoint, as the earlier attempt
+            counted it (the provider's last usage plus estimates, or the count after a
+            compaction); ``None``: estimated from the messages and tool definitions.
+        reminders: the reminders the earlier attempts sent (the audit goes on from them).
+    """
+
+    messages: Sequence[ChatMessage]
+    rounds_done: int
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    settled: Mapping[int, ExecutedCall] = field(default_factory=dict)
+    compactions_done: int = 0
+    compaction_attempts: int | None = None
+    context_tokens: int | None = None
+    reminders: Sequence[SentReminder] = ()
+
+    def pending_calls(self) -> tuple[ToolCall, ...]:
+        """The calls of the round under way when the checkpoint was taken (none when the log
+        does not end with an assistant message that calls tools)."""
+        last = self.messages[-1] if self.messages else None
+        if last is None or last.role != "assistant":
+            return ()
+        return last.tool_calls
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveEntry:
+    """One compaction of this attempt (``compaction``) or a failed attempt (``error``; a
+    summariser that was asked and changed nothing), numbered ``index`` among every archived
+    attempt of the iteration, before the request of ``round``."""
+
+    index: int
+    round: int
+    compaction: Compaction | None = None
+    error: CompactionError | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run as its events tell it, at one moment (see the module docstring)."""
+
+    messages: tuple[ChatMessage, ...] = ()
+    rounds: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    calls: tuple[ExecutedCall, ...] = ()
+    settled: frozenset[tuple[int, int]] = frozenset()
+    reminders: tuple[SentReminder, ...] = ()
+    archive: tuple[ArchiveEntry, ...] = ()
+    compactions_done: int = 0
+    compaction_errors: tuple[str, ...] = ()
+    stop_reason: StopReason | None = None
+    error: str | None = None
+    final_answer: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the run stopped (``RunStopped``)."""
+        return self.stop_reason is not None
+
+
+class RunLog:
+    """The fold of a run's events (see the module docstring); also a ``RunSink``.
+
+    The lists it exposes (``messages``, ``calls``) are its own: read them, never change them.
+    """
+
+    __slots__ = (
+        "_archived",
+        "_last_call",
+        "_last_round",
+        "archive",
+        "calls",
+        "compaction_errors",
+        "compactions_done",
+        "error",
+        "final_answer",
+        "messages",
+        "reminders",
+        "rounds",
+        "settled",
+        "stop_reason",
+        "usage",
+    )
+
+    def __init__(self) -> None:
+        self.messages: list[ChatMessage] = []
+        self.rounds = 0
+        self.usage = TokenUsage()
+        self.calls: list[ExecutedCall] = []
+        self.settled: set[tuple[int, int]] = set()
+        self.reminders: list[SentReminder] = []
+        self.archive: list[ArchiveEntry] = []
+        self.compactions_done = 0
+        self.compaction_errors: list[str] = []
+        self.stop_reason: StopReason | None = None
+        self.error: str | None = None
+        self.final_answer: str | None = None
+        self._archived = 0
+        self._last_round: tuple[ExecutedCall, ...] = ()
+        self._last_call: ExecutedCall | None = None
+
+    @property
+    def last_round_calls(self) -> tuple[ExecutedCall, ...]:
+        """The calls of the previous round, in the model's order (none before the first round,
+        and after a round without calls)."""
+        return self._last_round
+
+    @property
+    def last_call(self) -> ExecutedCall | None:
+        """The last call of the last round that had calls, in the model's order."""
+        return self._last_call
+
+    @property
+    def compaction_attempts(self) -> int:
+        """Archived compaction attempts so far, the checkpoint's included."""
+        return self._archived
+
+    def apply(self, event: RunEvent) -> None:
+        """Fold ``event`` into the log."""
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    __call__ = apply
+
+    def snapshot(self) -> RunRecord:
+        """The record as it stands now (a frozen copy)."""
+        return RunRecord(
+            messages=tuple(self.messages),
+            rounds=self.rounds,
+            usage=self.usage,
+            calls=tuple(sorted(self.calls, key=_source_order)),
+            settled=frozenset(self.settled),
+            reminders=tuple(self.reminders),
+            archive=tuple(self.archive),
+            compactions_done=self.compactions_done,
+            compaction_errors=tuple(self.compaction_errors),
+            stop_reason=self.stop_reason,
+            error=self.error,
+            final_answer=self.final_answer,
+        )
+
+    # -- the fold, one method per event ------------------------------------------------------
+
+    def _started(self, event: RunStarted) -> None:
+        self.messages = list(event.messages)
+        checkpoint = event.checkpoint
+        if checkpoint is not None:
+            self.rounds = checkpoint.rounds_done
+            self.usage = checkpoint.usage
+            self.compactions_done = checkpoint.compactions_done
+            attempts = checkpoint.compaction_attempts
+            self._archived = checkpoint.compactions_done if attempts is None else attempts
+            self.reminders = list(checkpoint.reminders)
+
+    def _sent(self, event: RequestSent) -> None:
+        self.reminders.extend(event.reminders)
+        self._last_round = ()  # a round that ends without calls leaves none for the next
+
+    def _failed(self, event: RequestFailed) -> None:
+        self.usage = self.usage + event.usage
+
+    def _judged(self, event: ReplyJudged) -> None:
+        self.rounds = max(self.rounds, event.round)
+        self.usage = self.usage + event.usage
+        self.messages.append(event.reply)
+        self.messages.extend(event.follow_up)
+
+    def _finished(self, event: CallFinished) -> None:
+        executed = event.executed
+        self.calls.append(executed)
+        if event.settled:
+            self.settled.add((executed.round, executed.index))
+
+    def _round_ended(self, event: RoundEnded) -> None:
+        self.messages.extend(tool_result_message(c) for c in event.calls)
+        self._last_round = event.calls
+        if event.calls:
+            self._last_call = event.calls[-1]
+
+    def _compacted(self, event: Compacted) -> None:
+        compaction = event.compaction
+        self.messages = list(compaction.messages)
+        self.usage = self.usage + compaction.usage
+        self.compactions_done += 1
+        self._archived += 1
+        self.archive.append(ArchiveEntry(self._archived, event.round, compaction=compaction))
+
+    def _compaction_failed(self, event: CompactionFailed) -> None:
+        error = event.error
+        self.usage = self.usage + error.usage
+        self.compaction_errors.append(str(error))
+        if error.reason == "nothing_to_fold":  # no summariser was asked: nothing to archive
+            return
+        self._archived += 1
+        self.archive.append(ArchiveEntry(self._archived, event.round, error=error))
+
+    def _stopped(self, event: RunStopped) -> None:
+        self.rounds = event.rounds
+        self.stop_reason = event.stop_reason
+        self.error = event.error
+        self.final_answer = event.final_answer
+
+
+_HANDLERS: dict[type, Callable[[RunLog, Any], None]] = {
+    RunStarted: RunLog._started,
+    RequestSent: RunLog._sent,
+    RequestFailed: RunLog._failed,
+    ReplyJudged: RunLog._judged,
+    CallFinished: RunLog._finished,
+    RoundEnded: RunLog._round_ended,
+    Compacted: RunLog._compacted,
+    CompactionFailed: RunLog._compaction_failed,
+    RunStopped: RunLog._stopped,
+}
+
+
+def record_of(events: Iterable[RunEvent]) -> RunRecord:
+    """The record ``events`` tell (the pure form of ``RunLog``)."""
+    log = RunLog()
+    for event in events:
+        log.apply(event)
+    return log.snapshot()
+
+
+def _source_order(call: ExecutedCall) -> tuple[int, int]:
+    return (call.round, call.index)
