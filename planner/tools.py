@@ -84,13 +84,18 @@ class ToolSpec:
         handler: ``async (arguments, ctx) -> result``; the result must be JSON-serialisable
             (anything else is stringified). Raising makes the call an error tool result.
         timeout_s: seconds one call may run before it is cancelled and answered with an
-            error result; ``None`` (default) takes the loop's ``tool_timeout_s``.
+            error result; ``None`` (default): ``planner.execution.DEFAULT_TOOL_TIMEOUT_S``.
         outcome_of: for a ``write`` or ``destructive`` tool, ``async (arguments, ctx) ->
             report``: what the tool can tell about a call with ``ctx.idempotency_key`` that was
             in flight when its worker died (e.g. "note 7 exists, created by that call"), or
             ``None`` when it cannot tell. Read by the resuming worker and shown to the model;
             must not change anything. ``None`` (default): the model is told the outcome is
             unknown.
+        idempotent: the tool applies a call's effect at most once per
+            ``ctx.idempotency_key`` (a second call with the same key has no further effect and
+            answers what the first did; MCP's ``idempotentHint``). A ``write`` of such a tool
+            that was in flight when its run stopped runs again on resume, with the same key,
+            instead of being reported as of unknown outcome. Default ``False``.
 
     Raises:
         ToolRegistryError: at construction, for an invalid name, JSON schema or timeout.
@@ -104,6 +109,7 @@ class ToolSpec:
     scope: str = "user-space"
     timeout_s: float | None = None
     outcome_of: OutcomeLookup | None = None
+    idempotent: bool = False
 
     def __post_init__(self) -> None:
         """Check the name, the schema and the timeout once, at construction (raises

@@ -29,6 +29,7 @@ rounds (default 3): a mission of a few read-only rounds writes nothing more than
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -250,6 +251,7 @@ class MissionJournal:
             idempotency_key=ctx.idempotency_key,
             policy_mode=self.policy_mode,
         )
+        row = dataclasses.replace(row, row_id=self.rows.ids.get((round, position)))
         rows = [*self.pending_rows(), row]
         checkpoint = self.checkpoint()
         written = await self._write(
@@ -378,10 +380,13 @@ async def resume_checkpoint(
         if row["outcome"] in _FINAL_OUTCOMES:
             rows.current.add(key)
             settled[position] = _finished_call(started.rounds, position, call, row)
-        else:  # started or unknown: it may have taken effect
-            spec = specs.get(call.name)
-            report = await _outcome_report(spec, call, ctx.for_call(started.rounds, position))
-            settled[position] = _unknown_call(started.rounds, position, call, started, report)
+            continue
+        spec = specs.get(call.name)
+        if spec is not None and spec.idempotent:
+            continue  # in flight, but safe to run again with its key: it runs now
+        # started or unknown: it may have taken effect
+        report = await _outcome_report(spec, call, ctx.for_call(started.rounds, position))
+        settled[position] = _unknown_call(started.rounds, position, call, started, report)
     return (
         Checkpoint(
             messages=messages,
@@ -416,9 +421,9 @@ def _unknown_call(
     round_no: int, position: int, call: ToolCall, started: StartedIteration, report: str
 ) -> ExecutedCall:
     error = (
-        f"{call.name} was running when the worker running this mission stopped (attempt "
-        f"{started.attempt - 1}); it was not run again, and its outcome is unknown: it may or "
-        f"may not have taken effect. {report}"
+        f"{call.name} was running when attempt {started.attempt - 1} of this run stopped (its "
+        f"worker stopped, or lost its database); it was not run again, and its outcome is "
+        f"unknown: it may or may not have taken effect. {report}"
     )
     return ExecutedCall(
         round_no, call, None, error, None, index=position, ran=True, outcome_unknown=True

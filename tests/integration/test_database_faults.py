@@ -197,12 +197,12 @@ async def test_an_outage_longer_than_the_lease_is_resumed_by_the_next_claim(
     assert (it["status"], it["attempt"]) == ("succeeded", 2)
 
 
-async def test_a_tool_whose_database_fails_mid_write_is_resumed_and_told_what_it_did(
+async def test_a_write_whose_database_fails_under_it_is_made_again_by_the_resume(
     db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
 ) -> None:
-    """The notes database fails under notes_create itself: the run stops (the write's
-    outcome is unknown), the next claim resumes it, and the model reads what the tool can tell
-    about the call (that no note was made) instead of a made-up failure."""
+    """The notes database fails under notes_create itself: the run stops, the next claim
+    resumes it and makes the call again with the same idempotency key (notes_create is
+    idempotent): one note, and the model never had to decide anything about the fault."""
     await add_mission(db, cron=None, objective="note")
     tools = {t.name: t for t in builtin_tools(flaky_engine)}
     real_create = tools["notes_create"].handler
@@ -221,7 +221,7 @@ async def test_a_tool_whose_database_fails_mid_write_is_resumed_and_told_what_it
     def model(request: CompletionRequest) -> CompletionResponse:
         results = tool_results(request)
         seen.extend(results)
-        if not results or ("no note was created" in results[-1] and len(results) == 1):
+        if not results:
             return tool_calls(("notes_create", {"title": "once"}))
         return final_answer("Saved.")
 
@@ -233,11 +233,55 @@ async def test_a_tool_whose_database_fails_mid_write_is_resumed_and_told_what_it
 
     second = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: steady)
     assert await second.run_once() == ["succeeded"]
-    assert "no note was created by that call" in seen[0]
-    assert not any(TRY_AGAIN in r for r in seen)
+    [result] = seen
+    assert json.loads(result)["title"] == "once"  # the call's own result, made again
     assert await note_titles(db) == ["once"]
     [it] = await iterations(db)
-    assert (it["status"], it["attempt"], it["rounds"]) == ("succeeded", 2, 3)
+    assert (it["status"], it["attempt"], it["rounds"]) == ("succeeded", 2, 2)
+    async with db.connect() as conn:
+        [call] = (await conn.execute(select(tool_invocations))).mappings().all()
+    assert (call["tool"], call["outcome"], call["attempt"]) == ("notes_create", "ok", 1)
+
+
+async def test_a_write_that_is_not_idempotent_is_reported_not_made_again(
+    db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
+) -> None:
+    """A write whose tool cannot promise to apply a key once (notes_update) is not made
+    again on resume: the model reads what the tool can tell about it."""
+    async with db.begin() as conn:
+        note_id = (
+            await conn.execute(
+                notes.insert().values(user_id="u1", title="old").returning(notes.c.id)
+            )
+        ).scalar_one()
+    await add_mission(db, cron=None, objective="rename")
+    tools = {t.name: t for t in builtin_tools(flaky_engine)}
+    real_update = tools["notes_update"].handler
+
+    async def update_in_an_outage(args: dict[str, Any], ctx: ToolContext) -> Any:
+        await proxy.outage(0.5)
+        return await real_update(args, ctx)
+
+    flaky = [
+        dataclasses.replace(t, handler=update_in_an_outage) if t.name == "notes_update" else t
+        for t in tools.values()
+    ]
+    seen: list[str] = []
+
+    def model(request: CompletionRequest) -> CompletionResponse:
+        results = tool_results(request)
+        seen.extend(results)
+        if not results:
+            return tool_calls(("notes_update", {"id": note_id, "title": "new"}))
+        return final_answer("Renamed, or not.")
+
+    first = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: flaky)
+    assert await first.run_once() == ["interrupted"]
+    second = make_worker(flaky_engine, FunctionChatModel(model))
+    assert await second.run_once() == ["succeeded"]
+    [report] = seen
+    assert "its outcome is unknown" in report and f"note {note_id} exists now" in report
+    assert not any(TRY_AGAIN in r for r in seen)
 
 
 async def test_data_the_database_refuses_is_stored_as_a_failure_with_its_log(

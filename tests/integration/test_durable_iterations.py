@@ -103,7 +103,11 @@ async def test_a_write_in_flight_is_not_run_again_and_the_model_is_told_what_it_
         await asyncio.Event().wait()  # the worker "dies" before the outcome is recorded
         return result
 
-    dying = dataclasses.replace(builtin["notes_create"], handler=create_then_die)
+    # a write whose tool does not promise to apply a key once (an idempotent one is made
+    # again on resume instead: tests/e2e/test_durable_replicas.py)
+    dying = dataclasses.replace(
+        builtin["notes_create"], handler=create_then_die, idempotent=False
+    )
     others = [t for t in builtin.values() if t.name != "notes_create"]
 
     def victim_model(request: CompletionRequest) -> CompletionResponse:
@@ -125,7 +129,13 @@ async def test_a_write_in_flight_is_not_run_again_and_the_model_is_told_what_it_
         heir_requests.append(request)
         return final_answer("Done.")
 
-    heir = make_worker(db, FunctionChatModel(heir_model), worker_id="heir")
+    unpromised = dataclasses.replace(builtin["notes_create"], idempotent=False)
+    heir = make_worker(
+        db,
+        FunctionChatModel(heir_model),
+        worker_id="heir",
+        tools_for=lambda m: [*others, unpromised],
+    )
     try:
         assert await heir.run_once() == ["succeeded"]
     finally:
@@ -142,7 +152,7 @@ async def test_a_write_in_flight_is_not_run_again_and_the_model_is_told_what_it_
     calls = await invocations(db)
     by_tool = {c["tool"]: c for c in calls}
     assert by_tool["notes_create"]["outcome"] == "unknown"
-    assert "was running when the worker" in by_tool["notes_create"]["error"]
+    assert "was running when attempt 1 of this run stopped" in by_tool["notes_create"]["error"]
     assert by_tool["clock_now"]["outcome"] == "ok" and by_tool["clock_now"]["attempt"] == 1
     assert len(calls) == 2
 

@@ -119,6 +119,9 @@ def tool_spec(
             policy_hint=hint,
             scope=mcp_scope(server.name),
             handler=handler_for(original, hint),
+            # MCP's idempotentHint: repeating a call has no further effect, so a call in
+            # flight when its run stopped may run again (the key goes in its _meta)
+            idempotent=getattr(tool.annotations, "idempotent_hint", None) is True,
         )
     except ToolRegistryError as exc:
         return None, f"tool {shown} was left out: {exc}"

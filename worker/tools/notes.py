@@ -5,8 +5,10 @@ user's notes. A note id that belongs to another user is answered exactly like an
 not exist, so ids leak nothing.
 
 Writes are safe to retry: ``notes_create`` makes at most one note per idempotency key (a
-second attempt at the same call returns the note the first made), and each write tool's
-``outcome_of`` tells a resuming worker what a call that was in flight did.
+second attempt at the same call returns the note the first made: ``ToolSpec.idempotent``, so a
+resumed run makes a call that was in flight again itself), and each write tool's
+``outcome_of`` tells a resuming worker what a call that was in flight did (``notes_update``
+is not idempotent: re-applying an old change could undo a newer one).
 
 Results are JSON objects (timestamps as ISO-8601 strings in UTC). Failures the model should
 react to (an unknown id, an update with nothing to change) raise ``LookupError`` /
@@ -271,6 +273,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             scope=SCOPE,
             handler=notes_create,
             outcome_of=notes_create_outcome,
+            idempotent=True,  # at most one note per idempotency key
         ),
         ToolSpec(
             name="notes_update",
