@@ -87,13 +87,13 @@ async def add_missions(url: str, count: int, *, users: int = 1) -> None:
 
 
 async def run_all(worker: Worker, engine_url: str, count: int) -> int:
-    """Tick, then tick on every wake-up, until ``count`` iterations finished; the ticks."""
+    """The daemon's tick loop (a tick, then one on every wake-up; its interval is an hour)
+    until ``count`` iterations finished; how many finished."""
     watcher = create_engine(
         engine_url, pool_size=1, max_overflow=0, application_name="mana-ai-bench-watcher"
     )
-    wakeups = asyncio.create_task(worker.run_wakeups())
+    ticking = asyncio.create_task(worker.run(interval_s=3600))
     try:
-        await worker.tick()
         while True:
             await asyncio.sleep(0.05)
             async with watcher.connect() as conn:
@@ -105,7 +105,8 @@ async def run_all(worker: Worker, engine_url: str, count: int) -> int:
             if done >= count and not worker.running:
                 return done
     finally:
-        wakeups.cancel()
+        worker.stop()
+        await ticking
         await watcher.dispose()
 
 

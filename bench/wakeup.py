@@ -8,7 +8,7 @@ Not a test: it prints figures. Usage::
 Database: ``MANA_AI_TEST_DATABASE_URL`` when set (a fresh database is created in that server
 and dropped afterwards), else an embedded PostgreSQL in a temporary directory.
 
-One worker runs in-process through the daemon's own ``serve()`` (scheduler, wake-up listener,
+One worker runs in-process through the daemon's own ``serve()`` (tick loop, wake-up listener,
 default ``MANA_AI_TICK_INTERVAL_S`` of 30 s, metrics off) with an instant fake LLM. Each
 sample adds a one-shot mission due now, with ``AdminStore.add_mission`` (what ``mana-ai
 missions add`` calls) or, with ``--cli``, by running ``mana-ai missions add --due-now`` as a

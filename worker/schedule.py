@@ -6,10 +6,15 @@ Three layers, each with its own source of truth:
    ``*``, ``N``, ``N-M``, each optionally ``/STEP``; ``N/STEP`` means ``N-max/STEP`` (as in
    cronie). Month and day-of-week accept their three-letter English names (``jan``-``dec``,
    ``sun``-``sat``, any case) and nothing longer or shorter; day-of-week numbers are 0-7 with
-   0 and 7 = Sunday. Anything else (``monkey``, ``L``, ``#``, ``?``, ``last``) is refused with a
-   ScheduleError that names the field.
-2. **Wall-clock math** (which local date-times match) is APScheduler 3's ``CronTrigger``, run on
-   naive wall-clock time (a UTC trigger, so that it sees no DST at all).
+   0 and 7 = Sunday, and a range may end on Sunday (``fri-sun``, ``5-0``). Anything else
+   (``monkey``, ``L``, ``#``, ``?``, ``last``) is refused with a ScheduleError that names the
+   field. This layer is ours: it is what mana-ai promises (README, "Schedules"), and cronsim
+   accepts more (``L``, ``W``, ``#``, a seconds field) and says less (``Bad day-of-week``).
+2. **Wall-clock math** (which local date-times match) is PyPI ``cronsim``'s, which follows
+   Debian cron, run on wall-clock time labelled UTC (cronsim then sees no DST at all). That
+   includes ``crontab(5)``'s day rule: when both day-of-month and day-of-week are restricted
+   (neither starts with ``*``), a day matches when *either* does (``0 9 1 * mon``: the 1st of
+   each month and every Monday).
 3. **Mapping wall-clock times to instants across DST** is ours, and follows cronie's rule
    (``cron(8)``, "Daylight Saving Time and other time changes"; the job classes are cronie's
    ``MIN_STAR`` / ``HR_STAR`` flags):
@@ -22,24 +27,30 @@ Three layers, each with its own source of truth:
      ``*/15 * * * *``) runs on real time: both occurrences of a repeated local time run (they
      are an hour apart), skipped local times do not exist and are not made up.
 
-   APScheduler's own DST handling is not used: for ``30 2 * * *`` in Europe/Berlin it fires at
-   both 02:30 on 2026-10-25 and then keeps returning the second one (the next run would never
-   move forward), and on 2026-03-29 it fires at a local time that does not exist.
+   cronsim has this rule too (given a zone-aware start), and agrees with it for fixed-time
+   jobs, but not for interval jobs on a day whose change skips local midnight (America/
+   Santiago, America/Havana) or moves the clock by 30 minutes (Australia/Lord_Howe): it steps
+   from a local midnight or full hour that does not exist and lands past real local times
+   that do. ``*/15 1 * * 0`` in Santiago after 2026-09-05 12:00 runs at 01:00 on Sunday
+   2026-09-06 (the day begins at 01:00), and cronsim says 2026-09-13; ``*/15 1 6 9 *`` it
+   puts a year later; ``*/20 3 * * *`` in Lord Howe on 2026-10-04 runs at 03:00, cronsim
+   says 03:40 (cronsim 2.8; ``tests/unit/test_schedule_dst.py`` pins these). So cronsim gets
+   no timezone here, only wall-clock times.
 
-When both day-of-month and day-of-week are restricted (neither starts with ``*``), a day
-matches when *either* does, as ``crontab(5)`` says (``0 9 1 * mon``: the 1st of each month and
-every Monday); APScheduler would want both, so such an expression is two triggers whose
-earliest time wins.
+   APScheduler's own DST handling is not used either: for ``30 2 * * *`` in Europe/Berlin it
+   fires at both 02:30 on 2026-10-25 and then keeps returning the second one (the next run
+   would never move forward), and on 2026-03-29 it fires at a local time that does not exist.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from apscheduler.triggers.cron import CronTrigger
+from cronsim import CronSim, CronSimError
 
 from worker.errors import ManaAIError
 
@@ -60,6 +71,9 @@ It bounds how far apart a local time and its instant(s) can move, so it sizes th
 around an instant."""
 
 _TICK = timedelta(microseconds=1)
+
+_PROBE = datetime(2000, 1, 1, tzinfo=UTC)
+"""Any start: cronsim checks an expression when it is built, before it looks at the start."""
 
 
 class ScheduleError(ManaAIError):
@@ -99,13 +113,14 @@ class CronSchedule:
     """A validated cron expression in a timezone, ready for ``next_after``.
 
     Build it with ``cron_schedule``. ``fixed_time`` says which DST rule applies (see the module
-    docstring).
+    docstring). ``cron`` is ``expr`` as cronsim reads it (numbers only, see ``_translate``), or
+    ``None`` when no date ever matches (``0 0 30 2 *``).
     """
 
     expr: str
     zone: ZoneInfo
     fixed_time: bool
-    _walls: tuple[CronTrigger, ...]
+    cron: str | None
 
     def next_after(self, after: datetime) -> datetime | None:
         """The first run strictly after ``after`` (timezone-aware), or ``None`` if none.
@@ -124,21 +139,20 @@ class CronSchedule:
         if quick is not None:
             return quick
         best: datetime | None = None
-        wall = self._next_wall(_wall_clock(after, self.zone) - _MAX_DST_SHIFT)
-        while wall is not None:
+        for wall in self._walls_after(_wall_clock(after, self.zone) - _MAX_DST_SHIFT - _TICK):
             if best is not None and wall > _wall_clock(best, self.zone) + _MAX_DST_SHIFT:
                 break  # no later local time can map to an earlier instant
             for instant in self._instants(wall):
                 if instant > after and (best is None or instant < best):
                     best = instant
-            wall = self._next_wall(wall + _TICK)
         return best
 
-    def _next_wall(self, wall: datetime) -> datetime | None:
-        """The first matching local wall-clock time at or after ``wall`` (both as fake UTC)."""
-        found = [t.get_next_fire_time(None, wall) for t in self._walls]
-        times: list[datetime] = [f for f in found if f is not None]
-        return min(times) if times else None
+    def _walls_after(self, wall: datetime) -> Iterator[datetime]:
+        """The matching local wall-clock times strictly after ``wall`` (both labelled UTC), in
+        order; cronsim's, which stops after 50 years without a match."""
+        if self.cron is None:
+            return iter(())
+        return CronSim(self.cron, wall)
 
     def _next_without_transition(self, after: datetime) -> datetime | None:
         """The answer when no clock change is near ``after`` or the candidate, else ``None``.
@@ -148,7 +162,7 @@ class CronSchedule:
         case (an every-minute job would otherwise scan a few hundred local times).
         """
         offset = after.astimezone(self.zone).utcoffset()
-        wall = self._next_wall(_wall_clock(after, self.zone) + _TICK)
+        wall = next(self._walls_after(_wall_clock(after, self.zone)), None)
         if wall is None:
             return None
         candidate = wall.replace(tzinfo=None) - (offset or timedelta(0))
@@ -181,7 +195,7 @@ class CronSchedule:
 
 
 def _wall_clock(instant: datetime, zone: ZoneInfo) -> datetime:
-    """``instant``'s local wall-clock time in ``zone``, labelled UTC (for the wall trigger)."""
+    """``instant``'s local wall-clock time in ``zone``, labelled UTC (what cronsim is given)."""
     return instant.astimezone(zone).replace(tzinfo=UTC)
 
 
@@ -205,8 +219,11 @@ def _gap_end(lo: datetime, hi: datetime, zone: ZoneInfo) -> datetime:
 @functools.lru_cache(maxsize=4096)
 def cron_schedule(expr: str, timezone: str) -> CronSchedule:
     """Validate ``expr`` (standard 5-field cron) and ``timezone`` (IANA). Cached (a
-    CronSchedule is immutable): every run of a mission computes its next run, and building
-    APScheduler's triggers costs more than the rest of a run's bookkeeping.
+    CronSchedule is immutable): every run of a mission computes its next run.
+
+    An expression no date matches (``0 0 30 2 *``: both day fields joined by AND, and no
+    selected month has that day) is valid, and its ``next_after`` is always ``None``: callers
+    that accept a schedule say so (``missions add`` refuses it).
 
     Raises:
         ScheduleError: not 5 fields, a field that is not cron syntax (see the module
@@ -221,47 +238,36 @@ def cron_schedule(expr: str, timezone: str) -> CronSchedule:
             f"(minute hour day-of-month month day-of-week), got {len(fields)}"
         )
     try:
-        minute, hour, day, month, day_of_week = (
-            _translate(text, spec) for text, spec in zip(fields, _FIELDS, strict=True)
-        )
-        if fields[2].startswith("*") or fields[4].startswith("*"):
-            days = [(day, day_of_week)]
-        else:  # both restricted: either matches (crontab(5))
-            days = [(day, "*"), ("*", day_of_week)]
-        walls = tuple(
-            CronTrigger(
-                second=0,
-                minute=minute,
-                hour=hour,
-                day=d,
-                month=month,
-                day_of_week=w,
-                timezone=UTC,
-            )
-            for d, w in days
-        )
+        cron = " ".join(_translate(text, spec) for text, spec in zip(fields, _FIELDS, strict=True))
     except ValueError as exc:
         raise ScheduleError(f"invalid cron expression {expr!r}: {exc}") from exc
+    try:
+        CronSim(cron, _PROBE)
+    except CronSimError:
+        # What cronsim refuses beyond our syntax check: a day-of-month that none of the
+        # selected months has, when both day fields must match ("Bad day-of-month").
+        matches: str | None = None
+    else:
+        matches = cron
     fixed_time = not (fields[0].startswith("*") or fields[1].startswith("*"))
-    return CronSchedule(expr=expr, zone=zone, fixed_time=fixed_time, _walls=walls)
+    return CronSchedule(expr=expr, zone=zone, fixed_time=fixed_time, cron=matches)
 
 
 def _translate(text: str, spec: _Field) -> str:
-    """One cron field as an APScheduler expression (numbers; day-of-week as day names).
+    """One cron field as cronsim reads it: its values as numbers, after a leading ``*`` or
+    ``*/S`` element kept as written. Cron (and cronsim) tell the job class and the day rule by
+    whether a field starts with ``*``, and cronsim reads those two forms as ``_expand`` does;
+    every other element is passed as numbers, so that names, Sunday as 7 and ranges that end
+    on Sunday (``fri-sun``, which cronsim refuses) mean what the module docstring says.
 
     Raises ValueError with a message naming the field and the offending part.
     """
-    values: set[int] = set()
-    for part in text.split(","):
-        values.update(_expand(part, spec))
-    if spec.name == "day-of-week":
-        # POSIX numbers Sunday 0 (or 7); APScheduler 3 numbers Monday 0. Day names agree.
-        if text == "*":
-            return "*"
-        return ",".join(_DAY_NAMES[d] for d in sorted({v % 7 for v in values}))
-    if text == "*":
-        return "*"
-    return ",".join(str(v) for v in sorted(values))
+    parts = text.split(",")
+    values = [_expand(part, spec) for part in parts]  # checks every element
+    if text.startswith("*"):
+        rest = sorted(set().union(*values[1:]))
+        return ",".join([parts[0], *map(str, rest)])
+    return ",".join(map(str, sorted(set().union(*values))))
 
 
 def _expand(part: str, spec: _Field) -> range:

@@ -1,10 +1,14 @@
-"""The daemon: an APScheduler 3 job that ticks, signal handling and graceful shutdown.
+"""The daemon: the tick loop, the wake-up listener, signal handling and graceful shutdown.
 
-The tick job runs every ``tick_interval_s`` with ``max_instances=1`` and ``coalesce=True``
-(a slow tick never overlaps the next one, and missed ticks collapse into one), first right at
-start. Beside it, ``Worker.run_wakeups`` ticks at once when asked to: by a free slot while due
-missions wait, and by the wake-up listener (``worker.wakeup``: LISTEN mana_ai_due, so a
-mission added due now starts within milliseconds, not at the next tick).
+One loop ticks, ``Worker.run``: right at start, then every ``tick_interval_s`` or at once when
+woken, whichever comes first (a slow tick never overlaps the next one, missed ticks collapse
+into one, wake-ups coalesce). It is woken by a free slot while due missions wait, and by the
+wake-up listener (``worker.wakeup``: LISTEN mana_ai_due, so a mission added due now starts
+within milliseconds, not at the next tick).
+
+The interval is the standard library's (a timeout on the wake-up event), not an APScheduler
+job as before: an interval and a wake-up feeding one loop need nothing more, and two
+triggers needed a lock between them.
 
 On SIGTERM or SIGINT the worker stops claiming, lets running missions finish within
 ``shutdown_grace_s`` (a second signal cuts that short), interrupts the rest (their iterations
@@ -18,10 +22,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable
-from datetime import UTC, datetime
 
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel
@@ -77,19 +78,8 @@ async def serve(
                     settings.metrics_host,
                     metrics_server.port,
                 )
-            scheduler = AsyncIOScheduler(timezone=UTC)
-            scheduler.add_job(
-                app.worker.tick_safely,
-                IntervalTrigger(seconds=settings.tick_interval_s, timezone=UTC),
-                id="tick",
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=None,
-                next_run_time=datetime.now(UTC),
-            )
-            scheduler.start()
-            wakeups = asyncio.create_task(app.worker.run_wakeups(), name="wake-ups")
             listening = _start_listening(settings, app.engine, app.worker.wake)
+            ticking = asyncio.create_task(app.worker.run(settings.tick_interval_s), name="tick")
             logger.info(
                 "worker %s ticking every %g s, up to %d mission(s) at once",
                 settings.worker_id,
@@ -101,14 +91,14 @@ async def serve(
                 await stop.wait()
             finally:
                 logger.info("shutting down: no new claims")
-                scheduler.shutdown(wait=False)
+                app.worker.stop()  # the tick loop ends after the tick in flight, if any
                 if listening is not None:  # UNLISTEN; its connection goes back to the pool
                     listening.cancel()
                     await asyncio.gather(listening, return_exceptions=True)
-                wakeups.cancel()
                 await app.worker.drain(settings.shutdown_grace_s, hurry)
                 if metrics_server is not None:
                     metrics_server.stop()
+                await ticking  # returned by now; raises what a bug in the loop raised
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import platformdirs
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -52,17 +53,26 @@ MAX_CONTEXT_TOKENS = 100_000_000
 ``timedelta``, a timer or the database that they cannot hold."""
 
 
+APP_NAME = "mana-ai"
 USER_DATA_DIR = "~/.local/share/mana-ai"
+"""The default data directory before it followed ``$XDG_DATA_HOME`` (and, as root, before
+``ROOT_DATA_DIR``): an embedded database may still be there (``worker.cli.stores``)."""
 ROOT_DATA_DIR = "/var/lib/mana-ai"
 
 
 def default_data_dir(*, root: bool | None = None) -> Path:
-    """``~/.local/share/mana-ai``; as root (``root=None``: when this process runs as root)
-    ``/var/lib/mana-ai``, which the embedded PostgreSQL's system user reaches without any
-    directory above it changing its permissions (``worker.db.embedded_root``)."""
+    """The platform's data directory for ``mana-ai``: platformdirs' ``user_data_dir``, i.e.
+    ``$XDG_DATA_HOME/mana-ai`` (an absolute ``$XDG_DATA_HOME``, as the XDG Base Directory
+    Specification says), else ``~/.local/share/mana-ai`` (on macOS ``~/Library/Application
+    Support/mana-ai``). As root (``root=None``: when this process runs as root)
+    ``ROOT_DATA_DIR``, which the embedded PostgreSQL's system user reaches without any
+    directory above it changing its permissions (``worker.db.embedded_root``): a home such as
+    ``/root`` is ``0700``, and mana-ai never changes a directory it did not create."""
     if root is None:
         root = os.name == "posix" and os.geteuid() == 0
-    return Path(ROOT_DATA_DIR) if root else Path(USER_DATA_DIR).expanduser()
+    if root:
+        return Path(ROOT_DATA_DIR)
+    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
 
 
 PGBOUNCER_DEFAULT_PORT = 6432
@@ -104,9 +114,11 @@ class Settings(BaseSettings):
         default_factory=default_data_dir,
         description=(
             "Directory for local state: the embedded PostgreSQL cluster (pgdata/) when "
-            "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default ~/.local/share/mana-ai; "
-            "as root /var/lib/mana-ai, so that no directory above it needs its permissions "
-            "changed (mana-ai never changes a directory it did not create)."
+            "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default $XDG_DATA_HOME/mana-ai "
+            "(an absolute XDG_DATA_HOME), else ~/.local/share/mana-ai (macOS: "
+            "~/Library/Application Support/mana-ai), as platformdirs finds it; as root "
+            "/var/lib/mana-ai, so that no directory above it needs its permissions changed "
+            "(mana-ai never changes a directory it did not create)."
         ),
     )
     llm_base_url: str | None = Field(

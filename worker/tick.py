@@ -2,17 +2,21 @@
 
 ``Worker.tick()`` claims up to ``max_concurrent_missions - running`` missions and starts one
 task per mission; the tasks outlive the tick, so a long mission never delays the next tick.
-``Worker.run_once()`` is a tick that waits for its missions (``mana-ai tick --once``).
-``Worker.drain(grace)`` stops claiming, waits up to ``grace`` for running missions, then
-cancels the rest (each records an ``interrupted`` iteration and releases its lease).
+``Worker.run(interval_s)`` is the daemon's one tick trigger: a loop that ticks at start, then
+whenever the interval has elapsed or ``wake()`` was called. ``Worker.run_once()`` is a tick
+that waits for its missions (``mana-ai tick --once``). ``Worker.drain(grace)`` stops claiming,
+waits up to ``grace`` for running missions, then cancels the rest (each records an
+``interrupted`` iteration and releases its lease).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +61,7 @@ class Worker:
         self.health = health
         self.running: set[asyncio.Task[RunOutcome]] = set()
         self.stopping = False
+        # tick() is public (run, run_once, tests): drain waits on this for a tick in flight
         self._tick_lock = asyncio.Lock()
         self._failed_ticks = 0
         self._wake = asyncio.Event()
@@ -88,7 +93,7 @@ class Worker:
             return tasks
 
     async def tick_safely(self) -> None:
-        """``tick()`` that logs and counts a failure instead of raising (the scheduler job).
+        """``tick()`` that logs and counts a failure instead of raising (what ``run`` calls).
 
         The first failure of a streak is logged with its traceback, the next ones as one line
         each (a database outage would otherwise flood the log), and the recovery once.
@@ -116,18 +121,46 @@ class Worker:
     def wake(self) -> None:
         """Ask for a tick as soon as possible: a mission became due now (a NOTIFY from the
         database), or a slot freed while due missions may be waiting. Wake-ups coalesce: many
-        before the tick runs give one tick. Only ``run_wakeups`` acts on them."""
+        before the tick runs give one tick. ``run`` acts on them; without it they wait."""
         if not self.stopping:
             self._wake.set()
 
-    async def run_wakeups(self) -> None:
-        """Tick (``tick_safely``) each time ``wake()`` was called, until cancelled. The daemon
-        runs it beside the scheduled tick, which stays the safety net."""
+    def stop(self) -> None:
+        """Stop claiming: ``tick()`` claims nothing from now on and ``run`` returns once the
+        tick in flight, if any, is done. Idempotent; running missions go on (``drain``)."""
+        self.stopping = True
+        self._wake.set()  # run's wait ends now, not at the next interval
+
+    async def run(self, interval_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """Tick (``tick_safely``) at once, then each time ``interval_s`` seconds have passed
+        since the last tick began or ``wake()`` was called, whichever comes first, until
+        ``stop()`` (or ``drain()``): the daemon's only tick trigger.
+
+        One tick at a time: a tick slower than the interval is followed at once by one more,
+        never overlapped, and the intervals it missed collapse into that one. Wake-ups
+        coalesce: any number before a tick begins are answered by it, and any during a tick
+        by one more right after it (that tick may have claimed before the mission it announces
+        was committed). A wake-up tick restarts the interval, so the interval is the longest
+        wait between two ticks, which ``/healthz`` relies on (stale after 3 intervals + 30 s).
+
+        Args:
+            interval_s: seconds (> 0); ``MANA_AI_TICK_INTERVAL_S`` in the daemon.
+            clock: monotonic seconds, read at each tick's start and end (tests move it on).
+
+        Raises:
+            ValueError: ``interval_s`` is not positive.
+        """
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
         while not self.stopping:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self.stopping:
-                await self.tick_safely()
+            self._wake.clear()  # the wake-ups so far are answered by this tick
+            begun = clock()
+            await self.tick_safely()
+            remaining = begun + interval_s - clock()
+            if remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._wake.wait()
 
     async def run_once(self) -> list[RunOutcome]:
         """One tick, then wait for the missions it started; their outcomes in claim order.
@@ -142,7 +175,7 @@ class Worker:
     async def drain(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Stop claiming; wait up to ``grace_s`` seconds (or until ``hurry`` is set), then
         cancel what still runs and wait for the cancelled runs to record their interruption."""
-        self.stopping = True
+        self.stop()
         async with self._tick_lock:  # a tick in flight finishes starting its missions
             pending = set(self.running)
         if not pending:

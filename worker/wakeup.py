@@ -5,9 +5,9 @@ payload) when a row written by an INSERT or UPDATE is claimable at once: active,
 lease (``missions add --due-now``, ``missions resume``, a lease released by an interrupted run,
 any other client's insert). ``WakeUpListener`` holds one connection of the engine's pool for
 the daemon's life, LISTENs on that channel and calls ``Worker.wake()`` for each notification;
-the worker's ``run_wakeups`` loop turns that into a tick within milliseconds. The scheduled
-tick stays the safety net: a notification sent while no listener is connected is lost, so the
-listener wakes the worker once after each reconnection.
+the worker's tick loop (``Worker.run``) turns that into a tick within milliseconds. The tick
+interval stays the safety net: a notification sent while no listener is connected is lost, so
+the listener wakes the worker once after each reconnection.
 
 LISTEN needs a session of its own, which PgBouncer in transaction pooling mode does not give
 (its documentation lists LISTEN among the features that do not work there); ``off_reason``

@@ -111,6 +111,33 @@ def test_root_is_told_of_a_database_left_in_the_old_default(
     assert lines[1:] == ([] if explicit else [hint])
 
 
+def test_a_database_left_in_the_old_default_is_pointed_out_when_xdg_data_home_moved_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the default follows $XDG_DATA_HOME now; before, it was ~/.local/share/mana-ai always
+    from worker.cli.stores import announce_database
+    from worker.settings import load_settings
+
+    for name in ("MANA_AI_DATABASE_URL", "MANA_AI_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    old = tmp_path / ".local" / "share" / "mana-ai"
+    (old / "pgdata").mkdir(parents=True)
+    (old / "pgdata" / "PG_VERSION").write_text("18\n")
+    settings = load_settings()
+    expected = Path("/var/lib/mana-ai") if os.geteuid() == 0 else tmp_path / "xdg" / "mana-ai"
+    assert settings.data_dir == expected
+    announce_database(settings)  # prints only; opens nothing
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"mana-ai: MANA_AI_DATABASE_URL is not set: using the embedded PostgreSQL in "
+        f"{expected}/pgdata",
+        f"mana-ai: note: an embedded database from an earlier version is in {old}/pgdata; "
+        f"set MANA_AI_DATA_DIR={old} to use it",
+    ]
+
+
 IN_PROCESS = {
     "db upgrade": ["db", "upgrade"],
     "agents add": ["agents", "add", "--name", "told", "--owner", "u"],

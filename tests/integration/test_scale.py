@@ -56,10 +56,10 @@ async def add_due_missions(db: AsyncEngine, count: int) -> None:
 
 
 async def run_until_finished(worker: Worker, db: AsyncEngine, count: int) -> None:
-    """A tick, then a tick on every wake-up (a freed slot), until ``count`` finished."""
-    wakeups = asyncio.create_task(worker.run_wakeups())
+    """The daemon's tick loop (a tick, then one on every wake-up: a freed slot; its interval
+    is an hour) until ``count`` finished."""
+    ticking = asyncio.create_task(worker.run(interval_s=3600))
     try:
-        await worker.tick()
         async with asyncio.timeout(60):
             while True:
                 await asyncio.sleep(0.05)
@@ -72,7 +72,8 @@ async def run_until_finished(worker: Worker, db: AsyncEngine, count: int) -> Non
                 if done >= count and not worker.running:
                     return
     finally:
-        wakeups.cancel()
+        worker.stop()
+        await ticking
 
 
 async def test_fifty_missions_at_once_hold_at_most_the_pool(

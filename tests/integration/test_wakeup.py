@@ -1,6 +1,6 @@
 """Wake-ups against real PostgreSQL: migration 0007's trigger notifies exactly when a mission
-becomes claimable now, and ``WakeUpListener`` turns that into a tick within a second, also after
-its connection was killed.
+becomes claimable now, and ``WakeUpListener`` turns that into a tick (of ``Worker.run``, the
+tick loop) within a second, also after its connection was killed.
 
 The trigger's notifications are counted on a raw asyncpg connection that LISTENs on the channel;
 a sentinel notification sent after each action (in a later transaction, so delivered after
@@ -90,22 +90,21 @@ async def notifications(db: AsyncEngine, database_url: str) -> AsyncIterator[Not
 
 @pytest.fixture
 async def listening(db: AsyncEngine) -> AsyncIterator[tuple[Worker, WakeUpListener]]:
-    """A worker that never ticks on a schedule: only wake-ups (its listener on ``db``) run it."""
+    """A worker whose tick loop ticks once at start (nothing is due yet), then only on
+    wake-ups (its listener on ``db``): its interval is an hour."""
     worker = make_worker(db, FunctionChatModel(clock_then_answer))
     listener = WakeUpListener(db, worker.wake, retry_min_s=0.05, retry_max_s=0.2)
-    tasks = [
-        asyncio.create_task(worker.run_wakeups()),
-        asyncio.create_task(listener.run()),
-    ]
+    ticking = asyncio.create_task(worker.run(interval_s=3600))
+    listens = asyncio.create_task(listener.run())
     try:
         async with asyncio.timeout(10):
             await listener.listening.wait()
         yield worker, listener
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        listens.cancel()
+        await asyncio.gather(listens, return_exceptions=True)
         await worker.drain(10)
+        await ticking
 
 
 async def started_within(engine: AsyncEngine, count: int, timeout_s: float) -> float:

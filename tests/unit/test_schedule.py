@@ -36,6 +36,9 @@ SUNDAY_NOON = datetime(2026, 11, 29, 12, 0, tzinfo=BERLIN)
         ("0 9 * jan *", datetime(2027, 1, 1, 9, 0, tzinfo=BERLIN)),
         ("5/20 * * * *", datetime(2026, 11, 29, 12, 5, tzinfo=BERLIN)),  # 5-59/20
         ("0 9 2-31/7 * *", datetime(2026, 11, 30, 9, 0, tzinfo=BERLIN)),
+        ("*/20,7 * * * *", datetime(2026, 11, 29, 12, 7, tzinfo=BERLIN)),  # a list after */S
+        ("0 9 * * sun,7", datetime(2026, 12, 6, 9, 0, tzinfo=BERLIN)),
+        ("0 0 29 2 *", datetime(2028, 2, 29, 0, 0, tzinfo=BERLIN)),  # leap days only
     ],
 )
 def test_next_run_uses_standard_cron_semantics(expr: str, expected: datetime) -> None:
@@ -98,6 +101,19 @@ def test_bad_schedules_raise_a_schedule_error_naming_the_value(
 ) -> None:
     with pytest.raises(ScheduleError, match=re.escape(message)):
         next_run_after(expr, tz, SUNDAY_NOON)
+
+
+@pytest.mark.parametrize("expr", ["0 0 30 2 *", "0 12 31 4,6 *", "0 0 31 2-4/2 *"])
+def test_an_expression_no_date_matches_is_valid_and_never_runs(expr: str) -> None:
+    # `missions add` refuses it (the cron "never fires"); a stored one ends its mission
+    assert next_run_after(expr, "Europe/Berlin", SUNDAY_NOON) is None
+
+
+def test_either_day_field_matching_is_enough_even_if_one_never_does() -> None:
+    # 30 February never comes, the Mondays of February do
+    assert next_run_after("0 0 30 2 mon", "UTC", SUNDAY_NOON) == datetime(
+        2027, 2, 1, 0, 0, tzinfo=UTC
+    )
 
 
 def test_naive_datetimes_are_refused() -> None:

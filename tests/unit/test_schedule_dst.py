@@ -9,6 +9,7 @@ Transitions used (from the IANA data shipped with ``tzdata``):
 * Australia/Sydney (southern): 2026-04-05 03:00 AEDT → 02:00 AEST; 2026-10-04 02:00 → 03:00.
 * America/Santiago (southern, at midnight): 2026-04-05 00:00 → 2026-04-04 23:00;
   2026-09-06 00:00 → 01:00.
+* America/Havana (at midnight): 2026-03-08 00:00 CST → 01:00 CDT.
 * Australia/Lord_Howe (a 30-minute change): 2026-04-05 02:00 → 01:30; 2026-10-04 02:00 → 02:30.
 """
 
@@ -102,6 +103,54 @@ def test_an_interval_job_runs_once_per_real_hour_across_a_change(tz: str, day: d
     assert gaps == {timedelta(hours=1)}
     real_hours = (end.astimezone(UTC) - start.astimezone(UTC)) // timedelta(hours=1)
     assert len(found) == real_hours
+
+
+# (zone, expression, after (local), the runs expected on the day of the change (local))
+INTERVAL_ON_A_CHANGED_DAY = [
+    # the day of the change begins at 01:00: its hour 1 exists and runs, on a restricted day too
+    ("America/Santiago", "*/15 1 * * 0", (2026, 9, 5, 12, 0), (2026, 9, 6), ["01:00", "01:15"]),
+    ("America/Santiago", "*/15 1 6 9 *", (2026, 9, 5, 12, 0), (2026, 9, 6), ["01:00", "01:15"]),
+    ("America/Havana", "*/15 1 * * 0", (2026, 3, 7, 12, 0), (2026, 3, 8), ["01:00", "01:15"]),
+    # a 30-minute change (02:00 → 02:30): hour 3 is whole
+    (
+        "Australia/Lord_Howe",
+        "*/20 3 * * *",
+        (2026, 10, 3, 12, 0),
+        (2026, 10, 4),
+        ["03:00", "03:20"],
+    ),
+    (
+        "Australia/Lord_Howe",
+        "*/20 3 * * *",
+        (2026, 10, 4, 2, 40),
+        (2026, 10, 4),
+        ["03:00", "03:20"],
+    ),
+    (
+        "Australia/Lord_Howe",
+        "*/20 * * * *",
+        (2026, 10, 4, 1, 30),
+        (2026, 10, 4),
+        ["01:40", "02:40"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("tz", "expr", "after", "day", "expected"), INTERVAL_ON_A_CHANGED_DAY)
+def test_an_interval_job_runs_at_every_real_local_time_on_the_day_of_a_change(
+    tz: str, expr: str, after: tuple[int, ...], day: tuple[int, int, int], expected: list[str]
+) -> None:
+    # cronsim 2.8, given the zone, starts these days at a local midnight or hour that does not
+    # exist and gives 2026-09-13, 2027-09-06, 2026-03-15 and 03:40 (see worker.schedule)
+    zone = ZoneInfo(tz)
+    start = local(tz, *after)
+    found = runs(expr, tz, start, start + timedelta(days=1, hours=12))
+    walls = [
+        r.astimezone(zone).strftime("%H:%M")
+        for r in found
+        if r.astimezone(zone).date() == date(*day)
+    ]
+    assert walls[: len(expected)] == expected
 
 
 def test_the_repeated_hour_runs_an_every_15_minutes_job_on_real_time() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -332,10 +333,36 @@ def test_the_tick_interval_has_a_minimum(monkeypatch: pytest.MonkeyPatch, value:
     assert load_settings().tick_interval_s == 0.1
 
 
-def test_root_defaults_to_a_data_directory_outside_any_home() -> None:
+def test_root_defaults_to_a_data_directory_outside_any_home(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", "/srv/xdg")  # a home of root's is no place for it
     assert default_data_dir(root=True) == Path("/var/lib/mana-ai")
-    assert default_data_dir(root=False) == Path.home() / ".local" / "share" / "mana-ai"
     assert default_data_dir() == default_data_dir(root=os.geteuid() == 0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the XDG default is Linux's")
+@pytest.mark.parametrize(
+    ("xdg_data_home", "expected"),
+    [
+        (None, "{home}/.local/share/mana-ai"),
+        ("/srv/xdg", "/srv/xdg/mana-ai"),
+        ("", "{home}/.local/share/mana-ai"),
+        ("relative/dir", "{home}/.local/share/mana-ai"),  # the XDG spec: ignored
+    ],
+)
+def test_the_user_data_directory_follows_xdg_data_home(
+    xdg_data_home: str | None,
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if xdg_data_home is None:
+        monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_DATA_HOME", xdg_data_home)
+    assert default_data_dir(root=False) == Path(expected.format(home=tmp_path))
 
 
 def test_names_in_settings_follow_the_rule_for_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.settings import Settings, default_data_dir
+from worker.settings import USER_DATA_DIR, Settings
 
 if TYPE_CHECKING:  # imported when a command runs, so that `--help` stays quick
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -31,8 +32,9 @@ def announce_database(settings: Settings) -> None:
     uses, in one line, so that a forgotten variable does not silently show an empty database.
     Call it right before the database is opened; stdout (``--json``) stays clean.
 
-    Run as root with the default data directory, it also points at an embedded database left
-    in the old default (``~/.local/share/mana-ai``), should one exist.
+    Run with a default data directory other than the old default (``~/.local/share/mana-ai``:
+    as root, or with ``$XDG_DATA_HOME`` elsewhere), it also points at an embedded database
+    left there by an earlier version, should one exist.
     """
     if settings.database_url is not None:
         return
@@ -41,7 +43,7 @@ def announce_database(settings: Settings) -> None:
         f"mana-ai: MANA_AI_DATABASE_URL is not set: using the embedded PostgreSQL in {pgdata}",
         file=sys.stderr,
     )
-    old = default_data_dir(root=False)
+    old = Path(USER_DATA_DIR).expanduser()
     if "data_dir" not in settings.model_fields_set and old != settings.data_dir:
         if (old / "pgdata" / "PG_VERSION").exists():
             print(
