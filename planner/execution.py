@@ -48,7 +48,7 @@ from planner.policy import PolicyDecision, PolicyGate
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
 if TYPE_CHECKING:
-    from planner.events import RunEvent, RunSink
+    from planner.events import RunSink
 
 __all__ = [
     "DEFAULT_MAX_PARALLEL_READS",
@@ -108,18 +108,23 @@ class ExecutedCall:
         return self.error is None
 
 
+_RESULT_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+"""What ``json.dumps(value, ensure_ascii=False, default=str)`` does, built once: ``dumps`` with
+options builds an encoder on every call, and every tool result goes through it."""
+
+
 def tool_result_message(executed: ExecutedCall) -> ChatMessage:
     """The tool message answering ``executed.call``.
 
     Content is the result as JSON (a ``str`` result is sent as is), or ``{"error": "..."}``.
     """
     if executed.error is not None:
-        content = json.dumps({"error": executed.error}, ensure_ascii=False)
+        content = _RESULT_ENCODER.encode({"error": executed.error})
     elif isinstance(executed.result, str):
         content = executed.result
     else:
         try:
-            content = json.dumps(executed.result, ensure_ascii=False, default=str)
+            content = _RESULT_ENCODER.encode(executed.result)
         except (ValueError, RecursionError) as exc:  # circular or absurdly deep results
             content = json.dumps(
                 {"error": f"{executed.call.name} returned a result that is not JSON ({exc})"}
@@ -244,11 +249,12 @@ async def execute_calls(
         raise ValueError(f"tool_timeout_s must be > 0 or None, got {tool_timeout_s}")
     results: list[ExecutedCall | None] = [None] * len(calls)
 
-    async def finish(executed: ExecutedCall) -> None:
+    def finish(executed: ExecutedCall) -> Awaitable[None] | None:
         results[executed.index] = executed
-        if sink is not None:
-            was_settled = settled is not None and settled.get(executed.index) is executed
-            await _emit(sink, CallFinished(executed, was_settled))
+        if sink is None:
+            return None
+        was_settled = settled is not None and settled.get(executed.index) is executed
+        return sink(CallFinished(executed, was_settled))
 
     async def check(index: int) -> ExecutedCall | _Ready:
         if settled and index in settled:
@@ -272,18 +278,12 @@ async def execute_calls(
         cap = max_parallel_reads if segment.parallel else 1
         ran = await _run_segment(segment.indices, cap, check, run, finish)
         if segment.parallel and cap > 1 and ran > 1 and sink is not None:
-            await _emit(sink, ReadsOverlapped(round, ran))
+            if (pending := sink(ReadsOverlapped(round, ran))) is not None:
+                await pending
     done = [executed for executed in results if executed is not None]
     if len(done) != len(calls):  # a bug here, never the tool's fault
         raise AssertionError(f"{len(calls)} calls but {len(done)} results")
     return done
-
-
-async def _emit(sink: RunSink, event: RunEvent) -> None:
-    """Give ``event`` to ``sink``; await what it returns, if anything."""
-    pending = sink(event)
-    if pending is not None:
-        await pending
 
 
 def _hint(registry: ToolRegistry, call: ToolCall) -> PolicyHint | None:
@@ -296,7 +296,7 @@ async def _run_segment(
     cap: int,
     check: Callable[[int], Awaitable[ExecutedCall | _Ready]],
     run: Callable[[_Ready], Coroutine[Any, Any, ExecutedCall]],
-    finish: Callable[[ExecutedCall], Awaitable[None]],
+    finish: Callable[[ExecutedCall], Awaitable[None] | None],
 ) -> int:
     """Check the calls in source order and start each one as soon as a slot is free (at most
     ``cap`` running). Returns how many handlers were started. On any exception (cancellation
@@ -308,10 +308,12 @@ async def _run_segment(
         for index in indices:
             checked = await check(index)
             if isinstance(checked, ExecutedCall):
-                await finish(checked)
+                if (pending := finish(checked)) is not None:
+                    await pending
             else:
                 started += 1
-                await finish(await run(checked))
+                if (pending := finish(await run(checked))) is not None:
+                    await pending
         return started
     running: set[asyncio.Task[ExecutedCall]] = set()
 
@@ -319,13 +321,16 @@ async def _run_segment(
         finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
         for task in finished:
             running.discard(task)
-            await finish(task.result())  # _run turns every failure into a value
+            # _run turns every failure into a value
+            if (pending := finish(task.result())) is not None:
+                await pending
 
     try:
         for index in indices:
             checked = await check(index)
             if isinstance(checked, ExecutedCall):
-                await finish(checked)
+                if (pending := finish(checked)) is not None:
+                    await pending
                 continue
             while len(running) >= cap:
                 await collect()
@@ -340,7 +345,8 @@ async def _run_segment(
             await asyncio.wait(running)
             for task in running:  # done before the cancellation reached it: it happened
                 if not task.cancelled() and task.exception() is None:
-                    await finish(task.result())
+                    if (pending := finish(task.result())) is not None:
+                        await pending
     return started
 
 
@@ -376,7 +382,8 @@ async def _check(
         own = ctx if spec.policy_hint == "read" else ctx.for_call(round, index)
         decision = await policy(spec, call, own)
         if sink is not None:
-            await _emit(sink, CallDecided(round, index, call, decision))
+            if (pending := sink(CallDecided(round, index, call, decision))) is not None:
+                await pending
         if not decision.allow:
             return refused(denial_text(decision), decision)
     return _Ready(index, call, spec, decision, (time.perf_counter() - started) * 1000.0)
@@ -411,7 +418,8 @@ async def _run(
             round, ready.position, call, spec.policy_hint, ctx.idempotency_key, ready.decision
         )
         try:
-            await _emit(sink, event)
+            if (pending := sink(event)) is not None:
+                await pending
         except RunInterrupted:
             raise  # the runner's to recover from, never the model's
         except Exception as exc:  # not recorded, not run: a write must never run unrecorded

@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from planner.compaction import (
@@ -182,28 +183,33 @@ class PlannerLoopResult:
     error: str | None = None
     final_answer: str | None = field(default=None)
     compaction_errors: list[str] = field(default_factory=list)
-    record: RunRecord = field(default_factory=RunRecord)
+    _log: RunLog | None = field(default=None, repr=False, compare=False)
 
     @property
     def failed(self) -> bool:
         """True when the stop reason is a failure (``planner.replies.FAILED_STOP_REASONS``)."""
         return self.stop_reason in FAILED_STOP_REASONS
 
+    @cached_property
+    def record(self) -> RunRecord:
+        """The whole record of the run (``planner.record``), made when first asked for."""
+        return self._log.snapshot() if self._log is not None else RunRecord()
+
     @classmethod
-    def of(cls, record: RunRecord) -> PlannerLoopResult:
-        """The result a finished ``record`` stands for."""
-        assert record.stop_reason is not None, "the run has not stopped"
+    def of(cls, log: RunLog) -> PlannerLoopResult:
+        """The result of a finished run, from the fold of its events."""
+        assert log.stop_reason is not None, "the run has not stopped"
         return cls(
-            messages=list(record.messages),
-            executed_calls=list(record.calls),
-            rounds=record.rounds,
-            usage=record.usage,
-            stop_reason=record.stop_reason,
-            compactions_done=record.compactions_done,
-            error=record.error,
-            final_answer=record.final_answer,
-            compaction_errors=list(record.compaction_errors),
-            record=record,
+            messages=list(log.messages),
+            executed_calls=log.calls_so_far(),
+            rounds=log.rounds,
+            usage=log.usage,
+            stop_reason=log.stop_reason,
+            compactions_done=log.compactions_done,
+            error=log.error,
+            final_answer=log.final_answer,
+            compaction_errors=list(log.compaction_errors),
+            _log=log,
         )
 
 
@@ -246,12 +252,16 @@ async def run_planner_loop(
     ctx = inp.ctx or ToolContext(user_id="local")
     log = RunLog()  # the loop's state: the fold of its own events
 
-    async def emit(event: RunEvent) -> None:
-        log.apply(event)
-        if sink is not None:
-            pending = sink(event)
-            if pending is not None:
-                await pending
+    emit: Callable[[RunEvent], Awaitable[None] | None]
+    if sink is None:
+        emit = log.apply  # nothing else listens: the fold alone
+    else:
+
+        def emit(event: RunEvent) -> Awaitable[None] | None:
+            """Fold ``event`` and give it to the sink; what to await, if anything (a sync
+            sink costs no coroutine: the loop runs this for every event)."""
+            log.apply(event)
+            return sink(event)
 
     compactor = inp.compactor
     # what the next request holds (tracked only with a compactor): the tool definitions until
@@ -263,10 +273,6 @@ async def run_planner_loop(
         nonlocal context_tokens
         if compactor is not None:
             context_tokens += sum(estimate_message_tokens(m) for m in messages)
-
-    def observe(event: RunEvent) -> Awaitable[None] | None:  # the calls' events, as they come
-        log.apply(event)
-        return sink(event) if sink is not None else None
 
     async def run_calls(
         calls: Sequence[ToolCall],
@@ -280,16 +286,21 @@ async def run_planner_loop(
             ctx=ctx,
             policy=inp.policy,
             executor=on_tool_call,
-            sink=observe,
+            sink=sink,  # the loop's own fold takes the calls from RoundEnded
             max_parallel_reads=inp.max_parallel_reads,
             settled=settled,
         )
-        counted([tool_result_message(o) for o in outcomes] if compactor is not None else ())
-        await emit(RoundEnded(round_no, tuple(outcomes)))
+        if compactor is not None:
+            counted([tool_result_message(o) for o in outcomes])
+        ended = RoundEnded(round_no, tuple(outcomes))
+        log.fold_round_ended(ended)
+        if sink is not None and (pending := sink(ended)) is not None:
+            await pending
 
     async def stop(rounds: int, reason: StopReason, **extra: Any) -> PlannerLoopResult:
-        await emit(RunStopped(rounds, reason, **extra))
-        return PlannerLoopResult.of(log.snapshot())
+        if (pending := emit(RunStopped(rounds, reason, **extra))) is not None:
+            await pending
+        return PlannerLoopResult.of(log)
 
     first_round = 1
     resume = inp.resume
@@ -300,16 +311,18 @@ async def run_planner_loop(
             ChatMessage(role="user", content=inp.user_prompt),
         )
         counted(head)
-        await emit(RunStarted(head))
+        if (pending := emit(RunStarted(head))) is not None:
+            await pending
     else:
         counted(resume.messages)
         if resume.context_tokens is not None:  # the larger, as after every reply
             context_tokens = max(context_tokens, resume.context_tokens)
-        await emit(RunStarted(tuple(resume.messages), resume))
+        if (pending := emit(RunStarted(tuple(resume.messages), resume))) is not None:
+            await pending
         first_round = resume.rounds_done + 1
-        pending = resume.pending_calls()
-        if pending:  # the round under way when the earlier attempt stopped
-            await run_calls(pending, resume.rounds_done, resume.settled)
+        under_way = resume.pending_calls()
+        if under_way:  # the round under way when the earlier attempt stopped
+            await run_calls(under_way, resume.rounds_done, resume.settled)
         if first_round > inp.max_rounds:
             return await stop(resume.rounds_done, "max_rounds")
 
@@ -355,7 +368,8 @@ async def run_planner_loop(
                 repeated = str(exc) in log.compaction_errors
                 if not (repeated and exc.reason == "nothing_to_fold"):
                     logger.warning("compaction before round %d failed: %s", round_no, exc)
-                    await emit(CompactionFailed(round_no, exc))
+                    if (pending := emit(CompactionFailed(round_no, exc))) is not None:
+                        await pending
             else:
                 # what the context held, less what the summary saved: the part no message
                 # shows (tool definitions, the provider's framing) stays counted
@@ -366,7 +380,8 @@ async def run_planner_loop(
                     tokens_after=max(0, context_tokens - saved),
                 )
                 context_tokens = compaction.tokens_after
-                await emit(Compacted(round_no, compaction))
+                if (pending := emit(Compacted(round_no, compaction))) is not None:
+                    await pending
             if context_tokens >= compactor.max_ctx:  # the request could not fit at all
                 return await exhausted(
                     round_no,
@@ -374,16 +389,18 @@ async def run_planner_loop(
                     if log.compactions_done > compactions_before
                     else "more than the whole context, and compacting could not help",
                 )
-        state = LoopState(
-            round=round_no,
-            tool_call_count=len(log.calls),
-            tokens_used=log.usage,
-            last_call=log.last_call,
-            compactions_done=log.compactions_done,
-            max_rounds=inp.max_rounds,
-            last_round_calls=log.last_round_calls,
-        )
-        reminders = _reminders(inp.reminder_channel, state)
+        reminders: list[Reminder] = []
+        if inp.reminder_channel is not None:
+            state = LoopState(
+                round=round_no,
+                tool_call_count=len(log.calls),
+                tokens_used=log.usage,
+                last_call=log.last_call,
+                compactions_done=log.compactions_done,
+                max_rounds=inp.max_rounds,
+                last_round_calls=log.last_round_calls,
+            )
+            reminders = _reminders(inp.reminder_channel, state)
         sent_messages = [format_reminder(r.text, r.role) for r in reminders]
         if compactor is not None:
             sent = context_tokens + sum(estimate_message_tokens(m) for m in sent_messages)
@@ -394,21 +411,26 @@ async def run_planner_loop(
         request = CompletionRequest(
             messages=[*log.messages, *sent_messages], tools=openai_tools, model=inp.model
         )
-        await emit(
-            RequestSent(
-                round_no,
-                tuple(SentReminder(round_no, r.producer or "", r.text) for r in reminders),
-                context_tokens,
-            )
+        sent_event = RequestSent(
+            round_no,
+            tuple([SentReminder(round_no, r.producer or "", r.text) for r in reminders])
+            if reminders
+            else (),
+            context_tokens,
         )
+        log.fold_request_sent(sent_event)
+        if sink is not None and (pending := sink(sent_event)) is not None:
+            await pending
         try:
             response = await llm.complete(request)
         except LLMError as exc:
             logger.warning("llm request failed in round %d: %s", round_no, exc)
-            await emit(RequestFailed(round_no, str(exc), exc.usage))
+            if (pending := emit(RequestFailed(round_no, str(exc), exc.usage))) is not None:
+                await pending
             return await stop(round_no, "llm_error", error=str(exc))
         reply = stored_reply(response)
-        counted((reply,))
+        if compactor is not None:
+            counted((reply,))
         if compactor is not None and response.usage.prompt_tokens and not response.usage.estimated:
             # the larger of the provider's count (what it read and wrote: exact where the
             # estimate drifts) and the estimate: endpoints with prompt caching report only the
@@ -416,18 +438,20 @@ async def run_planner_loop(
             # messages appended from now on add their estimate (O(1) per round)
             context_tokens = max(context_tokens, response.usage.total_tokens)
         verdict = judge_reply(response, round=round_no, max_rounds=inp.max_rounds)
-        counted(verdict.follow_up)
-        await emit(
-            ReplyJudged(
-                round_no,
-                reply,
-                response.usage,
-                tuple(verdict.follow_up),
-                verdict.stop_reason,
-                verdict.error,
-                context_tokens,
-            )
+        if compactor is not None and verdict.follow_up:
+            counted(verdict.follow_up)
+        judged = ReplyJudged(
+            round_no,
+            reply,
+            response.usage,
+            tuple(verdict.follow_up),
+            verdict.stop_reason,
+            verdict.error,
+            context_tokens,
         )
+        log.fold_reply_judged(judged)
+        if sink is not None and (pending := sink(judged)) is not None:
+            await pending
         if verdict.stop_reason is not None:
             answer = reply.content if verdict.stop_reason == "final_answer" else None
             return await stop(
@@ -440,8 +464,6 @@ async def run_planner_loop(
     return await stop(inp.max_rounds, "max_rounds")
 
 
-def _reminders(channel: ReminderChannel | None, state: LoopState) -> list[Reminder]:
+def _reminders(channel: ReminderChannel, state: LoopState) -> list[Reminder]:
     """What ``channel`` gives for ``state``, as Reminder values."""
-    if channel is None:
-        return []
     return [r if isinstance(r, Reminder) else Reminder(r) for r in channel(state)]

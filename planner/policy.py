@@ -680,7 +680,7 @@ class RulePolicyGate:
                 reservation = await self.ledger.reserve(
                     user_id=ctx.user_id,
                     tool=spec.name,
-                    limit=self.limit_for(spec),
+                    limit=self.config.rate_limit_for(spec.name, self.user_settings),
                     consumer=self.consumer,
                 )
             except RunInterrupted:
@@ -702,8 +702,10 @@ class RulePolicyGate:
                 # addresses); the log above has the details
                 decision = self._unavailable(inp, decision, "its rate-limit store did not answer")
             else:
-                decision = self.counted(inp, decision, reservation)
-        self.report(spec, call, ctx, decision)
+                if not reservation.reserved:
+                    decision = self._refused(inp, decision, reservation)
+        if self.observe is not None:
+            self.report(spec, call, ctx, decision)
         return decision
 
     def rules(

@@ -131,19 +131,22 @@ class RunRecord:
 class RunLog:
     """The fold of a run's events (see the module docstring); also a ``RunSink``.
 
-    The lists it exposes (``messages``, ``calls``) are its own: read them, never change them.
+    The lists it exposes (``messages``, ``calls``: the calls of the rounds that ended, in the
+    model's order) are its own: read them, never change them. The calls of a round under way
+    are in the snapshot, from their ``CallFinished``.
     """
 
     __slots__ = (
         "_archived",
-        "_last_call",
-        "_last_round",
+        "_round_calls",
         "archive",
         "calls",
         "compaction_errors",
         "compactions_done",
         "error",
         "final_answer",
+        "last_call",
+        "last_round_calls",
         "messages",
         "reminders",
         "rounds",
@@ -166,19 +169,16 @@ class RunLog:
         self.error: str | None = None
         self.final_answer: str | None = None
         self._archived = 0
-        self._last_round: tuple[ExecutedCall, ...] = ()
-        self._last_call: ExecutedCall | None = None
+        # the calls of the previous round, in the model's order (none before the first round,
+        # and after a round without calls), and the last call of the last round that had any
+        self.last_round_calls: tuple[ExecutedCall, ...] = ()
+        self.last_call: ExecutedCall | None = None
+        self._round_calls: list[ExecutedCall] = []  # of the round under way, as they finish
 
-    @property
-    def last_round_calls(self) -> tuple[ExecutedCall, ...]:
-        """The calls of the previous round, in the model's order (none before the first round,
-        and after a round without calls)."""
-        return self._last_round
-
-    @property
-    def last_call(self) -> ExecutedCall | None:
-        """The last call of the last round that had calls, in the model's order."""
-        return self._last_call
+    def calls_so_far(self) -> list[ExecutedCall]:
+        """Every call with its outcome so far, the round under way's included, in the model's
+        order."""
+        return [*self.calls, *sorted(self._round_calls, key=_source_order)]
 
     @property
     def compaction_attempts(self) -> int:
@@ -199,7 +199,7 @@ class RunLog:
             messages=tuple(self.messages),
             rounds=self.rounds,
             usage=self.usage,
-            calls=tuple(sorted(self.calls, key=_source_order)),
+            calls=tuple(self.calls_so_far()),
             settled=frozenset(self.settled),
             reminders=tuple(self.reminders),
             archive=tuple(self.archive),
@@ -210,9 +210,9 @@ class RunLog:
             final_answer=self.final_answer,
         )
 
-    # -- the fold, one method per event ------------------------------------------------------
+    # -- the fold, one method per event (``apply`` picks it; the loop calls its own directly) --
 
-    def _started(self, event: RunStarted) -> None:
+    def fold_run_started(self, event: RunStarted) -> None:
         self.messages = list(event.messages)
         checkpoint = event.checkpoint
         if checkpoint is not None:
@@ -223,32 +223,35 @@ class RunLog:
             self._archived = checkpoint.compactions_done if attempts is None else attempts
             self.reminders = list(checkpoint.reminders)
 
-    def _sent(self, event: RequestSent) -> None:
+    def fold_request_sent(self, event: RequestSent) -> None:
         self.reminders.extend(event.reminders)
-        self._last_round = ()  # a round that ends without calls leaves none for the next
+        self.last_round_calls = ()  # a round that ends without calls leaves none for the next
 
-    def _failed(self, event: RequestFailed) -> None:
+    def fold_request_failed(self, event: RequestFailed) -> None:
         self.usage = self.usage + event.usage
 
-    def _judged(self, event: ReplyJudged) -> None:
+    def fold_reply_judged(self, event: ReplyJudged) -> None:
         self.rounds = max(self.rounds, event.round)
         self.usage = self.usage + event.usage
         self.messages.append(event.reply)
         self.messages.extend(event.follow_up)
 
-    def _finished(self, event: CallFinished) -> None:
+    def fold_call_finished(self, event: CallFinished) -> None:
         executed = event.executed
-        self.calls.append(executed)
+        self._round_calls.append(executed)
         if event.settled:
             self.settled.add((executed.round, executed.index))
 
-    def _round_ended(self, event: RoundEnded) -> None:
-        self.messages.extend(tool_result_message(c) for c in event.calls)
-        self._last_round = event.calls
-        if event.calls:
-            self._last_call = event.calls[-1]
+    def fold_round_ended(self, event: RoundEnded) -> None:
+        calls = event.calls
+        self.calls.extend(calls)  # the round's calls, in the model's order
+        self._round_calls = []
+        self.messages.extend([tool_result_message(c) for c in calls])
+        self.last_round_calls = calls
+        if calls:
+            self.last_call = calls[-1]
 
-    def _compacted(self, event: Compacted) -> None:
+    def fold_compacted(self, event: Compacted) -> None:
         compaction = event.compaction
         self.messages = list(compaction.messages)
         self.usage = self.usage + compaction.usage
@@ -256,7 +259,7 @@ class RunLog:
         self._archived += 1
         self.archive.append(ArchiveEntry(self._archived, event.round, compaction=compaction))
 
-    def _compaction_failed(self, event: CompactionFailed) -> None:
+    def fold_compaction_failed(self, event: CompactionFailed) -> None:
         error = event.error
         self.usage = self.usage + error.usage
         self.compaction_errors.append(str(error))
@@ -265,7 +268,7 @@ class RunLog:
         self._archived += 1
         self.archive.append(ArchiveEntry(self._archived, event.round, error=error))
 
-    def _stopped(self, event: RunStopped) -> None:
+    def fold_run_stopped(self, event: RunStopped) -> None:
         self.rounds = event.rounds
         self.stop_reason = event.stop_reason
         self.error = event.error
@@ -273,15 +276,15 @@ class RunLog:
 
 
 _HANDLERS: dict[type, Callable[[RunLog, Any], None]] = {
-    RunStarted: RunLog._started,
-    RequestSent: RunLog._sent,
-    RequestFailed: RunLog._failed,
-    ReplyJudged: RunLog._judged,
-    CallFinished: RunLog._finished,
-    RoundEnded: RunLog._round_ended,
-    Compacted: RunLog._compacted,
-    CompactionFailed: RunLog._compaction_failed,
-    RunStopped: RunLog._stopped,
+    RunStarted: RunLog.fold_run_started,
+    RequestSent: RunLog.fold_request_sent,
+    RequestFailed: RunLog.fold_request_failed,
+    ReplyJudged: RunLog.fold_reply_judged,
+    CallFinished: RunLog.fold_call_finished,
+    RoundEnded: RunLog.fold_round_ended,
+    Compacted: RunLog.fold_compacted,
+    CompactionFailed: RunLog.fold_compaction_failed,
+    RunStopped: RunLog.fold_run_stopped,
 }
 
 

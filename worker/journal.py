@@ -200,7 +200,7 @@ class MissionJournal:
                 policy_mode=self.policy_mode,
                 row_id=rows.ids.get((call.round, call.index)),
             )
-            for call in sorted(self.log.calls, key=lambda c: (c.round, c.index))
+            for call in self.log.calls_so_far()
             if (call.round, call.index) not in rows.current
         ]
 

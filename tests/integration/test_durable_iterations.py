@@ -105,9 +105,7 @@ async def test_a_write_in_flight_is_not_run_again_and_the_model_is_told_what_it_
 
     # a write whose tool does not promise to apply a key once (an idempotent one is made
     # again on resume instead: tests/e2e/test_durable_replicas.py)
-    dying = dataclasses.replace(
-        builtin["notes_create"], handler=create_then_die, idempotent=False
-    )
+    dying = dataclasses.replace(builtin["notes_create"], handler=create_then_die, idempotent=False)
     others = [t for t in builtin.values() if t.name != "notes_create"]
 
     def victim_model(request: CompletionRequest) -> CompletionResponse:

@@ -487,9 +487,7 @@ class InMemoryMissionStore:
             "prompt_tokens": checkpoint.prompt_tokens,
             "completion_tokens": checkpoint.completion_tokens,
         }
-        stored = {
-            a["compaction_index"] for a in self.archive if a["iteration_id"] == iteration_id
-        }
+        stored = {a["compaction_index"] for a in self.archive if a["iteration_id"] == iteration_id}
         for row in checkpoint.archive:
             if row.compaction_index in stored:
                 continue
