@@ -241,7 +241,7 @@ class MissionRunner:
 
         model = mission.model or self.default_model
         iteration = mission.iteration  # claim_due started it
-        if iteration is not None:
+        if iteration is not None and iteration.resumable:
             started = iteration
             iteration = await lease.retry(
                 lambda: self.store.resume_details(started), what="reading the checkpoint"

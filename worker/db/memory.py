@@ -141,6 +141,27 @@ class InMemoryMissionStore:
         """Make the next ``times`` calls of ``methods`` (default: any method) raise ``exc``."""
         self._faults.append(_Fault(exc, times, frozenset(methods) if methods else None))
 
+    def clear_faults(self) -> None:
+        """Forget the faults ``fail_next`` asked for."""
+        self._faults.clear()
+
+    def get_iteration(self, iteration_id: int) -> Row:
+        """One iteration with its ``tool_invocations`` and ``compactions``, in the shape of
+        ``AdminStore.get_iteration`` (what replay and rerun read).
+
+        Raises:
+            KeyError: no such iteration.
+        """
+        row = dict(self.iterations[iteration_id])
+        archive = sorted(
+            (a for a in self.archive if a["iteration_id"] == iteration_id),
+            key=lambda a: a["compaction_index"],
+        )
+        return row | {
+            "tool_invocations": [dict(r) for r in self.invocations_of(iteration_id)],
+            "compactions": [dict(a) for a in archive],
+        }
+
     def invocations_of(self, iteration_id: int) -> list[Row]:
         """The ``tool_invocations`` rows of one iteration, in insertion order."""
         return [r for r in self.invocations if r["iteration_id"] == iteration_id]
@@ -311,9 +332,9 @@ class InMemoryMissionStore:
 
     async def resume_details(self, iteration: StartedIteration) -> StartedIteration:
         """See ``MissionStore.resume_details``."""
-        self._enter("resume_details")
         if not iteration.resumable:
             return iteration
+        self._enter("resume_details")
         pending = [
             {k: r[k] for k in ("id", "position", "outcome", "result", "error", "policy_decision")}
             for r in self.invocations_of(iteration.id)
