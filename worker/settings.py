@@ -22,6 +22,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.db.engine import redact_url, to_async_url
 from worker.errors import SettingsError
+from worker.http_url import http_url_problem
+from worker.http_url import redact_url as redact_http_url
 from worker.names import normalised_name
 
 __all__ = [
@@ -632,11 +634,15 @@ class Settings(BaseSettings):
     @field_validator("llm_base_url", "llm_fallback_base_url", "compact_base_url")
     @classmethod
     def _check_llm_base_url(cls, value: str | None) -> str | None:
+        """An http(s) URL the HTTP client can use (``worker.http_url.http_url_problem``:
+        scheme, host, port 1-65535, no whitespace or control characters), without its
+        trailing ``/``."""
         if value is None:
             return None
         value = value.strip()
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
+        problem = http_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value.rstrip("/")
 
     @field_validator("web_allow_domains", "web_deny_domains", mode="before")
@@ -823,6 +829,10 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     return found
 
 
+_HTTP_URL_FIELDS = frozenset({"llm_base_url", "llm_fallback_base_url", "compact_base_url"})
+"""Settings whose value is shown without its password and query values (``?key=…``)."""
+
+
 def _describe(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors(include_url=False):
@@ -833,6 +843,8 @@ def _describe(exc: ValidationError) -> str:
             shown = "'***'"
         elif field == "database_url" and isinstance(value, str):
             shown = repr(redact_url(value))
+        elif field in _HTTP_URL_FIELDS and isinstance(value, str):
+            shown = repr(redact_http_url(value))
         else:
             shown = repr(value)
         lines.append(f"{ENV_PREFIX}{field.upper()}: {message} (got {shown})")

@@ -97,7 +97,9 @@ class OpenAICompatibleChatModel:
 
     Args:
         base_url: the API root, e.g. ``https://api.openai.com/v1`` or ``http://localhost:8000/v1``;
-            requests go to ``{base_url}/chat/completions``. Must be ``http`` or ``https``.
+            requests go to ``{base_url}/chat/completions``. Must be ``http`` or ``https``
+            with a host; ``ValueError`` otherwise (also for what httpx cannot parse: a bad
+            port, a control character).
         api_key: sent as ``Authorization: Bearer <api_key>`` when set; no header when ``None``.
         default_model: model name used when ``CompletionRequest.model`` is ``None``. When both are
             ``None`` the ``model`` field is left out of the request body: endpoints that serve a
@@ -158,9 +160,16 @@ class OpenAICompatibleChatModel:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_response_bytes_name: str = "max_response_bytes",
     ) -> None:
-        url = httpx.URL(base_url)
+        try:
+            url = httpx.URL(base_url)
+        except httpx.InvalidURL as exc:  # a ValueError-like refusal, as for any bad argument
+            raise ValueError(f"base_url is not a usable URL ({exc})") from None
         if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+            raise ValueError(
+                f"base_url must be an http(s) URL with a host, got {shown_url(base_url)!r}"
+            )
+        if url.port is not None and not 1 <= url.port <= 65535:
+            raise ValueError(f"base_url has an invalid port ({url.port}); a port is 1 to 65535")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if timeout_s <= 0 or backoff_initial_s < 0 or backoff_max_s < 0:

@@ -26,6 +26,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.errors import DatabaseError
+from worker.terminal_text import describe_char
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -55,12 +56,20 @@ def to_async_url(url: str) -> str:
     (credentials, host, port, database, other parameters) is kept as is.
 
     Raises:
-        ValueError: the text is not a URL, or its scheme is not one of the three above. The
-            message never contains the password.
+        ValueError: the text is not a URL (a port that is no number from 1 to 65535, a
+            bracket left open, a control character), or its scheme is not one of the three
+            above. The message never contains the password.
     """
+    url = url.strip()
+    hidden = next((c for c in url if not c.isprintable()), None)
+    if hidden is not None:
+        raise ValueError(
+            f"must not contain control or invisible characters ({describe_char(hidden)} at "
+            f"position {url.index(hidden) + 1}); percent-encode it"
+        )
     try:
-        parsed = make_url(url.strip())
-    except ArgumentError:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: SQLAlchemy's int() of a bad port
         raise ValueError(
             "not a database URL; expected postgresql://user:password@host:port/database"
         ) from None
@@ -69,6 +78,8 @@ def to_async_url(url: str) -> str:
             f"unsupported scheme {parsed.drivername + '://'!r}; "
             "use postgresql://, postgres:// or postgresql+asyncpg://"
         )
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ValueError(f"has an invalid port ({parsed.port}); a port is 1 to 65535")
     parsed = parsed.set(drivername="postgresql+asyncpg")
     if "sslmode" in parsed.query:
         sslmode = parsed.query["sslmode"]
@@ -82,7 +93,7 @@ def redact_url(url: str) -> str:
     """``url`` with the password replaced by ``***``, for logs and error messages."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return "(unparseable URL)"
 
 
