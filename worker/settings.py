@@ -589,9 +589,9 @@ class Settings(BaseSettings):
         le=10_000_000,
         description=(
             "Characters of one MCP tool result (its text, or its structured content as JSON) "
-            "an agent gets at most; a longer result is cut and says so. Its reply is read at "
-            "most 6 bytes a character + 64 KiB (JSON escapes, the envelope), and cut while it "
-            "is read past that. Default 20000."
+            "an agent gets at most (100 to 10000000); a longer result is cut and says so. Its "
+            "reply is read at most 6 bytes a character + 64 KiB (JSON escapes, the envelope), "
+            "and cut while it is read past that. Default 20000."
         ),
     )
 
