@@ -76,6 +76,7 @@ async def open_database(
         max_overflow=settings.db_max_overflow,
         pgbouncer=settings.pgbouncer,
         application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
     )
     try:
         await check_connection(engine)
@@ -122,6 +123,7 @@ async def gate_lane(settings: Settings, engine: AsyncEngine) -> AsyncIterator[As
         max_overflow=0,
         pgbouncer=settings.pgbouncer,
         application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
     )
     try:
         yield lane

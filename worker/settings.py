@@ -173,6 +173,19 @@ class Settings(BaseSettings):
             "returned (0-1000); the worker never holds more than the sum. Default 0."
         ),
     )
+    db_statement_timeout_s: float = Field(
+        default=60.0,
+        ge=1,
+        le=HOUR_S,
+        description=(
+            "Seconds (1 to 3600) one database statement may wait for the server's answer "
+            "before it fails as a transient fault (asyncpg's command_timeout), so a "
+            "connection whose server or network went silent (a black hole, a frozen "
+            "failover) fails like a lost one and is retried where writes are retried, "
+            "instead of hanging its mission. Applies to every statement, migrations "
+            "included. Default 60."
+        ),
+    )
     db_pgbouncer: Literal["auto"] | bool = Field(
         default="auto",
         description=(

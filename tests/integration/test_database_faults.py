@@ -287,3 +287,39 @@ async def test_data_the_database_refuses_is_stored_as_a_failure_with_its_log(
         async with db.begin() as conn:
             await conn.execute(text("DROP TRIGGER refuse_clock ON tool_invocations"))
             await conn.execute(text("DROP FUNCTION refuse_clock()"))
+
+
+async def test_a_statement_on_a_black_holed_connection_fails_in_time_and_is_retried(
+    proxy: FlakyProxy, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The network drops every byte (no reset, no refusal): a statement used to wait for
+    ever. With MANA_AI_DB_STATEMENT_TIMEOUT_S it fails as a transient fault, and a caller
+    that retries (``retry_transient``, as storing a run's end does) gets its answer once the
+    network is back."""
+    import time
+
+    from worker.app import open_database
+    from worker.db.engine import run_statement
+    from worker.db.transient import retry_transient
+    from worker.settings import Settings
+
+    settings = Settings(database_url=proxy.url_for(database_url), db_statement_timeout_s=1)
+    attempts = 0
+
+    async def select_one() -> Any:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 2:
+            proxy.restore()  # the second attempt finds the network back
+        return await run_statement(engine, text("SELECT 1 AS one"))
+
+    async with open_database(settings, migrate=False) as engine:
+        proxy.black_hole()
+        async with asyncio.timeout(60):  # a guard: without the timeout it never returns
+            rows = await retry_transient(
+                select_one, deadline=time.monotonic() + 30, what="the test's statement"
+            )
+    assert [dict(r) for r in rows] == [{"one": 1}]
+    assert attempts == 2
+    [retried] = [r.getMessage() for r in caplog.records if "the test's statement" in r.getMessage()]
+    assert retried.startswith("the test's statement failed (attempt 1: TimeoutError: no answer")

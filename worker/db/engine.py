@@ -106,6 +106,7 @@ def create_engine(
     connect_timeout_s: float = 10.0,
     pgbouncer: bool = False,
     pool_timeout_s: float = 30.0,
+    statement_timeout_s: float | None = 60.0,
 ) -> AsyncEngine:
     """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts).
 
@@ -121,7 +122,11 @@ def create_engine(
     SQLAlchemy's documented pessimistic disconnect handling with a ``checkout`` event in
     place of ``pool_pre_ping``. Connections are recycled after 30 minutes.
     ``application_name`` shows up in ``pg_stat_activity``. A server that accepts the TCP
-    connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s).
+    connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s),
+    and a statement whose answer does not come within ``statement_timeout_s`` (asyncpg's
+    ``command_timeout``; ``None``: wait for ever) raises ``TimeoutError``, a transient failure
+    (``worker.db.transient``) that the callers that retry retry; the connection it was on is
+    not returned to the pool if it does not answer its reset either.
 
     ``pgbouncer=True`` is for PgBouncer in transaction pooling mode, where consecutive
     transactions of one client connection may run on different server connections: asyncpg's
@@ -136,6 +141,8 @@ def create_engine(
         "server_settings": {"application_name": application_name},
         "timeout": connect_timeout_s,
     }
+    if statement_timeout_s is not None:
+        connect_args["command_timeout"] = statement_timeout_s
     if pgbouncer:
         connect_args |= {
             "statement_cache_size": 0,
