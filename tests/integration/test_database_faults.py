@@ -323,3 +323,49 @@ async def test_a_statement_on_a_black_holed_connection_fails_in_time_and_is_retr
     assert attempts == 2
     [retried] = [r.getMessage() for r in caplog.records if "the test's statement" in r.getMessage()]
     assert retried.startswith("the test's statement failed (attempt 1: TimeoutError: no answer")
+
+
+async def test_a_worker_started_during_an_outage_waits_for_the_database(
+    proxy: FlakyProxy, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from worker.app import wait_for_database
+    from worker.settings import Settings
+
+    settings = Settings(database_url=proxy.url_for(database_url))
+    await proxy.outage(1.0)  # the database comes back by itself
+    await wait_for_database(settings, wait_s=30)  # was: exit 1 at once
+    retried = [
+        r.getMessage() for r in caplog.records if "connecting to PostgreSQL" in r.getMessage()
+    ]
+    assert retried, "each failed attempt is logged"
+    assert retried[0].startswith("connecting to PostgreSQL at postgresql+asyncpg://")
+    assert "failed (attempt 1: " in retried[0]
+
+
+async def test_a_database_that_stays_down_fails_the_start_with_the_clear_error(
+    proxy: FlakyProxy, database_url: str
+) -> None:
+    from worker.app import wait_for_database
+    from worker.errors import DatabaseError
+    from worker.settings import Settings
+
+    settings = Settings(database_url=proxy.url_for(database_url))
+    await proxy.outage(3600)
+    with pytest.raises(DatabaseError, match=r"^could not connect to PostgreSQL at "):
+        await wait_for_database(settings, wait_s=0.3)
+
+
+async def test_a_failure_that_is_not_transient_fails_the_start_at_once(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sqlalchemy.engine import make_url
+
+    from worker.app import wait_for_database
+    from worker.errors import DatabaseError
+    from worker.settings import Settings
+
+    missing = make_url(database_url).set(database="no_such_database_here")
+    settings = Settings(database_url=missing.render_as_string(hide_password=False))
+    with pytest.raises(DatabaseError, match="no_such_database_here"):
+        await wait_for_database(settings, wait_s=3600)  # would wait an hour if it retried
+    assert not [r for r in caplog.records if "connecting to PostgreSQL" in r.getMessage()]

@@ -256,19 +256,36 @@ def _connection_broken(exc: DBAPIError) -> bool:
     return exc.connection_invalidated or isinstance(exc, InterfaceError | InternalError)
 
 
-async def check_connection(engine: AsyncEngine) -> None:
-    """Open one connection and run ``SELECT 1``.
+async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
+    """Open one connection and run ``SELECT 1``; with ``wait_s`` > 0, retry a transient
+    failure (``worker.db.transient``: refused, reset, DNS, the server starting up or shutting
+    down, no slot free) with backoff for up to ``wait_s`` seconds, one warning line per
+    failed attempt (``connecting to PostgreSQL at … failed (attempt 3: …); retrying in 2.00
+    s``). A failure that is not transient (a wrong password, no such database) fails at once.
 
     Raises:
         DatabaseError: naming the database (without its password) and the reason, e.g.
             ``could not connect to PostgreSQL at postgresql+asyncpg://u:***@db/x:
             ConnectionRefusedError: [Errno 111] Connect call failed``.
     """
-    try:
+    from worker.db.transient import retry_transient  # it imports this module
+
+    where = engine.url.render_as_string(hide_password=True)
+
+    async def select_one() -> None:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
+
+    try:
+        if wait_s > 0:
+            await retry_transient(
+                select_one,
+                deadline=time.monotonic() + wait_s,
+                what=f"connecting to PostgreSQL at {where}",
+            )
+        else:
+            await select_one()
     except (SQLAlchemyError, OSError) as exc:
-        where = engine.url.render_as_string(hide_password=True)
         detail = describe_error(exc)
         if "prepared statement" in detail and not behind_pgbouncer(engine):
             # what asyncpg's statement cache meets behind PgBouncer in transaction mode
