@@ -341,7 +341,7 @@ class _Session:
             text = f"{exc.message} (MCP error {exc.code})"
             if exc.code == CONNECTION_CLOSED and self.server.transport == "stdio":
                 text += "; the server process exited or closed its output (what it wrote to "
-                text += "stderr is in the worker's log, as 'MCP server NAME (stderr): …')"
+                text += "stderr is in the worker's log)"
         elif isinstance(exc, ValidationError):
             where = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]
