@@ -6,7 +6,8 @@ Tree::
     ├── LLMError                      the chat model could not produce a usable completion
     │   ├── LLMConnectionError        connect / read failure, timeout (after retries)
     │   ├── LLMStatusError            the endpoint answered a non-2xx status (after retries)
-    │   └── LLMResponseError          the endpoint answered 2xx with something unusable
+    │   └── LLMResponseError          the endpoint answered something unusable (a 2xx that is
+    │                                 no chat completion, an answer that is not valid HTTP)
     ├── ToolRegistryError             a tool registry was built wrong (duplicate name, bad schema)
     ├── ToolError                     raised by a tool handler: its message is the call's error
     └── RunInterrupted                the run cannot go on for a reason that is not the model's
@@ -73,7 +74,8 @@ class LLMStatusError(LLMError):
 
 
 class LLMResponseError(LLMError):
-    """The endpoint answered 2xx but the body is not a usable chat completion."""
+    """The endpoint answered something unusable: a 2xx whose body is not a usable chat
+    completion, or an answer the HTTP client could not read at all (not valid HTTP)."""
 
 
 class ToolRegistryError(PlannerError):

@@ -48,6 +48,7 @@ __all__ = [
     "open_app",
     "open_database",
     "open_served_tools",
+    "wait_for_database",
     "web_fetch_config",
 ]
 
@@ -76,6 +77,7 @@ async def open_database(
         max_overflow=settings.db_max_overflow,
         pgbouncer=settings.pgbouncer,
         application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
     )
     try:
         await check_connection(engine)
@@ -92,6 +94,37 @@ async def open_database(
                     f"this mana-ai needs {head}: run `mana-ai db upgrade` first"
                 )
         yield engine
+    finally:
+        await engine.dispose()
+
+
+DATABASE_START_WAIT_S = 60.0
+"""Seconds ``mana-ai worker`` waits at start for a database that is not reachable yet."""
+
+
+async def wait_for_database(settings: Settings, *, wait_s: float = DATABASE_START_WAIT_S) -> None:
+    """Return once the configured database answers, retrying transient failures (refused,
+    reset, the server starting up) with backoff for up to ``wait_s`` seconds, a log line per
+    attempt (``check_connection``): a daemon started during an outage, or before its
+    database in a deployment, rides it out as a running one does. The embedded database
+    (``MANA_AI_DATABASE_URL`` unset) is started, not waited for: nothing to do.
+
+    Raises:
+        DatabaseError: still unreachable after ``wait_s``, or a failure that is not
+            transient (at once): the error ``open_database`` gives.
+    """
+    if settings.database_url is None:
+        return
+    engine = create_engine(
+        settings.database_url,
+        pool_size=1,
+        max_overflow=0,
+        pgbouncer=settings.pgbouncer,
+        application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
+    )
+    try:
+        await check_connection(engine, wait_s=wait_s)
     finally:
         await engine.dispose()
 
@@ -122,6 +155,7 @@ async def gate_lane(settings: Settings, engine: AsyncEngine) -> AsyncIterator[As
         max_overflow=0,
         pgbouncer=settings.pgbouncer,
         application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
     )
     try:
         yield lane

@@ -5,7 +5,9 @@ A claim leases a mission for ``lease`` (``MANA_AI_LEASE_S``). While missions run
 id = ANY(…) AND lease_owner = worker RETURNING id`` (``MissionStore.renew_leases``). A mission
 missing from what comes back was taken over by another worker: its run is told (its event is
 set) and cancelled, so it writes nothing more. A renewal that fails (a database blip) is
-logged and tried again a period later; the leases still have two thirds of their time.
+logged and tried again a period later; the leases still have two thirds of their time. A
+transient failure (``worker.db.transient``) is one warning line with its cause; anything else
+is logged with its traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from worker.db.base import MissionStore
-from worker.db.transient import retry_transient
+from worker.db.engine import describe_error
+from worker.db.transient import is_transient, retry_transient
 
 __all__ = ["HeldLease", "LeaseKeeper"]
 
@@ -138,5 +141,10 @@ class LeaseKeeper:
             await asyncio.sleep(period)
             try:
                 await self.renew_now()
-            except Exception:  # a blip: the leases still have 2/3 of their time left
-                logger.exception("lease renewal failed; retrying in %.1f s", period)
+            except Exception as exc:  # the leases still have 2/3 of their time left
+                if is_transient(exc):  # a blip: one line, its cause
+                    logger.warning(
+                        "lease renewal failed (%s); retrying in %.1f s", describe_error(exc), period
+                    )
+                else:
+                    logger.exception("lease renewal failed; retrying in %.1f s", period)

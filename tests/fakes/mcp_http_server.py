@@ -15,6 +15,10 @@ the server could send its whole answer (``finished``: ``False`` when the client 
 first) and how many bytes it sent; ``wait_for_call(name)`` waits until the server is done
 with one (a call cut while read is recorded only when the server notices the hang-up).
 
+``errors={"tools/call": (500, "upstream died")}`` answers every POST of that method with
+that status and body (``application/json`` when the body starts with ``{``, else text), as
+a server behind a proxy that refuses the token (401) or fails (500) does.
+
 Example::
 
     with FakeMcpHttpServer(sse=True) as server:
@@ -50,9 +54,16 @@ class RecordedCall:
 class FakeMcpHttpServer:
     """See the module docstring."""
 
-    def __init__(self, *, sse: bool = False, gzip: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        sse: bool = False,
+        gzip: bool = False,
+        errors: dict[str, tuple[int, str]] | None = None,
+    ) -> None:
         self.sse = sse
         self.gzip = gzip
+        self.errors = dict(errors or {})
         self.calls: list[RecordedCall] = []
         self._recorded = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
@@ -145,6 +156,16 @@ def _make_handler(server: FakeMcpHttpServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             message = json.loads(self.rfile.read(length) or b"{}")
+            failure = server.errors.get(str(message.get("method"))) if message else None
+            if failure is not None:
+                status, text = failure
+                self.send_response(status)
+                json_body = text.startswith("{")
+                self.send_header("Content-Type", "application/json" if json_body else "text/plain")
+                self.send_header("Content-Length", str(len(text.encode())))
+                self.end_headers()
+                self.wfile.write(text.encode())
+                return
             outgoing = replies(message) if isinstance(message, dict) else []
             if not outgoing:
                 self._status(202)

@@ -15,6 +15,10 @@ Tools, with what a real server may send:
 
 ``--mode hang`` reads but never answers (not even the handshake); ``--mode exit`` exits at
 once.
+``--mode stderr`` writes hostile lines to its stderr before it serves (``STDERR_LINES``:
+the tester's ``boom \x1b[31m``, bidi and C1 controls, bytes that are not UTF-8, a line of
+10,000 bytes); ``--mode stderrflood`` writes 100,000 lines and then a line of 5 MB without
+an end, then serves, and writes ``flooded`` to ``--log FILE`` when it has written them all.
 ``--mode odd`` is a hand-written JSON-RPC server (as servers built without this SDK are) whose
 listing holds what the SDK's own server would refuse to send (``ODD_TOOLS``: a remote
 ``$ref``, no name, names too long, clashing or not ASCII, a huge description, an invalid
@@ -110,6 +114,30 @@ ODD_TOOLS: list[dict[str, Any]] = [
         "annotations": {"readOnlyHint": True},
     },
 ]
+
+
+STDERR_LINES = [
+    b"boom \x1b[31m",
+    b"title \x1b]0;pwned\x07 c1 \xc2\x9b31m bidi \xe2\x80\xaeevil",
+    b"not utf-8 \xff\xfe",
+    b"long " + b"x" * 10_000,
+]
+"""What ``--mode stderr`` writes to stderr, one line each."""
+
+
+def write_stderr(mode: str, log: Path | None) -> None:
+    err = sys.stderr.buffer
+    if mode == "stderr":
+        err.write(b"".join(line + b"\n" for line in STDERR_LINES))
+    else:  # stderrflood
+        line = b"flood " + b"f" * 94 + b"\n"
+        for _ in range(1000):
+            err.write(line * 100)
+        err.write(b"endless " * (5 * 1024 * 1024 // 8))
+    err.flush()
+    if log is not None and mode == "stderrflood":
+        with log.open("a") as f:
+            f.write("flooded\n")
 
 
 def serve_raw(log: Path | None) -> None:
@@ -216,9 +244,16 @@ async def serve(log: Path | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", default="serve", choices=("serve", "hang", "exit", "odd", "raw"))
+    parser.add_argument(
+        "--mode",
+        default="serve",
+        choices=("serve", "hang", "exit", "odd", "raw", "stderr", "stderrflood"),
+    )
     parser.add_argument("--log", type=Path)
     args = parser.parse_args()
+    if args.mode in ("stderr", "stderrflood"):
+        write_stderr(args.mode, args.log)
+        args.mode, args.log = "serve", None
     if args.mode == "exit":
         print("fake MCP server: exiting at once", file=sys.stderr)
         sys.exit(3)

@@ -331,3 +331,85 @@ async def test_data_the_database_refuses_is_stored_as_a_failure_with_its_log(
         async with db.begin() as conn:
             await conn.execute(text("DROP TRIGGER refuse_clock ON tool_invocations"))
             await conn.execute(text("DROP FUNCTION refuse_clock()"))
+
+
+async def test_a_statement_on_a_black_holed_connection_fails_in_time_and_is_retried(
+    proxy: FlakyProxy, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The network drops every byte (no reset, no refusal): a statement used to wait for
+    ever. With MANA_AI_DB_STATEMENT_TIMEOUT_S it fails as a transient fault, and a caller
+    that retries (``retry_transient``, as storing a run's end does) gets its answer once the
+    network is back."""
+    import time
+
+    from worker.app import open_database
+    from worker.db.engine import run_statement
+    from worker.db.transient import retry_transient
+    from worker.settings import Settings
+
+    settings = Settings(database_url=proxy.url_for(database_url), db_statement_timeout_s=1)
+    attempts = 0
+
+    async def select_one() -> Any:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 2:
+            proxy.restore()  # the second attempt finds the network back
+        return await run_statement(engine, text("SELECT 1 AS one"))
+
+    async with open_database(settings, migrate=False) as engine:
+        proxy.black_hole()
+        async with asyncio.timeout(60):  # a guard: without the timeout it never returns
+            rows = await retry_transient(
+                select_one, deadline=time.monotonic() + 30, what="the test's statement"
+            )
+    assert [dict(r) for r in rows] == [{"one": 1}]
+    assert attempts == 2
+    [retried] = [r.getMessage() for r in caplog.records if "the test's statement" in r.getMessage()]
+    assert retried.startswith("the test's statement failed (attempt 1: TimeoutError: no answer")
+
+
+async def test_a_worker_started_during_an_outage_waits_for_the_database(
+    proxy: FlakyProxy, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from worker.app import wait_for_database
+    from worker.settings import Settings
+
+    settings = Settings(database_url=proxy.url_for(database_url))
+    await proxy.outage(1.0)  # the database comes back by itself
+    await wait_for_database(settings, wait_s=30)  # was: exit 1 at once
+    retried = [
+        r.getMessage() for r in caplog.records if "connecting to PostgreSQL" in r.getMessage()
+    ]
+    assert retried, "each failed attempt is logged"
+    assert retried[0].startswith("connecting to PostgreSQL at postgresql+asyncpg://")
+    assert "failed (attempt 1: " in retried[0]
+
+
+async def test_a_database_that_stays_down_fails_the_start_with_the_clear_error(
+    proxy: FlakyProxy, database_url: str
+) -> None:
+    from worker.app import wait_for_database
+    from worker.errors import DatabaseError
+    from worker.settings import Settings
+
+    settings = Settings(database_url=proxy.url_for(database_url))
+    await proxy.outage(3600)
+    with pytest.raises(DatabaseError, match=r"^could not connect to PostgreSQL at "):
+        await wait_for_database(settings, wait_s=0.3)
+
+
+async def test_a_failure_that_is_not_transient_fails_the_start_at_once(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sqlalchemy.engine import make_url
+
+    from worker.app import wait_for_database
+    from worker.errors import DatabaseError
+    from worker.settings import Settings
+
+    missing = make_url(database_url).set(database="no_such_database_here")
+    settings = Settings(database_url=missing.render_as_string(hide_password=False))
+    with pytest.raises(DatabaseError, match="no_such_database_here"):
+        await wait_for_database(settings, wait_s=3600)  # would wait an hour if it retried
+    assert not [r for r in caplog.records if "connecting to PostgreSQL" in r.getMessage()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -180,3 +181,67 @@ def test_a_killed_server_nobody_reaps_is_named_and_its_clients_exit_cleanly(
     assert (held.returncode, err) == (0, "")
     again = mana_ai(pgdata.parent, "agents", "list")
     assert (again.returncode, again.stdout) == (0, "(none)\n"), again.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "named"),
+    [
+        ("with space", "U+0020 SPACE"),  # the tester's: postgres: invalid argument: "space/…"
+        ("a,b", "U+002C COMMA"),  # PostgreSQL would read two socket directories
+        ("a;b", "U+003B SEMICOLON"),  # the shell would read two commands
+        ("it's", "U+0027 APOSTROPHE"),
+    ],
+)
+def test_a_data_directory_the_embedded_server_cannot_use_is_refused_before_anything_is_made(
+    name: str,
+    named: str,
+    embedded_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
+    from worker.cli import main
+    from worker.db.embedded import start_embedded_postgres
+    from worker.errors import SettingsError
+
+    data_dir = embedded_dir / name / "d"
+    with pytest.raises(SettingsError) as caught:
+        start_embedded_postgres(data_dir / "pgdata")
+    message = str(caught.value)
+    assert message.startswith(
+        f"MANA_AI_DATA_DIR: the embedded PostgreSQL cannot run in {data_dir}/pgdata: its path "
+        f"holds {named}"
+    ), message
+    assert message.endswith("or set MANA_AI_DATABASE_URL to a PostgreSQL server")
+    assert not (embedded_dir / name).exists()  # nothing made, no server tried
+
+    monkeypatch.delenv("MANA_AI_DATABASE_URL", raising=False)
+    monkeypatch.setenv("MANA_AI_DATA_DIR", str(data_dir))
+    assert main(["agents", "list"]) == 2  # was 1, with a CalledProcessError's long text
+    err = capsys.readouterr().err
+    assert "mana-ai: invalid settings: MANA_AI_DATA_DIR: the embedded PostgreSQL" in err
+    assert "CalledProcessError" not in err and "Traceback" not in err
+
+
+def test_a_data_directory_with_the_other_characters_a_path_may_hold_works(
+    embedded_dir: Path,
+) -> None:
+    from worker.db.embedded import start_embedded_postgres, stop_embedded_postgres
+
+    pgdata = embedded_dir / "données-1.2+x@y=z:w%v~u_t" / "pgdata"
+    url = start_embedded_postgres(pgdata, cleanup_mode="stop")
+    try:
+        assert url.startswith("postgresql+asyncpg://postgres@/mana_ai?host=")
+        asyncio.run(_select_one(url))  # the URL reaches the server through that path
+    finally:
+        stop_embedded_postgres(pgdata)
+    assert server_pid(pgdata) is None
+
+
+async def _select_one(url: str) -> None:
+    from worker.db.engine import check_connection, create_engine
+
+    engine = create_engine(url, pool_size=1, max_overflow=0)
+    try:
+        await check_connection(engine)
+    finally:
+        await engine.dispose()

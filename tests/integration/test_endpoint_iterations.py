@@ -176,3 +176,18 @@ async def test_the_fallback_answers_and_each_round_records_who_answered(
     shown = capsys.readouterr().out
     assert "[assistant via fallback] It is noon." in shown
     assert "[assistant via fallback] calls clock_now({})" in shown
+
+
+async def test_an_answer_with_a_header_no_client_parses_is_a_failed_iteration_not_a_crash(
+    db: AsyncEngine, server: FakeLLMServer, chat_model: Any
+) -> None:
+    # was failed / crashed / "internal error: ClientResponseError: 400, …" with a traceback
+    server.enqueue_header_flood(value_bytes=9000)
+    mission_id = await add_mission(db)
+    assert await make_worker(db, chat_model()).run_once() == ["failed"]
+    [it] = await iterations(db)
+    assert (it["status"], it["stop_reason"]) == ("failed", "llm_error")
+    assert "sent an answer that is not valid HTTP (Got more than 8190 bytes" in it["error"]
+    assert it["error"].endswith("(after 1 attempt; not retried)")
+    assert len(server.requests) == 1
+    assert (await mission_row(db, mission_id))["last_error"] == it["error"]

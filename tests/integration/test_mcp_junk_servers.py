@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 import time
 import tracemalloc
@@ -198,3 +199,47 @@ async def test_each_bad_tool_is_left_out_alone_and_the_others_run(
         assert raw.problems == [f"MCP server raw: {reason}" for reason in LEFT_OUT]
         assert await raw.call("echo", text="hi") == "hi"
         assert await raw.call("note", text="n") == "noted: n"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        # the tester's: both were "Server returned an error response (MCP error -32603)"
+        (401, '{"error": "invalid_token"}', 'HTTP 401 Unauthorized: {"error": "invalid_token"}'),
+        (500, "upstream died\n", "HTTP 500 Internal Server Error: upstream died"),
+        (503, "", "HTTP 503 Service Unavailable"),
+    ],
+)
+async def test_an_http_servers_error_status_is_said_when_it_cannot_be_listed(
+    status: int, body: str, said: str
+) -> None:
+    with FakeMcpHttpServer(errors={"initialize": (status, body)}) as http:
+        server = McpServerConfig(name="web", transport="http", url=http.url)
+        async with contextlib.AsyncExitStack() as stack:
+            opened = await McpToolSources().open([server], stack)
+    [problem] = opened.problems
+    assert f"could not connect and list its tools: {said} (MCP error -32603)" in problem
+
+
+async def test_an_error_status_of_a_call_says_it_and_a_json_rpc_error_in_it(
+    tmp_path: Path,
+) -> None:
+    with FakeMcpHttpServer() as http:
+        server = McpServerConfig(name="raw", transport="http", url=http.url)
+        async with contextlib.AsyncExitStack() as stack:
+            opened = await McpToolSources().open([server], stack)
+            echo = {t.name: t for t in opened.tools}["raw__echo"]
+            ctx = ToolContext(user_id="u1")
+            http.errors["tools/call"] = (502, "<html>Bad Gateway</html>")
+            with pytest.raises(McpToolError) as caught:
+                await echo.handler({"text": "hi"}, ctx)
+            assert str(caught.value) == (
+                "MCP server raw: HTTP 502 Bad Gateway: <html>Bad Gateway</html> (MCP error -32603)"
+            )
+            refused = {"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": "no"}}
+            http.errors["tools/call"] = (400, json.dumps(refused))
+            with pytest.raises(McpToolError) as caught:
+                await echo.handler({"text": "hi"}, ctx)
+            assert (
+                str(caught.value) == "MCP server raw: HTTP 400 Bad Request: no (MCP error -32602)"
+            )

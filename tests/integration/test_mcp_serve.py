@@ -24,6 +24,7 @@ from worker.app import open_served_tools
 from worker.db.mcp import McpStore
 from worker.db.policy import PolicyStore
 from worker.db.tables import notes, tool_invocations
+from worker.mcp.serve_health import DatabaseHealth, ping_database
 from worker.mcp.server import McpHttpServer, build_http_app
 from worker.settings import Settings
 
@@ -46,11 +47,17 @@ CALL_DELETE = {
 
 
 @asynccontextmanager
-async def serving(database_url: str, **settings: Any) -> AsyncIterator[McpHttpServer]:
-    """``mcp serve`` as the command wires it (``open_served_tools``), on a free port."""
+async def serving(
+    database_url: str, *, fresh_health: bool = False, **settings: Any
+) -> AsyncIterator[McpHttpServer]:
+    """``mcp serve`` as the command wires it (``open_served_tools``), on a free port;
+    ``fresh_health``: ``/healthz`` checks the database on every probe (no cached verdict)."""
     config = Settings(database_url=database_url, mcp_host="127.0.0.1", mcp_port=0, **settings)
     async with open_served_tools(config) as (served, store):
-        app = build_http_app(served, store, host=config.mcp_host)
+        health = None
+        if fresh_health:
+            health = DatabaseHealth(lambda: ping_database(store.engine), cache_s=0)
+        app = build_http_app(served, store, host=config.mcp_host, health=health)
         server = McpHttpServer(app, config.mcp_host, config.mcp_port)
         task = asyncio.create_task(server.serve())
         try:
@@ -317,6 +324,57 @@ async def test_metrics_and_health_need_no_token(db: AsyncEngine, database_url: s
             section("### Metrics and health").split("`mana-ai mcp serve` has no tick", 1)[1]
         ),
     ]
-    assert documented == [(200, {"status": "ok"})] * 2
+    assert [d for d in documented if d[0] == 200] == [(200, {"status": "ok"})] * 2
     assert (health.status_code, health.json()) == documented[0]
     assert scraped.status_code == 200 and "mana_ai_policy_decisions_total" in scraped.text
+
+
+async def test_while_its_database_is_down_healthz_says_503_and_mcp_answers_503_cleanly(
+    db: AsyncEngine, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.fakes.db_proxy import FlakyProxy
+
+    _, token = await token_for(db, "alice")
+    async with (
+        FlakyProxy(database_url) as proxy,
+        serving(proxy.url_for(database_url), fresh_health=True) as server,
+    ):
+        base = server.url.removesuffix("/mcp")
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+        }
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.get(f"{base}/healthz")).status_code == 200
+            await proxy.outage(3600)  # every connection cut, new ones refused
+            health = await http.get(f"{base}/healthz")
+            caplog.clear()
+            answer = await http.post(server.url, json=INITIALIZE, headers=headers)
+    # was 200 {"status": "ok"} while every /mcp request failed
+    assert health.status_code == 503
+    assert health.json()["status"] == "unavailable"
+    assert health.json()["error"].startswith("the database is unreachable (")
+    assert "127.0.0.1" not in health.text  # no address to whoever asks
+    documented = documented_responses(section("### Metrics and health"))
+    assert (503, {"status", "error"}) in [(code, set(body)) for code, body in documented]
+    # was a bare 500 and a uvicorn traceback in the log
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
+    assert answer.json()["error"]["message"] == "mana-ai's database is unavailable; try again later"
+    assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
+    [line] = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
+    assert line.startswith("MCP request POST /mcp answered 503: the database is unavailable (")
+
+
+async def test_healthz_recovers_with_the_database(db: AsyncEngine, database_url: str) -> None:
+    from tests.fakes.db_proxy import FlakyProxy
+
+    async with (
+        FlakyProxy(database_url) as proxy,
+        serving(proxy.url_for(database_url), fresh_health=True) as server,
+    ):
+        base = server.url.removesuffix("/mcp")
+        async with httpx.AsyncClient(timeout=30) as http:
+            await proxy.outage(1.0)
+            assert (await http.get(f"{base}/healthz")).status_code == 503
+            await proxy.back_up()
+            assert (await http.get(f"{base}/healthz")).json() == {"status": "ok"}

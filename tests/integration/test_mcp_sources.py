@@ -328,3 +328,77 @@ async def test_a_call_past_the_tool_timeout_is_stopped(db: AsyncEngine) -> None:
     assert await worker.run_once() == ["succeeded"]
     [call] = await calls(db)
     assert call["error"] == "fs__slow timed out after 0.5 s and was stopped; it returned nothing"
+
+
+def stderr_records(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "worker.mcp.stdio" and "stderr" in r.getMessage()
+    ]
+
+
+async def test_a_servers_stderr_is_logged_line_by_line_naming_it_and_never_copied_raw(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import contextlib
+
+    caplog.set_level(logging.INFO, logger="worker.mcp.stdio")
+    server = stdio("hs", "--mode", "stderr")
+    async with contextlib.AsyncExitStack() as stack:
+        opened = await McpToolSources().open([server], stack)
+        assert "hs__echo" in {t.name for t in opened.tools}  # the session works meanwhile
+    named = f"MCP server {server.describe()} (stderr): "
+    assert stderr_records(caplog) == [
+        named + "boom \\u001b[31m",  # the tester's: a raw ESC reached the terminal
+        named + "title \\u001b]0;pwned\\u0007 c1 \\u009b31m bidi \\u202eevil",
+        named + "not utf-8 \\xff\\xfe",
+        named + "long " + "x" * 2043 + " … (7957 more bytes not logged)",
+    ]
+    # nothing of it went to this process's own stderr (the SDK's way: the worker's fd 2)
+    assert "boom" not in capfd.readouterr().err
+
+
+async def test_a_stderr_flood_neither_blocks_the_server_nor_floods_the_log(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    import contextlib
+
+    caplog.set_level(logging.INFO, logger="worker.mcp.stdio")
+    log = tmp_path / "server.log"
+    async with contextlib.AsyncExitStack() as stack:
+        opened = await McpToolSources().open(
+            [stdio("fl", "--mode", "stderrflood", "--log", str(log))], stack
+        )
+        assert "fl__echo" in {t.name for t in opened.tools}
+    assert log.read_text() == "flooded\n"  # it wrote all 100,000 lines and 5 MB: read, dropped
+    records = stderr_records(caplog)
+    assert 100 <= len(records) < 1000  # a burst, then 10 a second, of 100,001 lines
+    assert "line(s) before it not logged: more than 10 a second" in " ".join(records)
+    [endless] = [r for r in records if "endless" in r]
+    assert f" … ({5 * 1024 * 1024 - 2048} more bytes not logged)" in endless
+
+
+async def test_with_json_logs_a_servers_stderr_is_json_lines_too(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    monkeypatch.setenv("MANA_AI_LOG_FORMAT", "json")
+    mcp = f"hs=stdio:{sys.executable} {FAKE} --mode stderr"
+    code, _, err = await asyncio.to_thread(
+        run, "agents", "add", "--name", "a", "--owner", "u", "--mcp", mcp
+    )
+    assert code == 0, err
+    added = await asyncio.to_thread(
+        run, "missions", "add", "--agent", "a", "--objective", "x", "--due-now"
+    )
+    assert added[0] == 0
+    code, _, err = await asyncio.to_thread(run, "tick", "--once")
+    assert code == 1  # the LLM is unreachable: the run fails
+    logged = [line for line in err.splitlines() if not line.startswith("mana-ai: ")]
+    records = [json.loads(line) for line in logged]  # every log line is JSON
+    assert all(line.isprintable() for line in err.splitlines())
+    stderr = [r["msg"] for r in records if r["logger"] == "worker.mcp.stdio"]
+    assert stderr[0].startswith("MCP server hs (stdio: ")
+    assert stderr[0].endswith(" (stderr): boom \\u001b[31m")

@@ -143,3 +143,44 @@ async def test_server_stopped_while_hanging_is_a_connection_error() -> None:
             LLMConnectionError, match="ServerDisconnectedError: Server disconnected"
         ):
             await pending
+
+
+@pytest.mark.parametrize(
+    ("headers", "said"),
+    [
+        # the tester's: one header over aiohttp's 8190-byte line limit, and 100k headers
+        ({"value_bytes": 9000}, "Got more than 8190 bytes when reading"),
+        ({"count": 100_000}, "Too many headers received"),
+    ],
+)
+async def test_an_answer_whose_headers_no_client_parses_is_unusable_and_not_retried(
+    server: FakeLLMServer, headers: dict[str, int], said: str
+) -> None:
+    server.enqueue_header_flood(**headers)
+    async with _model(server.base_url, max_retries=3) as model:
+        with pytest.raises(LLMResponseError) as caught:
+            await model.complete(REQUEST)
+    message = str(caught.value)
+    assert message.startswith(
+        f"LLM endpoint http://127.0.0.1:{server.port}/v1/chat/completions sent an answer that "
+        "is not valid HTTP ("
+    ), message
+    assert said in message
+    assert message.endswith("(after 1 attempt; not retried)")
+    assert "sk-fake" not in message  # the API key rides on aiohttp's error
+    assert len(server.requests) == 1  # the same endpoint would answer the same
+
+
+async def test_the_fallback_answers_when_the_primary_sends_headers_no_client_parses(
+    server: FakeLLMServer,
+) -> None:
+    from planner.providers import FallbackChatModel
+
+    server.enqueue_header_flood(value_bytes=9000)
+    with FakeLLMServer() as backup:
+        backup.enqueue(json=chat_completion_body("from the fallback"))
+        primary = OpenAICompatibleChatModel(base_url=server.base_url, name="primary")
+        fallback = OpenAICompatibleChatModel(base_url=backup.base_url, name="fallback")
+        async with FallbackChatModel(primary, fallback) as model:
+            response = await model.complete(REQUEST)
+    assert (response.endpoint, response.message.content) == ("fallback", "from the fallback")

@@ -119,7 +119,12 @@ def test_a_stdio_command_may_come_as_words_of_its_own() -> None:
         ("fs=ftp://user:hunter2@host/mcp", r"expected an http\(s\) URL"),
         ("fs=stdio:", "needs a command"),
         ("fs=stdio:npx 'unclosed", "does not parse"),
-        ("fs=https://x/m cp?key=hunter2", "spaces or control characters"),
+        ("fs=https://x/m cp?key=hunter2", "must not contain whitespace"),
+        # what httpx would refuse when the first run connects, refused when it is given
+        ("fs=https://[::1/mcp?key=hunter2", "is not a URL"),
+        ("fs=https://x:99999/mcp?key=hunter2", "invalid port"),
+        ("fs=https://x/mcp\x1b[2J?key=hunter2", "hidden character"),
+        ("fs=https:///mcp?key=hunter2", "has no host"),
     ],
 )
 def test_bad_server_options_say_why_without_echoing_secrets(text: str, message: str) -> None:

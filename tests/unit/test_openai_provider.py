@@ -426,3 +426,82 @@ async def test_only_codings_it_can_bound_are_asked_for() -> None:
 def test_the_cap_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_response_bytes must be >= 1"):
         OpenAICompatibleChatModel(base_url=BASE_URL, max_response_bytes=0)
+
+
+def _unparseable_answer(message: str) -> Exception:
+    """What aiohttp's client raises for an answer its HTTP parser refuses, unmapped by
+    httpx-aiohttp (the request's headers, with the API key, ride on it)."""
+    import aiohttp
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    headers = CIMultiDictProxy(CIMultiDict({"Authorization": "Bearer sk-secret"}))
+    info = aiohttp.RequestInfo(URL(BASE_URL), "POST", headers, URL(BASE_URL))
+    return aiohttp.ClientResponseError(info, (), status=400, message=message)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "Got more than 8190 bytes when reading: b'aaaa'.",  # a header line over the limit
+        "Too many headers received",  # 100k headers
+    ],
+)
+async def test_an_answer_the_http_client_cannot_parse_is_unusable_and_not_retried(
+    said: str,
+) -> None:
+    rec = Recorder(_unparseable_answer(said))
+    async with rec.model(api_key="sk-secret", max_retries=3) as llm:
+        with pytest.raises(LLMResponseError) as caught:
+            await llm.complete(REQUEST)
+    assert str(caught.value) == (
+        f"LLM endpoint {BASE_URL}/chat/completions sent an answer that is not valid HTTP "
+        f"({said}) (after 1 attempt; not retried)"
+    )
+    assert len(rec.requests) == 1 and rec.retries == []
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param("server_disconnected", id="aiohttp-connection-error-unmapped"),
+        pytest.param("reset", id="raw-os-error"),
+    ],
+)
+async def test_a_connection_failure_the_http_stack_passes_on_unmapped_is_retried(
+    failure: str,
+) -> None:
+    import aiohttp
+
+    exc: Exception = (
+        aiohttp.ServerDisconnectedError()
+        if failure == "server_disconnected"
+        else ConnectionResetError(104, "Connection reset by peer")
+    )
+    rec = Recorder(exc, httpx.Response(200, json=completion(content="back")))
+    async with rec.model() as llm:
+        response = await llm.complete(REQUEST)
+    assert response.message.content == "back"
+    assert rec.retries == [(1, "connection")]
+
+
+@pytest.mark.parametrize(
+    ("exc", "named"),
+    [
+        (ValueError("bad header value sk-secret"), "ValueError: bad header value ***"),
+        (httpx.DecodingError("garbled"), "DecodingError: garbled"),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "UnicodeDecodeError"),
+    ],
+)
+async def test_any_other_failure_of_the_http_stack_is_an_llm_error_naming_it(
+    exc: Exception, named: str
+) -> None:
+    rec = Recorder(exc, httpx.Response(200, json=completion()))
+    async with rec.model(api_key="sk-secret") as llm:
+        with pytest.raises(LLMResponseError) as caught:
+            await llm.complete(REQUEST)
+    message = str(caught.value)
+    assert f"sent an answer the HTTP client could not read ({named}" in message
+    assert message.endswith("(after 1 attempt; not retried)")
+    assert "sk-secret" not in message
+    assert len(rec.requests) == 1

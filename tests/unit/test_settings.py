@@ -393,3 +393,139 @@ def test_pgbouncer_auto_means_port_6432() -> None:
 def test_a_pgbouncer_value_that_is_no_switch_is_refused() -> None:
     with pytest.raises(SettingsError, match=r"MANA_AI_DB_PGBOUNCER: .*auto, true or false"):
         load_settings(db_pgbouncer="maybe")
+
+
+LLM_URL_VARIABLES = (
+    "MANA_AI_LLM_BASE_URL",
+    "MANA_AI_LLM_FALLBACK_BASE_URL",
+    "MANA_AI_COMPACT_BASE_URL",
+)
+
+BAD_HTTP_URLS = [
+    # the tester's: each got past the settings and crashed `tick` and `worker` with a traceback
+    ("http://[::1/v1", "is not a URL (Invalid IPv6 URL)"),
+    ("http://h/\x1b", "must not contain a hidden character (U+001B ESC at position 10)"),
+    ("http://", "has no host"),
+    ("https://:99999/v1", "has no host"),
+    # and more of the same kind
+    ("https://h:99999/v1", "has an invalid port (Port out of range 0-65535)"),
+    ("http://h:0/v1", "has an invalid port (0)"),
+    ("http://h:abc/v1", "has an invalid port"),
+    ("http:///v1", "has no host"),
+    ("http://[zz]/v1", "'zz' does not appear to be an IPv4 or IPv6 address"),
+    ("http://[::1/v1?key=sk-1", "(got 'http://[::1/v1?***')"),
+    ("http://256.1.1.1/v1", "has an invalid host"),
+    ("http://xn--/v1", "is not valid IDNA"),
+    ("http://h\u200b/v1", "hidden character (U+200B ZERO WIDTH SPACE at position 9)"),
+    ("http://h/a b", "must not contain whitespace (U+0020 SPACE at position 11)"),
+    ("http://h/v1\u202e", "hidden character (U+202E RIGHT-TO-LEFT OVERRIDE"),
+    ("http://h\\x/v1", "'\\\\' is not a character of a host name"),
+    ("ftp://h/v1", "must be an http:// or https:// URL"),
+    ("llm.example/v1", "must be an http:// or https:// URL"),
+]
+
+
+@pytest.mark.parametrize("variable", LLM_URL_VARIABLES)
+@pytest.mark.parametrize(("value", "expected"), BAD_HTTP_URLS)
+def test_an_llm_url_the_http_client_cannot_use_stops_the_command_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith(f"{variable}: "), message
+    assert expected in message, message
+    assert message.isprintable()  # the value is shown escaped (repr), never raw
+
+
+GOOD_HTTP_URLS = [
+    ("https://api.openai.com/v1/", "https://api.openai.com/v1"),
+    ("HTTP://LOCALHOST:8000/v1", "HTTP://LOCALHOST:8000/v1"),
+    ("http://[::1]:8000/v1", "http://[::1]:8000/v1"),
+    ("http://[fe80::1%25eth0]:8000/v1", "http://[fe80::1%25eth0]:8000/v1"),
+    ("http://10.0.0.7:65535/v1", "http://10.0.0.7:65535/v1"),
+    ("http://user:p%40ss@llm.internal/v1?key=k", "http://user:p%40ss@llm.internal/v1?key=k"),
+    ("http://llm_gateway.local/v1", "http://llm_gateway.local/v1"),
+    ("http://bücher.example/v1", "http://bücher.example/v1"),
+    ("http://h:/v1", "http://h:/v1"),  # an empty port is the scheme's
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), GOOD_HTTP_URLS)
+async def test_an_llm_url_the_settings_accept_is_one_the_http_client_takes(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: str
+) -> None:
+    from planner.providers import OpenAICompatibleChatModel
+
+    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", value)
+    settings = load_settings()
+    assert settings.llm_base_url == expected
+    model = OpenAICompatibleChatModel(base_url=expected)  # no socket: the pool opens lazily
+    await model.aclose()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "http://[::1/v1",
+        "http://h/\x1b",
+        "http://",
+        "https://:99999/v1",
+        "https://h:99999/v1",
+        "http://h:abc/v1",
+        "http://[zz]/v1",
+        "http://256.1.1.1/v1",
+        "http://h\u200b/v1",
+        "ftp://h/v1",
+    ],
+)
+def test_the_http_client_refuses_a_url_it_cannot_use_with_a_value_error(value: str) -> None:
+    from planner.providers import OpenAICompatibleChatModel
+
+    # not httpx.InvalidURL (a traceback where the worker builds its chat model) nor a client
+    # that fails at its first request: the planner's own callers get a ValueError
+    try:
+        OpenAICompatibleChatModel(base_url=value)
+    except ValueError:
+        return
+    pytest.fail(f"OpenAICompatibleChatModel took {value!r}")
+
+
+def test_an_llm_url_is_shown_without_its_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", "http://u:hunter2@h:99999/v1?key=sk-hunter2")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "hunter2" not in str(caught.value)
+    assert "(got 'http://u:***@h:99999/v1?key=***')" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("postgresql://u@h:99999/db", "has an invalid port (99999)"),
+        ("postgresql://[::1/db", "not a database URL"),  # was a ValueError traceback
+        ("postgresql://u@h:abc/db", "not a database URL"),
+        ("postgresql://u@h/d\x1b", "control or invisible characters (U+001B ESC at position"),
+    ],
+)
+def test_a_database_url_with_a_bad_port_or_a_control_character_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: str
+) -> None:
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value).startswith("MANA_AI_DATABASE_URL: ")
+    assert expected in str(caught.value)
+
+
+def test_a_bad_llm_url_exits_2_before_anything_connects(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker.cli import main
+
+    monkeypatch.setenv("MANA_AI_LLM_BASE_URL", "http://[::1/v1")
+    assert main(["tick", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert "MANA_AI_LLM_BASE_URL: is not a URL (Invalid IPv6 URL)" in err
+    assert "Traceback" not in err

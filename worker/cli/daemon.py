@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+import sys
 from typing import Any
 
 from worker.cli.args import json_flag
@@ -27,7 +30,8 @@ def register(commands: Any) -> None:
     worker = commands.add_parser(
         "worker",
         help="Run the daemon: tick every MANA_AI_TICK_INTERVAL_S until SIGTERM/SIGINT.",
-        description="Run the daemon. Migrates the schema at start, serves /metrics and "
+        description="Run the daemon. Waits up to a minute for an external database that "
+        "does not answer yet, migrates the schema, serves /metrics and "
         "/healthz on MANA_AI_METRICS_PORT, and on SIGTERM/SIGINT stops claiming, lets running "
         "missions finish within MANA_AI_SHUTDOWN_GRACE_S and exits 0.",
     )
@@ -51,11 +55,34 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.app import check_policy_settings
+    from worker.app import check_policy_settings, wait_for_database
     from worker.cli.stores import announce_database
     from worker.scheduler import serve
     from worker.tools import builtin_tool_catalog
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
     announce_database(settings)
+    # a worker started during an outage rides it out as a running one does (up to a minute);
+    # SIGTERM / SIGINT meanwhile end it with status 0, as they end a running worker
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(wait_for_database(settings))
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        waiting.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+        print("mana-ai: stopped before the database answered", file=sys.stderr)
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
     return await serve(settings)

