@@ -8,7 +8,7 @@ Not a test: it prints figures. Usage::
 A fake OpenAI-compatible server in a child process (``tests.fakes.async_llm_server``:
 asyncio, HTTP/1.1 keep-alive) answers every request after ``--latency`` seconds: a
 ``clock_now`` call first, then a final answer, so each mission makes 2 requests. One
-worker, wired from settings exactly as ``mana-ai worker`` is (``worker.app.open_app``: pool
+worker, wired from settings exactly as ``mana-ai worker`` is (``worker.daemon.app.open_app``: pool
 ``MANA_AI_DB_POOL_SIZE`` / ``MANA_AI_DB_MAX_OVERFLOW``, the OpenAI-compatible client, the
 policy gate), ticks once and then on every wake-up (a freed slot while missions wait), until
 every iteration finished. Each mission belongs to its own user, as in a real deployment
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import add_missions, run_all
 from tests.fakes.async_llm_server import serve_in_process
-from worker.app import application_name, open_app
+from worker.daemon.app import application_name, open_app
 from worker.settings import load_settings
 
 

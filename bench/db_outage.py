@@ -6,9 +6,10 @@ Not a test: it prints figures. Usage::
                               [--concurrency C] [--lease-s L]
 
 Each mission is one-shot: it writes a note (``notes_create``, a journaled write) and then
-answers. The worker is wired from settings as ``mana-ai worker`` is (``worker.app.open_app``),
-with a scripted model in process, and reaches PostgreSQL through a proxy that cuts every
-connection and refuses new ones during an outage (``tests.fakes.db_proxy.FlakyProxy``).
+answers. The worker is wired from settings as ``mana-ai worker`` is
+(``worker.daemon.app.open_app``), with a scripted model in process, and reaches PostgreSQL
+through a proxy that cuts every connection and refuses new ones during an outage
+(``tests.fakes.db_proxy.FlakyProxy``).
 
 * ``blip`` (default 12 missions, all at once): once every mission wrote its note, the
   database goes away for ``--outage-s`` (0.5 s) while the model writes its final answers; the
@@ -42,11 +43,11 @@ from bench.common import at_least, database_server, throwaway_database
 from planner import CompletionRequest, CompletionResponse
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.db_proxy import FlakyProxy
-from worker.app import open_app
-from worker.db.engine import create_engine
-from worker.db.migrate import upgrade_database
-from worker.db.tables import agents, mission_iterations, missions, notes
+from worker.daemon.app import open_app
 from worker.settings import load_settings
+from worker.store.engine import create_engine
+from worker.store.migrate import upgrade_database
+from worker.store.tables import agents, mission_iterations, missions, notes
 
 
 async def add_missions(url: str, count: int) -> None:

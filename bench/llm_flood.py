@@ -10,7 +10,7 @@ announced by ``Content-Length``, chunked (no size announced), gzip-compressed (a
 on the wire for 200 MB), gzip and chunked. Then, as a control, an answer just under the cap
 (1 KiB less), which succeeds: its growth shows that the measure sees what a request holds.
 
-One worker wired from settings as ``mana-ai worker`` is (``worker.app.open_app``: the
+One worker wired from settings as ``mana-ai worker`` is (``worker.daemon.app.open_app``: the
 OpenAI-compatible client, 3 retries, ``MANA_AI_LLM_MAX_RESPONSE_BYTES`` = ``--cap`` or its
 default) runs one mission per answer, one at a time. ``--direct`` sends one request per answer
 through the worker's chat model alone (no database).
@@ -45,8 +45,8 @@ from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import add_missions
 from planner import ChatMessage, CompletionRequest, LLMError
 from tests.fakes import FakeLLMServer
-from worker.app import open_app
-from worker.llm import build_chat_model
+from worker.daemon.app import open_app
+from worker.run.chat_models import build_chat_model
 from worker.settings import Settings, load_settings
 
 BUDGET_MIB = 64

@@ -10,7 +10,7 @@ no-op ``read`` tools (arguments ``{"text": "step N"}``), the last answers. The m
 in-process and instant, so the figure is the loop's own cost: building requests, running
 calls, logging messages — plus, when on, the gate (``RulePolicyGate`` in ``enforce`` over the
 in-memory ledger, with a limit high enough never to refuse) and the reminder channel (the
-runner's, every producer on: ``worker.reminder_channel.mission_reminder_channel``). The
+runner's, every producer on: ``worker.run.reminder_channel.mission_reminder_channel``). The
 best of ``--repeat`` runs is reported, with each configuration's ratio to the bare loop.
 """
 
@@ -42,7 +42,7 @@ from planner import (
 from planner.policy import PolicyConfig, RateLimit, RulePolicyGate, UserPolicySettings
 from planner.testing import InMemoryCallLedger
 from reminders import ReminderComposer
-from worker.reminder_channel import mission_reminder_channel
+from worker.run.reminder_channel import mission_reminder_channel
 
 
 async def _noop(args: dict[str, Any], ctx: ToolContext) -> dict[str, bool]:

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import create_database, drop_database  # noqa: E402
-from worker.cli.iterations import unsupported_figures  # noqa: E402
-from worker.db.engine import to_async_url  # noqa: E402
+from worker.cli.iterations_cli import unsupported_figures  # noqa: E402
+from worker.store.engine import to_async_url  # noqa: E402
 
 
 def readme_commands() -> tuple[list[str], list[str]]:

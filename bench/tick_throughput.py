@@ -36,14 +36,14 @@ from bench.common import RoundTripCounter, at_least, database_server, throwaway_
 from planner import CompletionRequest, CompletionResponse
 from planner.policy import PolicyConfig
 from planner.testing import FunctionChatModel, final_answer, tool_calls
-from worker.db.engine import create_engine
-from worker.db.migrate import upgrade_database
-from worker.db.policy import PostgresCallLedger
-from worker.db.stores import PostgresMissionStore
-from worker.db.tables import agents, mission_iterations, missions
-from worker.gate import PolicySetup
-from worker.runner import MissionRunner
-from worker.tick import Worker
+from worker.daemon.tick import Worker
+from worker.run.mission_gate import PolicySetup
+from worker.run.runner import MissionRunner
+from worker.store.engine import create_engine
+from worker.store.migrate import upgrade_database
+from worker.store.postgres import PostgresMissionStore
+from worker.store.tables import agents, mission_iterations, missions
+from worker.store.user_policy import PostgresCallLedger
 from worker.tools import builtin_tools
 
 

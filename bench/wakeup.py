@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
 from planner.testing import FunctionChatModel
-from worker.db.admin import AdminStore
-from worker.db.engine import create_engine
-from worker.db.migrate import upgrade_database
-from worker.db.tables import mission_iterations
-from worker.scheduler import serve
+from worker.daemon.scheduler import serve
 from worker.settings import Settings
+from worker.store.admin import AdminStore
+from worker.store.engine import create_engine
+from worker.store.migrate import upgrade_database
+from worker.store.tables import mission_iterations
 
 
 class _Seen(logging.Handler):
@@ -105,8 +105,10 @@ async def measure(url: str, samples: int, via_cli: bool) -> None:
         agent = await admin.add_agent(name="bench", owner_user_id="u", system_prompt="Be brief.")
         settings = Settings(database_url=url, metrics_port=0, worker_id="bench")
         listening = asyncio.Event()
-        logging.getLogger("worker.wakeup").setLevel(logging.INFO)
-        logging.getLogger("worker.wakeup").addHandler(_Seen("wake-ups: listening", listening))
+        logging.getLogger("worker.daemon.wakeup").setLevel(logging.INFO)
+        logging.getLogger("worker.daemon.wakeup").addHandler(
+            _Seen("wake-ups: listening", listening)
+        )
         stop = asyncio.Event()
         daemon = asyncio.create_task(serve(settings, llm=FunctionChatModel(instant_llm), stop=stop))
         try:

@@ -36,10 +36,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from tests.pgbouncer import PgBouncer, PgBouncerUnavailable, start_pgbouncer
-from worker.db.embedded import start_embedded_postgres, stop_embedded_postgres
-from worker.db.engine import create_engine, to_async_url
-from worker.db.migrate import upgrade_database
-from worker.db.tables import metadata
+from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
+from worker.store.engine import create_engine, to_async_url
+from worker.store.migrate import upgrade_database
+from worker.store.tables import metadata
 
 TEST_DATABASE_URL_ENV = "MANA_AI_TEST_DATABASE_URL"
 

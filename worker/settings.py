@@ -21,11 +21,11 @@ import platformdirs
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from worker.db.engine import redact_url, to_async_url
 from worker.errors import SettingsError
 from worker.http_url import http_url_problem
 from worker.http_url import redact_url as redact_http_url
 from worker.names import normalised_name
+from worker.store.engine import redact_url, to_async_url
 
 __all__ = [
     "ENV_PREFIX",
@@ -68,7 +68,7 @@ def default_data_dir(*, root: bool | None = None) -> Path:
     Specification says), else ``~/.local/share/mana-ai`` (on macOS ``~/Library/Application
     Support/mana-ai``). As root (``root=None``: when this process runs as root)
     ``ROOT_DATA_DIR``, which the embedded PostgreSQL's system user reaches without any
-    directory above it changing its permissions (``worker.db.embedded_root``): a home such as
+    directory above it changing its permissions (``worker.store.embedded_root``): a home such as
     ``/root`` is ``0700``, and mana-ai never changes a directory it did not create."""
     if root is None:
         root = os.name == "posix" and os.geteuid() == 0
@@ -769,7 +769,7 @@ class Settings(BaseSettings):
     @field_validator("reminders_disabled")
     @classmethod
     def _check_producers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from worker.reminder_channel import PRODUCER_NAMES
+        from worker.run.reminder_channel import PRODUCER_NAMES
 
         unknown = [name for name in value if name not in PRODUCER_NAMES]
         if unknown:

@@ -15,7 +15,7 @@ written with the client's "now" later in a long transaction is due by the time i
 
 The payload is empty, always: PostgreSQL delivers one of identical notifications (same channel
 and payload) raised in one transaction, so an INSERT of a thousand due missions wakes each
-listener once. Workers ``LISTEN mana_ai_due`` (``worker/wakeup.py``); the tick stays the
+listener once. Workers ``LISTEN mana_ai_due`` (``worker/daemon/wakeup.py``); the tick stays the
 safety net for notifications missed while no listener was connected.
 """
 
@@ -28,7 +28,7 @@ down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# Frozen here: worker/wakeup.py's WAKE_UP_CHANNEL must keep this name.
+# Frozen here: worker/daemon/wakeup.py's WAKE_UP_CHANNEL must keep this name.
 CHANNEL = "mana_ai_due"
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.fakes import chat_completion_body
-from worker.db.tables import mission_iterations
+from worker.store.tables import mission_iterations
 
 __all__ = [
     "TIMEOUT_S",

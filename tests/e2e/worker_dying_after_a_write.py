@@ -10,11 +10,11 @@ import os
 import signal
 from typing import Any
 
-import worker.app
+import worker.daemon.app
 from planner import ToolContext, ToolSpec
 from worker.cli import main
 
-_builtin_tools = worker.app.builtin_tools
+_builtin_tools = worker.daemon.app.builtin_tools
 
 
 def _tools_that_die_after_a_write(*args: Any, **kwargs: Any) -> list[ToolSpec]:
@@ -30,5 +30,5 @@ def _tools_that_die_after_a_write(*args: Any, **kwargs: Any) -> list[ToolSpec]:
 
 
 if __name__ == "__main__":
-    worker.app.builtin_tools = _tools_that_die_after_a_write  # type: ignore[assignment]
+    worker.daemon.app.builtin_tools = _tools_that_die_after_a_write  # type: ignore[assignment]
     raise SystemExit(main(["worker"]))

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select
 
 from tests.integration.cli_harness import as_json
-from worker.db.engine import create_engine
-from worker.db.mcp import hash_token
-from worker.db.tables import agent_mcp_servers, mcp_tokens, tool_invocations
+from worker.store.engine import create_engine
+from worker.store.mcp_tokens import hash_token
+from worker.store.tables import agent_mcp_servers, mcp_tokens, tool_invocations
 
 
 def rows(database_url: str, table: Any) -> list[dict[str, Any]]:
@@ -233,7 +233,7 @@ def test_mcp_scope_settings_are_checked(
 def test_missions_may_be_limited_to_an_mcp_servers_scope(
     run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker.app import check_policy_settings
+    from worker.daemon.app import check_policy_settings
     from worker.settings import load_settings
     from worker.tools import builtin_tool_catalog
 

@@ -29,12 +29,12 @@ from tests.fakes import FakeLLMServer
 from tests.fakes.llm_server import chat_completion_body
 from tests.integration.test_durable_iterations import expire_lease
 from tests.integration.worker_harness import add_mission, iterations, make_worker, policy_setup
+from worker.admin.replay import restored_log
+from worker.admin.rerun import RerunConfig, rerun_iteration
 from worker.cli import main
-from worker.db.admin import AdminStore
-from worker.db.tables import agents, compacted_turns, mission_iterations
-from worker.replay import restored_log
-from worker.rerun import RerunConfig, rerun_iteration
-from worker.runner import CompactionSetup
+from worker.run.runner import CompactionSetup
+from worker.store.admin import AdminStore
+from worker.store.tables import agents, compacted_turns, mission_iterations
 from worker.tools import builtin_tools
 
 MAX_CTX = 1000

@@ -23,8 +23,8 @@ from planner import CompletionRequest, CompletionResponse, ToolContext
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.worker_harness import add_mission, iterations, make_worker
-from worker.db.engine import create_engine
-from worker.db.tables import missions, notes, tool_invocations
+from worker.store.engine import create_engine
+from worker.store.tables import missions, notes, tool_invocations
 from worker.tools import builtin_tools
 
 TRY_AGAIN = "try again"
@@ -80,7 +80,7 @@ async def test_a_blip_while_finished_runs_are_stored_loses_none(
         return final_answer("Saved.")
 
     worker = make_worker(flaky_engine, FunctionChatModel(model), max_concurrent=12)
-    with caplog.at_level("WARNING", logger="worker.db.transient"):
+    with caplog.at_level("WARNING", logger="worker.store.transient"):
         assert await worker.run_once() == ["succeeded"] * 12
     assert proxy.outages == 1
     # the stores did meet the outage, and were retried
@@ -342,10 +342,10 @@ async def test_a_statement_on_a_black_holed_connection_fails_in_time_and_is_retr
     network is back."""
     import time
 
-    from worker.app import open_database
-    from worker.db.engine import run_statement
-    from worker.db.transient import retry_transient
+    from worker.daemon.app import open_database
     from worker.settings import Settings
+    from worker.store.engine import run_statement
+    from worker.store.transient import retry_transient
 
     settings = Settings(database_url=proxy.url_for(database_url), db_statement_timeout_s=1)
     attempts = 0
@@ -372,7 +372,7 @@ async def test_a_statement_on_a_black_holed_connection_fails_in_time_and_is_retr
 async def test_a_worker_started_during_an_outage_waits_for_the_database(
     proxy: FlakyProxy, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from worker.app import wait_for_database
+    from worker.daemon.app import wait_for_database
     from worker.settings import Settings
 
     settings = Settings(database_url=proxy.url_for(database_url))
@@ -389,7 +389,7 @@ async def test_a_worker_started_during_an_outage_waits_for_the_database(
 async def test_a_database_that_stays_down_fails_the_start_with_the_clear_error(
     proxy: FlakyProxy, database_url: str
 ) -> None:
-    from worker.app import wait_for_database
+    from worker.daemon.app import wait_for_database
     from worker.errors import DatabaseError
     from worker.settings import Settings
 
@@ -404,7 +404,7 @@ async def test_a_failure_that_is_not_transient_fails_the_start_at_once(
 ) -> None:
     from sqlalchemy.engine import make_url
 
-    from worker.app import wait_for_database
+    from worker.daemon.app import wait_for_database
     from worker.errors import DatabaseError
     from worker.settings import Settings
 

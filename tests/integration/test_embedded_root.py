@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from worker.cli import main
-from worker.db.embedded import start_embedded_postgres, stop_embedded_postgres
-from worker.db.embedded_root import SYSTEM_USER, package_bin_dir, prepare_as_root
+from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
+from worker.store.embedded_root import SYSTEM_USER, package_bin_dir, prepare_as_root
 
 pytestmark = pytest.mark.skipif(
     os.name != "posix" or os.geteuid() != 0, reason="the root behaviour needs root"

@@ -20,13 +20,13 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.readme import documented_responses, section
-from worker.app import open_served_tools
-from worker.db.mcp import McpStore
-from worker.db.policy import PolicyStore
-from worker.db.tables import notes, tool_invocations
+from worker.daemon.app import open_served_tools
 from worker.mcp.serve_health import DatabaseHealth, ping_database
 from worker.mcp.server import McpHttpServer, build_http_app
 from worker.settings import Settings
+from worker.store.mcp_tokens import McpStore
+from worker.store.tables import notes, tool_invocations
+from worker.store.user_policy import PolicyStore
 
 INITIALIZE = {
     "jsonrpc": "2.0",

@@ -21,12 +21,12 @@ from planner import CompletionRequest
 from planner.testing import ScriptedChatModel, final_answer, tool_calls
 from tests.fakes.mcp_raw import GOOD_TOOLS, LEFT_OUT
 from tests.integration.worker_harness import iterations, make_worker, mission_row, policy_setup
-from worker.db.admin import AdminStore
-from worker.db.policy import PolicyStore
-from worker.db.tables import tool_invocations
 from worker.errors import NotFoundError
 from worker.mcp.config import McpServerConfig
 from worker.mcp.sources import McpToolSources
+from worker.store.admin import AdminStore
+from worker.store.tables import tool_invocations
+from worker.store.user_policy import PolicyStore
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "mcp_stdio_server.py")
 
@@ -242,7 +242,7 @@ async def test_one_bad_tool_is_left_out_alone_and_the_servers_good_tools_run(
     assert offered == {f"raw__{name}" for name in GOOD_TOOLS}
     [it] = await iterations(db)
     assert it["status"] == "succeeded"
-    # the first reasons, then a count (worker.runner.MAX_PROBLEMS_SHOWN); all are logged
+    # the first reasons, then a count (worker.run.runner.MAX_PROBLEMS_SHOWN); all are logged
     assert it["error"] == "; ".join(f"MCP server raw: {reason}" for reason in LEFT_OUT[:5]) + (
         f"; and {len(LEFT_OUT) - 5} more (see the worker's log)"
     )

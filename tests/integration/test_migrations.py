@@ -1,4 +1,4 @@
-"""Migrations: they build the schema in ``worker.db.tables``, are idempotent, serialise
+"""Migrations: they build the schema in ``worker.store.tables``, are idempotent, serialise
 concurrent replicas with the advisory lock, and the daemon's embedded database gets them too."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, MetaData, Text, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.db.embedded import stop_embedded_postgres
-from worker.db.engine import create_engine, resolve_database_url
-from worker.db.migrate import (
+from worker.errors import DatabaseError
+from worker.settings import Settings
+from worker.store.embedded import stop_embedded_postgres
+from worker.store.engine import create_engine, resolve_database_url
+from worker.store.migrate import (
     MIGRATION_LOCK_KEY,
     alembic_config,
     current_revision,
@@ -25,9 +27,7 @@ from worker.db.migrate import (
     migration_lock,
     upgrade_database,
 )
-from worker.db.tables import metadata
-from worker.errors import DatabaseError
-from worker.settings import Settings
+from worker.store.tables import metadata
 
 EXPECTED_TABLES = {
     "agents",

@@ -23,10 +23,10 @@ from tests.integration.worker_harness import (
     mission_row,
     policy_setup,
 )
-from worker.db.engine import create_engine
-from worker.db.policy import PolicyStore, PostgresCallLedger
-from worker.db.tables import agents, notes, policy_call_events, tool_invocations
-from worker.gate import PolicySetup
+from worker.run.mission_gate import PolicySetup
+from worker.store.engine import create_engine
+from worker.store.tables import agents, notes, policy_call_events, tool_invocations
+from worker.store.user_policy import PolicyStore, PostgresCallLedger
 
 LIMIT = RateLimit(calls=30, window=timedelta(seconds=60))
 

@@ -17,7 +17,7 @@ from tests.fakes import FakeLLMServer
 from tests.fakes.provider_zoo import system_message_first_only
 from tests.integration.worker_harness import add_mission, iterations, make_worker
 from worker.cli import main
-from worker.db.tables import agents, mission_iterations
+from worker.store.tables import agents, mission_iterations
 
 
 def reminders_in(body: dict[str, Any]) -> list[str]:
@@ -117,7 +117,7 @@ async def test_a_producer_that_raises_costs_nothing_but_its_reminder(
     def broken(*_: Any) -> str:
         raise RuntimeError("producer bug")
 
-    monkeypatch.setattr("worker.reminder_channel.rounds_left_reminder", broken)
+    monkeypatch.setattr("worker.run.reminder_channel.rounds_left_reminder", broken)
     labels = {"producer": "rounds_left"}
     before = REGISTRY.get_sample_value("mana_ai_reminder_producer_errors_total", labels) or 0.0
     await add_mission(db, cron=None)

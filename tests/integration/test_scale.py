@@ -28,12 +28,12 @@ from tests.integration.worker_harness import (
     make_worker,
     policy_setup,
 )
-from worker.app import application_name, open_app
-from worker.db.admin import AdminStore
-from worker.db.engine import create_engine
-from worker.db.tables import mission_iterations, missions
+from worker.daemon.app import application_name, open_app
+from worker.daemon.tick import Worker
 from worker.settings import load_settings
-from worker.tick import Worker
+from worker.store.admin import AdminStore
+from worker.store.engine import create_engine
+from worker.store.tables import mission_iterations, missions
 
 
 async def add_due_missions(db: AsyncEngine, count: int) -> None:
@@ -180,7 +180,7 @@ async def test_a_connection_the_server_ended_costs_a_retry_not_a_lost_run(
             FunctionChatModel(end_the_workers_connection),
             policy=policy_setup(engine, "enforce"),  # its ledger meets the ended connection
         )
-        with caplog.at_level(logging.WARNING, logger="worker.db.engine"):
+        with caplog.at_level(logging.WARNING, logger="worker.store.engine"):
             assert await worker.run_once() == ["succeeded"]
     finally:
         await engine.dispose()

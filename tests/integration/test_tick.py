@@ -31,11 +31,11 @@ from tests.integration.worker_harness import (
     make_worker,
     mission_row,
 )
-from worker.db.admin import AdminStore
-from worker.db.engine import create_engine
-from worker.db.stores import PostgresMissionStore
-from worker.db.tables import missions, tool_invocations
-from worker.tick import Worker
+from worker.daemon.tick import Worker
+from worker.store.admin import AdminStore
+from worker.store.engine import create_engine
+from worker.store.postgres import PostgresMissionStore
+from worker.store.tables import missions, tool_invocations
 
 
 async def test_due_mission_runs_and_is_stored_with_its_tool_calls(db: AsyncEngine) -> None:
@@ -398,10 +398,10 @@ async def test_a_failing_tick_logs_one_traceback_per_streak_and_the_recovery(
         return await real_claim(**kwargs)
 
     worker.store.claim_due = flaky_claim  # type: ignore[method-assign]
-    with caplog.at_level("INFO", logger="worker.tick"):
+    with caplog.at_level("INFO", logger="worker.daemon.tick"):
         for _ in range(4):
             await worker.tick_safely()
-    records = [r for r in caplog.records if r.name == "worker.tick"]
+    records = [r for r in caplog.records if r.name == "worker.daemon.tick"]
     assert [r.levelname for r in records] == ["ERROR", "WARNING", "WARNING", "INFO"]
     assert records[0].exc_info is not None and "connection refused" in records[0].getMessage()
     assert all(r.exc_info is None for r in records[1:])

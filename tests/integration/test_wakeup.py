@@ -31,12 +31,12 @@ from tests.integration.worker_harness import (
     iterations,
     make_worker,
 )
-from worker.db.admin import AdminStore
-from worker.db.engine import create_engine
-from worker.db.stores import PostgresMissionStore
-from worker.db.tables import missions
-from worker.tick import Worker
-from worker.wakeup import WAKE_UP_CHANNEL, WakeUpListener, off_reason
+from worker.daemon.tick import Worker
+from worker.daemon.wakeup import WAKE_UP_CHANNEL, WakeUpListener, off_reason
+from worker.store.admin import AdminStore
+from worker.store.engine import create_engine
+from worker.store.postgres import PostgresMissionStore
+from worker.store.tables import missions
 
 SENTINEL = "test-sentinel"
 
@@ -233,7 +233,7 @@ async def test_the_listener_reconnects_after_its_backend_is_terminated(
     _, listener = listening
     killed = listener.backend_pid
     assert killed is not None
-    with caplog.at_level(logging.INFO, logger="worker.wakeup"):
+    with caplog.at_level(logging.INFO, logger="worker.daemon.wakeup"):
         async with db.connect() as conn:
             await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed})
         async with asyncio.timeout(5):
@@ -241,7 +241,7 @@ async def test_the_listener_reconnects_after_its_backend_is_terminated(
                 await asyncio.sleep(0.01)
         await add_mission(db)
         assert await started_within(db, 1, timeout_s=5) < 2.0
-    messages = [r.getMessage() for r in caplog.records if r.name == "worker.wakeup"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "worker.daemon.wakeup"]
     assert [m for m in messages if m.startswith("wake-ups: not listening")] != []
     assert len([m for m in messages if m.startswith("wake-ups: not listening")]) == 1
     assert any(m.startswith("wake-ups: listening again on channel mana_ai_due") for m in messages)
@@ -303,7 +303,7 @@ async def test_an_unreachable_database_is_logged_once_and_retried_until_cancelle
     event.listen(engine.sync_engine, "do_connect", count)
     listener = WakeUpListener(engine, lambda: None, retry_min_s=0.01, retry_max_s=0.02)
     try:
-        with caplog.at_level(logging.INFO, logger="worker.wakeup"):
+        with caplog.at_level(logging.INFO, logger="worker.daemon.wakeup"):
             task = asyncio.create_task(listener.run())
             async with asyncio.timeout(10):
                 while attempts < 4:  # noqa: ASYNC110 - counts its retries
@@ -313,5 +313,5 @@ async def test_an_unreachable_database_is_logged_once_and_retried_until_cancelle
     finally:
         await engine.dispose()
     assert task.cancelled() and not listener.listening.is_set()
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "worker.wakeup"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "worker.daemon.wakeup"]
     assert warning.startswith("wake-ups: not listening (cannot connect: ")

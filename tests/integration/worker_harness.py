@@ -12,15 +12,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner import ChatModel, CompletionRequest, CompletionResponse, ToolSpec
 from planner.policy import PolicyConfig, PolicyMode
 from planner.testing import final_answer, tool_calls
-from worker.db.admin import AdminStore
-from worker.db.base import MissionStore
-from worker.db.policy import PostgresCallLedger
-from worker.db.stores import PostgresMissionStore
-from worker.db.tables import mission_iterations, missions
-from worker.gate import PolicySetup
+from worker.daemon.tick import Worker
 from worker.mcp.sources import McpToolSources
-from worker.runner import CompactionSetup, MissionRunner, ToolsFactory
-from worker.tick import Worker
+from worker.run.mission_gate import PolicySetup
+from worker.run.runner import CompactionSetup, MissionRunner, ToolsFactory
+from worker.store.admin import AdminStore
+from worker.store.base import MissionStore
+from worker.store.postgres import PostgresMissionStore
+from worker.store.tables import mission_iterations, missions
+from worker.store.user_policy import PostgresCallLedger
 from worker.tools import builtin_tools
 
 __all__ = [

@@ -11,8 +11,8 @@ from typing import Any, cast
 
 import pytest
 
-from worker.db.base import MissionStore
-from worker.leases import LeaseKeeper
+from worker.run.leases import LeaseKeeper
+from worker.store.base import MissionStore
 
 
 class FailingRenewals:
@@ -45,7 +45,7 @@ def renewal_records(caplog: pytest.LogCaptureFixture) -> list[Any]:
 
 
 async def test_a_blip_is_one_warning_line_with_its_cause(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="worker.leases")
+    caplog.set_level(logging.WARNING, logger="worker.run.leases")
     await renew_through(FailingRenewals(ConnectionRefusedError(111, "Connect call failed")))
     records = renewal_records(caplog)
     assert [r.levelno for r in records] == [logging.WARNING, logging.WARNING]
@@ -61,7 +61,7 @@ async def test_a_blip_is_one_warning_line_with_its_cause(caplog: pytest.LogCaptu
 
 
 async def test_what_is_no_blip_keeps_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="worker.leases")
+    caplog.set_level(logging.WARNING, logger="worker.run.leases")
     await renew_through(FailingRenewals(KeyError("a bug"), failures=1))
     [record] = renewal_records(caplog)
     assert record.levelno == logging.ERROR and record.exc_info is not None

@@ -9,14 +9,14 @@ import pytest
 from planner import ChatMessage, CompletionRequest, CompletionResponse, ToolCall
 from planner.compaction import Compaction, compact_history
 from planner.testing import FunctionChatModel
-from worker.replay import (
+from worker.admin.replay import (
     ReplayError,
     render_markdown,
     render_text,
     replay_events,
     restored_log,
 )
-from worker.storable import messages_json
+from worker.store.rows import messages_json
 
 
 def turn(n: int, calls: int = 1) -> list[ChatMessage]:

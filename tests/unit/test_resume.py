@@ -28,8 +28,8 @@ from planner import (
 )
 from planner.compaction import estimate_message_tokens
 from planner.testing import RecordingSink, ScriptedChatModel, final_answer, tool_calls
-from worker.db.base import StartedIteration
-from worker.journal import context_at_checkpoint
+from worker.run.journal import context_at_checkpoint
+from worker.store.base import StartedIteration
 
 ran: list[tuple[str, str | None]] = []
 

@@ -1,5 +1,5 @@
 """The runner, the tick, the journal, the gate and resume on the in-memory store: the mission
-logic with no database (``worker.db.memory.InMemoryMissionStore``, the twin of the PostgreSQL
+logic with no database (``worker.store.memory.InMemoryMissionStore``, the twin of the PostgreSQL
 store), a scripted model and in-memory tools. The SQL itself is the integration tier's."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from planner import CompletionRequest, CompletionResponse, ToolContext, ToolSpec
 from planner.policy import PolicyConfig, RateLimit
 from planner.testing import FunctionChatModel, ScriptedChatModel, final_answer, tool_calls
-from worker.db.memory import InMemoryMissionStore
-from worker.gate import PolicySetup
-from worker.runner import MissionRunner
-from worker.tick import Worker
+from worker.daemon.tick import Worker
+from worker.run.mission_gate import PolicySetup
+from worker.run.runner import MissionRunner
+from worker.store.memory import InMemoryMissionStore
 
 LEASE = timedelta(seconds=30)
 
@@ -320,7 +320,7 @@ async def test_a_lease_lost_to_another_worker_stores_nothing() -> None:
 
 
 async def test_a_stored_run_reruns_with_no_difference_and_shows_what_today_changes() -> None:
-    from worker.rerun import RerunConfig, rerun_iteration
+    from worker.admin.rerun import RerunConfig, rerun_iteration
 
     store, notebook, _, worker = setup(policy="log-only")
     llm = ScriptedChatModel([tool_calls(("look", {}), ("save", {"text": "x"})), final_answer("ok")])

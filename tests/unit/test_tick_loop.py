@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from worker.daemon.tick import Worker
 from worker.metrics import HealthState
-from worker.tick import Worker
 
 HOUR_S = 3600.0
 
@@ -153,14 +153,14 @@ async def test_a_failing_tick_is_reported_and_the_loop_goes_on(
     health = HealthState(stale_after_s=HOUR_S)
     claims = Claims(fail_the_first)
     worker = worker_on(claims, health)
-    with caplog.at_level(logging.INFO, logger="worker.tick"):
+    with caplog.at_level(logging.INFO, logger="worker.daemon.tick"):
         loop = asyncio.create_task(worker.run(interval_s=HOUR_S))
         await claims.begun(1)
         worker.wake()
         await claims.begun(2)
         await stopped(worker, loop)
     assert health.last_error is None and health.last_ok_tick is not None
-    messages = [r.getMessage() for r in caplog.records if r.name == "worker.tick"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "worker.daemon.tick"]
     assert messages[0].startswith("tick failed (OSError: connection refused)")
     assert messages[-1] == "tick recovered after 1 failed tick(s)"
 

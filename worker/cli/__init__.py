@@ -1,7 +1,8 @@
 """The ``mana-ai`` command. Run ``mana-ai --help`` or ``mana-ai COMMAND --help``.
 
-One module per command group (``db``, ``agents``, ``missions``, ``daemon`` for ``tick`` and
-``worker``, ``iterations``, ``replay``, ``policy``, ``mcp``), each with a ``register(commands)``
+One module per command group (``db_cli``, ``agents_cli``, ``missions_cli``, ``daemon_cli`` for
+``tick`` and ``worker``, ``iterations_cli``, ``replay_cli``, ``policy_cli``, ``mcp_cli``), each
+with a ``register(commands)``
 that adds its subcommands; ``args`` and ``output`` hold what they share.
 
 Exit status: 0 success, 1 an operator error (the message says what and how to fix it),
@@ -18,23 +19,43 @@ from collections.abc import Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from worker.cli import agents, daemon, db, iterations, mcp, missions, policy, replay
+from worker.cli import (
+    agents_cli,
+    daemon_cli,
+    db_cli,
+    iterations_cli,
+    mcp_cli,
+    missions_cli,
+    policy_cli,
+    replay_cli,
+)
 from worker.cli.args import UsageError
 from worker.errors import ManaAIError, SettingsError
 from worker.settings import load_settings, unknown_variables
 
 __all__ = ["main"]
 
-GROUPS = (db, agents, missions, daemon, iterations, replay, policy, mcp)
+GROUPS = (
+    db_cli,
+    agents_cli,
+    missions_cli,
+    daemon_cli,
+    iterations_cli,
+    replay_cli,
+    policy_cli,
+    mcp_cli,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mana-ai`` console script; returns the exit status. Everything the
     command writes to stdout and stderr shows hidden characters as escapes
-    (``worker.cli.output.visible_streams``)."""
+    (``worker.cli.output.visible_streams``). The logging it configures is undone on return,
+    so that a caller in the same process (a test) keeps its own."""
     from worker.cli.output import visible_streams
+    from worker.logs import logging_restored
 
-    with visible_streams():
+    with visible_streams(), logging_restored():
         return _main(argv)
 
 
@@ -73,7 +94,7 @@ def _main(argv: Sequence[str] | None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except (SQLAlchemyError, OSError) as exc:  # the database went away mid-command
-        from worker.db.engine import describe_error
+        from worker.store.engine import describe_error
 
         print(f"mana-ai: database error: {describe_error(exc)}", file=sys.stderr)
         return 1

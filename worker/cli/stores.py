@@ -19,10 +19,10 @@ from worker.settings import USER_DATA_DIR, Settings
 if TYPE_CHECKING:  # imported when a command runs, so that `--help` stays quick
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from worker.db.admin import AdminStore
-    from worker.db.mcp import McpStore
-    from worker.db.policy import PolicyStore
     from worker.mcp.consumer import ServedTools
+    from worker.store.admin import AdminStore
+    from worker.store.mcp_tokens import McpStore
+    from worker.store.user_policy import PolicyStore
 
 __all__ = ["admin_store", "announce_database", "database", "policy_store", "served_tools"]
 
@@ -58,12 +58,12 @@ async def database(
     settings: Settings, *, migrate: bool | None = None
 ) -> AsyncIterator[AsyncEngine]:
     """The configured (or embedded) database, announced (``announce_database``) and opened
-    (``worker.app.open_database``, which ``migrate`` is passed to), disposed on exit.
+    (``worker.daemon.app.open_database``, which ``migrate`` is passed to), disposed on exit.
 
     Raises:
         DatabaseError: the database is unreachable, or not migrated (see ``open_database``).
     """
-    from worker.app import open_database
+    from worker.daemon.app import open_database
 
     announce_database(settings)
     async with open_database(settings, migrate=migrate) as engine:
@@ -72,14 +72,14 @@ async def database(
 
 @asynccontextmanager
 async def served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, McpStore]]:
-    """What ``mcp serve`` serves (``worker.app.open_served_tools``) on the database, which is
+    """What ``mcp serve`` serves (``worker.daemon.app.open_served_tools``) on the database, which is
     announced once the policy settings are known to be valid.
 
     Raises:
         SettingsError: a policy setting names an unknown tool or scope (nothing is opened).
         ManaAIError: the database could not be opened (or is not migrated).
     """
-    from worker.app import check_policy_settings, open_served_tools
+    from worker.daemon.app import check_policy_settings, open_served_tools
     from worker.tools import builtin_tool_catalog
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
@@ -91,7 +91,7 @@ async def served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, M
 @asynccontextmanager
 async def admin_store(settings: Settings) -> AsyncIterator[AdminStore]:
     """An ``AdminStore`` on the configured (or embedded) database, closed on exit."""
-    from worker.db.admin import AdminStore
+    from worker.store.admin import AdminStore
 
     async with database(settings) as engine:
         yield AdminStore(engine)
@@ -100,7 +100,7 @@ async def admin_store(settings: Settings) -> AsyncIterator[AdminStore]:
 @asynccontextmanager
 async def policy_store(settings: Settings) -> AsyncIterator[PolicyStore]:
     """A ``PolicyStore`` on the configured (or embedded) database, closed on exit."""
-    from worker.db.policy import PolicyStore
+    from worker.store.user_policy import PolicyStore
 
     async with database(settings) as engine:
         yield PolicyStore(engine)

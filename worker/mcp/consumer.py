@@ -29,9 +29,9 @@ from planner.errors import RunInterrupted
 from planner.execution import ExecutedCall, execute_calls
 from planner.policy import UserPolicySettings
 from worker import metrics
-from worker.db.mcp import McpPrincipal, McpStore
-from worker.gate import PolicySetup
-from worker.storable import call_outcome, invocation_row, json_safe
+from worker.run.mission_gate import PolicySetup
+from worker.store.mcp_tokens import McpPrincipal, McpStore
+from worker.store.rows import call_outcome, invocation_row, json_safe
 
 __all__ = ["ServedTools", "tool_annotations"]
 

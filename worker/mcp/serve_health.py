@@ -28,8 +28,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from worker.db.engine import describe_error
-from worker.db.transient import is_transient
+from worker.store.engine import describe_error
+from worker.store.transient import is_transient
 
 __all__ = [
     "HEALTH_CACHE_S",
@@ -128,7 +128,7 @@ def _root(exc: BaseException) -> BaseException:
 
 class DatabaseFaults:
     """ASGI middleware: a request whose handling raised a transient database failure
-    (``worker.db.transient.is_transient``) before its answer started gets 503 with a JSON-RPC
+    (``worker.store.transient.is_transient``) before its answer started gets 503 with a JSON-RPC
     error and ``Retry-After``, and the log one warning line (see the module docstring)."""
 
     def __init__(self, app: ASGIApp) -> None:

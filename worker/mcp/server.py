@@ -44,9 +44,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker.db.mcp import McpPrincipal, McpStore, hash_token
 from worker.mcp.consumer import ServedTools
 from worker.mcp.serve_health import DatabaseFaults, DatabaseHealth, ping_database
+from worker.store.mcp_tokens import McpPrincipal, McpStore, hash_token
 
 __all__ = ["McpHttpServer", "StoreTokenVerifier", "build_mcp_server", "serve_stdio"]
 

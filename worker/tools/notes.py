@@ -13,7 +13,7 @@ is not idempotent: re-applying an old change could undo a newer one).
 Results are JSON objects (timestamps as ISO-8601 strings in UTC). Failures the model should
 react to (an unknown id, an update with nothing to change) raise ``LookupError`` /
 ``ValueError`` with a message written for the model; the loop turns them into error tool
-results. A database that fails transiently (``worker.db.transient.is_transient``) is not the
+results. A database that fails transiently (``worker.store.transient.is_transient``) is not the
 model's to handle: the tools raise ``RunInterrupted``, the run stops and resumes later (a
 write in flight is then reported by its ``outcome_of``).
 """
@@ -31,9 +31,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.errors import RunInterrupted
 from planner.tools import ToolContext, ToolSpec
-from worker.db.engine import describe_error
-from worker.db.tables import notes
-from worker.db.transient import is_transient
+from worker.store.engine import describe_error
+from worker.store.tables import notes
+from worker.store.transient import is_transient
 
 __all__ = [
     "BODY_MAX_CHARS",

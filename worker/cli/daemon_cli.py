@@ -1,0 +1,88 @@
+"""``mana-ai tick`` and ``mana-ai worker``: running missions."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+from worker.cli.args import json_flag
+from worker.cli.output import print_json
+from worker.settings import Settings
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add ``tick`` and ``worker``."""
+    tick = commands.add_parser(
+        "tick",
+        help="Run one tick: claim due missions, run them, store iterations, exit.",
+        description="Claim the due missions (up to MANA_AI_MAX_CONCURRENT_MISSIONS), run them, "
+        "wait for them and exit. Exit status 1 if any run failed.",
+    )
+    tick.add_argument("--once", action="store_true", help="run a single tick (the default)")
+    json_flag(tick)
+    tick.set_defaults(command_fn=_tick, verbose_logs=True)
+
+    worker = commands.add_parser(
+        "worker",
+        help="Run the daemon: tick every MANA_AI_TICK_INTERVAL_S until SIGTERM/SIGINT.",
+        description="Run the daemon. Waits up to a minute for an external database that "
+        "does not answer yet, migrates the schema, serves /metrics and "
+        "/healthz on MANA_AI_METRICS_PORT, and on SIGTERM/SIGINT stops claiming, lets running "
+        "missions finish within MANA_AI_SHUTDOWN_GRACE_S and exits 0.",
+    )
+    worker.set_defaults(command_fn=_worker, verbose_logs=True)
+
+
+async def _tick(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.cli.stores import announce_database
+    from worker.daemon.app import check_policy_settings, open_app
+    from worker.tools import builtin_tool_catalog
+
+    check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
+    announce_database(settings)
+    async with open_app(settings) as app:
+        outcomes = await app.worker.run_once()
+    if args.json:
+        print_json({"missions_run": len(outcomes), "outcomes": outcomes})
+    else:
+        print(f"tick ran {len(outcomes)} mission(s): {', '.join(outcomes) or 'none due'}")
+    return 1 if any(o in ("failed", "error") for o in outcomes) else 0
+
+
+async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.cli.stores import announce_database
+    from worker.daemon.app import check_policy_settings, wait_for_database
+    from worker.daemon.scheduler import serve
+    from worker.tools import builtin_tool_catalog
+
+    check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
+    announce_database(settings)
+    # a worker started during an outage rides it out as a running one does (up to a minute);
+    # SIGTERM / SIGINT meanwhile end it with status 0, as they end a running worker
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(wait_for_database(settings))
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        waiting.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+        print("mana-ai: stopped before the database answered", file=sys.stderr)
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return await serve(settings)

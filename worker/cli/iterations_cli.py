@@ -1,0 +1,302 @@
+"""``mana-ai iterations``: stored mission runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+
+from worker.admin.replay import (
+    ReplayError,
+    checked_iteration,
+    is_summary,
+    message_label,
+    policy_text,
+)
+from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
+from worker.cli.output import fmt, print_json, table
+from worker.cli.stores import admin_store
+from worker.settings import Settings
+from worker.terminal_text import visible, visible_line
+
+__all__ = ["register", "unsupported_figures", "verdict"]
+
+
+def register(commands: Any) -> None:
+    """Add ``iterations list|show``."""
+    it = group(commands, "iterations", "Iterations: stored mission runs.")
+    lst = it.add_parser(
+        "list", help="List iterations.", description="List iterations, newest first."
+    )
+    lst.add_argument("--mission", type=row_id, help="only this mission's iterations")
+    lst.add_argument("--limit", type=limit, default=20, help="rows at most (20)")
+    json_flag(lst)
+    lst.set_defaults(command_fn=_list)
+    show = it.add_parser(
+        "show",
+        help="Show one iteration: its message log and tool calls.",
+        description="Show one iteration: outcome, usage, the stored message log and every tool "
+        "call with its arguments, result or error.",
+    )
+    show.add_argument("id", type=iteration_ref, help="iteration id, or 'latest'")
+    json_flag(show)
+    show.set_defaults(command_fn=_show)
+
+
+async def _list(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        if args.mission is not None:
+            await admin.get_mission(args.mission)  # NotFoundError (exit 1) rather than "(none)"
+        rows = await admin.list_iterations(mission_id=args.mission, limit=args.limit)
+    if args.json:
+        print_json(rows)
+    else:
+        for row in rows:
+            row["tokens"] = row["prompt_tokens"] + row["completion_tokens"]
+        table(
+            rows,
+            [
+                "id",
+                "mission_id",
+                "scheduled_for",
+                "status",
+                "attempt",
+                "rounds",
+                "tokens",
+                "stop_reason",
+                "error",
+            ],
+        )
+    return 0
+
+
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    async with admin_store(settings) as admin:
+        it = await admin.get_iteration(await admin.iteration_id_or_latest(args.id))
+    if args.json:
+        print_json(it)
+        return 0
+    try:
+        checked_iteration(it)
+    except ReplayError as exc:  # edited by hand or corrupt: show it as stored, say what is wrong
+        print_json(it)
+        print(
+            f"mana-ai: error: iteration {it['id']} cannot be shown as a conversation: {exc} "
+            "(printed as stored above)",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"iteration {it['id']} of mission {it['mission_id']}: {it['status']} "
+        f"(attempt {it['attempt']}, worker {visible_line(it['worker_id'])})"
+    )
+    print(
+        f"  scheduled for {fmt(it['scheduled_for'])}, started {fmt(it['started_at'])}, "
+        f"finished {fmt(it['finished_at'])}"
+    )
+    infos = [m["reply_info"] for m in it["messages"] if m.get("reply_info")]
+    estimated = any((i.get("usage") or {}).get("estimated") for i in infos)
+    print(
+        f"  rounds {it['rounds']}, tokens {it['prompt_tokens']} prompt + "
+        f"{it['completion_tokens']} completion"
+        f"{' (partly estimated: the endpoint did not report all usage)' if estimated else ''}, "
+        f"stop reason {visible_line(str(it['stop_reason']))}"
+    )
+    if it["error"]:
+        print(f"  error: {visible_line(it['error'])}")
+    done = [c for c in it.get("compactions") or [] if not c.get("error")]
+    folded = sum(int(c.get("folded_turns") or 0) for c in done)
+    if done:
+        print(
+            f"  compactions: {len(done)} ({folded} turn(s) folded into summaries; "
+            f"`mana-ai replay {it['id']}` shows them in place)"
+        )
+    attempts = it.get("attempts") or []
+    if len(attempts) > 1:
+        print("  attempts: " + visible_line("; ".join(_attempt_text(a) for a in attempts)))
+    _print_log(
+        it["messages"], it.get("reminders") or [], attempts, folded_rounds=folded, it_id=it["id"]
+    )
+    print("\ntool calls:")
+    if not it["tool_invocations"]:
+        print("  (none)")
+    for inv in it["tool_invocations"]:
+        detail = (
+            f"error: {inv['error']}" if inv["error"] else f"result: {json.dumps(inv['result'])}"
+        )
+        print(
+            f"  round {inv['round']} {visible_line(inv['tool'])}({json.dumps(inv['arguments'])}) "
+            f"{inv['outcome']} in {inv['duration_ms']:.1f} ms; {visible_line(detail)}"
+        )
+        policy = policy_text(inv.get("policy_decision"), inv.get("policy_mode"))
+        if policy:
+            print(f"    policy: {visible_line(policy)}")
+    print(f"\n{visible_line(verdict(it))}")
+    return 0
+
+
+def _attempt_text(attempt: dict[str, Any]) -> str:
+    text = f"{attempt.get('attempt')} by {attempt.get('worker_id')}"
+    resumed = attempt.get("resumed_after_round")
+    if resumed is not None:
+        text += f" (resumed after round {resumed})" if resumed else " (started over)"
+    return text
+
+
+_FIGURE = re.compile(r"\d[\d:.,/+\-T]*\d")
+"""A figure in an answer: two or more digits, with the separators of times, dates, decimals
+(``23:45:17``, ``2026-11-29T23:45:17+00:00``, ``1,234.5``, ``42``)."""
+_SHOWN_FIGURES = 3
+
+
+def verdict(iteration: dict[str, Any]) -> str:
+    """One line on what the tools did in ``iteration`` (a stored iteration as
+    ``AdminStore.get_iteration`` returns it), for the end of ``iterations show``.
+
+    It names each tool call with its outcome and policy hint and counts the writes that ran;
+    then it checks the final answer: every figure in it (a time, a date, an id, a number of
+    two or more digits) should come from a tool result, an error the model read, or the
+    objective; figures from nowhere are named (the model made them up). E.g.
+    ``verdict: succeeded; tools: clock_now ok (read); every figure in the answer came from a
+    tool or the objective``.
+    """
+    status = str(iteration.get("status"))
+    if status != "succeeded" and iteration.get("stop_reason"):
+        status += f" ({iteration['stop_reason']})"
+    calls = iteration.get("tool_invocations") or []
+    parts = [f"verdict: {status}"]
+    if not calls:
+        parts.append("no tool ran")
+    else:
+        hints = _policy_hints()
+        described = [
+            f"{c['tool']} {c['outcome']}" + (f" ({hints[c['tool']]})" if c["tool"] in hints else "")
+            for c in calls
+        ]
+        if len(described) > 6:
+            described = [*described[:6], f"and {len(described) - 6} more"]
+        parts.append("tools: " + ", ".join(described))
+        writes = [c for c in calls if hints.get(c["tool"]) in ("write", "destructive")]
+        if writes:
+            ran = sum(1 for c in writes if c["outcome"] == "ok")
+            parts.append(f"{ran} of {len(writes)} write(s) ran")
+        else:
+            parts.append("nothing was written")
+    answer = _final_answer(iteration.get("messages") or [])
+    if answer is None:
+        parts.append("no answer")
+    else:
+        unsupported = unsupported_figures(answer, _known_text(iteration))
+        if unsupported:
+            shown = ", ".join(unsupported[:_SHOWN_FIGURES])
+            more = len(unsupported) - _SHOWN_FIGURES
+            parts.append(
+                f"the answer states {shown}{f' and {more} more' if more > 0 else ''}, "
+                "which no tool returned"
+            )
+        elif _FIGURE.search(answer):
+            parts.append("every figure in the answer came from a tool or the objective")
+    return "; ".join(parts)
+
+
+def unsupported_figures(answer: str, known: str) -> list[str]:
+    """The figures of ``answer`` (see ``_FIGURE``) that are not in ``known``, in order, each
+    once."""
+    found = dict.fromkeys(m.group(0).rstrip(".,") for m in _FIGURE.finditer(answer))
+    return [f for f in found if f not in known]
+
+
+def _final_answer(messages: list[dict[str, Any]]) -> str | None:
+    last = messages[-1] if messages else None
+    if last and last.get("role") == "assistant" and not last.get("tool_calls"):
+        content = last.get("content")
+        return content if isinstance(content, str) and content.strip() else None
+    return None
+
+
+def _known_text(iteration: dict[str, Any]) -> str:
+    """What the model was told: the objective and system prompt, tool results and errors
+    (every call's, folded ones included; not a compaction's summary, which a model wrote)."""
+    texts = [
+        str(m.get("content") or "")
+        for m in iteration.get("messages") or []
+        if m.get("role") in ("system", "user", "tool") and not is_summary(m)
+    ]
+    for call in iteration.get("tool_invocations") or []:
+        texts.append(json.dumps(call.get("result"), ensure_ascii=False))
+        texts.append(str(call.get("error") or ""))
+    return "\n".join(texts)
+
+
+def _policy_hints() -> dict[str, str]:
+    from worker.tools import builtin_tool_catalog
+
+    return {t.name: t.policy_hint for t in builtin_tool_catalog()}
+
+
+def _print_log(
+    messages: list[dict[str, Any]],
+    reminders: list[dict[str, Any]],
+    attempts: list[dict[str, Any]] | None = None,
+    *,
+    folded_rounds: int = 0,
+    it_id: Any = None,
+) -> None:
+    """The message log, round by round, with the reminders sent with each round's request
+    under its header (they were never part of the stored log), and a line where a takeover
+    resumed the run. A compacted log's rounds are numbered after the ``folded_rounds`` its
+    summary stands for (those rounds, and their reminders, are ``mana-ai replay``'s)."""
+    print("\nmessage log (reminders: sent with that round's request only, not in the log):")
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for reminder in reminders:
+        by_round.setdefault(int(reminder.get("round", 0)), []).append(reminder)
+    resumed: dict[int, list[dict[str, Any]]] = {}
+    for attempt in attempts or []:
+        after = attempt.get("resumed_after_round")
+        if after:  # 0 or absent: that attempt started from the beginning
+            resumed.setdefault(int(after) + 1, []).append(attempt)
+
+    def header(round_no: int, note: str = "") -> None:
+        for attempt in resumed.pop(round_no, []):
+            print(
+                f"  == attempt {attempt.get('attempt')} "
+                f"(worker {visible_line(str(attempt.get('worker_id')))}) "
+                f"resumed here, after round {round_no - 1} =="
+            )
+        print(f"  -- round {round_no}{note} --")
+        for reminder in by_round.pop(round_no, []):
+            print(
+                f"  [reminder {visible_line(str(reminder.get('producer')))}] "
+                f"{visible_line(str(reminder.get('text')))}"
+            )
+
+    round_no = folded_rounds
+    for folded in range(1, folded_rounds + 1):
+        by_round.pop(folded, None)
+        resumed.pop(folded, None)
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            round_no += 1
+            header(round_no)
+        if folded_rounds and is_summary(message):
+            print(
+                f"  (rounds 1-{folded_rounds} were folded into the summary below; "
+                f"`mana-ai replay {it_id}` shows them in place)"
+            )
+        label = message_label(message)
+        if message.get("content") is not None:
+            content = visible(str(message["content"])).replace("\n", "\n    ")
+            print(f"  {visible_line(label)} {content}")
+        for call in message.get("tool_calls", []):
+            arguments = json.dumps(call.get("arguments", {}))
+            if call.get("raw_arguments") is not None:
+                arguments = f"<undecodable: {call['raw_arguments']!r}>"
+            print(
+                f"  {visible_line(label)} calls {visible_line(str(call['name']))}({arguments}) "
+                f"id={visible_line(str(call['id']))}"
+            )
+    for leftover in sorted(by_round):  # a round whose request got no answer
+        header(leftover, " (no answer)")

@@ -1,0 +1,386 @@
+"""The composition root: Settings → engine, store, tools, chat model, runner, worker.
+
+Nothing below this module reads settings; they receive explicit, typed configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import ChatModel, ToolSpec
+from worker.daemon.tick import Worker
+from worker.errors import DatabaseError, SettingsError
+from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
+from worker.mcp.sources import McpToolSources
+from worker.metrics import HealthState
+from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
+from worker.run.mission_gate import PolicySetup, policy_config_from_settings
+from worker.run.runner import CompactionSetup, MissionRunner
+from worker.settings import Settings
+from worker.store.base import ClaimedMission, MissionStore
+from worker.store.engine import check_connection, create_engine, resolve_database_url
+from worker.store.migrate import current_revision, head_revision, upgrade_database
+from worker.store.postgres import PostgresMissionStore
+from worker.store.user_policy import PolicyStore, PostgresCallLedger
+from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
+
+if TYPE_CHECKING:  # the MCP SDK is imported by the commands that need it
+    from worker.mcp.consumer import ServedTools
+    from worker.store.mcp_tokens import McpStore
+
+__all__ = [
+    "App",
+    "allowed_tools_for",
+    "application_name",
+    "check_policy_settings",
+    "gate_lane",
+    "gate_lane_size",
+    "mcp_policy_setup",
+    "mission_policy_setup",
+    "offered_tools",
+    "open_app",
+    "open_database",
+    "open_served_tools",
+    "wait_for_database",
+    "web_fetch_config",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def open_database(
+    settings: Settings, *, migrate: bool | None = None, pool_size: int | None = None
+) -> AsyncIterator[AsyncEngine]:
+    """An engine for the configured (or embedded) database, disposed on exit.
+
+    Args:
+        migrate: ``True`` upgrades the schema to head (under the advisory lock); ``False``
+            requires it to be at head already; ``None`` (default) migrates the embedded
+            database and requires an external one to be migrated.
+        pool_size: connections kept open (default ``MANA_AI_DB_POOL_SIZE``).
+
+    Raises:
+        DatabaseError: the database is unreachable, or not migrated when ``migrate`` is false.
+    """
+    url = await resolve_database_url(settings)
+    engine = create_engine(
+        url,
+        pool_size=pool_size or settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pgbouncer=settings.pgbouncer,
+        application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
+    )
+    try:
+        await check_connection(engine)
+        if migrate is None:
+            migrate = settings.database_url is None
+        if migrate:
+            await upgrade_database(engine)
+        else:
+            current = await current_revision(engine)
+            head = head_revision()
+            if current != head:
+                raise DatabaseError(
+                    f"the database schema is at revision {current or '(none)'}, "
+                    f"this mana-ai needs {head}: run `mana-ai db upgrade` first"
+                )
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+DATABASE_START_WAIT_S = 60.0
+"""Seconds ``mana-ai worker`` waits at start for a database that is not reachable yet."""
+
+
+async def wait_for_database(settings: Settings, *, wait_s: float = DATABASE_START_WAIT_S) -> None:
+    """Return once the configured database answers, retrying transient failures (refused,
+    reset, the server starting up) with backoff for up to ``wait_s`` seconds, a log line per
+    attempt (``check_connection``): a daemon started during an outage, or before its
+    database in a deployment, rides it out as a running one does. The embedded database
+    (``MANA_AI_DATABASE_URL`` unset) is started, not waited for: nothing to do.
+
+    Raises:
+        DatabaseError: still unreachable after ``wait_s``, or a failure that is not
+            transient (at once): the error ``open_database`` gives.
+    """
+    if settings.database_url is None:
+        return
+    engine = create_engine(
+        settings.database_url,
+        pool_size=1,
+        max_overflow=0,
+        pgbouncer=settings.pgbouncer,
+        application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
+    )
+    try:
+        await check_connection(engine, wait_s=wait_s)
+    finally:
+        await engine.dispose()
+
+
+GATE_LANE_MIN_POOL = 4
+"""From this ``MANA_AI_DB_POOL_SIZE`` on, one of the pool's connections is the policy gate's
+own (``gate_lane``)."""
+
+
+def gate_lane_size(settings: Settings) -> int:
+    """Connections of the worker's pool that are the gate's own: 1 from ``GATE_LANE_MIN_POOL``
+    on, else 0 (a small pool is shared)."""
+    return 1 if settings.db_pool_size >= GATE_LANE_MIN_POOL else 0
+
+
+@asynccontextmanager
+async def gate_lane(settings: Settings, engine: AsyncEngine) -> AsyncIterator[AsyncEngine]:
+    """The engine the policy gate's ledger uses: a connection of its own to the database of
+    ``engine`` when ``gate_lane_size`` says so (its reservations never wait behind the
+    missions' statements for a pooled connection, however many missions run), else
+    ``engine`` itself. Disposed on exit."""
+    if not gate_lane_size(settings):
+        yield engine
+        return
+    lane = create_engine(
+        engine.url.render_as_string(hide_password=False),
+        pool_size=1,
+        max_overflow=0,
+        pgbouncer=settings.pgbouncer,
+        application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
+    )
+    try:
+        yield lane
+    finally:
+        await lane.dispose()
+
+
+def application_name(worker_id: str) -> str:
+    """``mana-ai/<worker id>``, the ``application_name`` of a worker's connections, so that
+    ``pg_stat_activity`` shows which replica holds which; PostgreSQL keeps 63 bytes of it."""
+    return f"mana-ai/{worker_id}"[:63]
+
+
+def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) -> list[ToolSpec]:
+    """``tools`` restricted to the agent's allow-list, in registry order. ``None`` (no list)
+    means every tool except the opt-in ones (``web_fetch``), which must be named."""
+    if allowed is None:
+        return [t for t in tools if t.name not in OPT_IN_TOOLS]
+    wanted = set(allowed)
+    return [t for t in tools if t.name in wanted]
+
+
+def offered_tools(
+    tools: Sequence[ToolSpec], allowed: Sequence[str] | None, scopes: Sequence[str]
+) -> list[ToolSpec]:
+    """The tools a mission's model is offered: the agent's allow-list (``allowed_tools_for``)
+    within ``MANA_AI_POLICY_MISSION_SCOPES`` (``scopes``; empty: every scope). Tools outside
+    those scopes are not offered; the gate still refuses them, should a model call one."""
+    offered = allowed_tools_for(tools, allowed)
+    return [t for t in offered if not scopes or t.scope in scopes]
+
+
+def check_policy_settings(settings: Settings, tools: Sequence[ToolSpec]) -> None:
+    """Refuse ``MANA_AI_POLICY_TOOL_RATE_LIMITS`` / ``MANA_AI_POLICY_MISSION_SCOPES`` /
+    ``MANA_AI_MCP_SCOPES`` that name no tool or scope of ``tools`` (raises SettingsError with
+    the known names). MCP servers' tools (``NAME__tool``) and scopes (``mcp:NAME``) are known
+    only when a run lists them, so any well-formed such name is accepted for missions;
+    ``mana-ai mcp serve`` exposes built-in tools only."""
+    names = sorted({t.name for t in tools})
+    scopes = sorted({t.scope for t in tools})
+    problems = []
+    unknown_tools = sorted(
+        t for t in set(settings.policy_tool_rate_limits) - set(names) if not is_mcp_tool_name(t)
+    )
+    if unknown_tools:
+        problems.append(
+            f"MANA_AI_POLICY_TOOL_RATE_LIMITS: unknown tool(s) {', '.join(unknown_tools)}; "
+            f"known: {', '.join(names)} (and MCP servers' tools, NAME__tool)"
+        )
+    unknown_scopes = sorted(
+        s for s in set(settings.policy_mission_scopes) - set(scopes) if not is_mcp_scope(s)
+    )
+    if unknown_scopes:
+        problems.append(
+            f"MANA_AI_POLICY_MISSION_SCOPES: unknown scope(s) {', '.join(unknown_scopes)}; "
+            f"known: {', '.join(scopes)} (and MCP servers' scopes, mcp:NAME)"
+        )
+    unknown_mcp = sorted(set(settings.mcp_scopes) - set(scopes))
+    if unknown_mcp:
+        problems.append(
+            f"MANA_AI_MCP_SCOPES: unknown scope(s) {', '.join(unknown_mcp)}; "
+            f"known: {', '.join(scopes)}"
+        )
+    if problems:
+        raise SettingsError("\n".join(problems))
+
+
+def mission_policy_setup(
+    settings: Settings, engine: AsyncEngine, tools: Sequence[ToolSpec]
+) -> PolicySetup:
+    """The mission runner's policy gate setup: ``MANA_AI_POLICY_*`` with the ledger on
+    ``engine``.
+
+    Raises:
+        SettingsError: a setting names a tool or scope that none of ``tools`` has (a typo
+            would otherwise deny every call, or limit nothing).
+    """
+    check_policy_settings(settings, tools)
+    exposed = frozenset(settings.policy_mission_scopes) or None
+    return PolicySetup(
+        default_mode=settings.policy_mode,
+        config=policy_config_from_settings(settings, exposed_scopes=exposed),
+        ledger=PostgresCallLedger(engine),
+        consumer="mission",
+    )
+
+
+def mcp_policy_setup(
+    settings: Settings, engine: AsyncEngine, tools: Sequence[ToolSpec]
+) -> PolicySetup:
+    """The MCP server's policy gate setup: the same ``MANA_AI_POLICY_*`` rules, ledger and
+    mode as missions, consumer ``mcp``, exposing ``MANA_AI_MCP_SCOPES`` (unset: every scope).
+
+    Raises:
+        SettingsError: a setting names a tool or scope that none of ``tools`` has.
+    """
+    check_policy_settings(settings, tools)
+    exposed = frozenset(settings.mcp_scopes) or None
+    return PolicySetup(
+        default_mode=settings.policy_mode,
+        config=policy_config_from_settings(settings, exposed_scopes=exposed),
+        ledger=PostgresCallLedger(engine),
+        consumer="mcp",
+    )
+
+
+@asynccontextmanager
+async def open_served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, McpStore]]:
+    """The tools ``mana-ai mcp serve`` offers (every built-in tool, behind the MCP consumer's
+    gate) and the store of its tokens and calls, on the configured database.
+
+    Raises:
+        SettingsError: a policy setting names an unknown tool or scope (before the database
+            is opened).
+        ManaAIError: the database could not be opened (or is not migrated).
+    """
+    from worker.mcp.consumer import ServedTools
+    from worker.store.mcp_tokens import McpStore
+
+    check_policy_settings(settings, builtin_tool_catalog())
+    async with open_database(settings) as engine:
+        tools = builtin_tools(engine, web=web_fetch_config(settings))
+        store = McpStore(engine)
+        served = ServedTools(
+            tools=tools,
+            policy=mcp_policy_setup(settings, engine, tools),
+            store=store,
+            user_settings=PolicyStore(engine).user_settings,
+            tool_timeout_s=settings.tool_timeout_s,
+        )
+        yield served, store
+
+
+def web_fetch_config(settings: Settings) -> WebFetchConfig:
+    """The ``MANA_AI_WEB_*`` settings as web_fetch's configuration."""
+    return WebFetchConfig(
+        allow_private=settings.web_allow_private,
+        allow_domains=settings.web_allow_domains,
+        deny_domains=settings.web_deny_domains,
+        timeout_s=settings.web_timeout_s,
+        max_bytes=settings.web_max_bytes,
+        max_chars=settings.web_max_chars,
+        max_redirects=settings.web_max_redirects,
+    )
+
+
+@dataclass
+class App:
+    """The wired worker and what it owns."""
+
+    engine: AsyncEngine
+    store: MissionStore
+    llm: InstrumentedChatModel
+    worker: Worker
+    health: HealthState
+
+
+@asynccontextmanager
+async def open_app(
+    settings: Settings, *, llm: ChatModel | None = None, migrate: bool | None = None
+) -> AsyncIterator[App]:
+    """Wire a Worker from ``settings``; ``llm`` overrides the configured chat model.
+
+    Raises:
+        SettingsError: a policy setting names an unknown tool or scope (before the database
+            is opened).
+        ManaAIError: the database could not be opened or migrated.
+    """
+    check_policy_settings(settings, builtin_tool_catalog())
+    lane = gate_lane_size(settings)
+    async with (
+        open_database(settings, migrate=migrate, pool_size=settings.db_pool_size - lane) as engine,
+        gate_lane(settings, engine) as ledger_engine,
+    ):
+        store = PostgresMissionStore(engine)
+        tools = builtin_tools(engine, web=web_fetch_config(settings))
+        chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
+        summariser = build_summariser(settings, chat)
+
+        def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
+            return offered_tools(tools, mission.allowed_tools, settings.policy_mission_scopes)
+
+        lease = timedelta(seconds=settings.lease_s)
+        policy = mission_policy_setup(settings, ledger_engine, tools)
+        runner = MissionRunner(
+            store=store,
+            llm=chat,
+            tools_for=tools_for,
+            worker_id=settings.worker_id,
+            lease=lease,
+            default_model=settings.llm_model,
+            policy=policy,
+            reminders=settings.reminders == "on",
+            reminders_disabled=settings.reminders_disabled,
+            checkpoint_every=settings.checkpoint_every_rounds,
+            reminder_role=settings.reminder_role,
+            compaction=CompactionSetup(
+                llm=summariser,
+                max_ctx=settings.compact_max_ctx,
+                threshold=settings.compact_threshold,
+                max_per_iteration=settings.compact_max_per_iteration,
+                model=settings.compact_model,
+                summariser_max_ctx=settings.compact_model_max_ctx,
+            ),
+            max_parallel_reads=settings.max_parallel_reads,
+            tool_timeout_s=settings.tool_timeout_s,
+            tool_sources=McpToolSources(
+                list_timeout_s=settings.mcp_list_timeout_s,
+                max_result_chars=settings.mcp_max_result_chars,
+                # past the loop's own tool timeout, whose message says more
+                call_timeout_s=settings.tool_timeout_s + 5,
+            ),
+        )
+        health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
+        worker = Worker(
+            store=store,
+            runner=runner,
+            worker_id=settings.worker_id,
+            max_concurrent_missions=settings.max_concurrent_missions,
+            lease=lease,
+            health=health,
+        )
+        try:
+            yield App(engine, store, chat, worker, health)
+        finally:
+            await chat.aclose()
+            if summariser is not chat:
+                await summariser.aclose()

@@ -1,0 +1,226 @@
+"""One tick: claim the due missions this worker has room for, and run them.
+
+``Worker.tick()`` claims up to ``max_concurrent_missions - running`` missions and starts one
+task per mission; the tasks outlive the tick, so a long mission never delays the next tick.
+``Worker.run(interval_s)`` is the daemon's one tick trigger: a loop that ticks at start, then
+whenever the interval has elapsed or ``wake()`` was called. ``Worker.run_once()`` is a tick
+that waits for its missions (``mana-ai tick --once``). ``Worker.drain(grace)`` stops claiming,
+waits up to ``grace`` for running missions, then cancels the rest (each records an
+``interrupted`` iteration and releases its lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from worker import metrics
+from worker.run.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
+from worker.store.base import ClaimedMission, MissionStore
+
+__all__ = ["Worker"]
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Claims and runs missions for one worker id.
+
+    Args:
+        store: the database seam.
+        runner: runs one claimed mission.
+        worker_id: the lease owner id (unique per replica).
+        max_concurrent_missions: missions run at once at most (≥ 1).
+        lease: how long a claim lasts before another worker may take the mission.
+        health: updated after every tick (for /healthz); optional.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: MissionStore,
+        runner: MissionRunner,
+        worker_id: str,
+        max_concurrent_missions: int,
+        lease: timedelta,
+        health: metrics.HealthState | None = None,
+    ) -> None:
+        if max_concurrent_missions < 1:
+            raise ValueError(f"max_concurrent_missions must be >= 1, got {max_concurrent_missions}")
+        self.store = store
+        self.runner = runner
+        self.worker_id = worker_id
+        self.max_concurrent_missions = max_concurrent_missions
+        self.lease = lease
+        self.health = health
+        self.running: set[asyncio.Task[RunOutcome]] = set()
+        self.stopping = False
+        # tick() is public (run, run_once, tests): drain waits on this for a tick in flight
+        self._tick_lock = asyncio.Lock()
+        self._failed_ticks = 0
+        self._wake = asyncio.Event()
+        self._backlog = False  # the last claim filled every free slot: more may be due
+
+    async def tick(self) -> list[asyncio.Task[RunOutcome]]:
+        """Claim due missions into free slots and start them; return the started tasks.
+
+        Raises whatever the database raises on claim (the caller logs it and ticks again).
+        """
+        async with self._tick_lock:
+            if self.stopping:
+                return []
+            started = time.perf_counter()
+            free = self.max_concurrent_missions - len(self.running)
+            claimed = await self.store.claim_due(
+                worker_id=self.worker_id,
+                limit=free,
+                lease=self.lease,
+                default_model=self.runner.default_model,
+                budget_window=BUDGET_WINDOW,
+            )
+            self._backlog = free > 0 and len(claimed) == free
+            tasks = [self._start(m) for m in claimed]
+            metrics.MISSIONS_CLAIMED.inc(len(claimed))
+            metrics.TICK_DURATION.observe(time.perf_counter() - started)
+            if claimed:
+                logger.info("tick claimed %d mission(s): %s", len(claimed), [m.id for m in claimed])
+            return tasks
+
+    async def tick_safely(self) -> None:
+        """``tick()`` that logs and counts a failure instead of raising (what ``run`` calls).
+
+        The first failure of a streak is logged with its traceback, the next ones as one line
+        each (a database outage would otherwise flood the log), and the recovery once.
+        """
+        try:
+            await self.tick()
+        except Exception as exc:
+            metrics.TICKS.labels(outcome="error").inc()
+            reason = f"{type(exc).__name__}: {exc}".strip()
+            if self.health:
+                self.health.tick_failed(reason)
+            self._failed_ticks += 1
+            if self._failed_ticks == 1:
+                logger.exception("tick failed (%s); retrying at every tick", reason)
+            else:
+                logger.warning("tick failed again (%d in a row): %s", self._failed_ticks, reason)
+        else:
+            metrics.TICKS.labels(outcome="ok").inc()
+            if self.health:
+                self.health.tick_ok()
+            if self._failed_ticks:
+                logger.info("tick recovered after %d failed tick(s)", self._failed_ticks)
+                self._failed_ticks = 0
+
+    def wake(self) -> None:
+        """Ask for a tick as soon as possible: a mission became due now (a NOTIFY from the
+        database), or a slot freed while due missions may be waiting. Wake-ups coalesce: many
+        before the tick runs give one tick. ``run`` acts on them; without it they wait."""
+        if not self.stopping:
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Stop claiming: ``tick()`` claims nothing from now on and ``run`` returns once the
+        tick in flight, if any, is done. Idempotent; running missions go on (``drain``)."""
+        self.stopping = True
+        self._wake.set()  # run's wait ends now, not at the next interval
+
+    async def run(self, interval_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """Tick (``tick_safely``) at once, then each time ``interval_s`` seconds have passed
+        since the last tick began or ``wake()`` was called, whichever comes first, until
+        ``stop()`` (or ``drain()``): the daemon's only tick trigger.
+
+        One tick at a time: a tick slower than the interval is followed at once by one more,
+        never overlapped, and the intervals it missed collapse into that one. Wake-ups
+        coalesce: any number before a tick begins are answered by it, and any during a tick
+        by one more right after it (that tick may have claimed before the mission it announces
+        was committed). A wake-up tick restarts the interval, so the interval is the longest
+        wait between two ticks, which ``/healthz`` relies on (stale after 3 intervals + 30 s).
+
+        Args:
+            interval_s: seconds (> 0); ``MANA_AI_TICK_INTERVAL_S`` in the daemon.
+            clock: monotonic seconds, read at each tick's start and end (tests move it on).
+
+        Raises:
+            ValueError: ``interval_s`` is not positive.
+        """
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        while not self.stopping:
+            self._wake.clear()  # the wake-ups so far are answered by this tick
+            begun = clock()
+            await self.tick_safely()
+            remaining = begun + interval_s - clock()
+            if remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._wake.wait()
+
+    async def run_once(self) -> list[RunOutcome]:
+        """One tick, then wait for the missions it started; their outcomes in claim order.
+
+        A run that raised (the database went away mid-run) counts as ``error``; its lease
+        expires and another tick runs it again.
+        """
+        tasks = await self.tick()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return [r if isinstance(r, str) else "error" for r in results]
+
+    async def drain(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
+        """Stop claiming; wait up to ``grace_s`` seconds (or until ``hurry`` is set), then
+        cancel what still runs and wait for the cancelled runs to record their interruption."""
+        self.stop()
+        async with self._tick_lock:  # a tick in flight finishes starting its missions
+            pending = set(self.running)
+        if not pending:
+            return
+        logger.info("waiting up to %.1f s for %d running mission(s)", grace_s, len(pending))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        hurried = asyncio.create_task(hurry.wait()) if hurry is not None else None
+        still: set[asyncio.Future[Any]] = set(pending)
+        try:
+            while still and (remaining := deadline - loop.time()) > 0:
+                waiting = still | {hurried} if hurried is not None else still
+                done, _ = await asyncio.wait(
+                    waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                if hurried is not None and hurried in done:
+                    logger.warning("asked again to stop: interrupting now")
+                    break
+                still -= done
+        finally:
+            if hurried is not None:
+                hurried.cancel()
+        still = {task for task in still if not task.done()}
+        for task in still:
+            task.cancel()
+        if still:
+            logger.warning("interrupting %d mission(s)", len(still))
+            await asyncio.gather(*still, return_exceptions=True)
+
+    def _start(self, mission: ClaimedMission) -> asyncio.Task[RunOutcome]:
+        task = asyncio.create_task(self.runner.run(mission), name=f"mission-{mission.id}")
+        self.running.add(task)
+        metrics.MISSIONS_RUNNING.set(len(self.running))
+        task.add_done_callback(functools.partial(self._finished, mission.id))
+        return task
+
+    def _finished(self, mission_id: int, task: asyncio.Task[RunOutcome]) -> None:
+        self.running.discard(task)
+        metrics.MISSIONS_RUNNING.set(len(self.running))
+        if self._backlog:  # a slot is free and the last claim left due missions behind
+            self.wake()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "mission run failed before its iteration was stored; another tick reruns it "
+                "once its lease expires",
+                exc_info=task.exception(),
+                extra={"mission_id": mission_id},
+            )

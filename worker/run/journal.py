@@ -1,0 +1,465 @@
+"""Durable iterations: what a run writes as it goes, and how a takeover goes on from it.
+
+* ``MissionJournal`` is the run's sink (``planner.RunSink``): it folds the run's events into
+  the run's record (``planner.RunLog``) and writes from that record, under the lease, one
+  statement at a time (``MissionStore.commit_round`` / ``record_call_start``):
+
+  - before a ``write`` or ``destructive`` call runs (``CallStarted``, awaited by the loop), the
+    log so far (which ends with the assistant message that issued the call), the calls of the
+    round that finished, and the call's ``started`` row; a call it cannot record does not run,
+    and one whose database stayed unreachable stops the run (``RunInterrupted``). With the
+    policy gate on, that statement is the gate's: it reserves the rate-limit slot and starts
+    the call together (``start_reserved``, used by ``worker.run.mission_gate.MissionGate``);
+  - a journaled call's outcome goes with the next statement the run makes (the next call's
+    start, or the round's commit);
+  - after a round that ran such a call, and at least every ``checkpoint_every`` rounds
+    otherwise, the round: the log, rounds, tokens, reminders, the round's rows and the
+    compactions not stored yet (``RoundEnded``).
+
+* ``resume_checkpoint`` turns what a takeover found (``StartedIteration``) into the loop's
+  ``Checkpoint`` and the rows that exist: the rounds done count toward ``max_rounds`` and their
+  tokens toward the budget; of the round under way, calls that finished keep their results, a
+  write whose outcome was never recorded is *not* run again (the model reads that its outcome
+  is unknown, with what the tool can tell about it: ``ToolSpec.outcome_of``), and the other
+  calls run.
+
+Read-only rounds are cheap to redo, so they are only committed every ``checkpoint_every``
+rounds (default 3): a mission of a few read-only rounds writes nothing more than before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from planner import (
+    CallFinished,
+    CallStarted,
+    ChatMessage,
+    Checkpoint,
+    ExecutedCall,
+    PolicyDecision,
+    RateLimit,
+    Reservation,
+    RoundEnded,
+    RunEvent,
+    RunInterrupted,
+    RunLog,
+    RunRecord,
+    SentReminder,
+    TokenUsage,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    messages_from_json,
+)
+from planner.compaction import estimate_message_tokens
+from worker.run.leases import HeldLease
+from worker.store.base import (
+    ClaimedMission,
+    MissionStore,
+    RoundCheckpoint,
+    StartedIteration,
+    ToolInvocationRow,
+)
+from worker.store.engine import describe_error
+from worker.store.rows import archive_row, invocation_row, json_safe, messages_json, started_row
+from worker.store.transient import is_transient
+
+__all__ = [
+    "CHECKPOINT_EVERY_ROUNDS",
+    "MissionJournal",
+    "StoredRows",
+    "context_at_checkpoint",
+    "resume_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHECKPOINT_EVERY_ROUNDS = 3
+"""A run commits its rounds at least this often even when they only read."""
+
+_FINAL_OUTCOMES = ("ok", "error", "denied")
+
+
+@dataclass
+class StoredRows:
+    """Which of a run's calls have a ``tool_invocations`` row (``ids``, by ``(round,
+    position)``) and which of those rows are up to date (``current``)."""
+
+    ids: dict[tuple[int, int], int] = field(default_factory=dict)
+    current: set[tuple[int, int]] = field(default_factory=set)
+
+
+class MissionJournal:
+    """The durable record of one run (see the module docstring).
+
+    Args:
+        store: the database seam.
+        mission: the mission (its lease is checked on every write).
+        iteration: the iteration row (its ``id`` and ``attempt``).
+        worker_id: this worker (the lease owner).
+        policy_mode: the mode the run's calls are decided in (recorded on each row).
+        specs: the run's tools by name (their policy hints decide what is journaled).
+        checkpoint_every: commit at least every this many rounds (≥ 1).
+        lease: the run's lease; every write retries transient database failures while it
+            holds (``HeldLease.retry``). ``None``: one attempt each.
+        rows: the rows a takeover found (``resume_checkpoint``).
+        archived: compactions of the iteration stored so far (a takeover's: the earlier
+            attempts'); the journal stores the later ones.
+        summariser: the summarising model's name, recorded on failed compaction attempts.
+
+    A call whose start cannot be recorded because the database stayed unreachable raises
+    ``RunInterrupted`` (the run stops and resumes later; the call never started, so it runs
+    then): the model is never told to try again for a fault that is not its own.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: MissionStore,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        worker_id: str,
+        policy_mode: str,
+        specs: Mapping[str, ToolSpec],
+        checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
+        lease: HeldLease | None = None,
+        rows: StoredRows | None = None,
+        archived: int = 0,
+        summariser: str | None = None,
+    ) -> None:
+        self.store = store
+        self.mission = mission
+        self.iteration_id = iteration.id
+        self.attempt = iteration.attempt
+        self.worker_id = worker_id
+        self.policy_mode = policy_mode
+        self.specs = specs
+        self.checkpoint_every = max(1, checkpoint_every)
+        self.lease = lease
+        self.rows = rows or StoredRows()
+        self.summariser = summariser
+        self.log = RunLog()
+        self._archived = archived
+        self._uncommitted_rounds = 0
+
+    @property
+    def record(self) -> RunRecord:
+        """The run's record so far."""
+        return self.log.snapshot()
+
+    def __call__(self, event: RunEvent) -> Awaitable[None] | None:
+        """Fold ``event``; write what it calls for (see the module docstring)."""
+        self.log.apply(event)
+        if isinstance(event, CallStarted):
+            if event.hint != "read" and (event.round, event.position) not in self.rows.ids:
+                return self._start(event)
+        elif isinstance(event, CallFinished):
+            key = (event.executed.round, event.executed.index)
+            if key in self.rows.ids and not event.settled:
+                self.rows.current.discard(key)  # its outcome goes with the next write
+        elif isinstance(event, RoundEnded):
+            return self._round_ended(event)
+        return None
+
+    # -- what is written --------------------------------------------------------------------
+
+    def checkpoint(self) -> RoundCheckpoint:
+        """What a write stores on the iteration row: the record's log, rounds, tokens and
+        reminders, and the compactions not stored yet."""
+        log = self.log
+        return RoundCheckpoint(
+            messages=messages_json(log.messages),
+            rounds=log.rounds,
+            prompt_tokens=log.usage.prompt_tokens,
+            completion_tokens=log.usage.completion_tokens,
+            reminders=[json_safe(r.to_json()) for r in log.reminders],
+            archive=tuple(
+                archive_row(entry, attempt=self.attempt, model=self.summariser)
+                for entry in log.archive
+                if entry.index > self._archived
+            ),
+        )
+
+    def pending_rows(self) -> list[ToolInvocationRow]:
+        """The ``tool_invocations`` rows still to write, in source order (round, then position
+        in the round: concurrent reads finish in any order, the stored story reads as the model
+        wrote it): new calls to insert, and stored rows whose outcome changed to update."""
+        rows = self.rows
+        return [
+            invocation_row(
+                call,
+                attempt=self.attempt,
+                policy_mode=self.policy_mode,
+                row_id=rows.ids.get((call.round, call.index)),
+            )
+            for call in self.log.calls_so_far()
+            if (call.round, call.index) not in rows.current
+        ]
+
+    def written(
+        self,
+        rows: Sequence[ToolInvocationRow],
+        new_ids: Mapping[tuple[int, int], int],
+        checkpoint: RoundCheckpoint,
+    ) -> None:
+        """``checkpoint`` and ``rows`` were stored; the new rows (no ``row_id``) got
+        ``new_ids`` (by ``(round, position)``; a row missing from them was not stored)."""
+        for row in rows:
+            key = (row.round, row.position)
+            row_id = row.row_id if row.row_id is not None else new_ids.get(key)
+            if row_id is None:
+                continue
+            self.rows.ids[key] = row_id
+            if row.outcome != "started":
+                self.rows.current.add(key)
+        if checkpoint.archive:
+            self._archived = max(r.compaction_index for r in checkpoint.archive)
+
+    async def start_reserved(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        ctx: ToolContext,
+        *,
+        round: int,
+        position: int,
+        limit: RateLimit,
+        consumer: str,
+        run_anyway: bool,
+    ) -> Reservation:
+        """The policy gate's statement for a write or destructive call: reserve its
+        rate-limit slot and, when one was taken (or ``run_anyway``: log-only runs a refused
+        call too), store the log so far and the call's ``started`` row, in one statement.
+
+        Raises:
+            RunInterrupted: the database stayed unreachable while the lease held (the call
+                does not run), or the lease was lost.
+        """
+        row = started_row(
+            call,
+            round=round,
+            position=position,
+            attempt=self.attempt,
+            idempotency_key=ctx.idempotency_key,
+            policy_mode=self.policy_mode,
+        )
+        row = dataclasses.replace(row, row_id=self.rows.ids.get((round, position)))
+        rows = [*self.pending_rows(), row]
+        checkpoint = self.checkpoint()
+        written = await self._write(
+            lambda: self.store.record_call_start(
+                self.mission,
+                self.iteration_id,
+                checkpoint,
+                rows,
+                worker_id=self.worker_id,
+                reserve=(limit, consumer, run_anyway),
+            ),
+            what=f"reserving and recording the start of {spec.name}",
+        )
+        assert written.reservation is not None
+        self.written(rows, written.ids, checkpoint)  # refused: the started row is not there
+        return written.reservation
+
+    async def _start(self, event: CallStarted) -> None:
+        row = started_row(
+            event.call,
+            round=event.round,
+            position=event.position,
+            attempt=self.attempt,
+            idempotency_key=event.idempotency_key,
+            policy_mode=self.policy_mode,
+        )
+        rows = [*self.pending_rows(), row]
+        checkpoint = self.checkpoint()
+        written = await self._write(
+            lambda: self.store.record_call_start(
+                self.mission, self.iteration_id, checkpoint, rows, worker_id=self.worker_id
+            ),
+            what=f"recording the start of {event.call.name}",
+        )
+        self.written(rows, written.ids, checkpoint)
+
+    async def _round_ended(self, event: RoundEnded) -> None:
+        """Commit the round when it ran a write or destructive call, or when enough read-only
+        rounds went by. A commit that fails is logged: the run goes on, and the next commit
+        (or the end of the run) writes it."""
+        self._uncommitted_rounds += 1
+        wrote = any(
+            c.ran and (spec := self.specs.get(c.call.name)) and spec.policy_hint != "read"
+            for c in event.calls
+        )
+        if not wrote and self._uncommitted_rounds < self.checkpoint_every:
+            return
+        await self.commit()
+
+    async def commit(self) -> bool:
+        """Commit everything not yet written; False when it could not."""
+        rows = self.pending_rows()
+        checkpoint = self.checkpoint()
+        try:
+            ids = await self._retry(
+                lambda: self.store.commit_round(
+                    self.mission, self.iteration_id, checkpoint, rows, worker_id=self.worker_id
+                ),
+                what="committing the round",
+            )
+        except Exception:
+            logger.exception("could not commit the round; the next commit will")
+            return False
+        if ids is None:
+            logger.warning("lease lost: the round was not committed")
+            return False
+        self.written(rows, ids, checkpoint)
+        self._uncommitted_rounds = 0
+        return True
+
+    async def _write(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """A write a call cannot run without: transient failures retried while the lease
+        holds, then ``RunInterrupted``."""
+        try:
+            return await self._retry(operation, what=what)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise RunInterrupted(
+                f"{what} failed: the database did not answer ({describe_error(exc)})"
+            ) from exc
+
+    async def _retry(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
+        if self.lease is None:
+            return await operation()
+        return await self.lease.retry(operation, what=what)
+
+
+async def resume_checkpoint(
+    started: StartedIteration,
+    *,
+    specs: Mapping[str, ToolSpec],
+    ctx: ToolContext,
+) -> tuple[Checkpoint, StoredRows]:
+    """The loop's ``Checkpoint`` for a takeover (see the module docstring), and which of the
+    pending round's calls have rows (so they are updated, not duplicated)."""
+    messages = messages_from_json(started.messages)
+    rows = StoredRows()
+    checkpoint = Checkpoint(
+        messages=messages,
+        rounds_done=started.rounds,
+        usage=TokenUsage(
+            prompt_tokens=started.prompt_tokens, completion_tokens=started.completion_tokens
+        ),
+        compactions_done=started.compactions,
+        compaction_attempts=started.compaction_attempts,
+        context_tokens=context_at_checkpoint(messages, started),
+        reminders=tuple(
+            SentReminder(int(r["round"]), str(r["producer"]), str(r["text"]))
+            for r in started.reminders
+        ),
+    )
+    pending = checkpoint.pending_calls()
+    if not pending:
+        return checkpoint, rows
+    latest: dict[int, dict[str, Any]] = {}
+    for stored_row in started.pending_rows:  # ordered by id: a later one of a position wins
+        latest[int(stored_row["position"])] = stored_row
+    settled: dict[int, ExecutedCall] = {}
+    for position, call in enumerate(pending):
+        row = latest.get(position)
+        if row is None:
+            continue  # never started (or a read): it runs now
+        key = (started.rounds, position)
+        rows.ids[key] = int(row["id"])
+        if row["outcome"] in _FINAL_OUTCOMES:
+            rows.current.add(key)
+            settled[position] = _finished_call(started.rounds, position, call, row)
+            continue
+        spec = specs.get(call.name)
+        if spec is not None and spec.idempotent:
+            continue  # in flight, but safe to run again with its key: it runs now
+        # started or unknown: it may have taken effect
+        report = await _outcome_report(spec, call, ctx.for_call(started.rounds, position))
+        settled[position] = _unknown_call(started.rounds, position, call, started, report)
+    return (
+        Checkpoint(
+            messages=messages,
+            rounds_done=started.rounds,
+            usage=checkpoint.usage,
+            settled=settled,
+            compactions_done=started.compactions,
+            compaction_attempts=started.compaction_attempts,
+            context_tokens=checkpoint.context_tokens,
+            reminders=checkpoint.reminders,
+        ),
+        rows,
+    )
+
+
+def _finished_call(
+    round_no: int, position: int, call: ToolCall, row: Mapping[str, Any]
+) -> ExecutedCall:
+    decision = row.get("policy_decision")
+    return ExecutedCall(
+        round_no,
+        call,
+        row.get("result"),
+        row.get("error"),
+        PolicyDecision.model_validate(decision) if isinstance(decision, dict) else None,
+        index=position,
+        ran=row["outcome"] in ("ok", "error"),
+    )
+
+
+def _unknown_call(
+    round_no: int, position: int, call: ToolCall, started: StartedIteration, report: str
+) -> ExecutedCall:
+    error = (
+        f"{call.name} was running when attempt {started.attempt - 1} of this run stopped (its "
+        f"worker stopped, or lost its database); it was not run again, and its outcome is "
+        f"unknown: it may or may not have taken effect. {report}"
+    )
+    return ExecutedCall(
+        round_no, call, None, error, None, index=position, ran=True, outcome_unknown=True
+    )
+
+
+async def _outcome_report(spec: ToolSpec | None, call: ToolCall, ctx: ToolContext) -> str:
+    """What the tool can tell about the call, as a sentence for the model."""
+    if spec is None or spec.outcome_of is None:
+        return "Check before you do it again."
+    try:
+        report = await spec.outcome_of(dict(call.arguments), ctx)
+    except Exception as exc:
+        logger.warning("outcome_of of %s failed: %s", call.name, exc)
+        return "The tool could not tell what happened; check before you do it again."
+    if report is None:
+        return "The tool cannot tell what happened; check before you do it again."
+    text = report if isinstance(report, str) else json.dumps(json_safe(report))
+    return f"The tool reports: {text}"
+
+
+def context_at_checkpoint(messages: list[ChatMessage], started: StartedIteration) -> int | None:
+    """What the context held at the checkpoint, counted as the loop counts it: after a
+    compaction that ran after the last reply, the count it left; else the provider's count
+    of the last reply's request and answer, plus estimates of the messages after it (tool
+    definitions and framing included, which estimating the messages alone would miss).
+    ``None`` when the provider reported no usable count (the loop then estimates)."""
+    last_compaction = started.last_compaction
+    if last_compaction is not None and last_compaction[0] > started.rounds:
+        return last_compaction[1]
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role != "assistant":
+            continue
+        usage = message.reply_info.usage if message.reply_info is not None else None
+        if usage is None or not usage.prompt_tokens or usage.estimated:
+            return None
+        return usage.total_tokens + sum(estimate_message_tokens(m) for m in messages[index + 1 :])
+    return None

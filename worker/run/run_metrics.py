@@ -1,0 +1,79 @@
+"""A mission run's metrics and log lines, read off its events.
+
+``RunMetrics`` is a synchronous ``planner.RunSink``: it counts what the loop reports as it
+happens (tool durations, parallel read groups, reminders sent, compactions and their
+failures) and logs compactions; the calls' outcomes are counted once the iteration is stored
+(``count_calls``), so that a run whose result is dropped (a lost lease) counts nothing twice,
+and the calls an earlier attempt ran are counted by the worker that ran them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from functools import cache
+
+from prometheus_client import Counter
+
+from planner import (
+    CallFinished,
+    Compacted,
+    CompactionFailed,
+    ReadsOverlapped,
+    RequestSent,
+    RunEvent,
+    RunRecord,
+)
+from worker import metrics
+from worker.store.rows import call_outcome
+
+__all__ = ["RunMetrics", "count_calls"]
+
+logger = logging.getLogger(__name__)
+
+
+class RunMetrics:
+    """Counts one run's events (see the module docstring)."""
+
+    def __call__(self, event: RunEvent) -> None:
+        """Count ``event``."""
+        if isinstance(event, CallFinished):
+            executed = event.executed
+            if executed.ran and not event.settled:  # a known tool: the label is bounded
+                metrics.TOOL_DURATION.labels(tool=executed.call.name).observe(
+                    executed.duration_ms / 1000
+                )
+        elif isinstance(event, RequestSent):
+            for reminder in event.reminders:
+                _reminder_counter(reminder.producer).inc()
+        elif isinstance(event, ReadsOverlapped):
+            metrics.PARALLEL_READ_BATCHES.inc()
+        elif isinstance(event, Compacted):
+            compaction = event.compaction
+            metrics.COMPACTIONS_TRIGGERED.inc()
+            metrics.COMPACTED_TURNS.observe(compaction.folded_turns)
+            logger.info(
+                "context compacted before round %d: %d turn(s) folded, %d -> %d tokens",
+                event.round,
+                compaction.folded_turns,
+                compaction.tokens_before,
+                compaction.tokens_after,
+            )
+        elif isinstance(event, CompactionFailed):
+            metrics.COMPACTION_FAILURES.labels(reason=event.error.reason).inc()
+
+
+def count_calls(record: RunRecord, tool_names: Collection[str]) -> None:
+    """Count the calls of a stored run by tool and outcome; the calls an earlier attempt ran
+    are left out, and a name the model invented is counted as ``(unknown)`` (a label must not
+    take unbounded values)."""
+    for call in record.calls:
+        if (call.round, call.index) in record.settled:
+            continue
+        tool = call.call.name if call.call.name in tool_names else "(unknown)"
+        metrics.TOOL_CALLS.labels(tool=tool, outcome=call_outcome(call)).inc()
+
+
+@cache
+def _reminder_counter(producer: str) -> Counter:
+    return metrics.REMINDERS_INJECTED.labels(producer=producer or "(unnamed)")

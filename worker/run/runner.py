@@ -1,0 +1,716 @@
+"""Run one claimed mission: tools → planner loop → stored iteration → next run.
+
+The runner is the composition point for one iteration. It computes the mission's next run
+first (a broken stored schedule pauses the mission with the error instead of looping), takes
+over or creates the iteration row, renews the lease while the loop runs, and stores the
+outcome together with the next run in one statement. Every write is retried while the lease
+holds when the database fails transiently (``HeldLease.retry``); ``store_failed`` is only for
+data the database refuses. Outcomes:
+
+* ``succeeded`` — the loop ended with ``final_answer`` or ``max_rounds``.
+* ``failed`` — the LLM could not answer (after retries), its answer was cut, filtered or
+  empty (``planner.replies``), a required MCP server could not be used
+  (``tool_source_unavailable``), or the run itself crashed; the iteration carries the reason,
+  the mission keeps its schedule.
+* ``interrupted`` — the worker shut down before the run finished, or its database stayed
+  unreachable while the lease held (a write could not be journaled or gated, a tool's own
+  database failed, the end could not be stored): the run is stored as interrupted when that
+  is possible, else left as it is, and the next claim resumes it from its last checkpoint.
+  Infrastructure faults are the runner's to recover: the model is never told to try again,
+  and an iteration whose writes could not run never ends ``succeeded``.
+* ``lease_lost`` — another worker took the mission over; nothing is written.
+* ``skipped`` — the scheduled run already finished elsewhere, or the deadline passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from planner import (
+    ChatModel,
+    PlannerLoopInput,
+    PlannerLoopResult,
+    PolicyGate,
+    ReminderChannel,
+    RunEvent,
+    RunInterrupted,
+    ToolContext,
+    ToolSpec,
+    run_planner_loop,
+)
+from planner.compaction import Compactor
+from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
+from planner.loop import ReminderRole
+from planner.policy import POLICY_MODES, PolicyMode
+from worker import metrics
+from worker.logs import bind_log_context
+from worker.mcp.config import mcp_scope
+from worker.mcp.sources import McpToolSources, ToolSourceError
+from worker.run.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
+from worker.run.leases import HeldLease, LeaseKeeper
+from worker.run.mission_gate import LeaseBoundLedger, MissionGate, PolicySetup
+from worker.run.reminder_channel import mission_reminder_channel
+from worker.run.run_metrics import RunMetrics, count_calls
+from worker.schedule import ScheduleError, next_run_after
+from worker.store.base import (
+    ClaimedMission,
+    IterationOutcome,
+    LeaseLostError,
+    MissionStore,
+    StartedIteration,
+)
+from worker.store.engine import describe_error
+from worker.store.rows import json_safe
+from worker.store.transient import is_transient, retry_transient
+
+__all__ = ["CompactionSetup", "MissionRunner", "RunOutcome", "ToolsFactory"]
+
+logger = logging.getLogger(__name__)
+
+ToolsFactory = Callable[[ClaimedMission], Sequence[ToolSpec]]
+"""``mission -> tools`` the mission's agent may call (already filtered to its allow-list)."""
+
+RunOutcome = str  # succeeded | failed | interrupted | lease_lost | skipped
+
+SHUTDOWN_STORE_S = 5.0
+"""Seconds a run interrupted by shutdown keeps trying to store its interruption; past it the
+mission is left to whoever claims it once its lease expires (the takeover resumes it)."""
+
+BUDGET_WINDOW = timedelta(hours=24)
+"""An agent's ``max_tokens_per_day`` is checked against its iterations of the last 24 hours
+(a rolling window), before each run; a run that starts under budget may end over it."""
+
+
+@dataclass(frozen=True)
+class CompactionSetup:
+    """How missions compact their context (``planner.compaction``), from the settings.
+
+    Attributes:
+        llm: the summariser (the missions' model, or ``MANA_AI_COMPACT_BASE_URL``'s).
+        max_ctx: the default context in tokens (an agent's ``compact_max_ctx`` overrides it);
+            0 turns compaction off.
+        model: the summariser's model (``MANA_AI_COMPACT_MODEL``); ``None``: the mission's.
+        threshold, max_per_iteration, summariser_max_ctx: see ``Compactor``.
+    """
+
+    llm: ChatModel
+    max_ctx: int
+    threshold: float = 0.92
+    max_per_iteration: int = 1
+    model: str | None = None
+    summariser_max_ctx: int | None = None
+
+    def compactor_for(
+        self, mission: ClaimedMission, mission_model: str | None = None
+    ) -> Compactor | None:
+        """The mission's Compactor (summarising with ``model``, else ``mission_model``: the
+        model the mission's requests name), or ``None`` when its context is 0 (off)."""
+        max_ctx = mission.compact_max_ctx if mission.compact_max_ctx is not None else self.max_ctx
+        if max_ctx <= 0:
+            return None
+        return Compactor(
+            llm=self.llm,
+            max_ctx=max_ctx,
+            model=self.model or mission_model,
+            threshold=self.threshold,
+            max_per_iteration=self.max_per_iteration,
+            summariser_max_ctx=self.summariser_max_ctx,
+        )
+
+
+@dataclass(frozen=True)
+class _NextRun:
+    at: datetime | None
+    mission_status: str
+    error: str | None = None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class MissionRunner:
+    """Runs claimed missions for one worker.
+
+    Args:
+        store: the database seam.
+        llm: the chat model every mission uses (the agent's ``model`` is passed per request).
+        tools_for: builds the tool list for a mission.
+        worker_id: this worker's lease owner id.
+        lease: lease length; renewed every ``lease / 3`` while a mission runs.
+        default_model: model name when the agent sets none (``None`` = provider default).
+        policy: the policy gate's setup; ``None`` runs every call without a gate (mode off).
+        reminders: send the reminder channel's hints with each request (default on).
+        reminders_disabled: reminder producers to leave out (``PRODUCER_NAMES``).
+        checkpoint_every: commit a run's read-only rounds at least this often (rounds that
+            ran a write or destructive call are always committed; default 3).
+        reminder_role: the role reminders are sent with (``system`` or ``user``).
+        compaction: how missions compact their context; ``None``: never.
+        clock: returns the current UTC-aware time (injectable for tests).
+        max_parallel_reads: read calls of one round running at once, at most (default 10).
+        tool_timeout_s: seconds a tool call may run unless its ToolSpec says otherwise
+            (default 60).
+        tool_sources: opens the agent's MCP servers at the start of each iteration and adds
+            their tools (``None``: an agent's MCP servers are not used, and the iteration
+            says so).
+    """
+
+    def __init__(
+        self,
+        *,
+        store: MissionStore,
+        llm: ChatModel,
+        tools_for: ToolsFactory,
+        worker_id: str,
+        lease: timedelta,
+        default_model: str | None = None,
+        policy: PolicySetup | None = None,
+        reminders: bool = True,
+        reminders_disabled: Collection[str] = (),
+        checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
+        reminder_role: ReminderRole = "system",
+        compaction: CompactionSetup | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+        max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
+        tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
+        tool_sources: McpToolSources | None = None,
+    ) -> None:
+        self.store = store
+        self.llm = llm
+        self.tools_for = tools_for
+        self.worker_id = worker_id
+        self.lease = lease
+        self.default_model = default_model
+        self.policy = policy
+        self.reminders = reminders
+        self.reminders_disabled = frozenset(reminders_disabled)
+        self.checkpoint_every = checkpoint_every
+        self.reminder_role: ReminderRole = reminder_role
+        self.compaction = compaction
+        self.clock = clock
+        self.max_parallel_reads = max_parallel_reads
+        self.tool_timeout_s = tool_timeout_s
+        self.tool_sources = tool_sources
+        self.leases = LeaseKeeper(store, worker_id=worker_id, lease=lease)
+
+    async def run(self, mission: ClaimedMission) -> RunOutcome:
+        """Run ``mission`` once and store the result. Never raises except on cancellation
+        that is not a lease loss (shutdown), after recording the interruption."""
+        bind_log_context(mission_id=mission.id, iteration_id=None)
+        started = time.perf_counter()
+        outcome = await self._run(mission)
+        metrics.MISSIONS_RUN.labels(outcome=outcome).inc()
+        metrics.ITERATION_DURATION.observe(time.perf_counter() - started)
+        return outcome
+
+    async def _run(self, mission: ClaimedMission) -> RunOutcome:
+        lease = self.leases.hold(mission.id, asyncio.current_task())
+        try:
+            return await self._run_held(mission, lease)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # a database failure outside the loop (reading the checkpoint, a skipped run's
+            # store) that outlasted the lease: whoever claims the mission next runs it
+            logger.error(
+                "the database did not answer while the lease held (%s); the mission is left "
+                "to whoever claims it once its lease expires",
+                describe_error(exc),
+            )
+            return "interrupted"
+        finally:
+            self.leases.release(mission.id)
+
+    async def _run_held(self, mission: ClaimedMission, lease: HeldLease) -> RunOutcome:
+        next_run = self._next_run(mission)
+        if mission.deadline is not None and mission.scheduled_for > mission.deadline:
+            logger.info("deadline %s passed; completing mission without a run", mission.deadline)
+            done = _no_run(_NextRun(None, "completed"))
+            await lease.retry(
+                lambda: self.store.finish_iteration(mission, None, done, worker_id=self.worker_id),
+                what="completing the mission",
+            )
+            return "skipped"
+
+        model = mission.model or self.default_model
+        iteration = mission.iteration  # claim_due started it
+        if iteration is not None and iteration.resumable:
+            started = iteration
+            iteration = await lease.retry(
+                lambda: self.store.resume_details(started), what="reading the checkpoint"
+            )
+        if iteration is None:
+            logger.warning(
+                "run for %s already finished or lease lost; advancing", mission.scheduled_for
+            )
+            skipped = _no_run(next_run)
+            await lease.retry(
+                lambda: self.store.finish_iteration(
+                    mission, None, skipped, worker_id=self.worker_id
+                ),
+                what="advancing the schedule",
+            )
+            return "skipped"
+        bind_log_context(iteration_id=iteration.id)
+        logger.info(
+            "iteration started (attempt %d, scheduled for %s)",
+            iteration.attempt,
+            mission.scheduled_for.isoformat(),
+        )
+
+        used = 0
+        checkpoint_tokens = iteration.prompt_tokens + iteration.completion_tokens
+        if mission.max_tokens_per_day is not None:
+            # the claim read the tokens of the agent's other iterations
+            used = (mission.tokens_used_24h or 0) + checkpoint_tokens
+            if used >= mission.max_tokens_per_day:
+                error = (
+                    f"daily token budget used up: agent {mission.agent_name} used {used} of "
+                    f"{mission.max_tokens_per_day} tokens in the last 24 h; run skipped"
+                )
+                logger.warning("%s", error)
+                over = _no_run(
+                    next_run, status="failed", stop_reason="budget_exhausted", error=error
+                )
+                stored, _ = await self._store(mission, iteration, over, lease)
+                return "failed" if stored else "interrupted"
+
+        this_task = asyncio.current_task()
+        result: PlannerLoopResult | None = None
+        compactor = self.compaction.compactor_for(mission, model) if self.compaction else None
+        run = _Run(
+            MissionJournal(
+                store=self.store,
+                mission=mission,
+                iteration=iteration,
+                worker_id=self.worker_id,
+                policy_mode=self._policy_mode(mission),
+                specs={},
+                checkpoint_every=self.checkpoint_every,
+                lease=lease,
+                archived=iteration.compaction_attempts,
+                summariser=compactor.model if compactor is not None else None,
+            )
+        )
+        channel = None
+        if self.reminders:
+            channel = mission_reminder_channel(
+                max_tokens_per_day=mission.max_tokens_per_day,
+                # the loop adds its usage, which starts from the checkpoint's on a resume
+                tokens_used_24h=max(0, used - checkpoint_tokens),
+                deadline=mission.deadline,
+                clock=self.clock,
+                disabled=self.reminders_disabled,
+                role=self.reminder_role,
+            )
+        try:
+            result = await self._run_loop(mission, iteration, model, run, channel, compactor)
+            outcome = self._outcome(result, next_run, run)
+        except asyncio.CancelledError:
+            if lease.lost.is_set() and this_task is not None:
+                this_task.uncancel()
+                metrics.LEASES_LOST.inc()
+                logger.error("lease lost while running; another worker owns the mission now")
+                return "lease_lost"
+            lease.detach()
+            await self._interrupt(
+                mission,
+                iteration,
+                run.journal,
+                lease,
+                reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
+                within_s=SHUTDOWN_STORE_S,
+            )
+            logger.warning("iteration interrupted by shutdown; the next worker resumes it")
+            metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
+            raise
+        except Exception as exc:
+            fault = exc if isinstance(exc, RunInterrupted) or is_transient(exc) else None
+            if isinstance(exc, LeaseLostError) or (fault is not None and lease.lost.is_set()):
+                metrics.LEASES_LOST.inc()
+                logger.error("lease lost while running; another worker owns the mission now")
+                return "lease_lost"
+            if fault is None and not isinstance(exc, ToolSourceError):
+                logger.exception("iteration crashed")
+            if fault is not None:  # infrastructure: the runner's to recover, not the model's
+                lease.detach()
+                detail = str(fault) if isinstance(fault, RunInterrupted) else describe_error(fault)
+                logger.warning("iteration interrupted: %s; it resumes from its checkpoint", detail)
+                await self._interrupt(
+                    mission,
+                    iteration,
+                    run.journal,
+                    lease,
+                    reason=json_safe(
+                        f"interrupted: {detail} (worker {self.worker_id}); the run resumes "
+                        "from its last checkpoint"
+                    ),
+                )
+                return "interrupted"
+            outcome = _failed_outcome(exc, next_run, run.journal)
+        lease.detach()
+        stored, outcome = await self._store(mission, iteration, outcome, lease)
+        if stored is None:
+            return "interrupted"
+        if not stored:
+            metrics.LEASES_LOST.inc()
+            logger.error("lease lost before the iteration could be stored; result dropped")
+            return "lease_lost"
+        if result is not None:
+            count_calls(result.record, run.tool_names)
+        logger.info(
+            "iteration %s: stop_reason=%s rounds=%d tokens=%d next_run_at=%s error=%s",
+            outcome.status,
+            outcome.stop_reason,
+            outcome.rounds,
+            outcome.prompt_tokens + outcome.completion_tokens,
+            outcome.next_run_at.isoformat() if outcome.next_run_at else None,
+            outcome.error,
+        )
+        return outcome.status
+
+    async def _store(
+        self,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        outcome: IterationOutcome,
+        lease: HeldLease,
+    ) -> tuple[bool | None, IterationOutcome]:
+        """Store the end of the run (``finish_iteration``), retrying transient failures for
+        as long as the lease allows; with the outcome stored. True: stored; False: the lease
+        was lost (nothing written); ``None``: the database stayed unreachable, or refused even
+        the bare failure, and the run is left to a takeover, which resumes it from its last
+        checkpoint.
+
+        Data the database refuses (not a transient failure) is stored as ``failed`` /
+        ``store_failed`` with as much as it takes (``_degraded``): never retried, so that a
+        run whose tools already acted is not run again for ever.
+        """
+
+        def finish(done: IterationOutcome) -> Callable[[], Awaitable[bool]]:
+            return lambda: self.store.finish_iteration(
+                mission, iteration.id, done, worker_id=self.worker_id, attempt=iteration.attempt
+            )
+
+        refusal: Exception | None = None
+        for attempt in (outcome, *_degraded(outcome)):
+            if refusal is not None:
+                attempt = dataclasses.replace(
+                    attempt,
+                    # the cause, not SQLAlchemy's dump of the statement and its parameters
+                    error=f"could not store the iteration: {describe_error(refusal)}"[:500],
+                )
+            try:
+                return await lease.retry(finish(attempt), what="storing the iteration"), attempt
+            except Exception as exc:
+                if is_transient(exc):
+                    logger.error(
+                        "could not store the iteration: the database did not answer while the "
+                        "lease held (%s); the run is left to a takeover, which resumes it from "
+                        "its last checkpoint",
+                        describe_error(exc),
+                    )
+                    return None, attempt
+                logger.exception(
+                    "the database refused the iteration; storing the failure with less of it"
+                )
+                refusal = refusal or exc
+        logger.error("the database refused even the bare failure; the run is left to a takeover")
+        return None, outcome
+
+    async def _interrupt(
+        self,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        journal: MissionJournal,
+        lease: HeldLease,
+        *,
+        reason: str,
+        within_s: float | None = None,
+    ) -> bool:
+        """Store the run as interrupted with its checkpoint and release the lease, so the next
+        claim resumes it (``interrupt_iteration``), retrying transient failures while the
+        lease holds (at most ``within_s`` seconds when given). False when that failed: the
+        mission is then left to whoever claims it once its lease expires."""
+        checkpoint = journal.checkpoint()
+        rows = journal.pending_rows()
+
+        def interrupt() -> Awaitable[bool]:
+            return self.store.interrupt_iteration(
+                mission,
+                iteration.id,
+                worker_id=self.worker_id,
+                reason=reason,
+                checkpoint=checkpoint,
+                invocations=rows,
+                attempt=iteration.attempt,
+            )
+
+        deadline = lease.expires_at
+        if within_s is not None:
+            deadline = min(deadline, time.monotonic() + within_s)
+        try:
+            return await retry_transient(
+                interrupt, deadline=deadline, what="storing the interruption"
+            )
+        except Exception as exc:
+            logger.error(
+                "could not store the interruption (%s); the mission is left to whoever claims "
+                "it once its lease expires",
+                describe_error(exc),
+            )
+            return False
+
+    async def _run_loop(
+        self,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        model: str | None,
+        run: _Run,
+        channel: ReminderChannel | None,
+        compactor: Compactor | None,
+    ) -> PlannerLoopResult:
+        ctx = ToolContext(
+            user_id=mission.owner_user_id,
+            agent_id=mission.agent_id,
+            mission_id=mission.id,
+            iteration_id=iteration.id,
+        )
+        journal = run.journal
+        lease = journal.lease
+        gate: PolicyGate | None = None
+        if self.policy is not None and lease is not None:
+            rules = self.policy.gate(
+                user_settings=mission.user_policy,
+                mode=_policy_mode_or_none(mission.policy_mode),
+                # enforce: an unreachable ledger interrupts the run instead of denying calls
+                # (log-only fails open at once: it must never hold a call up)
+                ledger=(
+                    LeaseBoundLedger(self.policy.ledger, lease)
+                    if self._policy_mode(mission) == "enforce"
+                    else None
+                ),
+            )
+            gate = MissionGate(rules, journal) if rules is not None else None
+        tools = [self._with_timeout(t) for t in self.tools_for(mission)]
+        async with contextlib.AsyncExitStack() as sources:  # MCP sessions: this run only
+            opened = await self._open_tool_sources(mission, sources, tools, run.source_problems)
+            tools += [self._with_timeout(t) for t in opened]
+            run.tool_names = frozenset(t.name for t in tools)
+            journal.specs = {t.name: t for t in tools}
+            resume = None
+            if iteration.resumable:
+                resume, journal.rows = await resume_checkpoint(
+                    iteration, specs=journal.specs, ctx=ctx
+                )
+                unknown = sum(c.outcome_unknown for c in resume.settled.values())
+                logger.warning(
+                    "resuming after round %d of attempt %d (%d call(s) in flight with an unknown "
+                    "outcome: not run again)",
+                    resume.rounds_done,
+                    iteration.attempt - 1,
+                    unknown,
+                )
+            inp = PlannerLoopInput(
+                system_prompt=mission.system_prompt,
+                user_prompt=mission.objective,
+                tools=tools,
+                max_rounds=mission.max_rounds,
+                model=model,
+                reminder_channel=channel,
+                ctx=ctx,
+                policy=gate,
+                compactor=compactor,
+                max_parallel_reads=self.max_parallel_reads,
+                resume=resume,
+            )
+            observed = RunMetrics()
+
+            def sink(event: RunEvent) -> Awaitable[None] | None:
+                observed(event)
+                return journal(event)
+
+            return await run_planner_loop(inp, llm=self.llm, sink=sink)
+
+    def _with_timeout(self, spec: ToolSpec) -> ToolSpec:
+        """``spec`` with the worker's tool timeout when it sets none of its own."""
+        if spec.timeout_s is not None:
+            return spec
+        return dataclasses.replace(spec, timeout_s=self.tool_timeout_s)
+
+    async def _open_tool_sources(
+        self,
+        mission: ClaimedMission,
+        stack: contextlib.AsyncExitStack,
+        offered: Sequence[ToolSpec],
+        problems: list[str],
+    ) -> list[ToolSpec]:
+        """The tools of the agent's MCP servers that missions may use; their sessions close
+        with ``stack``. What was left out goes to ``problems``.
+
+        Raises:
+            ToolSourceError: a required server could not be used.
+        """
+        if not mission.mcp_servers:
+            return []
+        if self.tool_sources is None:
+            problems.append(
+                "the agent's MCP servers were not used: this worker has no MCP tool sources"
+            )
+            return []
+        exposed = self.policy.config.exposed_scopes if self.policy is not None else None
+        servers = []
+        for server in mission.mcp_servers:
+            if exposed is None or mcp_scope(server.name) in exposed:
+                servers.append(server)
+                continue
+            reason = (
+                f"MCP server {server.name} not used: its scope {mcp_scope(server.name)} is not "
+                "in MANA_AI_POLICY_MISSION_SCOPES"
+            )
+            if server.required:
+                raise ToolSourceError(f"{reason} (the server is required)")
+            problems.append(reason)
+        opened = await self.tool_sources.open(
+            servers, stack, reserved=frozenset(t.name for t in offered)
+        )
+        problems.extend(opened.problems)
+        return opened.tools
+
+    def _policy_mode(self, mission: ClaimedMission) -> str:
+        """The policy mode this mission's calls run under (recorded on each invocation)."""
+        if self.policy is None:
+            return "off"
+        return _policy_mode_or_none(mission.policy_mode) or self.policy.default_mode
+
+    def _next_run(self, mission: ClaimedMission) -> _NextRun:
+        if mission.cron is None:
+            return _NextRun(None, "completed")
+        try:
+            at = next_run_after(mission.cron, mission.timezone, self.clock())
+        except ScheduleError as exc:
+            return _NextRun(None, "paused", f"schedule is broken, mission paused: {exc}")
+        if at is None or (mission.deadline is not None and at > mission.deadline):
+            return _NextRun(None, "completed")
+        return _NextRun(at, "active")
+
+    @staticmethod
+    def _outcome(result: PlannerLoopResult, next_run: _NextRun, run: _Run) -> IterationOutcome:
+        record = result.record
+        errors = [e for e in (result.error, next_run.error, _problems(run.source_problems)) if e]
+        checkpoint = run.journal.checkpoint()
+        return IterationOutcome(
+            status="failed" if result.failed else "succeeded",
+            messages=checkpoint.messages,
+            rounds=record.rounds,
+            prompt_tokens=record.usage.prompt_tokens,
+            completion_tokens=record.usage.completion_tokens,
+            stop_reason=result.stop_reason,
+            error=json_safe("; ".join(errors)) or None,
+            next_run_at=next_run.at,
+            mission_status=next_run.mission_status,
+            tool_invocations=run.journal.pending_rows(),
+            reminders=checkpoint.reminders,
+            archive=checkpoint.archive,
+        )
+
+
+@dataclass
+class _Run:
+    """What one run keeps besides its record: the journal (which folds the record), the
+    names of the tools it offered (metric labels), and what its tool sources left out."""
+
+    journal: MissionJournal
+    tool_names: frozenset[str] = frozenset()
+    source_problems: list[str] = field(default_factory=list)
+
+
+MAX_PROBLEMS_SHOWN = 5
+
+
+def _problems(problems: Sequence[str]) -> str | None:
+    """What the run's tool sources left out, for the iteration's error (``None``: nothing)."""
+    if not problems:
+        return None
+    shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return f"{shown}; and {more} more (see the worker's log)" if more > 0 else shown
+
+
+def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
+    return value if value in POLICY_MODES else None
+
+
+def _failed_outcome(
+    exc: Exception, next_run: _NextRun, journal: MissionJournal
+) -> IterationOutcome:
+    """The outcome of a run that raised ``exc``: a required MCP server that could not be used
+    (no run without its tools), or a crash in our own code (what the run did is kept)."""
+    if isinstance(exc, ToolSourceError):
+        return _no_run(
+            next_run,
+            status="failed",
+            stop_reason="tool_source_unavailable",
+            error=json_safe(str(exc)),
+        )
+    log = journal.log
+    checkpoint = journal.checkpoint()
+    return dataclasses.replace(
+        _no_run(
+            next_run,
+            status="failed",
+            stop_reason="crashed",
+            error=json_safe(f"internal error: {type(exc).__name__}: {exc}"),
+        ),
+        messages=checkpoint.messages,
+        tool_invocations=journal.pending_rows(),
+        reminders=checkpoint.reminders,
+        archive=checkpoint.archive,
+        rounds=log.rounds,
+        prompt_tokens=log.usage.prompt_tokens,
+        completion_tokens=log.usage.completion_tokens,
+    )
+
+
+def _degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
+    """What to store, in turn, when the database refuses ``outcome``: a ``store_failed``
+    failure with its message log, reminders and calls but not its archive; then without its
+    calls; then without its log (rounds and tokens stay: they count toward the budget); then
+    the failure alone."""
+    failed = dataclasses.replace(outcome, status="failed", stop_reason="store_failed", archive=())
+    bare = dataclasses.replace(failed, tool_invocations=())
+    unlogged = dataclasses.replace(bare, messages=[], reminders=[])
+    return (
+        failed,
+        bare,
+        unlogged,
+        dataclasses.replace(unlogged, rounds=0, prompt_tokens=0, completion_tokens=0),
+    )
+
+
+def _no_run(
+    next_run: _NextRun,
+    *,
+    status: str = "succeeded",
+    stop_reason: str | None = None,
+    error: str | None = None,
+) -> IterationOutcome:
+    """An outcome without a loop result: the schedule advances, nothing else is stored."""
+    return IterationOutcome(
+        status=status,
+        messages=[],
+        rounds=0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        stop_reason=stop_reason,
+        error=error or next_run.error,
+        next_run_at=next_run.at,
+        mission_status=next_run.mission_status,
+    )

@@ -1,0 +1,333 @@
+"""Database URLs and the async engine: one connection pool, single statements, errors.
+
+The worker talks to PostgreSQL through SQLAlchemy's asyncio layer over asyncpg only, so every
+URL is normalised to ``postgresql+asyncpg://`` here (``to_async_url``). With no URL configured,
+``resolve_database_url`` starts the embedded PostgreSQL (``worker.store.embedded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import CursorResult, RowMapping, make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    InternalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from worker.errors import DatabaseError
+from worker.terminal_text import describe_char
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+__all__ = [
+    "behind_pgbouncer",
+    "check_connection",
+    "create_engine",
+    "describe_error",
+    "redact_url",
+    "resolve_database_url",
+    "run_statement",
+    "to_async_url",
+]
+
+logger = logging.getLogger(__name__)
+
+_SCHEMES = {"postgresql", "postgres", "postgresql+asyncpg"}
+
+
+def to_async_url(url: str) -> str:
+    """Normalise a PostgreSQL URL to ``postgresql+asyncpg://…``.
+
+    Accepts ``postgresql://``, ``postgres://`` and ``postgresql+asyncpg://``. A libpq
+    ``sslmode=…`` query parameter (which asyncpg does not know) becomes asyncpg's ``ssl=…``
+    (same values: disable, allow, prefer, require, verify-ca, verify-full). Everything else
+    (credentials, host, port, database, other parameters) is kept as is.
+
+    Raises:
+        ValueError: the text is not a URL (a port that is no number from 1 to 65535, a
+            bracket left open, a control character), or its scheme is not one of the three
+            above. The message never contains the password.
+    """
+    url = url.strip()
+    hidden = next((c for c in url if not c.isprintable()), None)
+    if hidden is not None:
+        raise ValueError(
+            f"must not contain control or invisible characters ({describe_char(hidden)} at "
+            f"position {url.index(hidden) + 1}); percent-encode it"
+        )
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: SQLAlchemy's int() of a bad port
+        raise ValueError(
+            "not a database URL; expected postgresql://user:password@host:port/database"
+        ) from None
+    if parsed.drivername not in _SCHEMES:
+        raise ValueError(
+            f"unsupported scheme {parsed.drivername + '://'!r}; "
+            "use postgresql://, postgres:// or postgresql+asyncpg://"
+        )
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ValueError(f"has an invalid port ({parsed.port}); a port is 1 to 65535")
+    parsed = parsed.set(drivername="postgresql+asyncpg")
+    if "sslmode" in parsed.query:
+        sslmode = parsed.query["sslmode"]
+        parsed = parsed.difference_update_query(["sslmode"])
+        if "ssl" not in parsed.query:
+            parsed = parsed.update_query_dict({"ssl": sslmode})
+    return parsed.render_as_string(hide_password=False)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password replaced by ``***``, for logs and error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return "(unparseable URL)"
+
+
+def create_engine(
+    url: str,
+    *,
+    pool_size: int = 5,
+    max_overflow: int = 10,
+    application_name: str = "mana-ai",
+    connect_timeout_s: float = 10.0,
+    pgbouncer: bool = False,
+    pool_timeout_s: float = 30.0,
+    statement_timeout_s: float | None = 60.0,
+) -> AsyncEngine:
+    """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts).
+
+    The engine never holds more than ``pool_size + max_overflow`` connections; a checkout that
+    finds none free waits up to ``pool_timeout_s`` seconds (then SQLAlchemy's ``TimeoutError``).
+    Every store method takes a connection for one short transaction and gives it back, so a
+    pool of 10 serves hundreds of running missions (``MANA_AI_DB_POOL_SIZE``).
+
+    A connection that sat idle in the pool for ``PING_AFTER_IDLE_S`` or more is pinged when
+    taken (a restarted server or a dropped connection then costs a reconnect, not an error);
+    one used within that time is not, since a ping on asyncpg costs three round trips (BEGIN,
+    ``;``, ROLLBACK) and a busy worker takes connections hundreds of times a second. This is
+    SQLAlchemy's documented pessimistic disconnect handling with a ``checkout`` event in
+    place of ``pool_pre_ping``. Connections are recycled after 30 minutes.
+    ``application_name`` shows up in ``pg_stat_activity``. A server that accepts the TCP
+    connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s),
+    and a statement whose answer does not come within ``statement_timeout_s`` (asyncpg's
+    ``command_timeout``; ``None``: wait for ever) raises ``TimeoutError``, a transient failure
+    (``worker.store.transient``) that the callers that retry retry; the connection it was on is
+    not returned to the pool if it does not answer its reset either.
+
+    ``pgbouncer=True`` is for PgBouncer in transaction pooling mode, where consecutive
+    transactions of one client connection may run on different server connections: asyncpg's
+    and SQLAlchemy's prepared-statement caches are off and every prepared statement gets a
+    unique name, as SQLAlchemy's asyncpg dialect documents ("Prepared Statement Name with
+    PGBouncer"), so a statement never meets a name another client prepared on that server
+    connection.
+
+    The caller owns the engine and must ``await engine.dispose()`` at shutdown.
+    """
+    connect_args: dict[str, Any] = {
+        "server_settings": {"application_name": application_name},
+        "timeout": connect_timeout_s,
+    }
+    if statement_timeout_s is not None:
+        connect_args["command_timeout"] = statement_timeout_s
+    if pgbouncer:
+        connect_args |= {
+            "statement_cache_size": 0,
+            "prepared_statement_cache_size": 0,
+            "prepared_statement_name_func": _unique_statement_name,
+        }
+    engine = create_async_engine(
+        to_async_url(url),
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_timeout=pool_timeout_s,
+        pool_recycle=1800,
+        connect_args=connect_args,
+        execution_options={PGBOUNCER_OPTION: pgbouncer},
+    )
+    _ping_idle_connections(engine)
+    return engine
+
+
+PGBOUNCER_OPTION = "mana_ai_pgbouncer"
+"""The engine's execution option that says it was created with ``pgbouncer=True``
+(``behind_pgbouncer``)."""
+
+
+def behind_pgbouncer(engine: AsyncEngine) -> bool:
+    """Whether ``engine`` was created for PgBouncer in transaction mode (``create_engine``)."""
+    return bool(engine.get_execution_options().get(PGBOUNCER_OPTION, False))
+
+
+PING_AFTER_IDLE_S = 10.0
+"""Seconds a pooled connection may sit unused before it is pinged when taken again."""
+
+
+def _ping_idle_connections(engine: AsyncEngine) -> None:
+    dialect = engine.dialect
+
+    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # the pool drops this connection and takes (or opens) another one
+            raise DisconnectionError(f"idle connection is gone: {exc}") from exc
+
+    event.listen(engine.sync_engine, "checkin", checked_in)
+    event.listen(engine.sync_engine, "checkout", checked_out)
+
+
+def _unique_statement_name() -> str:
+    return f"__asyncpg_{uuid.uuid4().hex}__"
+
+
+async def run_statement(
+    engine: AsyncEngine, stmt: Any, params: dict[str, Any] | None = None
+) -> list[RowMapping]:
+    """Run one statement on its own and return its rows.
+
+    In autocommit (one round trip: a statement is atomic by itself), except behind PgBouncer
+    in transaction mode (``behind_pgbouncer``), where it runs in BEGIN/COMMIT so that its
+    prepare and execute are not routed to different server connections.
+
+    A connection that breaks under it (the server ended it, the network dropped it) is thrown
+    away and the statement runs once more on another. Use it for statements whose second run
+    after a first that did commit is harmless (mana-ai's are conditional on the lease, or count
+    a call twice at worst). Other errors, and a second break, are raised (SQLAlchemy's
+    ``DBAPIError`` subclasses).
+    """
+    try:
+        return await _run_statement_once(engine, stmt, params)
+    except DBAPIError as exc:
+        if not _connection_broken(exc):
+            raise
+        logger.warning(
+            "database connection lost (%s); running the statement again on another",
+            describe_error(exc),
+        )
+        return await _run_statement_once(engine, stmt, params)
+
+
+async def _run_statement_once(
+    engine: AsyncEngine, stmt: Any, params: dict[str, Any] | None
+) -> list[RowMapping]:
+    async with engine.connect() as conn:
+        try:
+            if not behind_pgbouncer(engine):
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                return _rows(await conn.execute(stmt, params))
+            async with conn.begin():
+                return _rows(await conn.execute(stmt, params))
+        except DBAPIError as exc:
+            if _connection_broken(exc) and not conn.invalidated:
+                await conn.invalidate()  # never back into the pool
+            raise
+
+
+def _rows(result: CursorResult[Any]) -> list[RowMapping]:
+    """The rows of ``result`` (none for a statement that returns none)."""
+    return list(result.mappings().all()) if result.returns_rows else []
+
+
+def _connection_broken(exc: DBAPIError) -> bool:
+    """Whether ``exc`` says the connection is unusable rather than the statement wrong:
+    SQLAlchemy's disconnect detection, asyncpg's interface errors (``connection is closed``)
+    and its client state errors (``cannot switch to state …; another operation is in
+    progress``, left by an operation the server cut off)."""
+    return exc.connection_invalidated or isinstance(exc, InterfaceError | InternalError)
+
+
+async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
+    """Open one connection and run ``SELECT 1``; with ``wait_s`` > 0, retry a transient
+    failure (``worker.store.transient``: refused, reset, DNS, the server starting up or shutting
+    down, no slot free) with backoff for up to ``wait_s`` seconds, one warning line per
+    failed attempt (``connecting to PostgreSQL at … failed (attempt 3: …); retrying in 2.00
+    s``). A failure that is not transient (a wrong password, no such database) fails at once.
+
+    Raises:
+        DatabaseError: naming the database (without its password) and the reason, e.g.
+            ``could not connect to PostgreSQL at postgresql+asyncpg://u:***@db/x:
+            ConnectionRefusedError: [Errno 111] Connect call failed``.
+    """
+    from worker.store.transient import retry_transient  # it imports this module
+
+    where = engine.url.render_as_string(hide_password=True)
+
+    async def select_one() -> None:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    try:
+        if wait_s > 0:
+            await retry_transient(
+                select_one,
+                deadline=time.monotonic() + wait_s,
+                what=f"connecting to PostgreSQL at {where}",
+            )
+        else:
+            await select_one()
+    except (SQLAlchemyError, OSError) as exc:
+        detail = describe_error(exc)
+        if "prepared statement" in detail and not behind_pgbouncer(engine):
+            # what asyncpg's statement cache meets behind PgBouncer in transaction mode
+            detail += (
+                " (is this PgBouncer in transaction pooling mode? then set "
+                "MANA_AI_DB_PGBOUNCER=true)"
+            )
+        raise DatabaseError(f"could not connect to PostgreSQL at {where}: {detail}") from exc
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of the root cause of a driver error, readable even when the
+    message is empty (a bare ``TimeoutError``)."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None and isinstance(cause, SQLAlchemyError):
+        cause = cause.__cause__
+    detail = str(cause).strip()
+    if isinstance(cause, TimeoutError) and not detail:
+        detail = "no answer in time (is something else listening on that port?)"
+    return f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__
+
+
+async def resolve_database_url(settings: Settings) -> str:
+    """The asyncpg URL the daemon should use.
+
+    ``settings.database_url`` when set; otherwise an embedded PostgreSQL under
+    ``settings.data_dir / "pgdata"`` is started (in a thread, it blocks) and its URL returned.
+    Both cases are logged, without passwords.
+
+    Raises:
+        DatabaseError: the embedded server could not be started.
+    """
+    if settings.database_url is not None:
+        logger.info("using PostgreSQL at %s", redact_url(settings.database_url))
+        return settings.database_url
+    pgdata = settings.data_dir / "pgdata"
+    logger.debug(  # the command line says so on stderr (worker.cli.stores)
+        "MANA_AI_DATABASE_URL is not set: starting embedded PostgreSQL with its data in %s",
+        pgdata,
+    )
+    from worker.store.embedded import start_embedded_postgres
+
+    url = await asyncio.to_thread(start_embedded_postgres, pgdata)
+    logger.info("embedded PostgreSQL is ready: %s (data in %s)", url, pgdata)
+    return url

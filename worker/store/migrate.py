@@ -1,0 +1,143 @@
+"""Bring a database to the newest schema (alembic ``upgrade head``), safely from many replicas.
+
+Replicas that start together would otherwise race to create the same tables. Every migration
+run therefore holds a PostgreSQL advisory lock, ``MIGRATION_LOCK_KEY``: the first replica
+migrates, the others wait on the lock and then find the database at head (a no-op).
+``alembic upgrade head`` from the command line (``migrations/env.py``) takes the same lock.
+
+The lock is transaction-level (``pg_advisory_xact_lock``), taken in the one transaction that
+runs the whole upgrade (PostgreSQL has transactional DDL) and released by its commit or
+rollback. No session state is left behind, so migrating through PgBouncer in transaction
+pooling mode works (a session lock would be taken on one server connection and released, or
+never, on another), and a crashed migration can never leave the lock held.
+
+The migration scripts are located through the ``migrations`` package, not the current
+directory, so this works from an installed wheel as well as from a checkout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+import migrations
+from worker.errors import DatabaseError
+from worker.store.engine import describe_error, redact_url
+
+__all__ = [
+    "MIGRATION_LOCK_KEY",
+    "alembic_config",
+    "current_revision",
+    "head_revision",
+    "migration_lock",
+    "upgrade_database",
+]
+
+logger = logging.getLogger(__name__)
+
+MIGRATION_LOCK_KEY = 0x6D616E615F616931
+"""The ``pg_advisory_xact_lock`` key of migration runs: the ASCII bytes of ``"mana_ai1"`` read as a
+big-endian signed 64-bit integer (7885351518267664689). Advisory locks are per database, so
+unrelated databases on one server don't contend; don't reuse this key for anything else."""
+
+
+def alembic_config() -> Config:
+    """An alembic ``Config`` for mana-ai's migrations, with no ini file and no URL."""
+    config = Config()
+    script_location = str(_script_location())
+    # ConfigParser interpolation: a literal '%' in a path must be doubled.
+    config.set_main_option("script_location", script_location.replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision this version of mana-ai knows (``0001`` …)."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "migrations/versions holds no revision"
+    return head
+
+
+@asynccontextmanager
+async def migration_lock(conn: AsyncConnection) -> AsyncIterator[None]:
+    """Run the block in one transaction on ``conn`` that holds the migration advisory lock.
+
+    Begins a transaction (``conn`` must not be in one: ``InvalidRequestError`` otherwise),
+    takes ``pg_advisory_xact_lock(MIGRATION_LOCK_KEY)`` — waiting, without a timeout, while
+    another transaction holds it — and runs the block in that transaction. The transaction
+    commits when the block exits normally and rolls back when it raises; either way the lock
+    ends with it. Whatever the block runs on ``conn`` (alembic included: it finds the
+    transaction open and uses it) is therefore under the lock and atomic with the migration.
+    """
+    async with conn.begin():
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        yield
+
+
+def _script_location() -> Path:
+    # ``__path__`` rather than ``__file__``: the package may be imported as a namespace
+    # package (e.g. by an editable install made before it had an ``__init__.py``).
+    for entry in migrations.__path__:
+        if (Path(entry) / "env.py").is_file():
+            return Path(entry).resolve()
+    raise DatabaseError(
+        f"no alembic env.py in the migrations package ({list(migrations.__path__)})"
+    )
+
+
+async def upgrade_database(engine: AsyncEngine) -> str:
+    """Migrate the database behind ``engine`` to head and return the head revision.
+
+    Idempotent: at head already, it only takes and releases the lock. Concurrent callers (in
+    this process or other replicas) are serialised by ``MIGRATION_LOCK_KEY``; the lock, the
+    whole upgrade and the read of the resulting revision are one transaction (PostgreSQL has
+    transactional DDL), so a failure leaves the schema as it was. Works through PgBouncer in
+    transaction pooling mode (no session state; see the module docstring).
+
+    Not for concurrent use in one process against *different* databases: alembic keeps the
+    running migration context in module globals.
+
+    Raises:
+        DatabaseError: the database could not be reached, or a migration failed, or the
+            database is at a revision this version of mana-ai does not know (a newer release
+            migrated it). The message names the database without its password.
+    """
+    where = redact_url(engine.url.render_as_string(hide_password=False))
+    try:
+        async with engine.connect() as conn, migration_lock(conn):
+            revision = await conn.run_sync(_upgrade_to_head)
+    except CommandError as exc:
+        raise DatabaseError(f"could not migrate {where}: {exc}") from exc
+    except (SQLAlchemyError, OSError) as exc:
+        raise DatabaseError(f"could not migrate {where}: {describe_error(exc)}") from exc
+    logger.info("database %s is at schema revision %s", where, revision)
+    return revision
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The schema revision the database is at, or ``None`` when it was never migrated."""
+    async with engine.connect() as conn:
+        return await conn.run_sync(_current)
+
+
+def _upgrade_to_head(connection: Connection) -> str:
+    config = alembic_config()
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")
+    revision = _current(connection)
+    assert revision is not None
+    return revision
+
+
+def _current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()

@@ -1,0 +1,733 @@
+"""The store seam on PostgreSQL (``worker.store.base.MissionStore``): every statement the tick,
+the runner and the journal make.
+
+* ``claim_due`` picks due, unleased (or lease-expired) active missions with
+  ``FOR UPDATE SKIP LOCKED`` and stamps ``lease_owner`` / ``lease_expires_at`` in the same
+  statement, so two workers never claim the same mission; the same statement starts or takes
+  over their iterations and reads their agents' token use.
+* Every later change is one statement conditional on ``lease_owner = worker_id``
+  (``worker.store.round_writes``): a worker that lost its lease writes nothing.
+* Lease times use the database clock (``now()``), never a worker's, so replicas with skewed
+  clocks agree on expiry.
+
+An iteration is keyed by ``(mission_id, scheduled_for)``. A run whose worker died leaves its
+row ``running``; a run interrupted leaves it ``failed`` / ``interrupted``. Either is taken over
+(``attempt`` + 1) by the next worker that claims the mission.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Collection, Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Integer,
+    Interval,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.elements import Null
+
+from planner.policy import RateLimit, Reservation
+from worker.mcp.config import McpServerConfig
+from worker.store.base import (
+    ArchiveRow,
+    CallStart,
+    ClaimedMission,
+    IterationOutcome,
+    LeaseLostError,
+    RoundCheckpoint,
+    StartedIteration,
+    ToolInvocationRow,
+)
+from worker.store.engine import run_statement
+from worker.store.round_writes import MissionWrite, round_write_statement
+from worker.store.tables import (
+    agent_mcp_servers,
+    agents,
+    compacted_turns,
+    mission_iterations,
+    missions,
+    tool_invocations,
+    user_policy_settings,
+)
+from worker.store.user_policy import user_settings_from_row
+
+__all__ = ["PostgresMissionStore", "invocation_outcome_values"]
+
+logger = logging.getLogger(__name__)
+
+
+class PostgresMissionStore:
+    """The ``worker.store.base.MissionStore`` of PostgreSQL: mission, iteration and
+    tool-invocation statements over one AsyncEngine.
+
+    Every method opens its own short transaction; none holds a connection between calls.
+    A method that writes with one statement (claiming, finishing, renewing) runs it with
+    ``worker.store.engine.run_statement``: in autocommit, one round trip, since a statement is
+    atomic by itself (in a transaction behind PgBouncer), and once more on another connection
+    when the one it got is broken.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def _run_one(
+        self, stmt: Any, params: dict[str, Any] | None = None
+    ) -> Sequence[RowMapping]:
+        """Run one statement on its own (``run_statement``); its rows."""
+        return await run_statement(self.engine, stmt, params)
+
+    async def claim_due(
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        lease: timedelta,
+        default_model: str | None = None,
+        budget_window: timedelta = timedelta(hours=24),
+    ) -> list[ClaimedMission]:
+        """Lease up to ``limit`` due missions (oldest ``next_run_at`` first) for ``lease``, and
+        start their iterations, in one statement (one round trip in one transaction).
+
+        Due = ``status = 'active'`` and ``next_run_at <= now()`` and no live lease. Each
+        claimed mission comes with its started (or taken over) iteration, named after its
+        agent's model or ``default_model``, and, when its agent has a daily token budget, the
+        tokens of the agent's other iterations started within ``budget_window``
+        (``ClaimedMission``). No iteration is started when the scheduled run is past the
+        mission's deadline, or already finished. Returns ``[]`` when ``limit`` < 1.
+        """
+        if limit < 1:
+            return []
+        rows = await self._run_one(
+            _claim_statement(),
+            {
+                "p_worker_id": worker_id,
+                "p_limit": limit,
+                "p_lease": lease,
+                "p_default_model": default_model,
+                "p_window": budget_window,
+            },
+        )
+        claims = []
+        for r in rows:
+            iteration = None
+            if r["iteration_id"] is not None:
+                iteration = _started(r, r["iteration_id"])
+            claims.append(
+                ClaimedMission(
+                    id=r["id"],
+                    objective=r["objective"],
+                    cron=r["cron"],
+                    timezone=r["timezone"],
+                    scheduled_for=r["next_run_at"],
+                    deadline=r["deadline"],
+                    agent_id=r["agent_id"],
+                    agent_name=r["agent_name"],
+                    owner_user_id=r["owner_user_id"],
+                    model=r["model"],
+                    system_prompt=r["system_prompt"],
+                    max_rounds=r["max_rounds"],
+                    max_tokens_per_day=r["max_tokens_per_day"],
+                    allowed_tools=(
+                        tuple(r["allowed_tools"]) if r["allowed_tools"] is not None else None
+                    ),
+                    policy_mode=r["policy_mode"],
+                    user_policy=user_settings_from_row(r["owner_policy"]),
+                    compact_max_ctx=r["compact_max_ctx"],
+                    mcp_servers=tuple(McpServerConfig.from_row(m) for m in r["mcp_servers"] or ()),
+                    iteration=iteration,
+                    tokens_used_24h=(
+                        int(r["tokens_used_24h"]) if r["tokens_used_24h"] is not None else None
+                    ),
+                )
+            )
+        return sorted(claims, key=lambda m: m.scheduled_for)
+
+    async def resume_details(self, iteration: StartedIteration) -> StartedIteration:
+        """``iteration`` with what a takeover needs besides the checkpoint on its row: the
+        ``tool_invocations`` rows of the last round stored (``pending_rows``) and the
+        compactions the earlier attempts did and tried. Unchanged (no query) unless it is
+        ``resumable``."""
+        if not iteration.resumable:
+            return iteration
+        calls = tool_invocations.c
+        turns = compacted_turns.c
+        async with self.engine.connect() as conn:
+            found = await conn.execute(
+                select(
+                    calls.id,
+                    calls.position,
+                    calls.outcome,
+                    calls.result,
+                    calls.error,
+                    calls.policy_decision,
+                )
+                .where(calls.iteration_id == iteration.id, calls.round == iteration.rounds)
+                .order_by(calls.id)
+            )
+            pending = [dict(r) for r in found.mappings()]
+            archived = (
+                await conn.execute(
+                    select(func.count(), func.count().filter(turns.error.is_(None))).where(
+                        turns.iteration_id == iteration.id
+                    )
+                )
+            ).one()
+            latest = (
+                await conn.execute(
+                    select(turns.round, turns.tokens_after)
+                    .where(turns.iteration_id == iteration.id, turns.error.is_(None))
+                    .order_by(turns.compaction_index.desc())
+                    .limit(1)
+                )
+            ).first()
+        return dataclasses.replace(
+            iteration,
+            pending_rows=pending,
+            compaction_attempts=int(archived[0]),
+            compactions=int(archived[1]),
+            last_compaction=(int(latest[0]), int(latest[1])) if latest is not None else None,
+        )
+
+    async def renew_leases(
+        self, mission_ids: Collection[int], *, worker_id: str, lease: timedelta
+    ) -> set[int]:
+        """Push the leases of ``mission_ids`` ``lease`` past now, in one statement; return the
+        ids this worker still owned (the others were taken over: their runs must stop)."""
+        if not mission_ids:
+            return set()
+        stmt = (
+            update(missions)
+            .where(missions.c.id.in_(list(mission_ids)), missions.c.lease_owner == worker_id)
+            .values(lease_expires_at=func.now() + lease)
+            .returning(missions.c.id)
+        )
+        return {int(r["id"]) for r in await self._run_one(stmt)}
+
+    async def finish_iteration(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int | None,
+        outcome: IterationOutcome,
+        *,
+        worker_id: str,
+        attempt: int = 1,
+    ) -> bool:
+        """Store the run and schedule the next one, and release the lease, in one statement
+        (``round_write_statement``, all or nothing): the mission's next run, the iteration
+        row, its new tool invocations (journaled ones brought up to date) and its compactions.
+
+        ``iteration_id=None`` only advances the schedule (the run was skipped). Returns False,
+        writing nothing, when this worker no longer owns the lease. Safe to run again after a
+        failure that left it unknown whether it committed: a repeat by the same ``attempt``
+        of the iteration finds what the first stored and returns True.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data (a transient
+                failure is ``worker.store.transient.is_transient``).
+        """
+        params: dict[str, Any] = {
+            "p_next_run_at": outcome.next_run_at,
+            "p_mission_status": outcome.mission_status,
+            "p_last_error": outcome.error,
+        }
+        if iteration_id is not None:
+            params |= {
+                "p_status": outcome.status,
+                "p_stop_reason": outcome.stop_reason,
+                "p_error": outcome.error,
+                "p_attempt": attempt,
+            }
+        row = await self._write(
+            "finish",
+            mission,
+            iteration_id,
+            worker_id,
+            params,
+            checkpoint=_outcome_checkpoint(outcome) if iteration_id is not None else None,
+            rows=outcome.tool_invocations,
+            end=iteration_id is not None,
+        )
+        return bool(row["owned"]) or bool(row.get("stored"))
+
+    async def record_call_start(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        checkpoint: RoundCheckpoint,
+        rows: Sequence[ToolInvocationRow],
+        *,
+        worker_id: str,
+        reserve: tuple[RateLimit, str, bool] | None = None,
+    ) -> CallStart:
+        """Before a write or destructive call runs: store the log so far (it ends with the
+        assistant message that issued the call), ``rows`` (the calls of the round not stored
+        yet, the last one the call's ``started`` row) and the compactions of ``checkpoint``,
+        in one statement under the lease. Safe to run again.
+
+        With ``reserve`` = ``(limit, consumer, run_anyway)``, the statement first reserves the
+        call's rate-limit slot (``mana_ai_reserve_tool_call``, as the ledger does), and stores
+        the ``started`` row only when it was taken or ``run_anyway``.
+
+        Raises:
+            LeaseLostError: this worker no longer owns the mission (the call must not run).
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
+        """
+        params: dict[str, Any] = {}
+        if reserve is not None:
+            limit, consumer, run_anyway = reserve
+            started = rows[-1]
+            params = {
+                "p_user_id": mission.owner_user_id,
+                "p_tool": started.tool,
+                "p_consumer": consumer,
+                "p_window": limit.window,
+                "p_limit": limit.calls,
+                "p_run_anyway": run_anyway,
+            }
+        written = await self._write(
+            "check",
+            mission,
+            iteration_id,
+            worker_id,
+            params,
+            checkpoint=checkpoint,
+            rows=rows,
+            reserve=reserve is not None,
+        )
+        if not written["owned"]:
+            raise LeaseLostError(f"mission {mission.id}: lease lost; the call was not run")
+        reservation = None
+        if reserve is not None:
+            reservation = Reservation(
+                reserved=bool(written["reserved"]),
+                now=written["checked_at"],
+                recent=tuple(written["recent"] or ()),
+            )
+        return CallStart(ids=_new_ids(written), reservation=reservation)
+
+    async def record_call_outcome(self, row: ToolInvocationRow) -> None:
+        """A journaled call's outcome (``row.row_id`` set), recorded as soon as it is known,
+        whoever owns the lease now: the call happened. One statement; safe to run again."""
+        if row.row_id is None:
+            raise ValueError("record_call_outcome needs the row id of the started call")
+        await self._run_one(
+            update(tool_invocations)
+            .where(tool_invocations.c.id == row.row_id)
+            .values(invocation_outcome_values(row))
+        )
+
+    async def commit_round(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        checkpoint: RoundCheckpoint,
+        rows: Sequence[ToolInvocationRow],
+        *,
+        worker_id: str,
+    ) -> dict[tuple[int, int], int] | None:
+        """The round commit: the log, rounds, tokens and reminders so far, the round's
+        ``tool_invocations`` rows (new ones inserted, journaled ones brought up to date) and
+        the compactions not stored yet, in one statement under the lease — a checkpoint a
+        takeover resumes from. Returns the new rows' ids by ``(round, position)``, or ``None``
+        (writing nothing) when this worker no longer owns the lease. Safe to run again.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
+        """
+        written = await self._write(
+            "check", mission, iteration_id, worker_id, {}, checkpoint=checkpoint, rows=rows
+        )
+        if not written["owned"]:
+            return None
+        return _new_ids(written)
+
+    async def interrupt_iteration(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int | None,
+        *,
+        worker_id: str,
+        reason: str,
+        checkpoint: RoundCheckpoint | None = None,
+        invocations: Sequence[ToolInvocationRow] = (),
+        attempt: int = 1,
+    ) -> bool:
+        """Mark a run ``failed`` / ``interrupted`` and release the lease without advancing
+        the schedule, so the next worker takes that scheduled run over and resumes it from
+        ``checkpoint`` (the log, rounds, tokens and reminders so far, and the compactions not
+        stored yet); ``invocations`` are the calls not yet written (they happened). One
+        statement. False when this worker no longer owns the lease (nothing written); a
+        repeat by the same ``attempt`` that finds the interruption stored returns True.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
+        """
+        params = {
+            "p_status": "failed",
+            "p_stop_reason": "interrupted",
+            "p_error": reason,
+            "p_attempt": attempt,
+        }
+        row = await self._write(
+            "release",
+            mission,
+            iteration_id,
+            worker_id,
+            params if iteration_id is not None else {},
+            checkpoint=checkpoint,
+            rows=invocations,
+            end=iteration_id is not None,
+        )
+        return bool(row["owned"]) or bool(row.get("stored"))
+
+    async def _write(
+        self,
+        mission_write: MissionWrite,
+        mission: ClaimedMission,
+        iteration_id: int | None,
+        worker_id: str,
+        params: dict[str, Any],
+        *,
+        checkpoint: RoundCheckpoint | None,
+        rows: Sequence[ToolInvocationRow] = (),
+        end: bool = False,
+        reserve: bool = False,
+    ) -> RowMapping:
+        """Run the ``round_write_statement`` of this shape; its one row."""
+        params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
+        new: list[dict[str, Any]] = []
+        known: list[dict[str, Any]] = []
+        archive: list[dict[str, Any]] = []
+        if iteration_id is not None:
+            params["p_iteration_id"] = iteration_id
+            for row in rows:
+                if row.row_id is None:
+                    new.append(_plain(_invocation_values(mission, iteration_id, row)))
+                else:
+                    known.append(_plain({"id": row.row_id, **invocation_outcome_values(row)}))
+            if checkpoint is not None:
+                params |= {
+                    "p_messages": checkpoint.messages,
+                    "p_reminders": checkpoint.reminders,
+                    "p_rounds": checkpoint.rounds,
+                    "p_prompt_tokens": checkpoint.prompt_tokens,
+                    "p_completion_tokens": checkpoint.completion_tokens,
+                }
+                archive = [_archive_values(mission, iteration_id, r) for r in checkpoint.archive]
+            params |= {"p_new_calls": new, "p_known_calls": known, "p_archive": archive}
+        stmt = round_write_statement(
+            mission_write,
+            iteration=iteration_id is not None,
+            checkpoint=iteration_id is not None and checkpoint is not None,
+            end=end,
+            new_calls=bool(new),
+            known_calls=bool(known),
+            archive=bool(archive),
+            reserve=reserve,
+        )
+        [written] = await self._run_one(stmt, params)
+        return written
+
+
+@functools.cache
+def _claim_statement() -> Any:
+    """``claim_due``'s statement, built once; bind parameters ``p_worker_id``, ``p_limit``,
+    ``p_lease``, ``p_default_model``, ``p_window``."""
+    now = func.now()
+    worker_id = bindparam("p_worker_id", type_=Text)
+    lease = bindparam("p_lease", type_=Interval)
+    due = (
+        select(missions.c.id)
+        .where(
+            missions.c.status == "active",
+            missions.c.next_run_at <= now,
+            or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
+        )
+        .order_by(missions.c.next_run_at)
+        .limit(bindparam("p_limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("due")
+    )
+    claimed = (
+        update(missions)
+        .where(missions.c.id == due.c.id, agents.c.id == missions.c.agent_id)
+        .values(lease_owner=worker_id, lease_expires_at=now + lease, updated_at=now)
+        .returning(
+            missions.c.id,
+            missions.c.objective,
+            missions.c.cron,
+            missions.c.timezone,
+            missions.c.next_run_at,
+            missions.c.deadline,
+            agents.c.id.label("agent_id"),
+            agents.c.name.label("agent_name"),
+            agents.c.owner_user_id,
+            agents.c.model,
+            agents.c.system_prompt,
+            agents.c.max_rounds,
+            agents.c.max_tokens_per_day,
+            agents.c.allowed_tools,
+            agents.c.policy_mode,
+            agents.c.compact_max_ctx,
+            _owner_policy().label("owner_policy"),
+            _mcp_servers().label("mcp_servers"),
+            _budget_used(bindparam("p_window", type_=Interval)).label("tokens_used_24h"),
+        )
+        .cte("claimed")
+    )
+    first_attempt = func.jsonb_build_array(
+        func.jsonb_build_object("attempt", 1, "worker_id", worker_id, "started_at", now)
+    )
+    values = select(
+        claimed.c.id,
+        claimed.c.next_run_at,
+        literal("running", Text),
+        worker_id,
+        func.coalesce(claimed.c.model, bindparam("p_default_model", type_=Text)),
+        first_attempt,
+    ).where(or_(claimed.c.deadline.is_(None), claimed.c.next_run_at <= claimed.c.deadline))
+    started = _start_iteration_statement(values).cte("started")
+    return select(
+        claimed,
+        started.c.id.label("iteration_id"),
+        started.c.attempt,
+        started.c.messages,
+        started.c.rounds,
+        started.c.prompt_tokens,
+        started.c.completion_tokens,
+        started.c.reminders,
+    ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
+
+
+def _started(row: RowMapping, iteration_id: int) -> StartedIteration:
+    """The StartedIteration of an iteration row returned by ``_start_iteration_statement``."""
+    return StartedIteration(
+        id=iteration_id,
+        attempt=row["attempt"],
+        messages=list(row["messages"]),
+        rounds=row["rounds"],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
+        reminders=list(row["reminders"]),
+    )
+
+
+def _owner_policy() -> Any:
+    """The claimed mission's owner's policy settings as one JSONB object (correlated to
+    ``agents``)."""
+    ups = user_policy_settings
+    return (
+        select(
+            func.jsonb_build_object(
+                "destructive_opt_ins",
+                ups.c.destructive_opt_ins,
+                "rate_limit",
+                ups.c.rate_limit,
+                "tool_rate_limits",
+                ups.c.tool_rate_limits,
+                type_=JSONB,
+            )
+        )
+        .where(ups.c.user_id == agents.c.owner_user_id)
+        .correlate(agents)
+        .scalar_subquery()
+    )
+
+
+def _mcp_servers() -> Any:
+    """The claimed mission's agent's MCP servers as a JSONB array ordered by name."""
+    ams = agent_mcp_servers
+    return (
+        select(
+            func.jsonb_agg(
+                aggregate_order_by(
+                    func.jsonb_build_object(
+                        "name",
+                        ams.c.name,
+                        "transport",
+                        ams.c.transport,
+                        "url",
+                        ams.c.url,
+                        "command",
+                        ams.c.command,
+                        "args",
+                        ams.c.args,
+                        "headers",
+                        ams.c.headers,
+                        "env",
+                        ams.c.env,
+                        "required",
+                        ams.c.required,
+                        type_=JSONB,
+                    ),
+                    ams.c.name,
+                ),
+                type_=JSONB,
+            )
+        )
+        .where(ams.c.agent_id == agents.c.id)
+        .correlate(agents)
+        .scalar_subquery()
+    )
+
+
+def _budget_used(window: Any) -> Any:
+    """Tokens of the claimed mission's agent's iterations started within ``window``, except
+    the claimed run's own iteration (a takeover adds its checkpoint's tokens itself); NULL
+    when the agent has no daily budget (the sum is then never computed)."""
+    its = mission_iterations.alias("budget_iterations")
+    owned = missions.alias("budget_missions")
+    used = (
+        select(func.coalesce(func.sum(its.c.prompt_tokens + its.c.completion_tokens), 0))
+        .select_from(its.join(owned, owned.c.id == its.c.mission_id))
+        .where(
+            owned.c.agent_id == agents.c.id,
+            its.c.started_at >= func.now() - window,
+            or_(its.c.mission_id != missions.c.id, its.c.scheduled_for != missions.c.next_run_at),
+        )
+        .correlate(agents, missions)
+        .scalar_subquery()
+    )
+    return case((agents.c.max_tokens_per_day.is_(None), null()), else_=used)
+
+
+def _start_iteration_statement(values: Any) -> Any:
+    """INSERT the iteration rows ``values`` selects (mission_id, scheduled_for, status,
+    worker_id, model, attempts), or take over an existing one for the same scheduled run
+    when it is ``running`` (its worker died) or ``failed`` / ``interrupted``, keeping the
+    checkpoint the earlier attempts stored; RETURNING the row. A finished run returns
+    nothing."""
+    insert_stmt = pg_insert(mission_iterations).from_select(
+        ["mission_id", "scheduled_for", "status", "worker_id", "model", "attempts"], values
+    )
+    excluded = insert_stmt.excluded
+    iterations = mission_iterations.c
+    takeover = func.jsonb_build_object(
+        "attempt",
+        iterations.attempt + 1,
+        "worker_id",
+        excluded.worker_id,
+        "started_at",
+        func.now(),
+        "resumed_after_round",
+        iterations.rounds,
+    )
+    return insert_stmt.on_conflict_do_update(
+        index_elements=["mission_id", "scheduled_for"],
+        set_={
+            "status": "running",
+            "attempt": iterations.attempt + 1,
+            "worker_id": excluded.worker_id,
+            "model": excluded.model,
+            "attempts": iterations.attempts.op("||")(func.jsonb_build_array(takeover)),
+            "stop_reason": None,
+            "error": None,
+            "started_at": func.now(),
+            "finished_at": None,
+        },
+        where=or_(
+            iterations.status == "running",
+            and_(iterations.status == "failed", iterations.stop_reason == "interrupted"),
+        ),
+    ).returning(
+        iterations.id,
+        iterations.mission_id,
+        iterations.attempt,
+        iterations.messages,
+        iterations.rounds,
+        iterations.prompt_tokens,
+        iterations.completion_tokens,
+        iterations.reminders,
+    )
+
+
+def _outcome_checkpoint(outcome: IterationOutcome) -> RoundCheckpoint:
+    """What a finished run stores on its iteration row, as a checkpoint (with its archive)."""
+    return RoundCheckpoint(
+        messages=outcome.messages,
+        rounds=outcome.rounds,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        reminders=outcome.reminders,
+        archive=outcome.archive,
+    )
+
+
+def _new_ids(written: RowMapping) -> dict[tuple[int, int], int]:
+    """The ids of the calls' rows the statement inserted or found, by ``(round, position)``
+    (its ``calls``: ``[[round, position, id], ...]``)."""
+    return {(int(r), int(p)): int(i) for r, p, i in written.get("calls") or ()}
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """``null()`` (SQL NULL in a bind) as ``None``: in a recordset, JSON null is SQL NULL."""
+    return {k: None if isinstance(v, Null) else v for k, v in values.items()}
+
+
+def _archive_values(mission: ClaimedMission, iteration_id: int, row: ArchiveRow) -> dict[str, Any]:
+    return {
+        "iteration_id": iteration_id,
+        "mission_id": mission.id,
+        "attempt": row.attempt,
+        "compaction_index": row.compaction_index,
+        "round": row.round,
+        "start_index": row.start_index,
+        "folded": row.folded,
+        "folded_turns": row.folded_turns,
+        "summary": row.summary,
+        "tokens_before": row.tokens_before,
+        "tokens_after": row.tokens_after,
+        "model": row.model,
+        "duration_ms": row.duration_ms,
+        "error": row.error,
+    }
+
+
+def invocation_outcome_values(row: ToolInvocationRow) -> dict[str, Any]:
+    """The outcome columns of a ``tool_invocations`` row (result, error, outcome, policy
+    decision and mode, duration); a missing result or decision is SQL NULL."""
+    return {
+        "result": null() if row.result is None else row.result,
+        "error": row.error,
+        "outcome": row.outcome,
+        # SQL NULL, not JSON null: "no decision" must read as such in reports
+        "policy_decision": null() if row.policy_decision is None else row.policy_decision,
+        "policy_mode": row.policy_mode,
+        "duration_ms": row.duration_ms,
+    }
+
+
+def _invocation_values(
+    mission: ClaimedMission, iteration_id: int, row: ToolInvocationRow
+) -> dict[str, Any]:
+    return {
+        "iteration_id": iteration_id,
+        "mission_id": mission.id,
+        "user_id": mission.owner_user_id,
+        "attempt": row.attempt,
+        "round": row.round,
+        "position": row.position,
+        "call_id": row.call_id,
+        "tool": row.tool,
+        "arguments": row.arguments,
+        "idempotency_key": row.idempotency_key,
+        **invocation_outcome_values(row),
+    }

@@ -1,0 +1,324 @@
+"""The one statement that persists a run's progress: a checkpoint, a journaled call's start,
+an interruption, or the end of the run.
+
+Every write a run makes under its lease is one ``round_write_statement``: data-modifying CTEs
+that all depend on the first one (the lease check, or the mission's own update, which holds
+only while ``lease_owner`` is this worker), so it is all or nothing and one round trip. Its
+parts, by shape:
+
+* the mission: ``check`` (the lease is still ours), ``finish`` (next run, status, last error;
+  the lease released) or ``release`` (the lease released, the schedule as it was);
+* the iteration row: the checkpoint columns (message log, rounds, tokens, reminders) and, for
+  an end (``finish`` / ``release``), its status, stop reason, error and ``finished_at``;
+* new ``tool_invocations`` rows, inserted unless a row of the same iteration, attempt, round
+  and position exists; stored rows brought up to date (journaled writes);
+* ``compacted_turns`` rows, unless that compaction index is stored.
+
+Running the same statement twice stores the same thing once: a statement whose connection
+broke after it committed can be run again without duplicating rows (``retry_transient``). The
+result row says whether the lease held (``owned``), whether an end already stored by this
+worker's attempt was found (``stored``: a repeated finish), and the ids of the calls' rows as
+``[[round, position, id], ...]`` (``calls``).
+
+Rows travel as JSONB arrays unpacked with ``jsonb_to_recordset``; JSON null reads as SQL NULL.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Integer,
+    Interval,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    exists,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from worker.store.tables import compacted_turns, mission_iterations, missions, tool_invocations
+
+__all__ = [
+    "ARCHIVE_KEYS",
+    "NEW_CALL_KEYS",
+    "OUTCOME_KEYS",
+    "MissionWrite",
+    "recordset",
+    "round_write_statement",
+]
+
+MissionWrite = Literal["check", "finish", "release"]
+"""What the statement does to the mission row (see the module docstring)."""
+
+NEW_CALL_KEYS = (
+    "iteration_id",
+    "mission_id",
+    "user_id",
+    "attempt",
+    "round",
+    "position",
+    "call_id",
+    "tool",
+    "arguments",
+    "idempotency_key",
+    "result",
+    "error",
+    "outcome",
+    "policy_decision",
+    "policy_mode",
+    "duration_ms",
+)
+"""The keys of each object in ``p_new_calls``: the columns of a new ``tool_invocations`` row."""
+
+OUTCOME_KEYS = ("result", "error", "outcome", "policy_decision", "policy_mode", "duration_ms")
+"""The keys (besides ``id``) of each object in ``p_known_calls``: a stored row's outcome."""
+
+ARCHIVE_KEYS = (
+    "iteration_id",
+    "mission_id",
+    "attempt",
+    "compaction_index",
+    "round",
+    "start_index",
+    "folded",
+    "folded_turns",
+    "summary",
+    "tokens_before",
+    "tokens_after",
+    "model",
+    "duration_ms",
+    "error",
+)
+"""The keys of each object in ``p_archive``: the columns of a ``compacted_turns`` row."""
+
+
+def recordset(table: Any, keys: Sequence[str], param: str) -> Any:
+    """The JSONB array bound to ``param`` (objects with ``keys``, columns of ``table``) as a
+    derived table: ``jsonb_to_recordset(:param) AS param(key type, ...)``."""
+    columns = [column(key, table.c[key].type) for key in keys]
+    return (
+        func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+        .table_valued(*columns)
+        .render_derived(name=param, with_types=True)
+    )
+
+
+@functools.cache
+def round_write_statement(
+    mission_write: MissionWrite,
+    *,
+    iteration: bool,
+    checkpoint: bool,
+    end: bool,
+    new_calls: bool,
+    known_calls: bool,
+    archive: bool,
+    reserve: bool = False,
+) -> Any:
+    """The statement for one shape (which parts it writes), built once per shape.
+
+    Args:
+        mission_write: what happens to the mission row (``MissionWrite``).
+        iteration: the iteration row is written (``p_iteration_id``); without it only the
+            mission is (a skipped run).
+        checkpoint: the checkpoint columns are written (``p_messages``, ``p_reminders``,
+            ``p_rounds``, ``p_prompt_tokens``, ``p_completion_tokens``).
+        end: the run ends here (``p_status``, ``p_stop_reason``, ``p_error``, and
+            ``finished_at = now()``); a repeat by the same attempt reads as ``stored``
+            (``p_attempt``).
+        new_calls, known_calls, archive: ``p_new_calls`` (``NEW_CALL_KEYS``),
+            ``p_known_calls`` (``id`` and ``OUTCOME_KEYS``) and ``p_archive``
+            (``ARCHIVE_KEYS``) are written.
+        reserve: a rate-limit slot is reserved first, with ``mana_ai_reserve_tool_call``
+            (``p_user_id``, ``p_tool``, ``p_consumer``, ``p_window``, ``p_limit``), and the new
+            rows whose outcome is ``started`` are inserted only when it was taken or
+            ``p_run_anyway`` (log-only runs a refused call too): the policy gate's reservation
+            and a write's start in one round trip.
+
+    Always bound: ``p_mission_id``, ``p_worker_id``; with ``finish``: ``p_next_run_at``,
+    ``p_mission_status``, ``p_last_error``. A paused mission stays paused.
+
+    Returns:
+        A SELECT of one row: ``owned`` (1 when the lease held and everything was written,
+        else 0 and nothing was), ``stored`` (an end this attempt already stored; only with
+        ``end``), ``calls`` (``[[round, position, id], ...]`` of the new calls' rows, those
+        inserted now and those a repeat found; only with ``new_calls``), and with ``reserve``
+        the reservation: ``reserved``, ``checked_at``, ``recent``.
+    """
+    mission_id = bindparam("p_mission_id", type_=BigInteger)
+    worker_id = bindparam("p_worker_id", type_=Text)
+    ours = and_(missions.c.id == mission_id, missions.c.lease_owner == worker_id)
+    owner: Any
+    if mission_write == "check":
+        owner = select(missions.c.id).where(ours).cte("owned")
+    elif mission_write == "finish":
+        owner = (
+            update(missions)
+            .where(ours)
+            .values(
+                next_run_at=bindparam("p_next_run_at", type_=DateTime(timezone=True)),
+                status=case(
+                    (missions.c.status == "paused", "paused"),
+                    else_=bindparam("p_mission_status", type_=Text),
+                ),
+                last_error=bindparam("p_last_error", type_=Text),
+                lease_owner=None,
+                lease_expires_at=None,
+                updated_at=func.now(),
+            )
+            .returning(missions.c.id)
+            .cte("owned")
+        )
+    else:
+        owner = (
+            update(missions)
+            .where(ours)
+            .values(lease_owner=None, lease_expires_at=None, updated_at=func.now())
+            .returning(missions.c.id)
+            .cte("owned")
+        )
+    owned = select(owner.c.id).exists()
+    columns: list[Any] = [select(func.count()).select_from(owner).scalar_subquery().label("owned")]
+    writes: list[Any] = []  # CTEs, in the order they are written
+
+    def write(stmt: Any) -> Any:
+        writes.append(stmt.cte(f"write_{len(writes)}"))
+        return writes[-1]
+
+    its = mission_iterations
+    iteration_id = bindparam("p_iteration_id", type_=BigInteger)
+    if iteration:
+        values: dict[str, Any] = {}
+        if checkpoint:
+            values |= {
+                "messages": bindparam("p_messages", type_=JSONB),
+                "reminders": bindparam("p_reminders", type_=JSONB),
+                "rounds": bindparam("p_rounds", type_=Integer),
+                "prompt_tokens": bindparam("p_prompt_tokens", type_=BigInteger),
+                "completion_tokens": bindparam("p_completion_tokens", type_=BigInteger),
+            }
+        if end:
+            values |= {
+                "status": bindparam("p_status", type_=Text),
+                "stop_reason": bindparam("p_stop_reason", type_=Text),
+                "error": bindparam("p_error", type_=Text),
+                "finished_at": func.now(),
+            }
+            repeated = exists().where(
+                its.c.id == iteration_id,
+                its.c.attempt == bindparam("p_attempt", type_=Integer),
+                its.c.worker_id == worker_id,
+                its.c.status == bindparam("p_status", type_=Text),
+                its.c.finished_at.is_not(None),
+            )
+            columns.append(repeated.label("stored"))
+        if values:
+            write(
+                update(its)
+                .where(its.c.id == iteration_id, owned)
+                .values(values)
+                .returning(its.c.id)
+            )
+    reservation: Any = None
+    if reserve:
+        reservation = (
+            select(
+                column("reserved", Boolean),
+                column("checked_at", DateTime(timezone=True)),
+                column("recent", ARRAY(DateTime(timezone=True))),
+            )
+            .select_from(
+                func.mana_ai_reserve_tool_call(
+                    bindparam("p_user_id", type_=Text),
+                    bindparam("p_tool", type_=Text),
+                    bindparam("p_consumer", type_=Text),
+                    bindparam("p_window", type_=Interval),
+                    bindparam("p_limit", type_=Integer),
+                )
+            )
+            .cte("reservation")
+        )
+        columns += [
+            select(reservation.c.reserved).scalar_subquery().label("reserved"),
+            select(reservation.c.checked_at).scalar_subquery().label("checked_at"),
+            select(reservation.c.recent).scalar_subquery().label("recent"),
+        ]
+    if iteration and new_calls:
+        may_start = None
+        if reservation is not None:
+            may_start = or_(
+                select(reservation.c.reserved).scalar_subquery(),
+                bindparam("p_run_anyway", type_=Boolean),
+            )
+        columns.append(_new_calls(write, owned, may_start).label("calls"))
+    if iteration and known_calls:
+        data = recordset(tool_invocations, ("id", *OUTCOME_KEYS), "p_known_calls")
+        write(
+            update(tool_invocations)
+            .where(tool_invocations.c.id == data.c.id, owned)
+            .values({k: data.c[k] for k in OUTCOME_KEYS})
+            .returning(tool_invocations.c.id)
+        )
+    if iteration and archive:
+        data = recordset(compacted_turns, ARCHIVE_KEYS, "p_archive")
+        write(
+            pg_insert(compacted_turns)
+            .from_select(ARCHIVE_KEYS, select(*(data.c[k] for k in ARCHIVE_KEYS)).where(owned))
+            .on_conflict_do_nothing(index_elements=["iteration_id", "compaction_index"])
+            .returning(compacted_turns.c.id)
+        )
+    ctes = [owner, *writes] if reservation is None else [reservation, owner, *writes]
+    return select(*columns).add_cte(*ctes)
+
+
+def _new_calls(write: Callable[[Any], Any], owned: Any, may_start: Any = None) -> Any:
+    """``write`` the insert of ``p_new_calls`` (rows that exist already are left alone; a
+    ``started`` row only when ``may_start`` holds, if given); return the scalar subquery of
+    ``[[round, position, id], ...]`` of the new calls' rows, inserted or found."""
+    calls = tool_invocations
+    data = recordset(calls, NEW_CALL_KEYS, "p_new_calls")
+    same = and_(
+        calls.c.iteration_id == data.c.iteration_id,
+        calls.c.attempt == data.c.attempt,
+        calls.c.round == data.c.round,
+        calls.c.position == data.c.position,
+    )
+    conditions = [owned, ~exists().where(same)]
+    if may_start is not None:
+        conditions.append(or_(data.c.outcome != "started", may_start))
+    inserted = (
+        insert(calls)
+        .from_select(NEW_CALL_KEYS, select(*(data.c[k] for k in NEW_CALL_KEYS)).where(*conditions))
+        .returning(calls.c.round, calls.c.position, calls.c.id)
+    )
+    inserted = write(inserted)
+    found = (
+        select(calls.c.round, calls.c.position, calls.c.id)
+        .select_from(calls.join(data, same))
+        .where(owned)
+    )
+    both = union_all(select(inserted.c.round, inserted.c.position, inserted.c.id), found).subquery(
+        "call_ids"
+    )
+    triple = func.jsonb_build_array(both.c.round, both.c.position, both.c.id)
+    return (
+        select(func.coalesce(func.jsonb_agg(triple), literal_column("'[]'::jsonb", JSONB)))
+        .select_from(both)
+        .scalar_subquery()
+    )
