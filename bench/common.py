@@ -23,8 +23,9 @@ from sqlalchemy import make_url, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from worker.database_url import to_async_url
 from worker.store.embedded import start_embedded_postgres
-from worker.store.engine import create_engine, to_async_url
+from worker.store.engine import create_engine
 
 __all__ = [
     "RoundTripCounter",

@@ -37,7 +37,7 @@ from planner import CompletionRequest, CompletionResponse
 from planner.policy import PolicyConfig
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from worker.daemon.tick import Worker
-from worker.run.mission_gate import PolicySetup
+from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
 from worker.store.engine import create_engine
 from worker.store.migrate import upgrade_database

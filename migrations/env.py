@@ -22,7 +22,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
-from worker.store.engine import create_engine, resolve_database_url, to_async_url
+from worker.database_url import to_async_url
+from worker.store.engine import create_engine, resolve_database_url
 from worker.store.migrate import migration_lock
 from worker.store.tables import metadata
 

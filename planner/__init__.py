@@ -3,6 +3,7 @@
 The public surface is pinned by ``tests/unit/test_public_api.py``.
 """
 
+from planner.calls import ExecutedCall, tool_result_message
 from planner.compaction import (
     Compaction,
     CompactionError,
@@ -24,6 +25,7 @@ from planner.events import (
     CallDecided,
     CallFinished,
     CallStarted,
+    Checkpoint,
     Compacted,
     CompactionFailed,
     ReadsOverlapped,
@@ -39,7 +41,7 @@ from planner.events import (
     RunStopped,
     SentReminder,
 )
-from planner.execution import ExecutedCall, execute_calls, tool_result_message
+from planner.execution import execute_calls
 from planner.llm import ChatModel, CompletionRequest, CompletionResponse
 from planner.loop import (
     LoopState,
@@ -71,7 +73,7 @@ from planner.policy import (
     UserPolicySettings,
     evaluate_policy,
 )
-from planner.record import ArchiveEntry, Checkpoint, RunLog, RunRecord, record_of
+from planner.record import ArchiveEntry, RunLog, RunRecord, record_of
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [

@@ -30,17 +30,16 @@ raises for any other event propagates out of the loop.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from planner.messages import ChatMessage, TokenUsage, ToolCall
 
 if TYPE_CHECKING:
+    from planner.calls import ExecutedCall
     from planner.compaction import Compaction, CompactionError
-    from planner.execution import ExecutedCall
     from planner.policy import PolicyDecision
-    from planner.record import Checkpoint
     from planner.replies import StopReason
     from planner.tools import PolicyHint
 
@@ -48,6 +47,7 @@ __all__ = [
     "CallDecided",
     "CallFinished",
     "CallStarted",
+    "Checkpoint",
     "Compacted",
     "CompactionFailed",
     "ReadsOverlapped",
@@ -90,6 +90,47 @@ class SentReminder:
     def to_json(self) -> dict[str, object]:
         """``{"round", "producer", "text"}``, the stored form."""
         return {"round": self.round, "producer": self.producer, "text": self.text}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where an earlier attempt at a run stopped, to go on from (a resume).
+
+    Attributes:
+        messages: the stored log so far: system, prior and user messages, then the rounds.
+            When it ends with an assistant message that calls tools, that round was under
+            way: its calls get their results first (``settled`` ones as given, the others
+            run), then the loop goes on with the next round.
+        rounds_done: completion requests the log answers (they count toward ``max_rounds``).
+        usage: tokens those requests cost (they count toward the usage reported).
+        settled: results of the pending round's calls that must not run again, by 0-based
+            position: calls an earlier attempt finished, and writes whose outcome is unknown.
+        compactions_done: compactions the earlier attempts did.
+        compaction_attempts: compactions they tried, failed ones included (default:
+            ``compactions_done``); they count toward ``Compactor.max_per_iteration``, and the
+            next one is numbered after them.
+        context_tokens: what the context held at the checkpoint, as the earlier attempt
+            counted it (the provider's last usage plus estimates, or the count after a
+            compaction); ``None``: estimated from the messages and tool definitions.
+        reminders: the reminders the earlier attempts sent (the audit goes on from them).
+    """
+
+    messages: Sequence[ChatMessage]
+    rounds_done: int
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    settled: Mapping[int, ExecutedCall] = field(default_factory=dict)
+    compactions_done: int = 0
+    compaction_attempts: int | None = None
+    context_tokens: int | None = None
+    reminders: Sequence[SentReminder] = ()
+
+    def pending_calls(self) -> tuple[ToolCall, ...]:
+        """The calls of the round under way when the checkpoint was taken (none when the log
+        does not end with an assistant message that calls tools)."""
+        last = self.messages[-1] if self.messages else None
+        if last is None or last.role != "assistant":
+            return ()
+        return last.tool_calls
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from planner.calls import ExecutedCall, tool_result_message
 from planner.compaction import (
     CompactionError,
     Compactor,
@@ -35,6 +36,7 @@ from planner.compaction import (
 )
 from planner.errors import LLMError
 from planner.events import (
+    Checkpoint,
     Compacted,
     CompactionFailed,
     Reminder,
@@ -49,17 +51,11 @@ from planner.events import (
     RunStopped,
     SentReminder,
 )
-from planner.execution import (
-    DEFAULT_MAX_PARALLEL_READS,
-    ExecutedCall,
-    ToolCallExecutor,
-    execute_calls,
-    tool_result_message,
-)
+from planner.execution import DEFAULT_MAX_PARALLEL_READS, ToolCallExecutor, execute_calls
 from planner.llm import ChatModel, CompletionRequest
 from planner.messages import ChatMessage, TokenUsage, ToolCall
 from planner.policy import PolicyGate
-from planner.record import Checkpoint, RunLog, RunRecord
+from planner.record import RunLog, RunRecord
 from planner.replies import FAILED_STOP_REASONS, StopReason, judge_reply, stored_reply
 from planner.tools import ToolContext, ToolRegistry, ToolSpec
 

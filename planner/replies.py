@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.execution import ExecutedCall, tool_result_message
+from planner.calls import ExecutedCall, tool_result_message
 from planner.llm import CompletionResponse
 from planner.messages import ChatMessage, ReplyInfo
 

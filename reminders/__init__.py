@@ -18,6 +18,7 @@ from reminders.channel import (
 from reminders.producers import (
     BUDGET_THRESHOLD,
     DEADLINE_WITHIN,
+    PRODUCER_NAMES,
     RETRY_REPEATS,
     ROUNDS_LEFT,
     RetryLoopWatch,
@@ -34,6 +35,7 @@ __all__ = [
     "DEADLINE_WITHIN",
     "MAX_REMINDERS",
     "MAX_REMINDER_CHARS",
+    "PRODUCER_NAMES",
     "RETRY_REPEATS",
     "ROUNDS_LEFT",
     "Producer",

@@ -15,6 +15,7 @@ from planner import ExecutedCall, LoopState
 __all__ = [
     "BUDGET_THRESHOLD",
     "DEADLINE_WITHIN",
+    "PRODUCER_NAMES",
     "RETRY_REPEATS",
     "ROUNDS_LEFT",
     "RetryLoopWatch",
@@ -25,6 +26,17 @@ __all__ = [
     "rounds_left_reminder",
     "token_budget_reminder",
 ]
+
+PRODUCER_NAMES = (
+    "policy_feedback",
+    "retry_loop",
+    "rounds_left",
+    "deadline",
+    "token_budget",
+    "compacted",
+)
+"""The names of this package's producers, as a channel's audit records them and a worker's
+``MANA_AI_REMINDERS_DISABLED`` names them."""
 
 BUDGET_THRESHOLD = 0.75
 """Share of the daily token budget from which the model is told to plan frugally (seed: 75 %)."""

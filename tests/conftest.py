@@ -36,8 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from tests.pgbouncer import PgBouncer, PgBouncerUnavailable, start_pgbouncer
+from worker.database_url import to_async_url
 from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
-from worker.store.engine import create_engine, to_async_url
+from worker.store.engine import create_engine
 from worker.store.migrate import upgrade_database
 from worker.store.tables import metadata
 

@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from worker.terminal_text import describe_char, is_hidden
 
-__all__ = ["http_url_problem", "redact_url"]
+__all__ = ["http_url_problem", "normalize_domain", "redact_url"]
 
 _REG_NAME = re.compile(r"^(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+$")
 """RFC 3986 §3.2.2 ``reg-name`` (unreserved, pct-encoded, sub-delims), non-empty."""
@@ -128,3 +128,27 @@ def redact_url(url: str) -> str:
 
 
 _PASSWORD = re.compile(r"(//[^/?#@:]*:)[^/?#]*@")
+
+
+def normalize_domain(text: str) -> str:
+    """A domain as the host check compares it: lower-case ASCII (IDNA), no trailing dot, no
+    leading ``*.`` or ``.`` (a listed domain covers its subdomains anyway).
+
+    Raises:
+        ValueError: ``text`` is not a host name (empty, a URL, a path, a port...).
+    """
+    name = text.strip().lower().removeprefix("*.").removeprefix(".").rstrip(".")
+    if "*" in name:
+        raise ValueError(
+            f"{text!r}: wildcards are not supported; a domain covers its subdomains, and an "
+            "empty allow-list allows every public domain"
+        )
+    if not name or any(c in name for c in "/:@?#[] "):
+        raise ValueError(f"not a domain name: {text!r}")
+    import httpx  # here, not at import: the settings check domains, and a command's start is fast
+
+    try:
+        host = httpx.URL(f"http://{name}/").raw_host.decode("ascii")
+    except (httpx.InvalidURL, UnicodeError) as exc:
+        raise ValueError(f"not a domain name: {text!r} ({exc})") from None
+    return host.rstrip(".")

@@ -21,11 +21,11 @@ import platformdirs
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from worker.database_url import redact_url, to_async_url
 from worker.errors import SettingsError
 from worker.http_url import http_url_problem
 from worker.http_url import redact_url as redact_http_url
 from worker.names import normalised_name
-from worker.store.engine import redact_url, to_async_url
 
 __all__ = [
     "ENV_PREFIX",
@@ -677,7 +677,7 @@ class Settings(BaseSettings):
     @classmethod
     def _split_domains(cls, value: Any) -> Any:
         """``a.org, b.com`` → ``("a.org", "b.com")``, normalised (lower case, IDNA)."""
-        from worker.tools.ssrf import normalize_domain  # not at import: worker.tools is heavy
+        from worker.http_url import normalize_domain
 
         if isinstance(value, str):
             value = value.split(",")
@@ -769,7 +769,7 @@ class Settings(BaseSettings):
     @field_validator("reminders_disabled")
     @classmethod
     def _check_producers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from worker.run.reminder_channel import PRODUCER_NAMES
+        from reminders import PRODUCER_NAMES
 
         unknown = [name for name in value if name not in PRODUCER_NAMES]
         if unknown:

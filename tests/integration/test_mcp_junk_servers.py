@@ -26,9 +26,9 @@ import pytest
 from planner import ToolContext, ToolSpec
 from tests.fakes import FakeMcpHttpServer
 from tests.fakes.mcp_raw import GOOD_TOOLS, LEFT_OUT
-from worker.mcp.config import McpServerConfig
 from worker.mcp.sources import McpToolSources
 from worker.mcp.translate import McpToolError
+from worker.store.agent_servers import McpServerConfig
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "mcp_stdio_server.py")
 TRANSPORTS = ["stdio", "http", "http-sse", "http-gzip"]

@@ -22,9 +22,9 @@ from planner.testing import ScriptedChatModel, final_answer, tool_calls
 from tests.fakes.mcp_raw import GOOD_TOOLS, LEFT_OUT
 from tests.integration.worker_harness import iterations, make_worker, mission_row, policy_setup
 from worker.errors import NotFoundError
-from worker.mcp.config import McpServerConfig
 from worker.mcp.sources import McpToolSources
 from worker.store.admin import AdminStore
+from worker.store.agent_servers import McpServerConfig
 from worker.store.tables import tool_invocations
 from worker.store.user_policy import PolicyStore
 

@@ -23,7 +23,7 @@ from tests.integration.worker_harness import (
     mission_row,
     policy_setup,
 )
-from worker.run.mission_gate import PolicySetup
+from worker.policy_setup import PolicySetup
 from worker.store.engine import create_engine
 from worker.store.tables import agents, notes, policy_call_events, tool_invocations
 from worker.store.user_policy import PolicyStore, PostgresCallLedger

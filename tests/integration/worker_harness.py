@@ -14,7 +14,7 @@ from planner.policy import PolicyConfig, PolicyMode
 from planner.testing import final_answer, tool_calls
 from worker.daemon.tick import Worker
 from worker.mcp.sources import McpToolSources
-from worker.run.mission_gate import PolicySetup
+from worker.policy_setup import PolicySetup
 from worker.run.runner import CompactionSetup, MissionRunner, ToolsFactory
 from worker.store.admin import AdminStore
 from worker.store.base import MissionStore

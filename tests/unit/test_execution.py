@@ -24,7 +24,8 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
-from planner.execution import ExecutedCall, Segment, execute_calls, plan_segments
+from planner.calls import ExecutedCall
+from planner.execution import Segment, execute_calls, plan_segments
 from planner.testing import ScriptedChatModel, final_answer, tool_calls
 from planner.tools import PolicyHint
 

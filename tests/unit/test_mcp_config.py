@@ -10,7 +10,6 @@ import pytest
 
 from planner import ToolSpec
 from worker.mcp.config import (
-    McpServerConfig,
     check_server_name,
     is_mcp_scope,
     is_mcp_tool_name,
@@ -21,6 +20,7 @@ from worker.mcp.config import (
     policy_hint_from_annotations,
     redact_url,
 )
+from worker.store.agent_servers import McpServerConfig
 
 
 @pytest.mark.parametrize("name", ["fs", "GitHub", "my-fs", "my_fs", "a1", "x" * 32])

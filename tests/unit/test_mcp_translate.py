@@ -8,8 +8,8 @@ import mcp.types as types
 import pytest
 
 from planner import ToolContext
-from worker.mcp.config import McpServerConfig
 from worker.mcp.translate import McpToolError, result_value, tool_spec
+from worker.store.agent_servers import McpServerConfig
 
 SERVER = McpServerConfig(name="fs", transport="stdio", command="srv")
 

@@ -14,7 +14,7 @@ from planner import CompletionRequest, CompletionResponse, ToolContext, ToolSpec
 from planner.policy import PolicyConfig, RateLimit
 from planner.testing import FunctionChatModel, ScriptedChatModel, final_answer, tool_calls
 from worker.daemon.tick import Worker
-from worker.run.mission_gate import PolicySetup
+from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
 from worker.store.memory import InMemoryMissionStore
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from worker.database_url import to_async_url
 from worker.errors import ManaAIError, SettingsError
 from worker.settings import Settings, default_data_dir, load_settings, unknown_variables
-from worker.store.engine import to_async_url
 
 
 @pytest.fixture(autouse=True)

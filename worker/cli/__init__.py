@@ -32,6 +32,7 @@ from worker.cli import (
 from worker.cli.args import UsageError
 from worker.errors import ManaAIError, SettingsError
 from worker.settings import load_settings, unknown_variables
+from worker.version import package_version
 
 __all__ = ["main"]
 
@@ -94,7 +95,7 @@ def _main(argv: Sequence[str] | None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except (SQLAlchemyError, OSError) as exc:  # the database went away mid-command
-        from worker.store.engine import describe_error
+        from worker.store.transient import describe_error
 
         print(f"mana-ai: database error: {describe_error(exc)}", file=sys.stderr)
         return 1
@@ -127,17 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
             "SmolLM2 model answers."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"mana-ai {_version()}")
+    parser.add_argument("--version", action="version", version=f"mana-ai {package_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for module in GROUPS:
         module.register(commands)
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mana-ai")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "unknown"

@@ -24,7 +24,7 @@ from worker.settings import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, Settings
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
-    from worker.mcp.config import McpServerConfig
+    from worker.store.agent_servers import McpServerConfig
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "register"]
 

@@ -193,7 +193,7 @@ async def _warn_if_no_agent(store: PolicyStore, user: str) -> None:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.run.mission_gate import policy_config_from_settings
+    from worker.policy_setup import policy_config_from_settings
     from worker.store.user_policy import user_settings_from_row
 
     user = checked_name(args.user, "the user id")

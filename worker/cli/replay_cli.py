@@ -115,7 +115,7 @@ async def _rerun_config(
     """Today's settings for the iteration's agent (the mission's agent as it is now)."""
     from worker.admin.rerun import RerunConfig
     from worker.daemon.app import check_policy_settings, offered_tools, web_fetch_config
-    from worker.run.mission_gate import policy_config_from_settings
+    from worker.policy_setup import policy_config_from_settings
     from worker.store.user_policy import PolicyStore
     from worker.tools import builtin_tool_catalog, builtin_tools
 

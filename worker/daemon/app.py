@@ -20,8 +20,8 @@ from worker.errors import DatabaseError, SettingsError
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
 from worker.mcp.sources import McpToolSources
 from worker.metrics import HealthState
+from worker.policy_setup import PolicySetup, policy_config_from_settings
 from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
-from worker.run.mission_gate import PolicySetup, policy_config_from_settings
 from worker.run.runner import CompactionSetup, MissionRunner
 from worker.settings import Settings
 from worker.store.base import ClaimedMission, MissionStore

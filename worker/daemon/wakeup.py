@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.store.engine import describe_error
+from worker.store.transient import describe_error
 
 __all__ = ["WAKE_UP_CHANNEL", "WakeUpListener", "off_reason"]
 

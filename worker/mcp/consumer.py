@@ -25,11 +25,12 @@ from typing import Any
 import mcp.types as types
 
 from planner import ToolCall, ToolContext, ToolRegistry, ToolSpec
+from planner.calls import ExecutedCall
 from planner.errors import RunInterrupted
-from planner.execution import ExecutedCall, execute_calls
+from planner.execution import execute_calls
 from planner.policy import UserPolicySettings
 from worker import metrics
-from worker.run.mission_gate import PolicySetup
+from worker.policy_setup import PolicySetup
 from worker.store.mcp_tokens import McpPrincipal, McpStore
 from worker.store.rows import call_outcome, invocation_row, json_safe
 

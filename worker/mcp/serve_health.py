@@ -28,8 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from worker.store.engine import describe_error
-from worker.store.transient import is_transient
+from worker.store.transient import describe_error, is_transient
 
 __all__ = [
     "HEALTH_CACHE_S",

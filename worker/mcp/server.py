@@ -47,6 +47,7 @@ from starlette.routing import Route
 from worker.mcp.consumer import ServedTools
 from worker.mcp.serve_health import DatabaseFaults, DatabaseHealth, ping_database
 from worker.store.mcp_tokens import McpPrincipal, McpStore, hash_token
+from worker.version import package_version
 
 __all__ = ["McpHttpServer", "StoreTokenVerifier", "build_mcp_server", "serve_stdio"]
 
@@ -99,7 +100,6 @@ def build_mcp_server(served: ServedTools, *, stdio_user: str | None = None) -> S
     """The SDK's low-level ``Server`` over ``served``: ``tools/list`` gives the exposed tools,
     ``tools/call`` runs ``served.call`` for the request's principal (``stdio_user`` over stdio,
     else the bearer token's user)."""
-    from worker.cli import _version  # the package's version, as `mana-ai --version` says
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -115,7 +115,7 @@ def build_mcp_server(served: ServedTools, *, stdio_user: str | None = None) -> S
 
     return Server(
         "mana-ai",
-        version=_version(),
+        version=package_version(),
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,

@@ -39,10 +39,11 @@ from planner import ToolContext, ToolSpec
 from planner.tools import PolicyHint, ToolHandler
 from worker import metrics
 from worker.errors import ManaAIError
-from worker.mcp.config import McpServerConfig, redact_url
+from worker.mcp.config import redact_url
 from worker.mcp.guard import SessionGuard
 from worker.mcp.translate import McpToolError, result_value, tool_spec
 from worker.mcp.wire import MAX_MESSAGE_BYTES, WireLimits, is_lost_reply
+from worker.store.agent_servers import McpServerConfig
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",

@@ -40,13 +40,9 @@ from referencing.jsonschema import DRAFT202012
 from planner import ToolSpec
 from planner.errors import ToolRegistryError
 from planner.tools import PolicyHint, ToolHandler
-from worker.mcp.config import (
-    McpServerConfig,
-    mcp_scope,
-    namespaced_tool_name,
-    policy_hint_from_annotations,
-)
+from worker.mcp.config import mcp_scope, namespaced_tool_name, policy_hint_from_annotations
 from worker.mcp.wire import CUT_META_KEY, RESULT_BYTES_PER_CHAR, RESULT_HEADROOM_BYTES
+from worker.store.agent_servers import McpServerConfig
 
 __all__ = [
     "MAX_DESCRIPTION_CHARS",

@@ -66,9 +66,8 @@ from worker.store.base import (
     StartedIteration,
     ToolInvocationRow,
 )
-from worker.store.engine import describe_error
 from worker.store.rows import archive_row, invocation_row, json_safe, messages_json, started_row
-from worker.store.transient import is_transient
+from worker.store.transient import describe_error, is_transient
 
 __all__ = [
     "CHECKPOINT_EVERY_ROUNDS",

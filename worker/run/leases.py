@@ -21,8 +21,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from worker.store.base import MissionStore
-from worker.store.engine import describe_error
-from worker.store.transient import is_transient, retry_transient
+from worker.store.transient import describe_error, is_transient, retry_transient
 
 __all__ = ["HeldLease", "LeaseKeeper"]
 

@@ -25,18 +25,9 @@ from reminders import (
 )
 from worker import metrics
 
-__all__ = ["PRODUCER_NAMES", "mission_reminder_channel"]
+__all__ = ["mission_reminder_channel"]
 
 logger = logging.getLogger(__name__)
-
-PRODUCER_NAMES = (
-    "policy_feedback",
-    "retry_loop",
-    "rounds_left",
-    "deadline",
-    "token_budget",
-    "compacted",
-)
 
 
 def mission_reminder_channel(
@@ -57,7 +48,7 @@ def mission_reminder_channel(
             the loop's own usage is added at every round.
         deadline: the mission's deadline (UTC-aware) or ``None``.
         clock: UTC-aware now, read at every round for the deadline.
-        disabled: producer names to leave out (see ``PRODUCER_NAMES``).
+        disabled: producer names to leave out (see ``reminders.PRODUCER_NAMES``).
         replace: producer name -> function to produce its texts instead (``replay --rerun``
             replays the reminders that depend on the time and on other runs).
         role: the role the reminders are sent with (``MANA_AI_REMINDER_ROLE``).

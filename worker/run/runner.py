@@ -53,9 +53,10 @@ from worker import metrics
 from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
+from worker.policy_setup import PolicySetup
 from worker.run.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
 from worker.run.leases import HeldLease, LeaseKeeper
-from worker.run.mission_gate import LeaseBoundLedger, MissionGate, PolicySetup
+from worker.run.mission_gate import LeaseBoundLedger, MissionGate
 from worker.run.reminder_channel import mission_reminder_channel
 from worker.run.run_metrics import RunMetrics, count_calls
 from worker.schedule import ScheduleError, next_run_after
@@ -66,9 +67,8 @@ from worker.store.base import (
     MissionStore,
     StartedIteration,
 )
-from worker.store.engine import describe_error
 from worker.store.rows import json_safe
-from worker.store.transient import is_transient, retry_transient
+from worker.store.transient import describe_error, is_transient, retry_transient
 
 __all__ = ["CompactionSetup", "MissionRunner", "RunOutcome", "ToolsFactory"]
 
@@ -148,7 +148,7 @@ class MissionRunner:
         default_model: model name when the agent sets none (``None`` = provider default).
         policy: the policy gate's setup; ``None`` runs every call without a gate (mode off).
         reminders: send the reminder channel's hints with each request (default on).
-        reminders_disabled: reminder producers to leave out (``PRODUCER_NAMES``).
+        reminders_disabled: reminder producers to leave out (``reminders.PRODUCER_NAMES``).
         checkpoint_every: commit a run's read-only rounds at least this often (rounds that
             ran a write or destructive call are always committed; default 3).
         reminder_role: the role reminders are sent with (``system`` or ``user``).

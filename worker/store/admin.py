@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.errors import ConflictError, NotFoundError
-from worker.mcp.config import McpServerConfig
+from worker.store.agent_servers import McpServerConfig
 from worker.store.tables import (
     agent_mcp_servers,
     agents,

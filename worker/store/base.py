@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from planner import RunInterrupted
 from planner.policy import RateLimit, Reservation, UserPolicySettings
-from worker.mcp.config import McpServerConfig
+from worker.store.agent_servers import McpServerConfig
 
 __all__ = [
     "ArchiveRow",

@@ -14,9 +14,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import CursorResult, RowMapping, make_url
+from sqlalchemy.engine import CursorResult, RowMapping
 from sqlalchemy.exc import (
-    ArgumentError,
     DBAPIError,
     DisconnectionError,
     InterfaceError,
@@ -25,8 +24,9 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from worker.database_url import redact_url, to_async_url
 from worker.errors import DatabaseError
-from worker.terminal_text import describe_char
+from worker.store.transient import describe_error, retry_transient
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -35,66 +35,11 @@ __all__ = [
     "behind_pgbouncer",
     "check_connection",
     "create_engine",
-    "describe_error",
-    "redact_url",
     "resolve_database_url",
     "run_statement",
-    "to_async_url",
 ]
 
 logger = logging.getLogger(__name__)
-
-_SCHEMES = {"postgresql", "postgres", "postgresql+asyncpg"}
-
-
-def to_async_url(url: str) -> str:
-    """Normalise a PostgreSQL URL to ``postgresql+asyncpg://…``.
-
-    Accepts ``postgresql://``, ``postgres://`` and ``postgresql+asyncpg://``. A libpq
-    ``sslmode=…`` query parameter (which asyncpg does not know) becomes asyncpg's ``ssl=…``
-    (same values: disable, allow, prefer, require, verify-ca, verify-full). Everything else
-    (credentials, host, port, database, other parameters) is kept as is.
-
-    Raises:
-        ValueError: the text is not a URL (a port that is no number from 1 to 65535, a
-            bracket left open, a control character), or its scheme is not one of the three
-            above. The message never contains the password.
-    """
-    url = url.strip()
-    hidden = next((c for c in url if not c.isprintable()), None)
-    if hidden is not None:
-        raise ValueError(
-            f"must not contain control or invisible characters ({describe_char(hidden)} at "
-            f"position {url.index(hidden) + 1}); percent-encode it"
-        )
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):  # ValueError: SQLAlchemy's int() of a bad port
-        raise ValueError(
-            "not a database URL; expected postgresql://user:password@host:port/database"
-        ) from None
-    if parsed.drivername not in _SCHEMES:
-        raise ValueError(
-            f"unsupported scheme {parsed.drivername + '://'!r}; "
-            "use postgresql://, postgres:// or postgresql+asyncpg://"
-        )
-    if parsed.port is not None and not 1 <= parsed.port <= 65535:
-        raise ValueError(f"has an invalid port ({parsed.port}); a port is 1 to 65535")
-    parsed = parsed.set(drivername="postgresql+asyncpg")
-    if "sslmode" in parsed.query:
-        sslmode = parsed.query["sslmode"]
-        parsed = parsed.difference_update_query(["sslmode"])
-        if "ssl" not in parsed.query:
-            parsed = parsed.update_query_dict({"ssl": sslmode})
-    return parsed.render_as_string(hide_password=False)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the password replaced by ``***``, for logs and error messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return "(unparseable URL)"
 
 
 def create_engine(
@@ -268,7 +213,6 @@ async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
             ``could not connect to PostgreSQL at postgresql+asyncpg://u:***@db/x:
             ConnectionRefusedError: [Errno 111] Connect call failed``.
     """
-    from worker.store.transient import retry_transient  # it imports this module
 
     where = engine.url.render_as_string(hide_password=True)
 
@@ -294,18 +238,6 @@ async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
                 "MANA_AI_DB_PGBOUNCER=true)"
             )
         raise DatabaseError(f"could not connect to PostgreSQL at {where}: {detail}") from exc
-
-
-def describe_error(exc: BaseException) -> str:
-    """``Type: message`` of the root cause of a driver error, readable even when the
-    message is empty (a bare ``TimeoutError``)."""
-    cause: BaseException = exc
-    while cause.__cause__ is not None and isinstance(cause, SQLAlchemyError):
-        cause = cause.__cause__
-    detail = str(cause).strip()
-    if isinstance(cause, TimeoutError) and not detail:
-        detail = "no answer in time (is something else listening on that port?)"
-    return f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__
 
 
 async def resolve_database_url(settings: Settings) -> str:

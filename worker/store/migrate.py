@@ -32,8 +32,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import migrations
+from worker.database_url import redact_url
 from worker.errors import DatabaseError
-from worker.store.engine import describe_error, redact_url
+from worker.store.transient import describe_error
 
 __all__ = [
     "MIGRATION_LOCK_KEY",

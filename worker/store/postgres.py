@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import Null
 
 from planner.policy import RateLimit, Reservation
-from worker.mcp.config import McpServerConfig
+from worker.store.agent_servers import McpServerConfig
 from worker.store.base import (
     ArchiveRow,
     CallStart,

@@ -32,7 +32,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, InternalError
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    InternalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from tenacity import (
     AsyncRetrying,
@@ -45,13 +51,12 @@ from tenacity import (
     wait_random,
 )
 
-from worker.store.engine import describe_error
-
 __all__ = [
     "RETRY_INITIAL_S",
     "RETRY_MAX_WAIT_S",
     "TRANSIENT_SQLSTATES",
     "TRANSIENT_SQLSTATE_CLASSES",
+    "describe_error",
     "is_transient",
     "retry_transient",
     "sqlstate_of",
@@ -184,3 +189,15 @@ async def retry_transient(
 
 def _describe(exc: BaseException | None) -> str:
     return "no error" if exc is None else describe_error(exc)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of the root cause of a driver error, readable even when the
+    message is empty (a bare ``TimeoutError``)."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None and isinstance(cause, SQLAlchemyError):
+        cause = cause.__cause__
+    detail = str(cause).strip()
+    if isinstance(cause, TimeoutError) and not detail:
+        detail = "no answer in time (is something else listening on that port?)"
+    return f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__

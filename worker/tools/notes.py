@@ -31,9 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.errors import RunInterrupted
 from planner.tools import ToolContext, ToolSpec
-from worker.store.engine import describe_error
 from worker.store.tables import notes
-from worker.store.transient import is_transient
+from worker.store.transient import describe_error, is_transient
 
 __all__ = [
     "BODY_MAX_CHARS",

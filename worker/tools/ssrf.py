@@ -34,6 +34,8 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_add
 
 import httpx
 
+from worker.http_url import normalize_domain
+
 __all__ = [
     "METADATA_HOSTS",
     "IPAddress",
@@ -141,28 +143,6 @@ def _carried_ipv4(ip: IPv6Address) -> list[IPv4Address]:
     if ip.teredo is not None:
         carried.extend(ip.teredo)
     return carried
-
-
-def normalize_domain(text: str) -> str:
-    """A domain as the host check compares it: lower-case ASCII (IDNA), no trailing dot, no
-    leading ``*.`` or ``.`` (a listed domain covers its subdomains anyway).
-
-    Raises:
-        ValueError: ``text`` is not a host name (empty, a URL, a path, a port...).
-    """
-    name = text.strip().lower().removeprefix("*.").removeprefix(".").rstrip(".")
-    if "*" in name:
-        raise ValueError(
-            f"{text!r}: wildcards are not supported; a domain covers its subdomains, and an "
-            "empty allow-list allows every public domain"
-        )
-    if not name or any(c in name for c in "/:@?#[] "):
-        raise ValueError(f"not a domain name: {text!r}")
-    try:
-        host = httpx.URL(f"http://{name}/").raw_host.decode("ascii")
-    except (httpx.InvalidURL, UnicodeError) as exc:
-        raise ValueError(f"not a domain name: {text!r} ({exc})") from None
-    return host.rstrip(".")
 
 
 def domain_in(host: str, domains: Iterable[str]) -> bool:
