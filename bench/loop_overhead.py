@@ -39,7 +39,8 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
-from planner.policy import PolicyConfig, RateLimit, RulePolicyGate, UserPolicySettings
+from planner.gate import RulePolicyGate
+from planner.policy import PolicyConfig, RateLimit, UserPolicySettings
 from planner.testing import InMemoryCallLedger
 from reminders import ReminderComposer
 from worker.run.reminder_channel import mission_reminder_channel

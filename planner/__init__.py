@@ -42,6 +42,7 @@ from planner.events import (
     SentReminder,
 )
 from planner.execution import execute_calls
+from planner.gate import CallLedger, Reservation, RulePolicyGate
 from planner.llm import ChatModel, CompletionRequest, CompletionResponse
 from planner.loop import (
     LoopState,
@@ -61,15 +62,12 @@ from planner.messages import (
     messages_to_json,
 )
 from planner.policy import (
-    CallLedger,
     PolicyConfig,
     PolicyDecision,
     PolicyGate,
     PolicyInput,
     PolicyMode,
     RateLimit,
-    Reservation,
-    RulePolicyGate,
     UserPolicySettings,
     evaluate_policy,
 )

@@ -18,9 +18,10 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from planner.events import CallStarted, RunEvent
+from planner.gate import Reservation
 from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
-from planner.policy import RateLimit, Reservation
+from planner.policy import RateLimit
 from planner.record import RunLog, RunRecord
 
 E = TypeVar("E")
@@ -136,7 +137,7 @@ class FunctionChatModel:
 
 
 class InMemoryCallLedger:
-    """A ``planner.policy.CallLedger`` in memory, exact within one process (one event loop).
+    """A ``planner.gate.CallLedger`` in memory, exact within one process (one event loop).
 
     Args:
         clock: UTC-aware now (default: the system clock); tests pass a fake one.

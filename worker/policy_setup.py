@@ -17,17 +17,15 @@ from functools import cache
 from prometheus_client import Counter
 
 from planner import ToolCall, ToolContext, ToolSpec
+from planner.gate import CallLedger, DecisionObserver, RulePolicyGate
+from planner.markers import DEFAULT_INJECTION_MARKERS
 from planner.policy import (
-    DEFAULT_INJECTION_MARKERS,
     INJECTION_MARKER,
     INSPECTION_TRUNCATED,
-    CallLedger,
-    DecisionObserver,
     PolicyConfig,
     PolicyDecision,
     PolicyMode,
     RateLimit,
-    RulePolicyGate,
     UserPolicySettings,
 )
 from worker import metrics

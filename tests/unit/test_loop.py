@@ -25,7 +25,8 @@ from planner import (
     record_of,
     run_planner_loop,
 )
-from planner.policy import PolicyConfig, RulePolicyGate, UserPolicySettings
+from planner.gate import RulePolicyGate
+from planner.policy import PolicyConfig, UserPolicySettings
 from planner.testing import (
     InMemoryCallLedger,
     RecordingSink,

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from planner import ToolCall, ToolContext, ToolSpec
+from planner.gate import RulePolicyGate
+from planner.markers import find_injection_markers
 from planner.policy import (
     DEFAULT_RATE_LIMIT,
     PolicyConfig,
@@ -18,10 +20,8 @@ from planner.policy import (
     PolicyInput,
     PolicyMode,
     RateLimit,
-    RulePolicyGate,
     UserPolicySettings,
     evaluate_policy,
-    find_injection_markers,
     rate_limit_wait,
 )
 from planner.testing import InMemoryCallLedger

@@ -53,6 +53,7 @@ from planner import (
     run_planner_loop,
 )
 from planner.compaction import Compactor
+from planner.gate import Reservation, RulePolicyGate
 from planner.loop import ReminderRole
 from planner.policy import (
     PolicyConfig,
@@ -60,8 +61,6 @@ from planner.policy import (
     PolicyGate,
     PolicyMode,
     RateLimit,
-    Reservation,
-    RulePolicyGate,
     UserPolicySettings,
 )
 from planner.testing import InMemoryCallLedger

@@ -10,7 +10,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from planner import RunInterrupted, ToolCall, ToolContext, ToolSpec
-from planner.policy import CallLedger, PolicyDecision, RateLimit, Reservation, RulePolicyGate
+from planner.gate import CallLedger, Reservation, RulePolicyGate
+from planner.policy import PolicyDecision, RateLimit
 from worker.run.leases import HeldLease
 from worker.store.transient import describe_error, is_transient
 
@@ -41,7 +42,7 @@ class LeaseBoundLedger:
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
     ) -> Reservation:
-        """See ``planner.policy.CallLedger.reserve``.
+        """See ``planner.gate.CallLedger.reserve``.
 
         Raises:
             RunInterrupted: the ledger's database stayed unreachable while the lease held.

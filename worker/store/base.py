@@ -32,7 +32,8 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from planner import RunInterrupted
-from planner.policy import RateLimit, Reservation, UserPolicySettings
+from planner.gate import Reservation
+from planner.policy import RateLimit, UserPolicySettings
 from worker.store.agent_servers import McpServerConfig
 
 __all__ = [

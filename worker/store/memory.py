@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from planner.policy import RateLimit, Reservation, UserPolicySettings
+from planner.gate import Reservation
+from planner.policy import RateLimit, UserPolicySettings
 from planner.testing import InMemoryCallLedger
 from worker.store.base import (
     CallStart,
@@ -178,7 +179,7 @@ class InMemoryMissionStore:
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
     ) -> Reservation:
-        """See ``planner.policy.CallLedger.reserve``."""
+        """See ``planner.gate.CallLedger.reserve``."""
         self._enter("reserve")
         return await self.ledger.reserve(user_id=user_id, tool=tool, limit=limit, consumer=consumer)
 

@@ -44,7 +44,8 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import Null
 
-from planner.policy import RateLimit, Reservation
+from planner.gate import Reservation
+from planner.policy import RateLimit
 from worker.store.agent_servers import McpServerConfig
 from worker.store.base import (
     ArchiveRow,

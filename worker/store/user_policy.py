@@ -1,6 +1,6 @@
 """The policy gate's tables: user settings, the rate-limit ledger, and the rollout report.
 
-* ``PostgresCallLedger`` implements ``planner.policy.CallLedger`` with the SQL function
+* ``PostgresCallLedger`` implements ``planner.gate.CallLedger`` with the SQL function
   ``mana_ai_reserve_tool_call`` (migration 0002), which takes a transaction advisory lock per
   (user, tool), counts the calls in the rolling window, and records one when fewer than the
   limit — so any number of replicas share the limit exactly. Reservations that wait together
@@ -26,7 +26,8 @@ from sqlalchemy import case, func, literal_column, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner.policy import RateLimit, Reservation, UserPolicySettings
+from planner.gate import Reservation
+from planner.policy import RateLimit, UserPolicySettings
 from worker.store.engine import run_statement
 from worker.store.tables import agents, tool_invocations, user_policy_settings
 
@@ -105,7 +106,7 @@ class PostgresCallLedger:
     async def reserve(
         self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
     ) -> Reservation:
-        """See ``planner.policy.CallLedger.reserve``. Raises SQLAlchemy/OS errors when the
+        """See ``planner.gate.CallLedger.reserve``. Raises SQLAlchemy/OS errors when the
         database is unavailable, ``TimeoutError`` past ``timeout_s``."""
         answer: asyncio.Future[Reservation] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(user_id, tool, consumer, limit, answer))
