@@ -40,10 +40,10 @@ from worker.daemon.tick import Worker
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
 from worker.store.engine import create_engine
+from worker.store.ledger import PostgresCallLedger
 from worker.store.migrate import upgrade_database
 from worker.store.postgres import PostgresMissionStore
 from worker.store.tables import agents, mission_iterations, missions
-from worker.store.user_policy import PostgresCallLedger
 from worker.tools import builtin_tools
 
 

@@ -25,8 +25,9 @@ from tests.integration.worker_harness import (
 )
 from worker.policy_setup import PolicySetup
 from worker.store.engine import create_engine
+from worker.store.ledger import PostgresCallLedger
 from worker.store.tables import agents, notes, policy_call_events, tool_invocations
-from worker.store.user_policy import PolicyStore, PostgresCallLedger
+from worker.store.user_policy import PolicyStore
 
 LIMIT = RateLimit(calls=30, window=timedelta(seconds=60))
 

@@ -18,9 +18,9 @@ from worker.policy_setup import PolicySetup
 from worker.run.runner import CompactionSetup, MissionRunner, ToolsFactory
 from worker.store.admin import AdminStore
 from worker.store.base import MissionStore
+from worker.store.ledger import PostgresCallLedger
 from worker.store.postgres import PostgresMissionStore
 from worker.store.tables import mission_iterations, missions
-from worker.store.user_policy import PostgresCallLedger
 from worker.tools import builtin_tools
 
 __all__ = [

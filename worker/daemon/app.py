@@ -26,9 +26,10 @@ from worker.run.runner import CompactionSetup, MissionRunner
 from worker.settings import Settings
 from worker.store.base import ClaimedMission, MissionStore
 from worker.store.engine import check_connection, create_engine, resolve_database_url
+from worker.store.ledger import PostgresCallLedger
 from worker.store.migrate import current_revision, head_revision, upgrade_database
 from worker.store.postgres import PostgresMissionStore
-from worker.store.user_policy import PolicyStore, PostgresCallLedger
+from worker.store.user_policy import PolicyStore
 from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
 
 if TYPE_CHECKING:  # the MCP SDK is imported by the commands that need it

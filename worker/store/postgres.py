@@ -18,35 +18,23 @@ row ``running``; a run interrupted leaves it ``failed`` / ``interrupted``. Eithe
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
-    Integer,
-    Interval,
-    Text,
-    and_,
-    bindparam,
-    case,
     func,
-    literal,
     null,
-    or_,
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import Null
 
 from planner.gate import Reservation
 from planner.policy import RateLimit
-from worker.store.agent_servers import McpServerConfig
 from worker.store.base import (
     ArchiveRow,
     CallStart,
@@ -57,18 +45,14 @@ from worker.store.base import (
     StartedIteration,
     ToolInvocationRow,
 )
+from worker.store.claim import claim_statement, claimed_mission
 from worker.store.engine import run_statement
 from worker.store.round_writes import MissionWrite, round_write_statement
 from worker.store.tables import (
-    agent_mcp_servers,
-    agents,
     compacted_turns,
-    mission_iterations,
     missions,
     tool_invocations,
-    user_policy_settings,
 )
-from worker.store.user_policy import user_settings_from_row
 
 __all__ = ["PostgresMissionStore", "invocation_outcome_values"]
 
@@ -117,7 +101,7 @@ class PostgresMissionStore:
         if limit < 1:
             return []
         rows = await self._run_one(
-            _claim_statement(),
+            claim_statement(),
             {
                 "p_worker_id": worker_id,
                 "p_limit": limit,
@@ -126,39 +110,7 @@ class PostgresMissionStore:
                 "p_window": budget_window,
             },
         )
-        claims = []
-        for r in rows:
-            iteration = None
-            if r["iteration_id"] is not None:
-                iteration = _started(r, r["iteration_id"])
-            claims.append(
-                ClaimedMission(
-                    id=r["id"],
-                    objective=r["objective"],
-                    cron=r["cron"],
-                    timezone=r["timezone"],
-                    scheduled_for=r["next_run_at"],
-                    deadline=r["deadline"],
-                    agent_id=r["agent_id"],
-                    agent_name=r["agent_name"],
-                    owner_user_id=r["owner_user_id"],
-                    model=r["model"],
-                    system_prompt=r["system_prompt"],
-                    max_rounds=r["max_rounds"],
-                    max_tokens_per_day=r["max_tokens_per_day"],
-                    allowed_tools=(
-                        tuple(r["allowed_tools"]) if r["allowed_tools"] is not None else None
-                    ),
-                    policy_mode=r["policy_mode"],
-                    user_policy=user_settings_from_row(r["owner_policy"]),
-                    compact_max_ctx=r["compact_max_ctx"],
-                    mcp_servers=tuple(McpServerConfig.from_row(m) for m in r["mcp_servers"] or ()),
-                    iteration=iteration,
-                    tokens_used_24h=(
-                        int(r["tokens_used_24h"]) if r["tokens_used_24h"] is not None else None
-                    ),
-                )
-            )
+        claims = [claimed_mission(r) for r in rows]
         return sorted(claims, key=lambda m: m.scheduled_for)
 
     async def resume_details(self, iteration: StartedIteration) -> StartedIteration:
@@ -446,218 +398,6 @@ class PostgresMissionStore:
         )
         [written] = await self._run_one(stmt, params)
         return written
-
-
-@functools.cache
-def _claim_statement() -> Any:
-    """``claim_due``'s statement, built once; bind parameters ``p_worker_id``, ``p_limit``,
-    ``p_lease``, ``p_default_model``, ``p_window``."""
-    now = func.now()
-    worker_id = bindparam("p_worker_id", type_=Text)
-    lease = bindparam("p_lease", type_=Interval)
-    due = (
-        select(missions.c.id)
-        .where(
-            missions.c.status == "active",
-            missions.c.next_run_at <= now,
-            or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
-        )
-        .order_by(missions.c.next_run_at)
-        .limit(bindparam("p_limit", type_=Integer))
-        .with_for_update(skip_locked=True)
-        .cte("due")
-    )
-    claimed = (
-        update(missions)
-        .where(missions.c.id == due.c.id, agents.c.id == missions.c.agent_id)
-        .values(lease_owner=worker_id, lease_expires_at=now + lease, updated_at=now)
-        .returning(
-            missions.c.id,
-            missions.c.objective,
-            missions.c.cron,
-            missions.c.timezone,
-            missions.c.next_run_at,
-            missions.c.deadline,
-            agents.c.id.label("agent_id"),
-            agents.c.name.label("agent_name"),
-            agents.c.owner_user_id,
-            agents.c.model,
-            agents.c.system_prompt,
-            agents.c.max_rounds,
-            agents.c.max_tokens_per_day,
-            agents.c.allowed_tools,
-            agents.c.policy_mode,
-            agents.c.compact_max_ctx,
-            _owner_policy().label("owner_policy"),
-            _mcp_servers().label("mcp_servers"),
-            _budget_used(bindparam("p_window", type_=Interval)).label("tokens_used_24h"),
-        )
-        .cte("claimed")
-    )
-    first_attempt = func.jsonb_build_array(
-        func.jsonb_build_object("attempt", 1, "worker_id", worker_id, "started_at", now)
-    )
-    values = select(
-        claimed.c.id,
-        claimed.c.next_run_at,
-        literal("running", Text),
-        worker_id,
-        func.coalesce(claimed.c.model, bindparam("p_default_model", type_=Text)),
-        first_attempt,
-    ).where(or_(claimed.c.deadline.is_(None), claimed.c.next_run_at <= claimed.c.deadline))
-    started = _start_iteration_statement(values).cte("started")
-    return select(
-        claimed,
-        started.c.id.label("iteration_id"),
-        started.c.attempt,
-        started.c.messages,
-        started.c.rounds,
-        started.c.prompt_tokens,
-        started.c.completion_tokens,
-        started.c.reminders,
-    ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
-
-
-def _started(row: RowMapping, iteration_id: int) -> StartedIteration:
-    """The StartedIteration of an iteration row returned by ``_start_iteration_statement``."""
-    return StartedIteration(
-        id=iteration_id,
-        attempt=row["attempt"],
-        messages=list(row["messages"]),
-        rounds=row["rounds"],
-        prompt_tokens=row["prompt_tokens"],
-        completion_tokens=row["completion_tokens"],
-        reminders=list(row["reminders"]),
-    )
-
-
-def _owner_policy() -> Any:
-    """The claimed mission's owner's policy settings as one JSONB object (correlated to
-    ``agents``)."""
-    ups = user_policy_settings
-    return (
-        select(
-            func.jsonb_build_object(
-                "destructive_opt_ins",
-                ups.c.destructive_opt_ins,
-                "rate_limit",
-                ups.c.rate_limit,
-                "tool_rate_limits",
-                ups.c.tool_rate_limits,
-                type_=JSONB,
-            )
-        )
-        .where(ups.c.user_id == agents.c.owner_user_id)
-        .correlate(agents)
-        .scalar_subquery()
-    )
-
-
-def _mcp_servers() -> Any:
-    """The claimed mission's agent's MCP servers as a JSONB array ordered by name."""
-    ams = agent_mcp_servers
-    return (
-        select(
-            func.jsonb_agg(
-                aggregate_order_by(
-                    func.jsonb_build_object(
-                        "name",
-                        ams.c.name,
-                        "transport",
-                        ams.c.transport,
-                        "url",
-                        ams.c.url,
-                        "command",
-                        ams.c.command,
-                        "args",
-                        ams.c.args,
-                        "headers",
-                        ams.c.headers,
-                        "env",
-                        ams.c.env,
-                        "required",
-                        ams.c.required,
-                        type_=JSONB,
-                    ),
-                    ams.c.name,
-                ),
-                type_=JSONB,
-            )
-        )
-        .where(ams.c.agent_id == agents.c.id)
-        .correlate(agents)
-        .scalar_subquery()
-    )
-
-
-def _budget_used(window: Any) -> Any:
-    """Tokens of the claimed mission's agent's iterations started within ``window``, except
-    the claimed run's own iteration (a takeover adds its checkpoint's tokens itself); NULL
-    when the agent has no daily budget (the sum is then never computed)."""
-    its = mission_iterations.alias("budget_iterations")
-    owned = missions.alias("budget_missions")
-    used = (
-        select(func.coalesce(func.sum(its.c.prompt_tokens + its.c.completion_tokens), 0))
-        .select_from(its.join(owned, owned.c.id == its.c.mission_id))
-        .where(
-            owned.c.agent_id == agents.c.id,
-            its.c.started_at >= func.now() - window,
-            or_(its.c.mission_id != missions.c.id, its.c.scheduled_for != missions.c.next_run_at),
-        )
-        .correlate(agents, missions)
-        .scalar_subquery()
-    )
-    return case((agents.c.max_tokens_per_day.is_(None), null()), else_=used)
-
-
-def _start_iteration_statement(values: Any) -> Any:
-    """INSERT the iteration rows ``values`` selects (mission_id, scheduled_for, status,
-    worker_id, model, attempts), or take over an existing one for the same scheduled run
-    when it is ``running`` (its worker died) or ``failed`` / ``interrupted``, keeping the
-    checkpoint the earlier attempts stored; RETURNING the row. A finished run returns
-    nothing."""
-    insert_stmt = pg_insert(mission_iterations).from_select(
-        ["mission_id", "scheduled_for", "status", "worker_id", "model", "attempts"], values
-    )
-    excluded = insert_stmt.excluded
-    iterations = mission_iterations.c
-    takeover = func.jsonb_build_object(
-        "attempt",
-        iterations.attempt + 1,
-        "worker_id",
-        excluded.worker_id,
-        "started_at",
-        func.now(),
-        "resumed_after_round",
-        iterations.rounds,
-    )
-    return insert_stmt.on_conflict_do_update(
-        index_elements=["mission_id", "scheduled_for"],
-        set_={
-            "status": "running",
-            "attempt": iterations.attempt + 1,
-            "worker_id": excluded.worker_id,
-            "model": excluded.model,
-            "attempts": iterations.attempts.op("||")(func.jsonb_build_array(takeover)),
-            "stop_reason": None,
-            "error": None,
-            "started_at": func.now(),
-            "finished_at": None,
-        },
-        where=or_(
-            iterations.status == "running",
-            and_(iterations.status == "failed", iterations.stop_reason == "interrupted"),
-        ),
-    ).returning(
-        iterations.id,
-        iterations.mission_id,
-        iterations.attempt,
-        iterations.messages,
-        iterations.rounds,
-        iterations.prompt_tokens,
-        iterations.completion_tokens,
-        iterations.reminders,
-    )
 
 
 def _outcome_checkpoint(outcome: IterationOutcome) -> RoundCheckpoint:
