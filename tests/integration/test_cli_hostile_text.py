@@ -29,7 +29,7 @@ from planner.compaction import SUMMARY_PROMPT
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.cli_harness import as_json, command_names
 from tests.integration.worker_harness import make_worker, policy_setup
-from worker.run.runner import CompactionSetup
+from worker.run.compaction_setup import CompactionSetup
 from worker.store.tables import compacted_turns, metadata, mission_iterations
 from worker.tools import builtin_tools
 

@@ -242,7 +242,7 @@ async def test_one_bad_tool_is_left_out_alone_and_the_servers_good_tools_run(
     assert offered == {f"raw__{name}" for name in GOOD_TOOLS}
     [it] = await iterations(db)
     assert it["status"] == "succeeded"
-    # the first reasons, then a count (worker.run.runner.MAX_PROBLEMS_SHOWN); all are logged
+    # the first reasons, then a count (worker.run.outcomes.MAX_PROBLEMS_SHOWN); all are logged
     assert it["error"] == "; ".join(f"MCP server raw: {reason}" for reason in LEFT_OUT[:5]) + (
         f"; and {len(LEFT_OUT) - 5} more (see the worker's log)"
     )

@@ -15,7 +15,8 @@ from planner.testing import final_answer, tool_calls
 from worker.daemon.tick import Worker
 from worker.mcp.sources import McpToolSources
 from worker.policy_setup import PolicySetup
-from worker.run.runner import CompactionSetup, MissionRunner, ToolsFactory
+from worker.run.compaction_setup import CompactionSetup
+from worker.run.runner import MissionRunner, ToolsFactory
 from worker.store.admin import AdminStore
 from worker.store.base import MissionStore
 from worker.store.ledger import PostgresCallLedger

@@ -22,7 +22,8 @@ from worker.mcp.sources import McpToolSources
 from worker.metrics import HealthState
 from worker.policy_setup import PolicySetup, policy_config_from_settings
 from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
-from worker.run.runner import CompactionSetup, MissionRunner
+from worker.run.compaction_setup import CompactionSetup
+from worker.run.runner import MissionRunner
 from worker.settings import Settings
 from worker.store.base import ClaimedMission, MissionStore
 from worker.store.engine import check_connection, create_engine, resolve_database_url

@@ -54,12 +54,20 @@ from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.policy_setup import PolicySetup
+from worker.run.compaction_setup import CompactionSetup
 from worker.run.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
 from worker.run.leases import HeldLease, LeaseKeeper
 from worker.run.mission_gate import LeaseBoundLedger, MissionGate
+from worker.run.outcomes import (
+    NextRun,
+    degraded,
+    failed_outcome,
+    loop_outcome,
+    next_run_of,
+    no_run,
+)
 from worker.run.reminder_channel import mission_reminder_channel
 from worker.run.run_metrics import RunMetrics, count_calls
-from worker.schedule import ScheduleError, next_run_after
 from worker.store.base import (
     ClaimedMission,
     IterationOutcome,
@@ -70,7 +78,7 @@ from worker.store.base import (
 from worker.store.rows import json_safe
 from worker.store.transient import describe_error, is_transient, retry_transient
 
-__all__ = ["CompactionSetup", "MissionRunner", "RunOutcome", "ToolsFactory"]
+__all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,50 +94,6 @@ mission is left to whoever claims it once its lease expires (the takeover resume
 BUDGET_WINDOW = timedelta(hours=24)
 """An agent's ``max_tokens_per_day`` is checked against its iterations of the last 24 hours
 (a rolling window), before each run; a run that starts under budget may end over it."""
-
-
-@dataclass(frozen=True)
-class CompactionSetup:
-    """How missions compact their context (``planner.compaction``), from the settings.
-
-    Attributes:
-        llm: the summariser (the missions' model, or ``MANA_AI_COMPACT_BASE_URL``'s).
-        max_ctx: the default context in tokens (an agent's ``compact_max_ctx`` overrides it);
-            0 turns compaction off.
-        model: the summariser's model (``MANA_AI_COMPACT_MODEL``); ``None``: the mission's.
-        threshold, max_per_iteration, summariser_max_ctx: see ``Compactor``.
-    """
-
-    llm: ChatModel
-    max_ctx: int
-    threshold: float = 0.92
-    max_per_iteration: int = 1
-    model: str | None = None
-    summariser_max_ctx: int | None = None
-
-    def compactor_for(
-        self, mission: ClaimedMission, mission_model: str | None = None
-    ) -> Compactor | None:
-        """The mission's Compactor (summarising with ``model``, else ``mission_model``: the
-        model the mission's requests name), or ``None`` when its context is 0 (off)."""
-        max_ctx = mission.compact_max_ctx if mission.compact_max_ctx is not None else self.max_ctx
-        if max_ctx <= 0:
-            return None
-        return Compactor(
-            llm=self.llm,
-            max_ctx=max_ctx,
-            model=self.model or mission_model,
-            threshold=self.threshold,
-            max_per_iteration=self.max_per_iteration,
-            summariser_max_ctx=self.summariser_max_ctx,
-        )
-
-
-@dataclass(frozen=True)
-class _NextRun:
-    at: datetime | None
-    mission_status: str
-    error: str | None = None
 
 
 def _utcnow() -> datetime:
@@ -229,10 +193,10 @@ class MissionRunner:
             self.leases.release(mission.id)
 
     async def _run_held(self, mission: ClaimedMission, lease: HeldLease) -> RunOutcome:
-        next_run = self._next_run(mission)
+        next_run = next_run_of(mission, self.clock())
         if mission.deadline is not None and mission.scheduled_for > mission.deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
-            done = _no_run(_NextRun(None, "completed"))
+            done = no_run(NextRun(None, "completed"))
             await lease.retry(
                 lambda: self.store.finish_iteration(mission, None, done, worker_id=self.worker_id),
                 what="completing the mission",
@@ -250,7 +214,7 @@ class MissionRunner:
             logger.warning(
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
             )
-            skipped = _no_run(next_run)
+            skipped = no_run(next_run)
             await lease.retry(
                 lambda: self.store.finish_iteration(
                     mission, None, skipped, worker_id=self.worker_id
@@ -276,7 +240,7 @@ class MissionRunner:
                     f"{mission.max_tokens_per_day} tokens in the last 24 h; run skipped"
                 )
                 logger.warning("%s", error)
-                over = _no_run(
+                over = no_run(
                     next_run, status="failed", stop_reason="budget_exhausted", error=error
                 )
                 stored, _ = await self._store(mission, iteration, over, lease)
@@ -312,7 +276,7 @@ class MissionRunner:
             )
         try:
             result = await self._run_loop(mission, iteration, model, run, channel, compactor)
-            outcome = self._outcome(result, next_run, run)
+            outcome = loop_outcome(result, next_run, run.journal, run.source_problems)
         except asyncio.CancelledError:
             if lease.lost.is_set() and this_task is not None:
                 this_task.uncancel()
@@ -354,7 +318,7 @@ class MissionRunner:
                     ),
                 )
                 return "interrupted"
-            outcome = _failed_outcome(exc, next_run, run.journal)
+            outcome = failed_outcome(exc, next_run, run.journal)
         lease.detach()
         stored, outcome = await self._store(mission, iteration, outcome, lease)
         if stored is None:
@@ -400,7 +364,7 @@ class MissionRunner:
             )
 
         refusal: Exception | None = None
-        for attempt in (outcome, *_degraded(outcome)):
+        for attempt in (outcome, *degraded(outcome)):
             if refusal is not None:
                 attempt = dataclasses.replace(
                     attempt,
@@ -590,37 +554,6 @@ class MissionRunner:
             return "off"
         return _policy_mode_or_none(mission.policy_mode) or self.policy.default_mode
 
-    def _next_run(self, mission: ClaimedMission) -> _NextRun:
-        if mission.cron is None:
-            return _NextRun(None, "completed")
-        try:
-            at = next_run_after(mission.cron, mission.timezone, self.clock())
-        except ScheduleError as exc:
-            return _NextRun(None, "paused", f"schedule is broken, mission paused: {exc}")
-        if at is None or (mission.deadline is not None and at > mission.deadline):
-            return _NextRun(None, "completed")
-        return _NextRun(at, "active")
-
-    @staticmethod
-    def _outcome(result: PlannerLoopResult, next_run: _NextRun, run: _Run) -> IterationOutcome:
-        record = result.record
-        errors = [e for e in (result.error, next_run.error, _problems(run.source_problems)) if e]
-        checkpoint = run.journal.checkpoint()
-        return IterationOutcome(
-            status="failed" if result.failed else "succeeded",
-            messages=checkpoint.messages,
-            rounds=record.rounds,
-            prompt_tokens=record.usage.prompt_tokens,
-            completion_tokens=record.usage.completion_tokens,
-            stop_reason=result.stop_reason,
-            error=json_safe("; ".join(errors)) or None,
-            next_run_at=next_run.at,
-            mission_status=next_run.mission_status,
-            tool_invocations=run.journal.pending_rows(),
-            reminders=checkpoint.reminders,
-            archive=checkpoint.archive,
-        )
-
 
 @dataclass
 class _Run:
@@ -632,85 +565,5 @@ class _Run:
     source_problems: list[str] = field(default_factory=list)
 
 
-MAX_PROBLEMS_SHOWN = 5
-
-
-def _problems(problems: Sequence[str]) -> str | None:
-    """What the run's tool sources left out, for the iteration's error (``None``: nothing)."""
-    if not problems:
-        return None
-    shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
-    more = len(problems) - MAX_PROBLEMS_SHOWN
-    return f"{shown}; and {more} more (see the worker's log)" if more > 0 else shown
-
-
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
     return value if value in POLICY_MODES else None
-
-
-def _failed_outcome(
-    exc: Exception, next_run: _NextRun, journal: MissionJournal
-) -> IterationOutcome:
-    """The outcome of a run that raised ``exc``: a required MCP server that could not be used
-    (no run without its tools), or a crash in our own code (what the run did is kept)."""
-    if isinstance(exc, ToolSourceError):
-        return _no_run(
-            next_run,
-            status="failed",
-            stop_reason="tool_source_unavailable",
-            error=json_safe(str(exc)),
-        )
-    log = journal.log
-    checkpoint = journal.checkpoint()
-    return dataclasses.replace(
-        _no_run(
-            next_run,
-            status="failed",
-            stop_reason="crashed",
-            error=json_safe(f"internal error: {type(exc).__name__}: {exc}"),
-        ),
-        messages=checkpoint.messages,
-        tool_invocations=journal.pending_rows(),
-        reminders=checkpoint.reminders,
-        archive=checkpoint.archive,
-        rounds=log.rounds,
-        prompt_tokens=log.usage.prompt_tokens,
-        completion_tokens=log.usage.completion_tokens,
-    )
-
-
-def _degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
-    """What to store, in turn, when the database refuses ``outcome``: a ``store_failed``
-    failure with its message log, reminders and calls but not its archive; then without its
-    calls; then without its log (rounds and tokens stay: they count toward the budget); then
-    the failure alone."""
-    failed = dataclasses.replace(outcome, status="failed", stop_reason="store_failed", archive=())
-    bare = dataclasses.replace(failed, tool_invocations=())
-    unlogged = dataclasses.replace(bare, messages=[], reminders=[])
-    return (
-        failed,
-        bare,
-        unlogged,
-        dataclasses.replace(unlogged, rounds=0, prompt_tokens=0, completion_tokens=0),
-    )
-
-
-def _no_run(
-    next_run: _NextRun,
-    *,
-    status: str = "succeeded",
-    stop_reason: str | None = None,
-    error: str | None = None,
-) -> IterationOutcome:
-    """An outcome without a loop result: the schedule advances, nothing else is stored."""
-    return IterationOutcome(
-        status=status,
-        messages=[],
-        rounds=0,
-        prompt_tokens=0,
-        completion_tokens=0,
-        stop_reason=stop_reason,
-        error=error or next_run.error,
-        next_run_at=next_run.at,
-        mission_status=next_run.mission_status,
-    )

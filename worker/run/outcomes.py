@@ -1,0 +1,160 @@
+"""How a run's end becomes what it stores: the ``IterationOutcome`` of every way a run can end,
+built in one place (a loop result, a crash, a required tool source that could not be used, no
+run at all), and what is stored in turn when the database refuses one (``degraded``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from planner import PlannerLoopResult
+from worker.mcp.sources import ToolSourceError
+from worker.run.journal import MissionJournal
+from worker.schedule import ScheduleError, next_run_after
+from worker.store.base import ClaimedMission, IterationOutcome
+from worker.store.rows import json_safe
+
+__all__ = [
+    "MAX_PROBLEMS_SHOWN",
+    "NextRun",
+    "degraded",
+    "failed_outcome",
+    "loop_outcome",
+    "next_run_of",
+    "no_run",
+    "problems_text",
+]
+
+
+@dataclass(frozen=True)
+class NextRun:
+    """The mission's next run (``at``; ``None``: none), its status after this run, and why a
+    stored schedule could not be used (``error``)."""
+
+    at: datetime | None
+    mission_status: str
+    error: str | None = None
+
+
+def loop_outcome(
+    result: PlannerLoopResult,
+    next_run: NextRun,
+    journal: MissionJournal,
+    problems: Sequence[str] = (),
+) -> IterationOutcome:
+    """The outcome of a run the loop finished: its record (``result.record``, as the journal
+    writes it: the log, the calls not stored yet, the reminders, the archive), the stop reason,
+    and the errors of the loop, the schedule and the tool sources (``problems``)."""
+    record = result.record
+    errors = [e for e in (result.error, next_run.error, problems_text(problems)) if e]
+    checkpoint = journal.checkpoint()
+    return IterationOutcome(
+        status="failed" if result.failed else "succeeded",
+        messages=checkpoint.messages,
+        rounds=record.rounds,
+        prompt_tokens=record.usage.prompt_tokens,
+        completion_tokens=record.usage.completion_tokens,
+        stop_reason=result.stop_reason,
+        error=json_safe("; ".join(errors)) or None,
+        next_run_at=next_run.at,
+        mission_status=next_run.mission_status,
+        tool_invocations=journal.pending_rows(),
+        reminders=checkpoint.reminders,
+        archive=checkpoint.archive,
+    )
+
+
+MAX_PROBLEMS_SHOWN = 5
+
+
+def problems_text(problems: Sequence[str]) -> str | None:
+    """What the run's tool sources left out, for the iteration's error (``None``: nothing)."""
+    if not problems:
+        return None
+    shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return f"{shown}; and {more} more (see the worker's log)" if more > 0 else shown
+
+
+def failed_outcome(exc: Exception, next_run: NextRun, journal: MissionJournal) -> IterationOutcome:
+    """The outcome of a run that raised ``exc``: a required MCP server that could not be used
+    (no run without its tools), or a crash in our own code (what the run did is kept)."""
+    if isinstance(exc, ToolSourceError):
+        return no_run(
+            next_run,
+            status="failed",
+            stop_reason="tool_source_unavailable",
+            error=json_safe(str(exc)),
+        )
+    log = journal.log
+    checkpoint = journal.checkpoint()
+    return dataclasses.replace(
+        no_run(
+            next_run,
+            status="failed",
+            stop_reason="crashed",
+            error=json_safe(f"internal error: {type(exc).__name__}: {exc}"),
+        ),
+        messages=checkpoint.messages,
+        tool_invocations=journal.pending_rows(),
+        reminders=checkpoint.reminders,
+        archive=checkpoint.archive,
+        rounds=log.rounds,
+        prompt_tokens=log.usage.prompt_tokens,
+        completion_tokens=log.usage.completion_tokens,
+    )
+
+
+def degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
+    """What to store, in turn, when the database refuses ``outcome``: a ``store_failed``
+    failure with its message log, reminders and calls but not its archive; then without its
+    calls; then without its log (rounds and tokens stay: they count toward the budget); then
+    the failure alone."""
+    failed = dataclasses.replace(outcome, status="failed", stop_reason="store_failed", archive=())
+    bare = dataclasses.replace(failed, tool_invocations=())
+    unlogged = dataclasses.replace(bare, messages=[], reminders=[])
+    return (
+        failed,
+        bare,
+        unlogged,
+        dataclasses.replace(unlogged, rounds=0, prompt_tokens=0, completion_tokens=0),
+    )
+
+
+def no_run(
+    next_run: NextRun,
+    *,
+    status: str = "succeeded",
+    stop_reason: str | None = None,
+    error: str | None = None,
+) -> IterationOutcome:
+    """An outcome without a loop result: the schedule advances, nothing else is stored."""
+    return IterationOutcome(
+        status=status,
+        messages=[],
+        rounds=0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        stop_reason=stop_reason,
+        error=error or next_run.error,
+        next_run_at=next_run.at,
+        mission_status=next_run.mission_status,
+    )
+
+
+def next_run_of(mission: ClaimedMission, now: datetime) -> NextRun:
+    """The mission's next run after ``now``: its cron's next time (``completed`` past its
+    deadline or when the cron never fires again; ``paused`` with the reason when its stored
+    schedule no longer parses), or none for a one-shot mission."""
+    if mission.cron is None:
+        return NextRun(None, "completed")
+    try:
+        at = next_run_after(mission.cron, mission.timezone, now)
+    except ScheduleError as exc:
+        return NextRun(None, "paused", f"schedule is broken, mission paused: {exc}")
+    if at is None or (mission.deadline is not None and at > mission.deadline):
+        return NextRun(None, "completed")
+    return NextRun(at, "active")
