@@ -37,6 +37,7 @@ __all__ = [
     "ReplayError",
     "checked_iteration",
     "is_summary",
+    "later_attempt_last",
     "md_inline",
     "message_label",
     "policy_text",
@@ -65,6 +66,13 @@ class _Item:
     folded_by: list[int] = field(default_factory=list)
     before: list[Row] = field(default_factory=list)
     after: list[Row] = field(default_factory=list)
+
+
+def later_attempt_last(row: Row) -> tuple[int, int]:
+    """Sort key of stored ``tool_invocations`` rows: by attempt, then row id, so that where a
+    takeover stored a call of the same ``(round, position)`` again, its row comes last (and
+    wins when rows are keyed by position)."""
+    return (int(row.get("attempt") or 1), int(row.get("id") or 0))
 
 
 def restored_log(messages: Sequence[Row], compactions: Sequence[Row]) -> list[Row]:
@@ -216,7 +224,7 @@ def replay_events(iteration: Row) -> list[Row]:
                 "worker_id": attempt.get("worker_id"),
             }
     invocations: dict[tuple[int, int], Row] = {}
-    for inv in sorted(iteration.get("tool_invocations") or [], key=lambda r: r.get("id") or 0):
+    for inv in sorted(iteration.get("tool_invocations") or [], key=later_attempt_last):
         invocations[(int(inv["round"]), int(inv.get("position") or 0))] = inv
 
     events: list[Row] = []

@@ -30,6 +30,16 @@ __all__ = ["AdminStore"]
 
 Row = dict[str, Any]
 
+SOURCE_ORDER = (
+    tool_invocations.c.attempt,
+    tool_invocations.c.round,
+    tool_invocations.c.position,
+    tool_invocations.c.id,
+)
+"""An iteration's calls as the model wrote them: attempt by attempt, round by round, in each
+round in the order of the assistant message (never by row id: concurrent reads finish, and
+may be stored, in any order)."""
+
 
 class AdminStore:
     """Admin reads and writes over one AsyncEngine. Returns plain dicts (JSON-ready after
@@ -294,7 +304,7 @@ class AdminStore:
             calls = await conn.execute(
                 select(tool_invocations)
                 .where(tool_invocations.c.iteration_id == iteration_id)
-                .order_by(tool_invocations.c.id)
+                .order_by(*SOURCE_ORDER)
             )
             archive = await conn.execute(
                 select(compacted_turns)

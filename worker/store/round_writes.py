@@ -304,7 +304,14 @@ def _new_calls(write: Callable[[Any], Any], owned: Any, may_start: Any = None) -
         conditions.append(or_(data.c.outcome != "started", may_start))
     inserted = (
         insert(calls)
-        .from_select(NEW_CALL_KEYS, select(*(data.c[k] for k in NEW_CALL_KEYS)).where(*conditions))
+        .from_select(
+            NEW_CALL_KEYS,
+            # Rows are numbered in source order: a hash anti-join (PostgreSQL 16+) would
+            # otherwise hand them to the insert in hash order.
+            select(*(data.c[k] for k in NEW_CALL_KEYS))
+            .where(*conditions)
+            .order_by(data.c.round, data.c.position),
+        )
         .returning(calls.c.round, calls.c.position, calls.c.id)
     )
     inserted = write(inserted)
