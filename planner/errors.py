@@ -2,16 +2,22 @@
 
 Tree::
 
-    PlannerError
-    ├── LLMError                      the chat model could not produce a usable completion
-    │   ├── LLMConnectionError        connect / read failure, timeout (after retries)
-    │   ├── LLMStatusError            the endpoint answered a non-2xx status (after retries)
-    │   └── LLMResponseError          the endpoint answered something unusable (a 2xx that is
-    │                                 no chat completion, an answer that is not valid HTTP)
-    ├── ToolRegistryError             a tool registry was built wrong (duplicate name, bad schema)
-    ├── ToolError                     raised by a tool handler: its message is the call's error
-    └── RunInterrupted                the run cannot go on for a reason that is not the model's
-                                      (its database is unreachable): it stops, to resume later
+    ManaAIError                   root of every failure mana-ai raises on purpose (the
+    │                             worker's tree, ``worker.errors``, hangs below it too)
+    └── PlannerError
+        ├── LLMError              the chat model could not produce a usable completion
+        │   ├── LLMConnectionError    connect / read failure, timeout (after retries)
+        │   ├── LLMStatusError        the endpoint answered a non-2xx status (after retries)
+        │   └── LLMResponseError      the endpoint answered something unusable (a 2xx that
+        │                             is no chat completion, an answer that is not HTTP)
+        ├── ToolRegistryError     a tool registry was built wrong (duplicate name, schema)
+        ├── CompactionError       compaction could not fold the history (planner.compaction)
+        ├── ToolError             raised by a tool handler: its message is the call's error
+        └── RunInterrupted        the run cannot go on for a reason that is not the model's
+                                  (its database is unreachable): it stops, to resume later
+
+Inside ``planner.providers`` three more (``BodyTooLarge``, ``BodyNotDecodable``, ``ErrorReply``)
+are ``PlannerError`` subclasses that never leave it: the provider turns them into an ``LLMError``.
 
 Tool failures are *not* exceptions at this level: an unknown tool, invalid arguments or a
 handler that raises become an error tool result that the model reads (see ``planner.execution``).
@@ -26,6 +32,7 @@ __all__ = [
     "LLMError",
     "LLMResponseError",
     "LLMStatusError",
+    "ManaAIError",
     "PlannerError",
     "RunInterrupted",
     "ToolError",
@@ -33,7 +40,13 @@ __all__ = [
 ]
 
 
-class PlannerError(Exception):
+class ManaAIError(Exception):
+    """Root of every failure mana-ai raises on purpose; the message is for the operator and
+    names the offending value. Defined here, the lowest layer, so that the planner's and the
+    worker's trees share it (``worker.errors`` re-exports it)."""
+
+
+class PlannerError(ManaAIError):
     """Root of every exception the planner raises on purpose."""
 
 
@@ -85,7 +98,9 @@ class ToolRegistryError(PlannerError):
 class ToolError(PlannerError):
     """Raised by a tool handler (or executor) whose failure already has the words the model
     should read: the call's error is ``str(exc)`` verbatim. Any other exception becomes
-    ``"<tool> failed: <ExceptionClass>: <message>"``."""
+    ``"<tool> failed: <message>"`` (plain words: the class name goes to the log, not to the
+    model). The tools' own errors (``WebFetchError``, ``URLRefusedError``, ``McpToolError``)
+    are ``ToolError`` subclasses."""
 
 
 class RunInterrupted(PlannerError):

@@ -14,6 +14,8 @@ How a round runs (the plan is the pure function ``plan_segments``, the shell is
   ``max_parallel_reads`` at a time, in a sliding window (a finished call's slot is refilled at
   once). A ``write`` or ``destructive`` call is a *barrier*: it starts after every call before
   it finished, and nothing after it starts before it finished.
+* A handler that raises gives the model ``"<tool> failed: <the exception's message>"`` (a
+  ``ToolError``'s message as it is): plain words, never a Python class name.
 * Checks and the policy gate take every call in source order, one at a time, before it
   starts (a read waiting for a free slot has been decided already; a write or destructive call
   is decided once every call before it finished); a call that fails them gets its error
@@ -384,7 +386,10 @@ async def _run_handler(
     except ToolError as exc:  # the handler's own words
         return done(None, str(exc))
     except Exception as exc:  # a tool failure is feedback for the model, not a crash
-        return done(None, f"{call.name} failed: {type(exc).__name__}: {exc}")
+        # the model reads plain words, not the exception's class (the log has it)
+        logger.info("%s raised %s: %s", call.name, type(exc).__name__, exc)
+        reason = str(exc).strip() or "it stopped with an error and no message"
+        return done(None, f"{call.name} failed: {reason}")
     finally:
         deadline.cancel()
     return done(result, None)

@@ -2,26 +2,30 @@
 
 Tree::
 
-    ManaAIError                   root of every exception the worker raises on purpose
+    ManaAIError                   root of every failure raised on purpose (planner.errors)
+    ├── PlannerError              the planner's tree (planner.errors)
     ├── SettingsError             the environment holds an invalid MANA_AI_* value
     ├── DatabaseError             the database could not be reached, started or migrated
     ├── ScheduleError             a cron expression or timezone is invalid (worker.schedule)
+    ├── UsageError                a command line is wrong (worker.cli.args)
+    ├── ReplayError               a stored iteration cannot be read back (worker.admin.replay)
+    ├── ToolSourceError           an MCP server cannot be used (worker.mcp.sources)
     ├── NotFoundError             an admin command named an agent / mission / iteration that
     │                             does not exist
     └── ConflictError             an admin command would clash with existing data
 
-Planner exceptions (``planner.errors.PlannerError``) are a separate tree: the planner does not
-import the worker. Tool failures are not exceptions at this level either: a handler that raises
-becomes an error tool result that the model reads.
+``ManaAIError`` is defined in ``planner.errors`` (the lowest layer: the planner does not import
+the worker) and re-exported here, so the planner's ``PlannerError`` tree hangs below the same
+root and ``except ManaAIError`` catches every failure raised on purpose. Tool failures are not
+exceptions at this level either: a handler that raises becomes an error tool result that the
+model reads.
 """
 
 from __future__ import annotations
 
+from planner.errors import ManaAIError
+
 __all__ = ["ConflictError", "DatabaseError", "ManaAIError", "NotFoundError", "SettingsError"]
-
-
-class ManaAIError(Exception):
-    """Root of every exception the worker raises on purpose; the message is for the operator."""
 
 
 class SettingsError(ManaAIError):

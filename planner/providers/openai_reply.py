@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from planner.errors import LLMResponseError
+from planner.errors import LLMResponseError, PlannerError
 from planner.llm import CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
 from planner.providers.tool_arguments import decode_arguments
@@ -105,7 +105,7 @@ UNKNOWN_ERROR_STATUS = 502
 so it is retried like any 5xx."""
 
 
-class ErrorReply(Exception):
+class ErrorReply(PlannerError):
     """A 2xx body that reports an error instead of an answer.
 
     Attributes:

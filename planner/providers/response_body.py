@@ -19,6 +19,8 @@ import zlib
 
 import httpx
 
+from planner.errors import PlannerError
+
 __all__ = ["ACCEPT_ENCODING", "BodyNotDecodable", "BodyTooLarge", "read_body"]
 
 ACCEPT_ENCODING = "gzip, deflate"
@@ -29,7 +31,7 @@ INFLATE_STEP_BYTES = 256 * 1024
 joins at the end, so one step of the whole cap would briefly hold the cap twice."""
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(PlannerError):
     """The body holds more than ``limit_bytes`` decoded bytes.
 
     Attributes:
@@ -44,7 +46,7 @@ class BodyTooLarge(Exception):
         self.announced_bytes = announced_bytes
 
 
-class BodyNotDecodable(Exception):
+class BodyNotDecodable(PlannerError):
     """The body is in a ``Content-Encoding`` that was not asked for, or does not decode."""
 
 

@@ -280,10 +280,10 @@ async def test_a_garbled_reply_fails_its_call_at_once_and_a_writes_outcome_is_un
     )
     assert (read["outcome"], read["error"]) == (
         "error",
-        f"raw__garbled failed: McpToolError: {unreadable}",
+        unreadable,
     )
     assert write["outcome"] == "error"
-    assert write["error"].startswith(f"raw__garbled_note failed: McpToolError: {unreadable}")
+    assert write["error"].startswith(unreadable)
     assert write["error"].endswith(
         "; its outcome is unknown: the write may or may not have taken effect, check before "
         "retrying it"
@@ -313,10 +313,10 @@ async def test_results_are_cut_errors_are_errors_and_the_env_reaches_the_server(
     big, fails, echo = await calls(db)
     assert big["result"].startswith("x" * 1_000 + "\n[cut: the result has 50000 characters")
     assert fails["outcome"] == "error"
-    assert fails["error"] == "fs__fails failed: McpToolError: the disk is full"
+    assert fails["error"] == "the disk is full"
     assert echo["result"] == "s3cr3t-value"  # --mcp-env reached the process
     tool_message = json.loads(llm.requests[1].messages[-2].content or "{}")
-    assert tool_message == {"error": "fs__fails failed: McpToolError: the disk is full"}
+    assert tool_message == {"error": "the disk is full"}
     assert "s3cr3t-value" not in caplog.text.replace(echo["result"], "")
 
 

@@ -132,7 +132,7 @@ async def test_max_rounds_stops_a_model_that_keeps_calling_tools() -> None:
             ToolCall(id="c1", name="echo", arguments={}, parse_error="Expecting value"),
             "could not parse the arguments for echo: Expecting value",
         ),
-        (ToolCall(id="c1", name="boom", arguments={}), "RuntimeError: disk on fire"),
+        (ToolCall(id="c1", name="boom", arguments={}), "boom failed: disk on fire"),
     ],
 )
 async def test_bad_tool_calls_become_error_results_the_model_reads(

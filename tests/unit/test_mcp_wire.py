@@ -298,7 +298,7 @@ def test_a_reply_the_session_cannot_match_fails_every_request_in_flight() -> Non
     )
     in_flight(guard, 4)
     [failed_4] = [i.message for i in guard.inbound(ValueError("bad frame"))]  # type: ignore[union-attr]
-    assert failed_4.id == 4 and "ValueError: bad frame" in failed_4.error.message
+    assert failed_4.id == 4 and "could not be read (bad frame)" in failed_4.error.message
 
 
 def test_a_late_reply_to_a_request_given_up_on_passes_and_answers_nothing_else() -> None:

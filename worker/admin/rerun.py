@@ -27,9 +27,7 @@ still answers as it did, so later differences may be its consequences.
 
 from __future__ import annotations
 
-import contextvars
 import json
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,13 +37,9 @@ from pydantic import ValidationError
 
 from planner import (
     ChatMessage,
-    CompletionRequest,
-    CompletionResponse,
     ExecutedCall,
-    LLMError,
     LoopState,
     PlannerLoopInput,
-    TokenUsage,
     ToolCall,
     ToolContext,
     ToolError,
@@ -53,18 +47,23 @@ from planner import (
     run_planner_loop,
 )
 from planner.compaction import Compactor
-from planner.gate import Reservation, RulePolicyGate
+from planner.gate import RulePolicyGate
 from planner.loop import ReminderRole
 from planner.policy import (
     PolicyConfig,
     PolicyDecision,
     PolicyGate,
     PolicyMode,
-    RateLimit,
     UserPolicySettings,
 )
-from planner.testing import InMemoryCallLedger
-from worker.admin.replay import ReplayError, checked_iteration, policy_text, restored_log
+from worker.admin.recorded import RecordedModel, RecordedSummariser, RerunLedger, current_call
+from worker.admin.replay import (
+    ReplayError,
+    checked_iteration,
+    later_attempt_last,
+    policy_text,
+    restored_log,
+)
 from worker.mcp.config import is_mcp_tool_name
 from worker.run.reminder_channel import mission_reminder_channel
 from worker.store.rows import call_outcome
@@ -218,108 +217,6 @@ def _difference_text(d: Row) -> str:
     return f"{kind} recorded {d['recorded']}, now {d['now']}"
 
 
-# -- the recorded parts -------------------------------------------------------------------------
-
-
-class _RecordedModel:
-    """Answers request N with the N-th recorded assistant reply; knows the round and the
-    position of every call it handed out (by identity: call ids may repeat)."""
-
-    def __init__(self, replies: Sequence[Row], final_error: str | None) -> None:
-        self.responses = [_response(n, stored) for n, stored in enumerate(replies, start=1)]
-        self.final_error = final_error
-        self.round = 0
-        self._positions: dict[int, tuple[int, int]] = {}
-
-    async def complete(self, request: CompletionRequest) -> CompletionResponse:
-        self.round += 1
-        if self.round > len(self.responses):
-            if self.round == len(self.responses) + 1 and self.final_error:
-                raise LLMError(self.final_error)
-            raise LLMError(
-                f"the recording ends after round {len(self.responses)} (a rerun cannot ask "
-                "the model)"
-            )
-        response = self.responses[self.round - 1]
-        for position, call in enumerate(response.message.tool_calls):
-            self._positions[id(call)] = (self.round, position)
-        return response
-
-    def position_of(self, call: ToolCall) -> tuple[int, int] | None:
-        """``(round, position)`` of a call this model handed out."""
-        return self._positions.get(id(call))
-
-
-def _response(round_no: int, stored: Row) -> CompletionResponse:
-    """The recorded reply of ``round_no`` as the model's response."""
-    stored = dict(stored)
-    info = stored.pop("reply_info", None) or {}
-    try:
-        return CompletionResponse(
-            message=ChatMessage.from_json(stored),
-            usage=TokenUsage.model_validate(
-                (info.get("usage") if isinstance(info, dict) else None) or {}
-            ),
-            finish_reason=info.get("finish_reason") if isinstance(info, dict) else None,
-            endpoint=info.get("endpoint") if isinstance(info, dict) else None,
-        )
-    except ValidationError as exc:
-        raise ReplayError(
-            f"the recorded reply of round {round_no} cannot be read back: "
-            f"{exc.errors()[0].get('loc')} {exc.errors()[0].get('msg')}"
-        ) from exc
-
-
-class _RecordedSummariser:
-    """Answers the k-th summarisation with the k-th recorded attempt."""
-
-    def __init__(self, attempts: Sequence[Row]) -> None:
-        self.attempts = deque(attempts)
-
-    async def complete(self, request: CompletionRequest) -> CompletionResponse:
-        if not self.attempts:
-            text = "(rerun: no summary was recorded for this compaction)"
-            return CompletionResponse(message=ChatMessage(role="assistant", content=text))
-        row = self.attempts.popleft()
-        error = row.get("error")
-        if error:
-            reason, _, message = str(error).partition(": ")
-            if reason == "unusable_summary":
-                return CompletionResponse(message=ChatMessage(role="assistant", content=""))
-            # the recorded error already says "the summariser failed: …"; raise its cause
-            raise LLMError((message or str(error)).removeprefix("the summariser failed: "))
-        return CompletionResponse(
-            message=ChatMessage(role="assistant", content=str(row.get("summary") or ""))
-        )
-
-
-_current_call: contextvars.ContextVar[Row | None] = contextvars.ContextVar(
-    "rerun_current_call", default=None
-)
-
-
-class _RerunLedger:
-    """Rate-limit slots of this iteration's calls at their recorded times; a call the limit
-    refused when recorded is refused again."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-        self.counted = InMemoryCallLedger(clock=lambda: self.now)
-
-    async def reserve(
-        self, *, user_id: str, tool: str, limit: RateLimit, consumer: str
-    ) -> Reservation:
-        recorded = _current_call.get()
-        if recorded is not None and isinstance(recorded.get("created_at"), datetime):
-            self.now = max(self.now, recorded["created_at"])
-        decision = (recorded or {}).get("policy_decision") or {}
-        if decision.get("reason") == "rate_limited":
-            return Reservation(False, self.now, (self.now,) * limit.calls)
-        return await self.counted.reserve(
-            user_id=user_id, tool=tool, limit=limit, consumer=consumer
-        )
-
-
 # -- the rerun ------------------------------------------------------------------------------------
 
 
@@ -344,11 +241,11 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     replies = [m for m in log if m.get("role") == "assistant"]
     calls_recorded = {
         (int(r["round"]), int(r.get("position") or 0)): r
-        for r in sorted(iteration.get("tool_invocations") or [], key=lambda r: r.get("id") or 0)
+        for r in sorted(iteration.get("tool_invocations") or [], key=later_attempt_last)
         if r.get("round") is not None
     }
     final_error = iteration.get("error") if iteration.get("stop_reason") == "llm_error" else None
-    model = _RecordedModel(replies, final_error)
+    model = RecordedModel(replies, final_error)
     try:
         prior = [ChatMessage.from_json(m) for m in head[1:-1]]
     except ValidationError as exc:
@@ -392,7 +289,7 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     archive = sorted(iteration.get("compactions") or [], key=lambda c: c["compaction_index"])
     if config.compact_max_ctx > 0:
         compactor = Compactor(
-            llm=_RecordedSummariser(archive),
+            llm=RecordedSummariser(archive),
             max_ctx=config.compact_max_ctx,
             model=config.compact_model,
             threshold=config.compact_threshold,
@@ -488,12 +385,12 @@ def _gate(
         mode=config.policy_mode,
         config=config.policy_config,
         user_settings=config.user_settings,
-        ledger=_RerunLedger(start),
+        ledger=RerunLedger(start),
         consumer="mission",
     )
 
     async def gate(spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
-        _current_call.set(recorded_row(call))
+        current_call.set(recorded_row(call))
         return await inner(spec, call, ctx)
 
     return gate

@@ -127,9 +127,7 @@ class SessionGuard:
         """What the session gets for ``item`` from the transport (nothing, it, or errors of
         the requests in flight)."""
         if isinstance(item, Exception):
-            return self._fail_in_flight(
-                f"it sent a message that could not be read ({type(item).__name__}: {item})"[:300]
-            )
+            return self._fail_in_flight(f"it sent a message that could not be read ({item})"[:300])
         message = item.message
         if not isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             return [item]

@@ -350,8 +350,9 @@ class _Session:
             text = f"it answered something that breaks the MCP specification ({where})"
         elif isinstance(exc, FileNotFoundError):
             text = f"its command was not found ({self.server.command})"
-        else:
-            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        else:  # the model may read it: plain words, the class goes to the log
+            logger.info("MCP server %s: %s: %s", self.server.name, type(exc).__name__, exc)
+            text = str(exc).strip() or "it failed without saying why"
         url = self.server.url
         if url:
             text = text.replace(url, redact_url(url))

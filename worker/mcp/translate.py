@@ -38,7 +38,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from planner import ToolSpec
-from planner.errors import ToolRegistryError
+from planner.errors import ToolError, ToolRegistryError
 from planner.tools import PolicyHint, ToolHandler
 from worker.mcp.config import mcp_scope, namespaced_tool_name, policy_hint_from_annotations
 from worker.mcp.wire import CUT_META_KEY, RESULT_BYTES_PER_CHAR, RESULT_HEADROOM_BYTES
@@ -68,7 +68,7 @@ _CONTROL = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _BASE = "urn:mana-ai:tool-schema"
 
 
-class McpToolError(Exception):
+class McpToolError(ToolError):
     """An MCP tool answered with an error (``isError``), or could not be called; the message
     says what the server said (never a secret)."""
 

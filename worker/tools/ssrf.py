@@ -34,6 +34,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_add
 
 import httpx
 
+from planner.errors import ToolError
 from worker.http_url import normalize_domain
 
 __all__ = [
@@ -55,7 +56,7 @@ Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 """``async (host, port) -> addresses``: DNS resolution, injectable for tests."""
 
 
-class URLRefusedError(ValueError):
+class URLRefusedError(ToolError):
     """A URL or one of its addresses may not be fetched; the message says which rule refused
     it (it is shown to the model)."""
 

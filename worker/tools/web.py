@@ -37,6 +37,7 @@ from resiliparse.extract.html2text import extract_plain_text
 from resiliparse.parse.encoding import bytes_to_str, detect_encoding
 from resiliparse.parse.html import HTMLTree
 
+from planner.errors import ToolError
 from planner.tools import ToolContext, ToolSpec
 from worker.tools.ssrf import (
     IPAddress,
@@ -82,7 +83,7 @@ _TIMEOUT_MARGIN_S = 5.0
 """The tool's own timeout is the fetch deadline plus this, so the fetch's clearer message wins."""
 
 
-class WebFetchError(RuntimeError):
+class WebFetchError(ToolError):
     """A fetch failed or was refused; the message (shown to the model) says what happened."""
 
 
@@ -288,13 +289,26 @@ async def _open(
             error = exc
             continue
         except httpx.HTTPError as exc:
-            raise WebFetchError(f"{url.host}: {type(exc).__name__}: {exc}") from None
+            raise WebFetchError(f"{url.host}: {_transport_failure(exc)}") from None
         try:
             yield response
         finally:
             await response.aclose()
         return
     raise WebFetchError(f"could not connect to {url.host}: {error}")
+
+
+def _transport_failure(exc: httpx.HTTPError) -> str:
+    """What an httpx failure means, in the words the model reads (no class names)."""
+    said = str(exc).strip()
+    detail = f" ({said})" if said else ""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"it did not answer in time{detail}"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return f"its answer broke the HTTP protocol{detail}"
+    if isinstance(exc, httpx.NetworkError):
+        return f"the connection failed{detail}"
+    return said or "the request failed"
 
 
 async def _read(response: httpx.Response, max_bytes: int) -> _Body:
@@ -331,7 +345,7 @@ async def _read(response: httpx.Response, max_bytes: int) -> _Body:
     except zlib.error as exc:
         raise WebFetchError(f"could not decode the {coding} body: {exc}") from None
     except httpx.HTTPError as exc:
-        raise WebFetchError(f"reading the body failed: {type(exc).__name__}: {exc}") from None
+        raise WebFetchError(f"reading the body failed: {_transport_failure(exc)}") from None
     return _Body(b"".join(chunks), truncated=False)
 
 
