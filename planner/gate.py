@@ -18,6 +18,7 @@ from planner.policy import (
     PolicyDecision,
     PolicyInput,
     PolicyMode,
+    PolicyVerdict,
     RateLimit,
     UserPolicySettings,
     evaluate_policy,
@@ -204,7 +205,7 @@ class RulePolicyGate:
         return PolicyDecision(
             allow=self.mode != "enforce",
             reason=POLICY_UNAVAILABLE,
-            verdict="deny",
+            verdict=PolicyVerdict.DENY,
             mode=self.mode,
             message=f"the policy gate could not decide this call ({detail})",
             reminder=(

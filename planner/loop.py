@@ -320,7 +320,7 @@ async def run_planner_loop(
         if under_way:  # the round under way when the earlier attempt stopped
             await run_calls(under_way, resume.rounds_done, resume.settled)
         if first_round > inp.max_rounds:
-            return await stop(resume.rounds_done, "max_rounds")
+            return await stop(resume.rounds_done, StopReason.MAX_ROUNDS)
 
     head_size = 2 + len(inp.prior_messages)  # system prompt, prior messages, objective
 
@@ -331,7 +331,7 @@ async def run_planner_loop(
         threshold = int(compactor.threshold * compactor.max_ctx)
         return await stop(
             round_no - 1,
-            "context_exhausted",
+            StopReason.CONTEXT_EXHAUSTED,
             error=(
                 f"the conversation holds about {context_tokens} tokens of the "
                 f"{compactor.max_ctx}-token context (compaction starts at "
@@ -423,7 +423,7 @@ async def run_planner_loop(
             logger.warning("llm request failed in round %d: %s", round_no, exc)
             if (pending := emit(RequestFailed(round_no, str(exc), exc.usage))) is not None:
                 await pending
-            return await stop(round_no, "llm_error", error=str(exc))
+            return await stop(round_no, StopReason.LLM_ERROR, error=str(exc))
         reply = stored_reply(response)
         if compactor is not None:
             counted((reply,))
@@ -457,7 +457,7 @@ async def run_planner_loop(
             continue  # the model was told why its reply cannot stand, and asked again
         await run_calls(reply.tool_calls, round_no)
 
-    return await stop(inp.max_rounds, "max_rounds")
+    return await stop(inp.max_rounds, StopReason.MAX_ROUNDS)
 
 
 def _reminders(channel: ReminderChannel, state: LoopState) -> list[Reminder]:

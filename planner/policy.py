@@ -40,7 +40,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, NamedTuple
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -66,11 +67,13 @@ __all__ = [
     "POLICY_UNAVAILABLE",
     "RATE_LIMITED",
     "SCOPE_NOT_EXPOSED",
+    "DecisionReason",
     "PolicyConfig",
     "PolicyDecision",
     "PolicyGate",
     "PolicyInput",
     "PolicyMode",
+    "PolicyVerdict",
     "RateLimit",
     "UserPolicySettings",
     "evaluate_policy",
@@ -78,16 +81,44 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PolicyMode = Literal["off", "log-only", "enforce"]
-POLICY_MODES: tuple[PolicyMode, ...] = ("off", "log-only", "enforce")
 
-# Reason codes (machine-readable; stored on every decision and used as a metric label).
-ALLOWED = "allowed"
-POLICY_OFF = "policy_off"
-SCOPE_NOT_EXPOSED = "scope_not_exposed"
-DESTRUCTIVE_NOT_OPTED_IN = "destructive_not_opted_in"
-RATE_LIMITED = "rate_limited"
-POLICY_UNAVAILABLE = "policy_unavailable"
+class PolicyMode(StrEnum):
+    """How the gate's verdicts apply: ``off`` (no gate), ``log-only`` (decided and recorded,
+    every call runs), ``enforce`` (a ``deny`` verdict stops the call)."""
+
+    OFF = "off"
+    LOG_ONLY = "log-only"
+    ENFORCE = "enforce"
+
+
+POLICY_MODES: tuple[PolicyMode, ...] = tuple(PolicyMode)
+
+
+class DecisionReason(StrEnum):
+    """The built-in gate's reason codes (machine-readable; stored on every decision and used
+    as a metric label). A custom ``PolicyGate`` may give its own codes."""
+
+    ALLOWED = "allowed"
+    POLICY_OFF = "policy_off"
+    SCOPE_NOT_EXPOSED = "scope_not_exposed"
+    DESTRUCTIVE_NOT_OPTED_IN = "destructive_not_opted_in"
+    RATE_LIMITED = "rate_limited"
+    POLICY_UNAVAILABLE = "policy_unavailable"
+
+
+class PolicyVerdict(StrEnum):
+    """What the rules decided, whatever the mode."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+ALLOWED = DecisionReason.ALLOWED
+POLICY_OFF = DecisionReason.POLICY_OFF
+SCOPE_NOT_EXPOSED = DecisionReason.SCOPE_NOT_EXPOSED
+DESTRUCTIVE_NOT_OPTED_IN = DecisionReason.DESTRUCTIVE_NOT_OPTED_IN
+RATE_LIMITED = DecisionReason.RATE_LIMITED
+POLICY_UNAVAILABLE = DecisionReason.POLICY_UNAVAILABLE
 DENY_REASONS = (SCOPE_NOT_EXPOSED, DESTRUCTIVE_NOT_OPTED_IN, RATE_LIMITED, POLICY_UNAVAILABLE)
 
 # Flags: what the gate noticed without blocking.
@@ -211,7 +242,7 @@ class PolicyDecision(BaseModel):
     reason: str | None = None
     reminder: str | None = None
     flags: tuple[str, ...] = ()
-    verdict: Literal["allow", "deny"] | None = None
+    verdict: PolicyVerdict | None = None
     mode: PolicyMode | None = None
     message: str | None = None
     markers: tuple[str, ...] = ()
@@ -286,13 +317,18 @@ def evaluate_policy(inp: PolicyInput) -> PolicyDecision:
         if not flags:
             return _ALLOWED_LOG_ONLY
         return PolicyDecision(
-            allow=True, reason=ALLOWED, verdict="allow", mode=inp.mode, flags=flags, markers=markers
+            allow=True,
+            reason=ALLOWED,
+            verdict=PolicyVerdict.ALLOW,
+            mode=inp.mode,
+            flags=flags,
+            markers=markers,
         )
     reason, message, reminder = denial
     return PolicyDecision(
         allow=inp.mode != "enforce",
         reason=reason,
-        verdict="deny",
+        verdict=PolicyVerdict.DENY,
         mode=inp.mode,
         message=message,
         reminder=reminder if inp.mode == "enforce" else None,
@@ -301,9 +337,15 @@ def evaluate_policy(inp: PolicyInput) -> PolicyDecision:
     )
 
 
-_OFF_DECISION = PolicyDecision(allow=True, reason=POLICY_OFF, verdict="allow", mode="off")
-_ALLOWED_ENFORCE = PolicyDecision(allow=True, reason=ALLOWED, verdict="allow", mode="enforce")
-_ALLOWED_LOG_ONLY = PolicyDecision(allow=True, reason=ALLOWED, verdict="allow", mode="log-only")
+_OFF_DECISION = PolicyDecision(
+    allow=True, reason=POLICY_OFF, verdict=PolicyVerdict.ALLOW, mode=PolicyMode.OFF
+)
+_ALLOWED_ENFORCE = PolicyDecision(
+    allow=True, reason=ALLOWED, verdict=PolicyVerdict.ALLOW, mode=PolicyMode.ENFORCE
+)
+_ALLOWED_LOG_ONLY = PolicyDecision(
+    allow=True, reason=ALLOWED, verdict=PolicyVerdict.ALLOW, mode=PolicyMode.LOG_ONLY
+)
 
 
 def _first_denial(inp: PolicyInput) -> tuple[str, str, str] | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
 from planner.calls import ExecutedCall, tool_result_message
 from planner.llm import CompletionResponse
@@ -47,19 +47,27 @@ __all__ = [
     "stored_reply",
 ]
 
-StopReason = Literal[
-    "final_answer",
-    "max_rounds",
-    "llm_error",
-    "truncated",
-    "content_filtered",
-    "empty_answer",
-    "context_exhausted",
-]
-"""Why a run of the planner loop ended."""
+
+class StopReason(StrEnum):
+    """Why a run of the planner loop ended (stored as ``mission_iterations.stop_reason``)."""
+
+    FINAL_ANSWER = "final_answer"
+    MAX_ROUNDS = "max_rounds"
+    LLM_ERROR = "llm_error"
+    TRUNCATED = "truncated"
+    CONTENT_FILTERED = "content_filtered"
+    EMPTY_ANSWER = "empty_answer"
+    CONTEXT_EXHAUSTED = "context_exhausted"
+
 
 FAILED_STOP_REASONS: frozenset[StopReason] = frozenset(
-    {"llm_error", "truncated", "content_filtered", "empty_answer", "context_exhausted"}
+    {
+        StopReason.LLM_ERROR,
+        StopReason.TRUNCATED,
+        StopReason.CONTENT_FILTERED,
+        StopReason.EMPTY_ANSWER,
+        StopReason.CONTEXT_EXHAUSTED,
+    }
 )
 """Stop reasons that make an iteration ``failed``."""
 
@@ -114,7 +122,9 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
     reason = response.finish_reason
     said = f"(finish_reason {reason!r})"
     if reason == "error":
-        return Verdict("llm_error", f"the model reported an error instead of an answer {said}")
+        return Verdict(
+            StopReason.LLM_ERROR, f"the model reported an error instead of an answer {said}"
+        )
     if reason == "content_filter":
         not_run = tuple(
             tool_result_message(
@@ -123,21 +133,25 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
             for call in reply.tool_calls
         )
         error = f"the endpoint withheld or filtered the answer {said}"
-        return Verdict("content_filtered", error, not_run)
+        return Verdict(StopReason.CONTENT_FILTERED, error, not_run)
     if reply.tool_calls:
         return Verdict(None)
     if reason == "tool_calls":
-        return Verdict("llm_error", f"the endpoint reported tool calls but sent none {said}")
+        return Verdict(
+            StopReason.LLM_ERROR, f"the endpoint reported tool calls but sent none {said}"
+        )
     if reason == "length":
         if round < max_rounds:
             return Verdict(None, follow_up=(ChatMessage(role="user", content=TRUNCATED_NOTE),))
         return Verdict(
-            "truncated",
+            StopReason.TRUNCATED,
             f"the answer was cut off at the output-token limit in the last round {said}",
         )
     if not answer_text(reply.content):
-        return Verdict("empty_answer", f"the model answered with no text and no tool calls {said}")
-    return Verdict("final_answer")
+        return Verdict(
+            StopReason.EMPTY_ANSWER, f"the model answered with no text and no tool calls {said}"
+        )
+    return Verdict(StopReason.FINAL_ANSWER)
 
 
 _THINKING = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)

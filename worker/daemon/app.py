@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner import ChatModel, ToolSpec
+from planner import ChatModel, PolicyMode, ToolSpec
 from worker.daemon.tick import Worker
 from worker.errors import DatabaseError, SettingsError
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
@@ -238,7 +238,7 @@ def mission_policy_setup(
     check_policy_settings(settings, tools)
     exposed = frozenset(settings.policy_mission_scopes) or None
     return PolicySetup(
-        default_mode=settings.policy_mode,
+        default_mode=PolicyMode(settings.policy_mode),
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
         ledger=PostgresCallLedger(engine),
         consumer="mission",
@@ -257,7 +257,7 @@ def mcp_policy_setup(
     check_policy_settings(settings, tools)
     exposed = frozenset(settings.mcp_scopes) or None
     return PolicySetup(
-        default_mode=settings.policy_mode,
+        default_mode=PolicyMode(settings.policy_mode),
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
         ledger=PostgresCallLedger(engine),
         consumer="mcp",

@@ -170,7 +170,7 @@ class Worker:
         """
         tasks = await self.tick()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        return [r if isinstance(r, str) else "error" for r in results]
+        return [r if isinstance(r, RunOutcome) else RunOutcome.ERROR for r in results]
 
     async def drain(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Stop claiming; wait up to ``grace_s`` seconds (or until ``hurry`` is set), then

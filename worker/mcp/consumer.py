@@ -24,7 +24,7 @@ from typing import Any
 
 import mcp.types as types
 
-from planner import ToolCall, ToolContext, ToolRegistry, ToolSpec
+from planner import PolicyMode, ToolCall, ToolContext, ToolRegistry, ToolSpec
 from planner.calls import ExecutedCall
 from planner.errors import RunInterrupted
 from planner.execution import execute_calls
@@ -150,10 +150,12 @@ class ServedTools:
             executed = ExecutedCall(
                 1, call, None, f"{name} failed: mana-ai's database did not answer{effect}", ran=True
             )
-        await self._record(principal, executed, "off" if gate is None else gate.mode)
+        await self._record(principal, executed, PolicyMode.OFF if gate is None else gate.mode)
         return _result(executed)
 
-    async def _record(self, principal: McpPrincipal, executed: ExecutedCall, mode: str) -> None:
+    async def _record(
+        self, principal: McpPrincipal, executed: ExecutedCall, mode: PolicyMode
+    ) -> None:
         outcome = call_outcome(executed)
         known = executed.call.name in self.registry
         metrics.MCP_TOOL_CALLS.labels(

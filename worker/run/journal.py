@@ -43,6 +43,7 @@ from planner import (
     Checkpoint,
     ExecutedCall,
     PolicyDecision,
+    PolicyMode,
     RateLimit,
     Reservation,
     RoundEnded,
@@ -67,6 +68,7 @@ from worker.store.base import (
     ToolInvocationRow,
 )
 from worker.store.rows import archive_row, invocation_row, json_safe, messages_json, started_row
+from worker.store.statuses import FINAL_CALL_OUTCOMES
 from worker.store.transient import describe_error, is_transient
 
 __all__ = [
@@ -84,7 +86,6 @@ T = TypeVar("T")
 CHECKPOINT_EVERY_ROUNDS = 3
 """A run commits its rounds at least this often even when they only read."""
 
-_FINAL_OUTCOMES = ("ok", "error", "denied")
 
 
 @dataclass
@@ -126,7 +127,7 @@ class MissionJournal:
         mission: ClaimedMission,
         iteration: StartedIteration,
         worker_id: str,
-        policy_mode: str,
+        policy_mode: PolicyMode,
         specs: Mapping[str, ToolSpec],
         checkpoint_every: int = CHECKPOINT_EVERY_ROUNDS,
         lease: HeldLease | None = None,
@@ -376,7 +377,7 @@ async def resume_checkpoint(
             continue  # never started (or a read): it runs now
         key = (started.rounds, position)
         rows.ids[key] = int(row["id"])
-        if row["outcome"] in _FINAL_OUTCOMES:
+        if row["outcome"] in FINAL_CALL_OUTCOMES:
             rows.current.add(key)
             settled[position] = _finished_call(started.rounds, position, call, row)
             continue

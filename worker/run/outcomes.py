@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from planner import PlannerLoopResult
+from planner import PlannerLoopResult, StopReason
 from worker.mcp.sources import ToolSourceError
 from worker.run.journal import MissionJournal
 from worker.schedule import ScheduleError, next_run_after
 from worker.store.base import ClaimedMission, IterationOutcome
 from worker.store.rows import json_safe
+from worker.store.statuses import IterationStatus, MissionStatus, RunnerStopReason
 
 __all__ = [
     "MAX_PROBLEMS_SHOWN",
@@ -35,7 +36,7 @@ class NextRun:
     stored schedule could not be used (``error``)."""
 
     at: datetime | None
-    mission_status: str
+    mission_status: MissionStatus
     error: str | None = None
 
 
@@ -52,7 +53,7 @@ def loop_outcome(
     errors = [e for e in (result.error, next_run.error, problems_text(problems)) if e]
     checkpoint = journal.checkpoint()
     return IterationOutcome(
-        status="failed" if result.failed else "succeeded",
+        status=IterationStatus.FAILED if result.failed else IterationStatus.SUCCEEDED,
         messages=checkpoint.messages,
         rounds=record.rounds,
         prompt_tokens=record.usage.prompt_tokens,
@@ -85,8 +86,8 @@ def failed_outcome(exc: Exception, next_run: NextRun, journal: MissionJournal) -
     if isinstance(exc, ToolSourceError):
         return no_run(
             next_run,
-            status="failed",
-            stop_reason="tool_source_unavailable",
+            status=IterationStatus.FAILED,
+            stop_reason=RunnerStopReason.TOOL_SOURCE_UNAVAILABLE,
             error=json_safe(str(exc)),
         )
     log = journal.log
@@ -94,8 +95,8 @@ def failed_outcome(exc: Exception, next_run: NextRun, journal: MissionJournal) -
     return dataclasses.replace(
         no_run(
             next_run,
-            status="failed",
-            stop_reason="crashed",
+            status=IterationStatus.FAILED,
+            stop_reason=RunnerStopReason.CRASHED,
             error=json_safe(f"internal error: {type(exc).__name__}: {exc}"),
         ),
         messages=checkpoint.messages,
@@ -113,7 +114,12 @@ def degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
     failure with its message log, reminders and calls but not its archive; then without its
     calls; then without its log (rounds and tokens stay: they count toward the budget); then
     the failure alone."""
-    failed = dataclasses.replace(outcome, status="failed", stop_reason="store_failed", archive=())
+    failed = dataclasses.replace(
+        outcome,
+        status=IterationStatus.FAILED,
+        stop_reason=RunnerStopReason.STORE_FAILED,
+        archive=(),
+    )
     bare = dataclasses.replace(failed, tool_invocations=())
     unlogged = dataclasses.replace(bare, messages=[], reminders=[])
     return (
@@ -127,8 +133,8 @@ def degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
 def no_run(
     next_run: NextRun,
     *,
-    status: str = "succeeded",
-    stop_reason: str | None = None,
+    status: IterationStatus = IterationStatus.SUCCEEDED,
+    stop_reason: StopReason | RunnerStopReason | None = None,
     error: str | None = None,
 ) -> IterationOutcome:
     """An outcome without a loop result: the schedule advances, nothing else is stored."""
@@ -150,11 +156,11 @@ def next_run_of(mission: ClaimedMission, now: datetime) -> NextRun:
     deadline or when the cron never fires again; ``paused`` with the reason when its stored
     schedule no longer parses), or none for a one-shot mission."""
     if mission.cron is None:
-        return NextRun(None, "completed")
+        return NextRun(None, MissionStatus.COMPLETED)
     try:
         at = next_run_after(mission.cron, mission.timezone, now)
     except ScheduleError as exc:
-        return NextRun(None, "paused", f"schedule is broken, mission paused: {exc}")
+        return NextRun(None, MissionStatus.PAUSED, f"schedule is broken, mission paused: {exc}")
     if at is None or (mission.deadline is not None and at > mission.deadline):
-        return NextRun(None, "completed")
-    return NextRun(at, "active")
+        return NextRun(None, MissionStatus.COMPLETED)
+    return NextRun(at, MissionStatus.ACTIVE)

@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 
 from planner import (
     ChatModel,
@@ -76,6 +77,7 @@ from worker.store.base import (
     StartedIteration,
 )
 from worker.store.rows import json_safe
+from worker.store.statuses import IterationStatus, MissionStatus, RunnerStopReason
 from worker.store.transient import describe_error, is_transient, retry_transient
 
 __all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
@@ -85,7 +87,21 @@ logger = logging.getLogger(__name__)
 ToolsFactory = Callable[[ClaimedMission], Sequence[ToolSpec]]
 """``mission -> tools`` the mission's agent may call (already filtered to its allow-list)."""
 
-RunOutcome = str  # succeeded | failed | interrupted | lease_lost | skipped
+
+class RunOutcome(StrEnum):
+    """How ``MissionRunner.run`` went (the ``outcome`` label of ``mana_ai_missions_run_total``):
+    ``succeeded`` / ``failed`` (stored as such), ``interrupted`` (stored to resume later, or
+    left to the lease's expiry), ``lease_lost`` (another worker holds it; nothing written),
+    ``skipped`` (no run was due: the scheduled run had finished already); ``error`` (the run
+    raised: only ``Worker.run_once`` reports it)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    LEASE_LOST = "lease_lost"
+    SKIPPED = "skipped"
+    ERROR = "error"
+
 
 SHUTDOWN_STORE_S = 5.0
 """Seconds a run interrupted by shutdown keeps trying to store its interruption; past it the
@@ -188,7 +204,7 @@ class MissionRunner:
                 "to whoever claims it once its lease expires",
                 describe_error(exc),
             )
-            return "interrupted"
+            return RunOutcome.INTERRUPTED
         finally:
             self.leases.release(mission.id)
 
@@ -196,12 +212,12 @@ class MissionRunner:
         next_run = next_run_of(mission, self.clock())
         if mission.deadline is not None and mission.scheduled_for > mission.deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
-            done = no_run(NextRun(None, "completed"))
+            done = no_run(NextRun(None, MissionStatus.COMPLETED))
             await lease.retry(
                 lambda: self.store.finish_iteration(mission, None, done, worker_id=self.worker_id),
                 what="completing the mission",
             )
-            return "skipped"
+            return RunOutcome.SKIPPED
 
         model = mission.model or self.default_model
         iteration = mission.iteration  # claim_due started it
@@ -221,7 +237,7 @@ class MissionRunner:
                 ),
                 what="advancing the schedule",
             )
-            return "skipped"
+            return RunOutcome.SKIPPED
         bind_log_context(iteration_id=iteration.id)
         logger.info(
             "iteration started (attempt %d, scheduled for %s)",
@@ -241,10 +257,13 @@ class MissionRunner:
                 )
                 logger.warning("%s", error)
                 over = no_run(
-                    next_run, status="failed", stop_reason="budget_exhausted", error=error
+                    next_run,
+                    status=IterationStatus.FAILED,
+                    stop_reason=RunnerStopReason.BUDGET_EXHAUSTED,
+                    error=error,
                 )
                 stored, _ = await self._store(mission, iteration, over, lease)
-                return "failed" if stored else "interrupted"
+                return RunOutcome.FAILED if stored else RunOutcome.INTERRUPTED
 
         this_task = asyncio.current_task()
         result: PlannerLoopResult | None = None
@@ -282,7 +301,7 @@ class MissionRunner:
                 this_task.uncancel()
                 metrics.LEASES_LOST.inc()
                 logger.error("lease lost while running; another worker owns the mission now")
-                return "lease_lost"
+                return RunOutcome.LEASE_LOST
             lease.detach()
             await self._interrupt(
                 mission,
@@ -300,7 +319,7 @@ class MissionRunner:
             if isinstance(exc, LeaseLostError) or (fault is not None and lease.lost.is_set()):
                 metrics.LEASES_LOST.inc()
                 logger.error("lease lost while running; another worker owns the mission now")
-                return "lease_lost"
+                return RunOutcome.LEASE_LOST
             if fault is None and not isinstance(exc, ToolSourceError):
                 logger.exception("iteration crashed")
             if fault is not None:  # infrastructure: the runner's to recover, not the model's
@@ -317,16 +336,16 @@ class MissionRunner:
                         "from its last checkpoint"
                     ),
                 )
-                return "interrupted"
+                return RunOutcome.INTERRUPTED
             outcome = failed_outcome(exc, next_run, run.journal)
         lease.detach()
         stored, outcome = await self._store(mission, iteration, outcome, lease)
         if stored is None:
-            return "interrupted"
+            return RunOutcome.INTERRUPTED
         if not stored:
             metrics.LEASES_LOST.inc()
             logger.error("lease lost before the iteration could be stored; result dropped")
-            return "lease_lost"
+            return RunOutcome.LEASE_LOST
         if result is not None:
             count_calls(result.record, run.tool_names)
         logger.info(
@@ -338,7 +357,7 @@ class MissionRunner:
             outcome.next_run_at.isoformat() if outcome.next_run_at else None,
             outcome.error,
         )
-        return outcome.status
+        return RunOutcome(outcome.status)
 
     async def _store(
         self,
@@ -548,10 +567,10 @@ class MissionRunner:
         problems.extend(opened.problems)
         return opened.tools
 
-    def _policy_mode(self, mission: ClaimedMission) -> str:
+    def _policy_mode(self, mission: ClaimedMission) -> PolicyMode:
         """The policy mode this mission's calls run under (recorded on each invocation)."""
         if self.policy is None:
-            return "off"
+            return PolicyMode.OFF
         return _policy_mode_or_none(mission.policy_mode) or self.policy.default_mode
 
 
@@ -566,4 +585,4 @@ class _Run:
 
 
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
-    return value if value in POLICY_MODES else None
+    return PolicyMode(value) if value in POLICY_MODES else None

@@ -33,8 +33,10 @@ from typing import Any, Protocol
 
 from planner import RunInterrupted
 from planner.gate import Reservation
-from planner.policy import RateLimit, UserPolicySettings
+from planner.policy import PolicyMode, RateLimit, UserPolicySettings
+from planner.replies import StopReason
 from worker.store.agent_servers import McpServerConfig
+from worker.store.statuses import CallOutcome, IterationStatus, MissionStatus, RunnerStopReason
 
 __all__ = [
     "ArchiveRow",
@@ -127,10 +129,10 @@ class ToolInvocationRow:
     arguments: dict[str, Any]
     result: Any
     error: str | None
-    outcome: str  # ok | error | denied | started | unknown
+    outcome: CallOutcome
     duration_ms: float
     policy_decision: dict[str, Any] | None = None
-    policy_mode: str | None = None
+    policy_mode: PolicyMode | None = None
     attempt: int = 1
     position: int = 0
     idempotency_key: str | None = None
@@ -199,15 +201,15 @@ class IterationOutcome:
             "text"}]``), stored apart from the message log.
     """
 
-    status: str
+    status: IterationStatus
     messages: list[dict[str, Any]]
     rounds: int
     prompt_tokens: int
     completion_tokens: int
-    stop_reason: str | None
+    stop_reason: StopReason | RunnerStopReason | None
     error: str | None
     next_run_at: datetime | None
-    mission_status: str
+    mission_status: MissionStatus
     tool_invocations: Sequence[ToolInvocationRow] = field(default_factory=tuple)
     reminders: list[dict[str, Any]] = field(default_factory=list)
     archive: Sequence[ArchiveRow] = field(default_factory=tuple)

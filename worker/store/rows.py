@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner import ArchiveEntry, ChatMessage, ExecutedCall, ToolCall, messages_to_json
+from planner.policy import PolicyMode
 from worker.store.base import ArchiveRow, ToolInvocationRow
+from worker.store.statuses import CallOutcome
 
 __all__ = [
     "archive_row",
@@ -29,7 +31,7 @@ __all__ = [
 
 
 def invocation_row(
-    call: ExecutedCall, *, attempt: int, policy_mode: str, row_id: int | None = None
+    call: ExecutedCall, *, attempt: int, policy_mode: PolicyMode, row_id: int | None = None
 ) -> ToolInvocationRow:
     """``call`` as a ``tool_invocations`` row of any consumer: its position, arguments, result
     or error, outcome and duration, its policy decision, and the mode it was decided in
@@ -78,14 +80,14 @@ def _arguments(call: ToolCall) -> Any:
     return json_safe(call.arguments)
 
 
-def call_outcome(call: ExecutedCall) -> str:
+def call_outcome(call: ExecutedCall) -> CallOutcome:
     """``unknown`` (in flight when its worker stopped), ``denied`` (refused by the gate),
     ``ok`` or ``error``."""
     if call.outcome_unknown:
-        return "unknown"
+        return CallOutcome.UNKNOWN
     if call.decision is not None and not call.decision.allow:
-        return "denied"
-    return "ok" if call.ok else "error"
+        return CallOutcome.DENIED
+    return CallOutcome.OK if call.ok else CallOutcome.ERROR
 
 
 def json_safe(value: Any) -> Any:
@@ -121,7 +123,7 @@ def started_row(
     position: int,
     attempt: int,
     idempotency_key: str | None,
-    policy_mode: str,
+    policy_mode: PolicyMode,
 ) -> ToolInvocationRow:
     """The ``started`` row of a write or destructive call about to run (its decision and
     outcome come with its next write)."""
@@ -134,7 +136,7 @@ def started_row(
         arguments=_arguments(call),
         result=None,
         error=None,
-        outcome="started",
+        outcome=CallOutcome.STARTED,
         duration_ms=0.0,
         policy_decision=None,
         policy_mode=policy_mode,

@@ -31,6 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from planner.policy import PolicyMode
+from worker.store.statuses import CallOutcome, IterationStatus, MissionStatus
+
 __all__ = [
     "CONSUMERS",
     "MCP_TRANSPORTS",
@@ -61,12 +64,11 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-MISSION_STATUSES = ("active", "paused", "completed")
-ITERATION_STATUSES = ("running", "succeeded", "failed")
-TOOL_OUTCOMES = ("ok", "error", "denied", "started", "unknown")
-"""``started``: a write or destructive call about to run (recorded before its handler);
-``unknown``: such a call whose worker stopped before its outcome was recorded."""
-POLICY_MODES = ("off", "log-only", "enforce")
+MISSION_STATUSES = tuple(s.value for s in MissionStatus)
+ITERATION_STATUSES = tuple(s.value for s in IterationStatus)
+TOOL_OUTCOMES = tuple(o.value for o in CallOutcome)
+"""See ``worker.store.statuses.CallOutcome``."""
+POLICY_MODES = tuple(m.value for m in PolicyMode)
 CONSUMERS = ("mission", "mcp")
 MCP_TRANSPORTS = ("http", "stdio")
 

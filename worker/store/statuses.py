@@ -1,0 +1,71 @@
+"""The values of the store's status columns, as enums: what a mission, an iteration and a
+tool call can be, and why a run ended when the worker (not the planner loop) ended it.
+
+They are ``StrEnum``: a member is the string the column holds (``MissionStatus.ACTIVE ==
+"active"``), so rows read back as plain strings compare equal, ``--json`` prints the string,
+and the schema's values stay as they are (operators and dashboards query them directly). The
+``CHECK`` constraints of ``worker.store.tables`` are built from these enums.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "FINAL_CALL_OUTCOMES",
+    "CallOutcome",
+    "IterationStatus",
+    "MissionStatus",
+    "RunnerStopReason",
+]
+
+
+class MissionStatus(StrEnum):
+    """``missions.status``: ``active`` (runs when due), ``paused`` (kept, never claimed, stays
+    paused when a run in flight ends), ``completed`` (no further run: a one-shot mission that
+    ran, a cron that never fires again, a deadline passed)."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+
+
+class IterationStatus(StrEnum):
+    """``mission_iterations.status``: ``running`` while a worker holds it (or died holding
+    it), then ``succeeded`` or ``failed`` (the ``stop_reason`` says why)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class CallOutcome(StrEnum):
+    """``tool_invocations.outcome``: ``ok`` and ``error`` (the call ran, or was refused by a
+    check before its handler), ``denied`` (the policy gate refused it), ``started`` (a
+    journaled write or destructive call whose handler was started and whose outcome is not
+    stored yet), ``unknown`` (it was running when its worker stopped)."""
+
+    OK = "ok"
+    ERROR = "error"
+    DENIED = "denied"
+    STARTED = "started"
+    UNKNOWN = "unknown"
+
+
+FINAL_CALL_OUTCOMES = frozenset({CallOutcome.OK, CallOutcome.ERROR, CallOutcome.DENIED})
+"""Outcomes a resumed run keeps as they are (the call is not run again)."""
+
+
+class RunnerStopReason(StrEnum):
+    """``mission_iterations.stop_reason`` values the worker gives (the planner loop's are
+    ``planner.StopReason``): ``interrupted`` (the worker shut down, or its database stayed
+    unreachable; the next claim resumes it), ``crashed`` (our own code raised),
+    ``store_failed`` (the database refused what the run stored), ``budget_exhausted`` (the
+    agent's daily token budget was used up; the model was not asked),
+    ``tool_source_unavailable`` (a required MCP server could not be used)."""
+
+    INTERRUPTED = "interrupted"
+    CRASHED = "crashed"
+    STORE_FAILED = "store_failed"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    TOOL_SOURCE_UNAVAILABLE = "tool_source_unavailable"
