@@ -287,6 +287,38 @@ async def test_a_mission_paused_while_running_stays_paused(db: AsyncEngine) -> N
     assert (await mission_row(db, mission_id))["status"] == "paused"
 
 
+async def test_a_run_due_past_the_deadline_completes_the_mission_without_an_iteration(
+    db: AsyncEngine,
+) -> None:
+    mission_id = await add_mission(db)  # due now
+    async with db.begin() as conn:
+        await conn.execute(
+            update(missions)
+            .where(missions.c.id == mission_id)
+            .values(deadline=datetime.now(UTC) - timedelta(minutes=1))
+        )
+    llm = FunctionChatModel(clock_then_answer)
+    assert await make_worker(db, llm).run_once() == ["skipped"]
+    assert llm.requests == [] and await iterations(db) == []
+    mission = await mission_row(db, mission_id)
+    assert mission["status"] == "completed" and mission["lease_owner"] is None
+
+
+async def test_a_cron_whose_next_time_is_past_the_deadline_completes_after_its_run(
+    db: AsyncEngine,
+) -> None:
+    mission_id = await add_mission(db, cron="0 0 1 1 *")  # yearly, due now
+    async with db.begin() as conn:
+        await conn.execute(
+            update(missions)
+            .where(missions.c.id == mission_id)
+            .values(deadline=datetime.now(UTC) + timedelta(minutes=5))
+        )
+    assert await make_worker(db, FunctionChatModel(clock_then_answer)).run_once() == ["succeeded"]
+    mission = await mission_row(db, mission_id)
+    assert mission["status"] == "completed" and mission["next_run_at"] is None
+
+
 async def test_a_broken_stored_cron_pauses_the_mission_with_the_reason(db: AsyncEngine) -> None:
     mission_id = await add_mission(db)
     async with db.begin() as conn:

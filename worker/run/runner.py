@@ -210,7 +210,7 @@ class MissionRunner:
 
     async def _run_held(self, mission: ClaimedMission, lease: HeldLease) -> RunOutcome:
         next_run = next_run_of(mission, self.clock())
-        if mission.deadline is not None and mission.scheduled_for > mission.deadline:
+        if mission.past_deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
             done = no_run(NextRun(None, MissionStatus.COMPLETED))
             await lease.retry(

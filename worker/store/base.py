@@ -64,7 +64,9 @@ class ClaimedMission:
     row to write into (``None``: that scheduled run already finished, or the deadline
     passed), without the takeover details (``MissionStore.resume_details``), and
     ``tokens_used_24h`` the tokens of the agent's other iterations started in the last 24
-    hours when the agent has a daily budget (``None``: no budget).
+    hours when the agent has a daily budget (``None``: no budget). ``past_deadline``: the
+    scheduled run is past the mission's deadline (the store decides it, the runner only
+    completes the mission: the deadline rule lives in the claim).
     """
 
     id: int
@@ -87,6 +89,7 @@ class ClaimedMission:
     mcp_servers: tuple[McpServerConfig, ...] = ()
     iteration: StartedIteration | None = None
     tokens_used_24h: int | None = None
+    past_deadline: bool = False
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,10 @@ def claim_statement() -> Any:
             _owner_policy().label("owner_policy"),
             _mcp_servers().label("mcp_servers"),
             _budget_used(bindparam("p_window", type_=Interval)).label("tokens_used_24h"),
+            # the deadline rule, here only: a scheduled run past the deadline does not run
+            and_(
+                missions.c.deadline.is_not(None), missions.c.next_run_at > missions.c.deadline
+            ).label("past_deadline"),
         )
         .cte("claimed")
     )
@@ -101,7 +105,7 @@ def claim_statement() -> Any:
         worker_id,
         func.coalesce(claimed.c.model, bindparam("p_default_model", type_=Text)),
         first_attempt,
-    ).where(or_(claimed.c.deadline.is_(None), claimed.c.next_run_at <= claimed.c.deadline))
+    ).where(~claimed.c.past_deadline)
     started = _start_iteration_statement(values).cte("started")
     return select(
         claimed,
@@ -141,6 +145,7 @@ def claimed_mission(r: RowMapping) -> ClaimedMission:
         mcp_servers=tuple(McpServerConfig.from_row(m) for m in r["mcp_servers"] or ()),
         iteration=iteration,
         tokens_used_24h=int(r["tokens_used_24h"]) if r["tokens_used_24h"] is not None else None,
+        past_deadline=bool(r["past_deadline"]),
     )
 
 

@@ -215,7 +215,10 @@ class InMemoryMissionStore:
             mission["lease_expires_at"] = now + lease
             agent = self.agents[mission["agent_id"]]
             iteration = None
-            if mission["deadline"] is None or mission["next_run_at"] <= mission["deadline"]:
+            past_deadline = (
+                mission["deadline"] is not None and mission["next_run_at"] > mission["deadline"]
+            )
+            if not past_deadline:
                 iteration = self._start_iteration(
                     mission, worker_id, agent["model"] or default_model
                 )
@@ -245,6 +248,7 @@ class InMemoryMissionStore:
                     compact_max_ctx=agent["compact_max_ctx"],
                     iteration=iteration,
                     tokens_used_24h=used,
+                    past_deadline=past_deadline,
                 )
             )
         return claims
