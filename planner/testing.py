@@ -79,13 +79,21 @@ class ScriptExhaustedError(AssertionError):
 class ScriptedChatModel:
     """A ChatModel that plays a script, one step per request.
 
+    Args:
+        steps: the replies (or exceptions to raise, or ``request -> reply`` functions), in
+            order.
+        unused_ok: a test where steps may be left over (a run stopped early on purpose) says
+            so; otherwise ``assert_exhausted`` fails on leftovers (this project's test suite
+            calls it on every scripted model when the test ends).
+
     Attributes:
         requests: every CompletionRequest received, in order (reminders included).
     """
 
-    def __init__(self, steps: Iterable[ScriptStep]) -> None:
+    def __init__(self, steps: Iterable[ScriptStep], *, unused_ok: bool = False) -> None:
         self._steps = list(steps)
         self._next = 0
+        self.unused_ok = unused_ok
         self.requests: list[CompletionRequest] = []
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
@@ -112,8 +120,8 @@ class ScriptedChatModel:
         return len(self._steps) - self._next
 
     def assert_exhausted(self) -> None:
-        """Fail (AssertionError) when scripted steps were left over."""
-        if self.remaining:
+        """Fail (AssertionError) when scripted steps were left over (unless ``unused_ok``)."""
+        if self.remaining and not self.unused_ok:
             raise AssertionError(f"{self.remaining} scripted step(s) were never requested")
 
 

@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -35,6 +36,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from planner.testing import ScriptedChatModel
 from tests.pgbouncer import PgBouncer, PgBouncerUnavailable, start_pgbouncer
 from worker.database_url import to_async_url
 from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
@@ -43,6 +45,43 @@ from worker.store.migrate import upgrade_database
 from worker.store.tables import metadata
 
 TEST_DATABASE_URL_ENV = "MANA_AI_TEST_DATABASE_URL"
+
+TIERS = ("unit", "integration", "e2e")
+"""A test's tier is the directory it lives in (``tests/<tier>/``); select one with ``-m``."""
+
+
+@pytest.fixture(autouse=True)
+def scripted_models_are_used_up(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every ``ScriptedChatModel`` a test makes must have played its whole script by the end
+    of the test (``assert_exhausted``): a step never requested means the run did not go the
+    way the test says. A test that stops a run early on purpose passes ``unused_ok=True``."""
+    made: list[ScriptedChatModel] = []
+    init = ScriptedChatModel.__init__
+
+    def recording_init(self: ScriptedChatModel, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(ScriptedChatModel, "__init__", recording_init)
+    yield
+    for model in made:
+        model.assert_exhausted()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier (``tests/unit`` → ``unit``, ...), so ``pytest -m unit``
+    or ``-m "not e2e"`` selects by tier; a test outside the tier directories is an error."""
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            tier = item.path.relative_to(root).parts[0]
+        except ValueError:
+            continue
+        if tier not in TIERS:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests live in tests/unit, tests/integration or tests/e2e"
+            )
+        item.add_marker(tier)
 
 
 def embedded_tempdir(prefix: str = "mana-ai-embedded-") -> Path:
