@@ -25,12 +25,14 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, delete, func, or_, select, update
+from sqlalchemy import Row, RowMapping, Select, delete, func, or_, select, union_all, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.expression import Executable
 
 from planner.errors import RunInterrupted
 from planner.tools import ToolContext, ToolSpec
+from worker.store.engine import behind_pgbouncer
 from worker.store.tables import notes
 from worker.store.transient import describe_error, is_transient
 
@@ -132,33 +134,21 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
 
     async def notes_create(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         # At most one note per call: a second attempt at the same call (same idempotency
-        # key) returns the note the first one made.
-        columns = (notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
-        statement = (
-            pg_insert(notes)
-            .values(
-                user_id=ctx.user_id,
-                title=_text(args, "title"),
-                body=_text(args, "body"),
-                idempotency_key=ctx.idempotency_key,
-            )
-            .on_conflict_do_nothing(
-                index_elements=["user_id", "idempotency_key"],
-                index_where=notes.c.idempotency_key.is_not(None),
-            )
-            .returning(*columns)
-        )
-        async with engine.begin() as conn:
-            row = (await conn.execute(statement)).first()
-            if row is None:  # made by an earlier attempt at this call
-                row = (
-                    await conn.execute(
-                        select(*columns).where(
-                            notes.c.user_id == ctx.user_id,
-                            notes.c.idempotency_key == ctx.idempotency_key,
-                        )
-                    )
-                ).one()
+        # key) returns the note the first one made. One statement, in autocommit: one round
+        # trip (``_created_or_earlier``).
+        values = {
+            "user_id": ctx.user_id,
+            "title": _text(args, "title"),
+            "body": _text(args, "body"),
+            "idempotency_key": ctx.idempotency_key,
+        }
+        row = await _run_alone(engine, _created_or_earlier(values))
+        if row is None:
+            # the attempt that made it committed while this statement ran (its snapshot is
+            # older than the note): a statement of its own sees it
+            row = await _run_alone(engine, _note_of_call(ctx.user_id, ctx.idempotency_key))
+            if row is None:
+                raise RuntimeError(f"note of call {ctx.idempotency_key} neither created nor found")
         return {
             "id": row.id,
             "title": row.title,
@@ -302,6 +292,59 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
         dataclasses.replace(spec, handler=_interrupting_on_outage(spec.name, spec.handler))
         for spec in specs
     ]
+
+
+_CREATED = (notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
+"""What ``notes_create`` answers with."""
+
+
+def _created_or_earlier(values: dict[str, Any]) -> Executable:
+    """One statement: insert the note of ``values``, or, when a note with its idempotency key
+    exists (an earlier attempt at the same call made it), nothing; either way its
+    ``_CREATED`` columns. No row when the earlier note committed after the statement's
+    snapshot was taken (a concurrent attempt): ``_note_of_call`` then finds it."""
+    inserted = (
+        pg_insert(notes)
+        .values(**values)
+        .on_conflict_do_nothing(
+            index_elements=["user_id", "idempotency_key"],
+            index_where=notes.c.idempotency_key.is_not(None),
+        )
+        .returning(*_CREATED)
+    )
+    if values["idempotency_key"] is None:
+        return inserted  # nothing to conflict with: it inserts
+    made = inserted.cte("made")
+    return union_all(
+        select(made.c.id, made.c.title, made.c.created_at, made.c.updated_at),
+        _note_of_call(values["user_id"], values["idempotency_key"]).where(
+            ~select(made.c.id).exists()
+        ),
+    )
+
+
+def _note_of_call(user_id: str, key: str | None) -> Select[Any]:
+    """The ``_CREATED`` columns of ``user_id``'s note made by the call with idempotency key
+    ``key``."""
+    return select(*_CREATED).where(
+        notes.c.user_id == user_id,
+        notes.c.idempotency_key.is_not(None),
+        notes.c.idempotency_key == key,
+    )
+
+
+async def _run_alone(engine: AsyncEngine, statement: Executable) -> Row[Any] | None:
+    """The first row of ``statement``, run on its own: in autocommit (one round trip; a
+    statement is atomic by itself), in BEGIN/COMMIT behind PgBouncer in transaction mode
+    (``worker.store.engine.behind_pgbouncer``). Not run again when the connection breaks
+    (``run_statement`` would): a note made without an idempotency key would be made twice;
+    the failure is the caller's (``RunInterrupted``)."""
+    async with engine.connect() as conn:
+        if behind_pgbouncer(engine):
+            async with conn.begin():
+                return (await conn.execute(statement)).first()
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        return (await conn.execute(statement)).first()
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
