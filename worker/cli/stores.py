@@ -14,7 +14,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.settings import USER_DATA_DIR, Settings
+from worker.data_dir import USER_DATA_DIR
+from worker.settings import Settings
 
 if TYPE_CHECKING:  # imported when a command runs, so that `--help` stays quick
     from sqlalchemy.ext.asyncio import AsyncEngine
