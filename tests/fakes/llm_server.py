@@ -220,6 +220,9 @@ class FakeLLMServer:
         responder: answers requests when the queue is empty; default: the final answer "Done.".
         checks: strict-backend checks run on every request (see the module docstring).
 
+    ``unused_ok``: set it when replies may be left over on purpose (a run stopped early);
+    otherwise leaving the ``with`` block with replies still enqueued fails the test.
+
     Attributes:
         requests: every parsed JSON request body to ``/v1/chat/completions``, in arrival order
             (requests whose body is not JSON are recorded as ``{"_raw": <text>}``).
@@ -240,6 +243,7 @@ class FakeLLMServer:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[httpx.Headers] = []
         self.flood_sent: list[int] = []
+        self.unused_ok = False
         self._queue: deque[ScriptedReply] = deque()
         self._lock = threading.Lock()
         self._released = threading.Event()
@@ -285,6 +289,17 @@ class FakeLLMServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+        if exc_type is None:
+            self.assert_exhausted()
+
+    def assert_exhausted(self) -> None:
+        """Fail (AssertionError) when enqueued replies were never requested (unless
+        ``unused_ok``): a test's script that was not played means the run did not go the way
+        the test says. Called when a ``with FakeLLMServer()`` block ends without an error."""
+        with self._lock:
+            left = len(self._queue)
+        if left and not self.unused_ok:
+            raise AssertionError(f"{left} enqueued reply(ies) of the fake LLM were never requested")
 
     @property
     def port(self) -> int:

@@ -87,7 +87,6 @@ CHECKPOINT_EVERY_ROUNDS = 3
 """A run commits its rounds at least this often even when they only read."""
 
 
-
 @dataclass
 class StoredRows:
     """Which of a run's calls have a ``tool_invocations`` row (``ids``, by ``(round,
