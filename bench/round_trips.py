@@ -16,9 +16,9 @@ slot is reserved in the PostgreSQL ledger; with ``off`` there is no gate.
 
 What is counted: the second of two identical runs on the same worker, whose pool holds one
 connection (the first run warms it and its prepared statements, one-time set-up the daemon
-pays once per connection, not per run; its count is printed too, as ``cold``). The run is split where the
-model is asked (no database traffic then): ``claim`` is the tick up to the first request
-(claiming the mission and starting its iteration), ``round N`` everything from the Nth
+pays once per connection, not per run; its count is printed too, as ``cold``). The run is
+split where the model is asked (no database traffic then): ``claim`` is the tick up to the
+first request (claiming the mission and starting its iteration), ``round N`` everything from the Nth
 request to the next (the gate, the journal, the tool's own write, the round's checkpoint),
 ``finish`` the rest (storing the outcome, the next run and the lease's release). The budget
 is ``claim 1 + per write round (gate + journal start 1, the tool's write 1, checkpoint 1) +
