@@ -24,6 +24,7 @@ from planner.gate import Reservation
 from planner.policy import RateLimit
 from planner.testing import InMemoryCallLedger
 from worker.admin.replay import ReplayError
+from worker.store.stored import StoredCompaction, StoredInvocation
 
 __all__ = ["RecordedModel", "RecordedSummariser", "RerunLedger", "current_call"]
 
@@ -82,7 +83,7 @@ def _response(round_no: int, stored: Row) -> CompletionResponse:
 class RecordedSummariser:
     """Answers the k-th summarisation with the k-th recorded attempt."""
 
-    def __init__(self, attempts: Sequence[Row]) -> None:
+    def __init__(self, attempts: Sequence[StoredCompaction]) -> None:
         self.attempts = deque(attempts)
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
@@ -102,7 +103,7 @@ class RecordedSummariser:
         )
 
 
-current_call: contextvars.ContextVar[Row | None] = contextvars.ContextVar(
+current_call: contextvars.ContextVar[StoredInvocation | None] = contextvars.ContextVar(
     "reruncurrent_call", default=None
 )
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import ManaAIError
+from worker.store.stored import StoredCompaction, StoredInvocation, StoredIteration
 from worker.terminal_text import visible
 
 __all__ = [
@@ -68,21 +69,21 @@ class _Item:
     after: list[Row] = field(default_factory=list)
 
 
-def later_attempt_last(row: Row) -> tuple[int, int]:
+def later_attempt_last(row: StoredInvocation) -> tuple[int, int]:
     """Sort key of stored ``tool_invocations`` rows: by attempt, then row id, so that where a
     takeover stored a call of the same ``(round, position)`` again, its row comes last (and
     wins when rows are keyed by position)."""
     return (int(row.get("attempt") or 1), int(row.get("id") or 0))
 
 
-def restored_log(messages: Sequence[Row], compactions: Sequence[Row]) -> list[Row]:
+def restored_log(messages: Sequence[Row], compactions: Sequence[StoredCompaction]) -> list[Row]:
     """The iteration's conversation before any compaction: the stored ``messages`` with each
     compaction's folded messages put back in place of its summary message (the compactions
     that failed are ignored). Raises ReplayError when the archive does not fit the log."""
     return [item.message for item in _restore(messages, compactions)]
 
 
-def _restore(messages: Sequence[Row], compactions: Sequence[Row]) -> list[_Item]:
+def _restore(messages: Sequence[Row], compactions: Sequence[StoredCompaction]) -> list[_Item]:
     items = [_Item(m) for m in messages]
     done = [c for c in compactions if not c.get("error")]
     for compaction in reversed(sorted(done, key=lambda c: c["compaction_index"])):
@@ -133,7 +134,7 @@ def is_summary(message: Row) -> bool:
     )
 
 
-def checked_iteration(iteration: Row) -> None:
+def checked_iteration(iteration: StoredIteration) -> None:
     """Check what replay and rerun read of a stored iteration: its log and each archived
     compaction's folded messages are lists of messages with a role (tool calls with a name),
     its reminder audit is records of a round, a producer and a text.
@@ -190,7 +191,7 @@ def _check_messages(messages: Any, where: str) -> None:
 _ROLES = ("system", "user", "assistant", "tool")
 
 
-def replay_events(iteration: Row) -> list[Row]:
+def replay_events(iteration: StoredIteration) -> list[Row]:
     """The events of ``iteration`` (``AdminStore.get_iteration``'s row) in reading order; see
     the module docstring. Raises ReplayError when its log, archive or audit is malformed, or
     the archive does not fit the log."""
@@ -223,7 +224,7 @@ def replay_events(iteration: Row) -> list[Row]:
                 "attempt": attempt.get("attempt"),
                 "worker_id": attempt.get("worker_id"),
             }
-    invocations: dict[tuple[int, int], Row] = {}
+    invocations: dict[tuple[int, int], StoredInvocation] = {}
     for inv in sorted(iteration.get("tool_invocations") or [], key=later_attempt_last):
         invocations[(int(inv["round"]), int(inv.get("position") or 0))] = inv
 
@@ -271,7 +272,7 @@ def replay_events(iteration: Row) -> list[Row]:
     return events
 
 
-def _call(call: Row, invocation: Row | None) -> Row:
+def _call(call: Row, invocation: StoredInvocation | None) -> Row:
     entry = {
         "id": call.get("id"),
         "name": call.get("name"),
@@ -325,7 +326,7 @@ def _call_suffix(call: Row) -> str:
     return f" [{'; '.join(parts)}]" if parts else ""
 
 
-def _header_lines(iteration: Row) -> list[str]:
+def _header_lines(iteration: StoredIteration) -> list[str]:
     done = [c for c in iteration.get("compactions") or [] if not c.get("error")]
     failed = [c for c in iteration.get("compactions") or [] if c.get("error")]
     lines = [
@@ -348,7 +349,9 @@ def _header_lines(iteration: Row) -> list[str]:
     return lines
 
 
-def render_text(iteration: Row, events: Sequence[Row], write: Callable[[str], None]) -> None:
+def render_text(
+    iteration: StoredIteration, events: Sequence[Row], write: Callable[[str], None]
+) -> None:
     """Plain text, one line per message or call (a message of several lines goes on, indented);
     folded turns are prefixed ``| `` (one bar per compaction that folded them) between the
     lines that open and close their compaction. Control and invisible characters (a bidi
@@ -419,7 +422,9 @@ def _write_text(write: Callable[[str], None], bar: str, text: str) -> None:
         write(f"{bar}    {line}")
 
 
-def render_markdown(iteration: Row, events: Sequence[Row], write: Callable[[str], None]) -> None:
+def render_markdown(
+    iteration: StoredIteration, events: Sequence[Row], write: Callable[[str], None]
+) -> None:
     """Markdown: a heading per round, reminders as quotes, every text that came from a model,
     a tool or a prompt in a code block (fenced longer than any backtick run in it, so nothing
     in it can become markup), folded turns between a compaction heading and its end line."""

@@ -67,6 +67,7 @@ from worker.admin.replay import (
 from worker.mcp.config import is_mcp_tool_name
 from worker.run.reminder_channel import mission_reminder_channel
 from worker.store.rows import call_outcome
+from worker.store.stored import StoredCompaction, StoredInvocation, StoredIteration
 from worker.terminal_text import visible_line
 
 __all__ = [
@@ -220,7 +221,7 @@ def _difference_text(d: Row) -> str:
 # -- the rerun ------------------------------------------------------------------------------------
 
 
-async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
+async def rerun_iteration(iteration: StoredIteration, config: RerunConfig) -> RerunReport:
     """Rerun ``iteration`` (``AdminStore.get_iteration``'s row) under ``config`` and compare.
 
     Raises:
@@ -254,7 +255,7 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
     started = iteration.get("started_at")
     start = started if isinstance(started, datetime) else datetime.now(UTC)
 
-    def recorded_row(call: ToolCall) -> Row | None:
+    def recorded_row(call: ToolCall) -> StoredInvocation | None:
         where = model.position_of(call)
         return calls_recorded.get(where) if where is not None else None
 
@@ -377,7 +378,9 @@ async def rerun_iteration(iteration: Row, config: RerunConfig) -> RerunReport:
 
 
 def _gate(
-    config: RerunConfig, start: datetime, recorded_row: Callable[[ToolCall], Row | None]
+    config: RerunConfig,
+    start: datetime,
+    recorded_row: Callable[[ToolCall], StoredInvocation | None],
 ) -> PolicyGate | None:
     if config.policy_mode == "off":
         return None
@@ -421,7 +424,7 @@ def _decision_key(decision: Row | None) -> tuple[Any, ...] | None:
 
 def _compare_calls(
     report: RerunReport,
-    recorded: dict[tuple[int, int], Row],
+    recorded: dict[tuple[int, int], StoredInvocation],
     executed: Sequence[ExecutedCall],
     config: RerunConfig,
     skip: frozenset[str] = frozenset(),
@@ -498,7 +501,9 @@ def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _compare_compactions(report: RerunReport, archive: Sequence[Row], now: Sequence[Row]) -> None:
+def _compare_compactions(
+    report: RerunReport, archive: Sequence[StoredCompaction], now: Sequence[Row]
+) -> None:
     def text(c: Row | None) -> str:
         if c is None:
             return "(none)"

@@ -19,6 +19,7 @@ from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
 from worker.settings import Settings
+from worker.store.stored import StoredAttempt, StoredIteration
 from worker.terminal_text import visible, visible_line
 
 __all__ = ["register", "unsupported_figures", "verdict"]
@@ -137,7 +138,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _attempt_text(attempt: dict[str, Any]) -> str:
+def _attempt_text(attempt: StoredAttempt) -> str:
     text = f"{attempt.get('attempt')} by {attempt.get('worker_id')}"
     resumed = attempt.get("resumed_after_round")
     if resumed is not None:
@@ -151,7 +152,7 @@ _FIGURE = re.compile(r"\d[\d:.,/+\-T]*\d")
 _SHOWN_FIGURES = 3
 
 
-def verdict(iteration: dict[str, Any]) -> str:
+def verdict(iteration: StoredIteration) -> str:
     """One line on what the tools did in ``iteration`` (a stored iteration as
     ``AdminStore.get_iteration`` returns it), for the end of ``iterations show``.
 
@@ -216,7 +217,7 @@ def _final_answer(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _known_text(iteration: dict[str, Any]) -> str:
+def _known_text(iteration: StoredIteration) -> str:
     """What the model was told: the objective and system prompt, tool results and errors
     (every call's, folded ones included; not a compaction's summary, which a model wrote)."""
     texts = [
@@ -239,7 +240,7 @@ def _policy_hints() -> dict[str, str]:
 def _print_log(
     messages: list[dict[str, Any]],
     reminders: list[dict[str, Any]],
-    attempts: list[dict[str, Any]] | None = None,
+    attempts: list[StoredAttempt] | None = None,
     *,
     folded_rounds: int = 0,
     it_id: Any = None,
@@ -252,7 +253,7 @@ def _print_log(
     by_round: dict[int, list[dict[str, Any]]] = {}
     for reminder in reminders:
         by_round.setdefault(int(reminder.get("round", 0)), []).append(reminder)
-    resumed: dict[int, list[dict[str, Any]]] = {}
+    resumed: dict[int, list[StoredAttempt]] = {}
     for attempt in attempts or []:
         after = attempt.get("resumed_after_round")
         if after:  # 0 or absent: that attempt started from the beginning

@@ -13,6 +13,7 @@ from worker.settings import Settings
 
 if TYPE_CHECKING:
     from planner.policy import PolicyMode
+    from worker.store.stored import StoredIteration
 
 __all__ = ["register"]
 
@@ -110,7 +111,7 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _rerun_config(
-    admin: Any, settings: Settings, iteration: dict[str, Any], policy_mode: str | None
+    admin: Any, settings: Settings, iteration: StoredIteration, policy_mode: str | None
 ) -> Any:
     """Today's settings for the iteration's agent (the mission's agent as it is now)."""
     from worker.admin.rerun import RerunConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from sqlalchemy import Executable, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
+from worker.store.stored import StoredIteration
 from worker.store.tables import (
     agent_mcp_servers,
     agents,
@@ -285,7 +286,7 @@ class AdminStore:
             raise NotFoundError("no iterations stored yet (run `mana-ai tick --once`)")
         return int(latest[0]["id"])
 
-    async def get_iteration(self, iteration_id: int) -> Row:
+    async def get_iteration(self, iteration_id: int) -> StoredIteration:
         """One iteration with its message log, ``tool_invocations`` (list of dicts, in
         execution order) and ``compactions`` (its ``compacted_turns`` rows, the folded messages
         included, in the order they happened). Raises NotFoundError."""
@@ -311,10 +312,11 @@ class AdminStore:
                 .where(compacted_turns.c.iteration_id == iteration_id)
                 .order_by(compacted_turns.c.compaction_index)
             )
-            return dict(row) | {
+            stored = dict(row) | {
                 "tool_invocations": [dict(c) for c in calls.mappings()],
                 "compactions": [dict(c) for c in archive.mappings()],
             }
+            return cast(StoredIteration, stored)
 
     async def mission_history(self, mission_id: int, *, limit: int = 20) -> Row:
         """The mission (as ``get_mission``, its iteration count as ``iteration_count``) with

@@ -1,0 +1,103 @@
+"""A stored iteration as the admin commands read it back: typed rows for ``replay``,
+``replay --rerun`` and ``iterations show``.
+
+The rows are ``TypedDict``: the shape of the columns (``worker.store.tables``) as read by
+``AdminStore.get_iteration``, with the iteration's calls and compactions attached. Every key is
+optional (``total=False``) because replay also reads rows written by older releases (no
+``reminders``, no ``attempts``, no ``position``) and the ``--json`` export of one; readers use
+``.get`` with a default. JSON columns (``messages``, ``arguments``, ``result``,
+``policy_decision``, ``folded``) hold what ``worker.store.rows`` wrote: plain JSON.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypedDict
+
+__all__ = ["StoredAttempt", "StoredCompaction", "StoredInvocation", "StoredIteration"]
+
+
+class StoredInvocation(TypedDict, total=False):
+    """A ``tool_invocations`` row of an iteration: one call of one attempt (``round``
+    1-based, ``position`` 0-based in its assistant message; ``outcome`` a ``CallOutcome``
+    value; ``duration_ms`` milliseconds)."""
+
+    id: int
+    iteration_id: int | None
+    mission_id: int | None
+    user_id: str
+    attempt: int
+    round: int
+    position: int
+    call_id: str
+    tool: str
+    arguments: Any
+    result: Any
+    error: str | None
+    outcome: str
+    policy_decision: dict[str, Any] | None
+    policy_mode: str | None
+    idempotency_key: str | None
+    duration_ms: float
+    consumer: str
+    created_at: datetime
+
+
+class StoredCompaction(TypedDict, total=False):
+    """A ``compacted_turns`` row: one compaction (or a failed attempt, with ``error``) before
+    ``round``; ``folded`` the messages it replaced, verbatim; ``start_index`` where its summary
+    sits in the log; tokens as the compactor counted them."""
+
+    id: int
+    iteration_id: int
+    mission_id: int
+    attempt: int
+    compaction_index: int
+    round: int
+    start_index: int
+    folded: list[dict[str, Any]]
+    folded_turns: int
+    summary: str
+    tokens_before: int
+    tokens_after: int
+    model: str | None
+    duration_ms: float
+    error: str | None
+    created_at: datetime
+
+
+class StoredAttempt(TypedDict, total=False):
+    """One attempt of an iteration (``mission_iterations.attempts``): who ran it, from when,
+    and after which round a takeover resumed it."""
+
+    attempt: int
+    worker_id: str
+    started_at: str
+    resumed_after_round: int | None
+
+
+class StoredIteration(TypedDict, total=False):
+    """A ``mission_iterations`` row (``status`` an ``IterationStatus`` value, ``stop_reason`` a
+    ``StopReason`` or ``RunnerStopReason`` value; ``messages`` the stored log), with its calls
+    in the model's order (``tool_invocations``) and its compactions in the order they happened
+    (``compactions``)."""
+
+    id: int
+    mission_id: int
+    scheduled_for: datetime
+    status: str
+    attempt: int
+    messages: list[dict[str, Any]]
+    reminders: list[dict[str, Any]]
+    attempts: list[StoredAttempt]
+    rounds: int
+    prompt_tokens: int
+    completion_tokens: int
+    stop_reason: str | None
+    error: str | None
+    worker_id: str
+    model: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    tool_invocations: list[StoredInvocation]
+    compactions: list[StoredCompaction]
