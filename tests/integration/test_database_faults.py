@@ -342,8 +342,8 @@ async def test_a_statement_on_a_black_holed_connection_fails_in_time_and_is_retr
     network is back."""
     import time
 
-    from worker.daemon.app import open_database
     from worker.settings import Settings
+    from worker.store.database import open_database
     from worker.store.engine import run_statement
     from worker.store.transient import retry_transient
 

@@ -59,12 +59,12 @@ async def database(
     settings: Settings, *, migrate: bool | None = None
 ) -> AsyncIterator[AsyncEngine]:
     """The configured (or embedded) database, announced (``announce_database``) and opened
-    (``worker.daemon.app.open_database``, which ``migrate`` is passed to), disposed on exit.
+    (``worker.store.database.open_database``, which ``migrate`` is passed to), disposed on exit.
 
     Raises:
         DatabaseError: the database is unreachable, or not migrated (see ``open_database``).
     """
-    from worker.daemon.app import open_database
+    from worker.store.database import open_database
 
     announce_database(settings)
     async with open_database(settings, migrate=migrate) as engine:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel, PolicyMode, ToolSpec
 from worker.daemon.tick import Worker
-from worker.errors import DatabaseError, SettingsError
+from worker.errors import SettingsError
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
 from worker.mcp.sources import McpToolSources
 from worker.metrics import HealthState
@@ -26,9 +26,9 @@ from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner
 from worker.settings import Settings
 from worker.store.base import ClaimedMission, MissionStore
-from worker.store.engine import check_connection, create_engine, resolve_database_url
+from worker.store.database import application_name, open_database
+from worker.store.engine import check_connection, create_engine
 from worker.store.ledger import PostgresCallLedger
-from worker.store.migrate import current_revision, head_revision, upgrade_database
 from worker.store.postgres import PostgresMissionStore
 from worker.store.user_policy import PolicyStore
 from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
@@ -55,49 +55,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@asynccontextmanager
-async def open_database(
-    settings: Settings, *, migrate: bool | None = None, pool_size: int | None = None
-) -> AsyncIterator[AsyncEngine]:
-    """An engine for the configured (or embedded) database, disposed on exit.
-
-    Args:
-        migrate: ``True`` upgrades the schema to head (under the advisory lock); ``False``
-            requires it to be at head already; ``None`` (default) migrates the embedded
-            database and requires an external one to be migrated.
-        pool_size: connections kept open (default ``MANA_AI_DB_POOL_SIZE``).
-
-    Raises:
-        DatabaseError: the database is unreachable, or not migrated when ``migrate`` is false.
-    """
-    url = await resolve_database_url(settings)
-    engine = create_engine(
-        url,
-        pool_size=pool_size or settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
-        pgbouncer=settings.pgbouncer,
-        application_name=application_name(settings.worker_id),
-        statement_timeout_s=settings.db_statement_timeout_s,
-    )
-    try:
-        await check_connection(engine)
-        if migrate is None:
-            migrate = settings.database_url is None
-        if migrate:
-            await upgrade_database(engine)
-        else:
-            current = await current_revision(engine)
-            head = head_revision()
-            if current != head:
-                raise DatabaseError(
-                    f"the database schema is at revision {current or '(none)'}, "
-                    f"this mana-ai needs {head}: run `mana-ai db upgrade` first"
-                )
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 DATABASE_START_WAIT_S = 60.0
@@ -163,12 +120,6 @@ async def gate_lane(settings: Settings, engine: AsyncEngine) -> AsyncIterator[As
         yield lane
     finally:
         await lane.dispose()
-
-
-def application_name(worker_id: str) -> str:
-    """``mana-ai/<worker id>``, the ``application_name`` of a worker's connections, so that
-    ``pg_stat_activity`` shows which replica holds which; PostgreSQL keeps 63 bytes of it."""
-    return f"mana-ai/{worker_id}"[:63]
 
 
 def allowed_tools_for(tools: Sequence[ToolSpec], allowed: Sequence[str] | None) -> list[ToolSpec]:
