@@ -9,6 +9,7 @@ an optional per-call timeout.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -121,22 +122,13 @@ class ToolSpec:
                 f"invalid timeout_s for tool {self.name!r}: {self.timeout_s} (must be > 0)"
             )
         try:
-            jsonschema.Draft202012Validator.check_schema(self.input_schema)
-        except jsonschema.exceptions.SchemaError as exc:
-            raise ToolRegistryError(
-                f"invalid JSON schema for tool {self.name!r}: {exc.message}"
-            ) from exc
-        except RecursionError:
-            raise ToolRegistryError(
-                f"invalid JSON schema for tool {self.name!r}: nested too deeply to check"
-            ) from None
-        remote = _non_local_reference(self.input_schema)
-        if remote is not None:
-            raise ToolRegistryError(
-                f"invalid JSON schema for tool {self.name!r}: reference {remote[:200]!r} is not "
-                "local; only references into the schema itself ('#...') are supported (remote "
-                "schemas are never fetched)"
-            )
+            key = json.dumps(self.input_schema, sort_keys=True)
+        except (TypeError, ValueError, RecursionError):  # not JSON: checked, never cached
+            problem = _schema_problem(self.input_schema)
+        else:
+            problem = _cached_schema_problem(key, self.input_schema)
+        if problem is not None:
+            raise ToolRegistryError(f"invalid JSON schema for tool {self.name!r}: {problem}")
 
     @cached_property
     def _validator(self) -> jsonschema.Draft202012Validator:
@@ -244,6 +236,45 @@ def _refuse_retrieval(uri: str) -> Any:
 
 # ``retrieve`` is an attrs field alias, which mypy's attrs plugin does not see.
 _OFFLINE_REGISTRY: Registry[Any] = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+
+
+SCHEMA_CHECKS_CACHED = 1024
+"""Distinct input schemas whose check is remembered: a worker builds the same tools for every
+run, and checking a schema against the JSON Schema metaschema costs about 2 ms of CPU."""
+
+_schema_cache: dict[str, str | None] = {}
+
+
+def _cached_schema_problem(key: str, schema: Any) -> str | None:
+    """``_schema_problem(schema)``, remembered by its canonical JSON ``key`` (at most
+    ``SCHEMA_CHECKS_CACHED`` schemas; past that, the oldest is forgotten)."""
+    try:
+        return _schema_cache[key]
+    except KeyError:
+        pass
+    problem = _schema_problem(schema)
+    if len(_schema_cache) >= SCHEMA_CHECKS_CACHED:
+        del _schema_cache[next(iter(_schema_cache))]
+    _schema_cache[key] = problem
+    return problem
+
+
+def _schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` is no usable JSON Schema (draft 2020-12, references only into itself),
+    or ``None``."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        return str(exc.message)
+    except RecursionError:
+        return "nested too deeply to check"
+    remote = _non_local_reference(schema)
+    if remote is not None:
+        return (
+            f"reference {remote[:200]!r} is not local; only references into the schema itself "
+            "('#...') are supported (remote schemas are never fetched)"
+        )
+    return None
 
 
 def _non_local_reference(schema: Any) -> str | None:
