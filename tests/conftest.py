@@ -168,12 +168,34 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
         await shared.dispose()
 
 
+@pytest.fixture(scope="session")
+async def emptying_script(engine: AsyncEngine) -> str:
+    """The SQL that empties every table and restarts every identity: ``DELETE`` children
+    first, then ``setval`` of each identity's sequence. Tests leave a few rows, and on those
+    this takes about 0.5 ms where ``TRUNCATE … RESTART IDENTITY`` took 29 ms (it rewrites
+    every table's files): over the integration tier, 15 s."""
+    async with engine.connect() as conn:
+        sequences = (
+            await conn.execute(
+                text(
+                    "SELECT pg_get_serial_sequence(format('%I', table_name), column_name) "
+                    "FROM information_schema.columns "
+                    "WHERE table_schema = current_schema() AND is_identity = 'YES'"
+                )
+            )
+        ).scalars()
+        restarts = ", ".join(f"setval('{name}', 1, false)" for name in sequences if name)
+    deletes = "; ".join(f'DELETE FROM "{t.name}"' for t in reversed(metadata.sorted_tables))
+    return f"{deletes}; SELECT {restarts}" if restarts else deletes
+
+
 @pytest.fixture
-async def db(engine: AsyncEngine) -> AsyncIterator[AsyncEngine]:
+async def db(engine: AsyncEngine, emptying_script: str) -> AsyncIterator[AsyncEngine]:
     """``engine`` on empty tables (identities restarted), for test isolation."""
-    names = ", ".join(f'"{table.name}"' for table in metadata.sorted_tables)
-    async with engine.begin() as conn:
-        await conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+    async with engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        await raw.driver_connection.execute(emptying_script)  # type: ignore[union-attr]
+        await conn.commit()
     yield engine
     checked_out = engine.pool.checkedout()  # type: ignore[attr-defined]
     assert checked_out == 0, f"the test left {checked_out} database connection(s) checked out"
