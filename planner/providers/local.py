@@ -39,6 +39,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -300,6 +301,13 @@ class LocalLlamaChatModel:
         try:
             reply = json.loads(text, strict=False)  # the grammar allows raw newlines
         except json.JSONDecodeError as exc:
+            partial = _cut_answer(text) if finish_reason == "length" else None
+            if partial is not None:  # an answer cut at max_tokens: what an endpoint sends
+                return CompletionResponse(
+                    message=ChatMessage(role="assistant", content=partial),
+                    usage=usage,
+                    finish_reason="length",
+                )
             cut = " (cut off at max_tokens)" if finish_reason == "length" else ""
             raise LLMResponseError(
                 f"local model reply is not the forced JSON{cut}: {exc.msg}: {_excerpt(text)}"
@@ -394,6 +402,27 @@ def unused_tools(
             break
         called.update(call.name for call in message.tool_calls)
     return [t for t in tools if tool_function(t).get("name") not in called]
+
+
+_ANSWER_START = re.compile(r'\A\s*\{\s*"answer"\s*:\s*"')
+
+
+def _cut_answer(text: str) -> str | None:
+    """The text of a forced-JSON ``{"answer": "..."}`` reply cut off at max_tokens inside its
+    string, or ``None`` when ``text`` is no such reply (or nothing of the answer came). The
+    loop then treats it as any endpoint's cut answer (``finish_reason`` ``length``): it asks
+    again for a shorter one, or ends ``truncated``."""
+    start = _ANSWER_START.match(text)
+    if start is None:
+        return None
+    fragment = text[start.end() :]
+    for trim in range(7):  # a cut may end inside an escape such as \u00e9
+        try:
+            answer = json.loads(f'"{fragment[: len(fragment) - trim]}"', strict=False)
+        except json.JSONDecodeError:
+            continue
+        return answer if isinstance(answer, str) and answer.strip() else None
+    return None
 
 
 def _excerpt(text: str) -> str:

@@ -25,6 +25,7 @@ from planner import (
     ChatMessage,
     CompletionRequest,
     LLMError,
+    LLMResponseError,
     PlannerLoopInput,
     ToolCall,
     ToolContext,
@@ -177,6 +178,43 @@ def test_rendering_shows_tools_and_results_in_plain_roles() -> None:
     assert '- clock_now: {"now": "13:05"}' in rendered[3]["content"]
     assert OBJECTIVE in rendered[3]["content"]  # the objective is repeated after results
     assert rendered[4]["content"] == "<reminder>2 of 5 rounds left</reminder>"
+
+
+def _raw(text: str, finish_reason: str) -> dict[str, Any]:
+    return {
+        "choices": [{"message": {"content": text}, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 512},
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ('{ "answer" : "2023-01-22T12:30.3000000', "2023-01-22T12:30.3000000"),
+        ('{"answer": "caf\\u00', "caf"),  # cut inside an escape
+        ('{"answer": "two\nlines and a \\"quote', 'two\nlines and a "quote'),
+    ],
+)
+def test_an_answer_cut_at_max_tokens_is_a_cut_answer_not_an_error(text: str, answer: str) -> None:
+    # the loop asks again for a shorter answer (or ends "truncated"), as with any endpoint
+    response = LocalLlamaChatModel()._parse(_raw(text, "length"))
+    assert response.finish_reason == "length"
+    assert response.message.content == answer and response.message.tool_calls == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "finish_reason"),
+    [
+        ('{"answer": "', "length"),
+        ('{"tool_calls": [{"name": "cl', "length"),
+        ('{"answer": "x', "stop"),
+    ],
+)
+def test_a_reply_that_is_no_json_and_no_cut_answer_is_an_error(
+    text: str, finish_reason: str
+) -> None:
+    with pytest.raises(LLMResponseError, match="not the forced JSON"):
+        LocalLlamaChatModel()._parse(_raw(text, finish_reason))
 
 
 async def test_missing_llama_cpp_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
