@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import sys
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,19 @@ def test_resume_of_an_active_mission_keeps_its_next_run(run: Any) -> None:
     resumed = as_json(run, "missions", "resume", str(mission["id"]))
     assert resumed["next_run_at"] == mission["next_run_at"]
     assert resumed["status"] == "active"
+
+
+def test_resume_after_the_deadline_says_no_run_will_start(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    deadline = datetime.now(UTC) + timedelta(seconds=1)
+    mission = as_json(
+        run, "missions", "add", "--agent", "a", "--objective", "x", "--cron", "0 9 * * *",
+        "--due-now", "--deadline", deadline.isoformat(),
+    )  # fmt: skip
+    assert run("missions", "pause", str(mission["id"]))[0] == 0
+    time.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 0.05)
+    code, out, _ = run("missions", "resume", str(mission["id"]))
+    assert code == 0 and "deadline" in out and "completes it without a run" in out
 
 
 @pytest.mark.parametrize(

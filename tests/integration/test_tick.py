@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, text, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import (
@@ -304,6 +305,23 @@ async def test_a_run_due_past_the_deadline_completes_the_mission_without_an_iter
     assert mission["status"] == "completed" and mission["lease_owner"] is None
 
 
+async def test_a_run_claimed_after_the_deadline_does_not_start_though_due_before_it(
+    db: AsyncEngine,
+) -> None:
+    # due 2 min ago, deadline 1 min ago: the worker was down, or the mission was resumed
+    mission_id = await add_mission(db, due_in=timedelta(minutes=-2))
+    async with db.begin() as conn:
+        await conn.execute(
+            update(missions)
+            .where(missions.c.id == mission_id)
+            .values(deadline=datetime.now(UTC) - timedelta(minutes=1))
+        )
+    llm = FunctionChatModel(clock_then_answer)
+    assert await make_worker(db, llm).run_once() == ["skipped"]
+    assert llm.requests == [] and await iterations(db) == []
+    assert (await mission_row(db, mission_id))["status"] == "completed"
+
+
 async def test_a_cron_whose_next_time_is_past_the_deadline_completes_after_its_run(
     db: AsyncEngine,
 ) -> None:
@@ -438,6 +456,24 @@ async def test_a_failing_tick_logs_one_traceback_per_streak_and_the_recovery(
     assert records[0].exc_info is not None and "connection refused" in records[0].getMessage()
     assert all(r.exc_info is None for r in records[1:])
     assert "recovered after 3 failed tick(s)" in records[-1].getMessage()
+
+
+async def test_a_database_error_in_the_claim_is_one_short_line_not_the_statement(
+    db: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = make_worker(db, FunctionChatModel(clock_then_answer))
+    statement = "WITH due AS (SELECT missions.id FROM missions " + "x" * 18_000 + ")"
+
+    async def lost_claim(**kwargs: Any) -> Any:
+        raise DBAPIError(statement, {}, ConnectionResetError("connection is closed"))
+
+    worker.store.claim_due = lost_claim  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="worker.daemon.tick"):
+        await worker.tick_safely()
+    [record] = [r for r in caplog.records if r.name == "worker.daemon.tick"]
+    assert record.levelname == "ERROR" and record.exc_info is None
+    message = record.getMessage()
+    assert "ConnectionResetError: connection is closed" in message and len(message) < 300
 
 
 async def test_an_agent_over_its_daily_token_budget_does_not_run(db: AsyncEngine) -> None:

@@ -34,7 +34,8 @@ class Logged(logging.Handler):
 def logged() -> Iterator[list[str]]:
     handler = Logged()
     log = logging.getLogger("worker.mcp.stdio")
-    level, log.level = log.level, logging.INFO
+    level = log.level
+    log.setLevel(logging.INFO)  # setLevel, not .level =: it clears the cached isEnabledFor
     log.addHandler(handler)
     yield handler.messages
     log.removeHandler(handler)

@@ -279,5 +279,14 @@ async def _resume(args: argparse.Namespace, settings: Settings) -> int:
         if current["cron"] is not None:
             next_run = next_run_after(current["cron"], current["timezone"], datetime.now(UTC))
         mission = await admin.resume_mission(args.id, next_run_at=next_run)
-    emit(args, mission, f"mission {args.id} resumed; next run at {fmt(mission['next_run_at'])}")
+    deadline = mission.get("deadline")
+    if deadline is not None and deadline <= datetime.now(UTC):
+        # the claim completes it without a run (the deadline rule lives there)
+        text = (
+            f"mission {args.id} resumed, but its deadline {fmt(deadline)} has passed: the next "
+            "tick completes it without a run"
+        )
+    else:
+        text = f"mission {args.id} resumed; next run at {fmt(mission['next_run_at'])}"
+    emit(args, mission, text)
     return 0

@@ -20,9 +20,12 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from worker import metrics
 from worker.run.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
 from worker.store.base import ClaimedMission, MissionStore
+from worker.store.transient import describe_error
 
 __all__ = ["Worker"]
 
@@ -102,11 +105,16 @@ class Worker:
             await self.tick()
         except Exception as exc:
             metrics.TICKS.labels(outcome="error").inc()
-            reason = f"{type(exc).__name__}: {exc}".strip()
+            database = isinstance(exc, SQLAlchemyError)
+            # a database error says its root cause in one line (its str() holds the whole
+            # statement: 18 KB for the claim); anything else keeps its traceback
+            reason = describe_error(exc) if database else f"{type(exc).__name__}: {exc}".strip()
             if self.health:
                 self.health.tick_failed(reason)
             self._failed_ticks += 1
-            if self._failed_ticks == 1:
+            if self._failed_ticks == 1 and database:
+                logger.error("tick failed (%s); retrying at every tick", reason)
+            elif self._failed_ticks == 1:
                 logger.exception("tick failed (%s); retrying at every tick", reason)
             else:
                 logger.warning("tick failed again (%d in a row): %s", self._failed_ticks, reason)

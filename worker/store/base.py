@@ -65,8 +65,8 @@ class ClaimedMission:
     passed), without the takeover details (``MissionStore.resume_details``), and
     ``tokens_used_24h`` the tokens of the agent's other iterations started in the last 24
     hours when the agent has a daily budget (``None``: no budget). ``past_deadline``: the
-    scheduled run is past the mission's deadline (the store decides it, the runner only
-    completes the mission: the deadline rule lives in the claim).
+    mission's deadline passed before the claim (no run starts after it: the store decides
+    it, the runner only completes the mission; the deadline rule lives in the claim).
     """
 
     id: int

@@ -5,7 +5,8 @@ each row it returns (``claimed_mission``).
 
 Due = ``status = 'active'`` and ``next_run_at <= now()`` and no live lease, oldest first, picked
 with ``FOR UPDATE SKIP LOCKED`` so that replicas never claim the same mission. No iteration is
-started for a scheduled run past the mission's deadline, or one that finished already.
+started when the mission's deadline has passed (no run starts after it), or for a scheduled
+run that finished already.
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ def claim_statement() -> Any:
             _owner_policy().label("owner_policy"),
             _mcp_servers().label("mcp_servers"),
             _budget_used(bindparam("p_window", type_=Interval)).label("tokens_used_24h"),
-            # the deadline rule, here only: a scheduled run past the deadline does not run
-            and_(
-                missions.c.deadline.is_not(None), missions.c.next_run_at > missions.c.deadline
-            ).label("past_deadline"),
+            # the deadline rule, here only: no run starts after the deadline (a run claimed
+            # late, after a backlog or a resume, included; next_run_at <= now() here)
+            and_(missions.c.deadline.is_not(None), now > missions.c.deadline).label(
+                "past_deadline"
+            ),
         )
         .cte("claimed")
     )

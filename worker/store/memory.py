@@ -215,9 +215,7 @@ class InMemoryMissionStore:
             mission["lease_expires_at"] = now + lease
             agent = self.agents[mission["agent_id"]]
             iteration = None
-            past_deadline = (
-                mission["deadline"] is not None and mission["next_run_at"] > mission["deadline"]
-            )
+            past_deadline = mission["deadline"] is not None and now > mission["deadline"]
             if not past_deadline:
                 iteration = self._start_iteration(
                     mission, worker_id, agent["model"] or default_model

@@ -195,8 +195,11 @@ def describe_error(exc: BaseException) -> str:
     """``Type: message`` of the root cause of a driver error, readable even when the
     message is empty (a bare ``TimeoutError``)."""
     cause: BaseException = exc
-    while cause.__cause__ is not None and isinstance(cause, SQLAlchemyError):
-        cause = cause.__cause__
+    while isinstance(cause, SQLAlchemyError):
+        inner = cause.__cause__ or getattr(cause, "orig", None)  # the driver's error
+        if not isinstance(inner, BaseException):
+            break
+        cause = inner
     detail = str(cause).strip()
     if isinstance(cause, TimeoutError) and not detail:
         detail = "no answer in time (is something else listening on that port?)"
