@@ -26,8 +26,8 @@ from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner
 from worker.settings import Settings
 from worker.store.base import ClaimedMission, MissionStore
-from worker.store.database import application_name, open_database
-from worker.store.engine import check_connection, create_engine
+from worker.store.database import application_name, configured_engine, open_database
+from worker.store.engine import check_connection
 from worker.store.ledger import PostgresCallLedger
 from worker.store.postgres import PostgresMissionStore
 from worker.store.user_policy import PolicyStore
@@ -74,14 +74,7 @@ async def wait_for_database(settings: Settings, *, wait_s: float = DATABASE_STAR
     """
     if settings.database_url is None:
         return
-    engine = create_engine(
-        settings.database_url,
-        pool_size=1,
-        max_overflow=0,
-        pgbouncer=settings.pgbouncer,
-        application_name=application_name(settings.worker_id),
-        statement_timeout_s=settings.db_statement_timeout_s,
-    )
+    engine = configured_engine(settings, settings.database_url)
     try:
         await check_connection(engine, wait_s=wait_s)
     finally:
@@ -108,14 +101,7 @@ async def gate_lane(settings: Settings, engine: AsyncEngine) -> AsyncIterator[As
     if not gate_lane_size(settings):
         yield engine
         return
-    lane = create_engine(
-        engine.url.render_as_string(hide_password=False),
-        pool_size=1,
-        max_overflow=0,
-        pgbouncer=settings.pgbouncer,
-        application_name=application_name(settings.worker_id),
-        statement_timeout_s=settings.db_statement_timeout_s,
-    )
+    lane = configured_engine(settings, engine.url.render_as_string(hide_password=False))
     try:
         yield lane
     finally:

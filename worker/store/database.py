@@ -19,7 +19,7 @@ from worker.settings import Settings
 from worker.store.engine import check_connection, create_engine, resolve_database_url
 from worker.store.migrate import current_revision, head_revision, upgrade_database
 
-__all__ = ["application_name", "open_database"]
+__all__ = ["application_name", "configured_engine", "open_database"]
 
 
 @asynccontextmanager
@@ -38,13 +38,8 @@ async def open_database(
         DatabaseError: the database is unreachable, or not migrated when ``migrate`` is false.
     """
     url = await resolve_database_url(settings)
-    engine = create_engine(
-        url,
-        pool_size=pool_size or settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
-        pgbouncer=settings.pgbouncer,
-        application_name=application_name(settings.worker_id),
-        statement_timeout_s=settings.db_statement_timeout_s,
+    engine = configured_engine(
+        settings, url, pool_size=pool_size or settings.db_pool_size, max_overflow=None
     )
     try:
         await check_connection(engine)
@@ -63,6 +58,22 @@ async def open_database(
         yield engine
     finally:
         await engine.dispose()
+
+
+def configured_engine(
+    settings: Settings, url: str, *, pool_size: int = 1, max_overflow: int | None = 0
+) -> AsyncEngine:
+    """An engine on ``url`` as the settings configure every connection of this worker
+    (PgBouncer mode, ``application_name``, statement timeout): ``pool_size`` connections,
+    ``max_overflow`` more at most (``None``: ``MANA_AI_DB_MAX_OVERFLOW``)."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=settings.db_max_overflow if max_overflow is None else max_overflow,
+        pgbouncer=settings.pgbouncer,
+        application_name=application_name(settings.worker_id),
+        statement_timeout_s=settings.db_statement_timeout_s,
+    )
 
 
 def application_name(worker_id: str) -> str:
