@@ -25,7 +25,10 @@ handler that raises become an error tool result that the model reads (see ``plan
 
 from __future__ import annotations
 
-from planner.messages import TokenUsage
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the error tree loads without pydantic (the CLI's start: worker.errors)
+    from planner.messages import TokenUsage
 
 __all__ = [
     "LLMConnectionError",
@@ -63,7 +66,11 @@ class LLMError(PlannerError):
 
     def __init__(self, message: str, *, usage: TokenUsage | None = None) -> None:
         super().__init__(message)
-        self.usage = usage or TokenUsage()
+        if usage is None:
+            from planner.messages import TokenUsage
+
+            usage = TokenUsage()
+        self.usage = usage
 
 
 class LLMConnectionError(LLMError):

@@ -7,46 +7,8 @@ capped, isolated from failures, and audited. The loop sends the texts with one r
 as ``<reminder>…</reminder>`` system messages, and never stores them (see ``planner.loop``).
 """
 
-from reminders.channel import (
-    MAX_REMINDER_CHARS,
-    MAX_REMINDERS,
-    Producer,
-    ReminderComposer,
-    SentReminder,
-    Severity,
-)
-from reminders.producers import (
-    BUDGET_THRESHOLD,
-    DEADLINE_WITHIN,
-    PRODUCER_NAMES,
-    RETRY_REPEATS,
-    ROUNDS_LEFT,
-    RetryLoopWatch,
-    compacted_reminder,
-    deadline_reminder,
-    policy_feedback_reminder,
-    retry_loop_reminder,
-    rounds_left_reminder,
-    token_budget_reminder,
-)
+import lazy_loader
 
-__all__ = [
-    "BUDGET_THRESHOLD",
-    "DEADLINE_WITHIN",
-    "MAX_REMINDERS",
-    "MAX_REMINDER_CHARS",
-    "PRODUCER_NAMES",
-    "RETRY_REPEATS",
-    "ROUNDS_LEFT",
-    "Producer",
-    "ReminderComposer",
-    "RetryLoopWatch",
-    "SentReminder",
-    "Severity",
-    "compacted_reminder",
-    "deadline_reminder",
-    "policy_feedback_reminder",
-    "retry_loop_reminder",
-    "rounds_left_reminder",
-    "token_budget_reminder",
-]
+# Each name is imported from its module on first use (named in __init__.pyi): the settings
+# check reminder names (``PRODUCER_NAMES``) without loading the channel and the planner.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

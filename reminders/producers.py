@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from planner import ExecutedCall, LoopState
+if TYPE_CHECKING:  # annotations only: the settings read PRODUCER_NAMES without the planner
+    from planner import ExecutedCall, LoopState
 
 __all__ = [
     "BUDGET_THRESHOLD",

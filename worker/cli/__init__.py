@@ -12,12 +12,9 @@ Exit status: 0 success, 1 an operator error (the message says what and how to fi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
-
-from sqlalchemy.exc import SQLAlchemyError
 
 from worker.cli import (
     agents_cli,
@@ -31,8 +28,6 @@ from worker.cli import (
 )
 from worker.cli.args import UsageError
 from worker.errors import ManaAIError, SettingsError
-from worker.settings import load_settings, unknown_variables
-from worker.version import package_version
 
 __all__ = ["main"]
 
@@ -66,6 +61,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if not hasattr(args, "command_fn"):
         parser.print_help()
         return 2
+    # imported once the command line parsed: `--version` and `--help` never load pydantic
+    from worker.settings import load_settings, unknown_variables
+
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -78,6 +76,8 @@ def _main(argv: Sequence[str] | None) -> int:
     configure_logging(level, settings.log_format)
     for name in unknown_variables():
         print(f"mana-ai: warning: ignoring unknown setting {name}", file=sys.stderr)
+    import asyncio
+
     try:
         status: int = asyncio.run(args.command_fn(args, settings))
         return status
@@ -94,13 +94,25 @@ def _main(argv: Sequence[str] | None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except (SQLAlchemyError, OSError) as exc:  # the database went away mid-command
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if not _is_database_error(exc):
+            raise
         from worker.store.transient import describe_error
 
         print(f"mana-ai: database error: {describe_error(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+
+
+def _is_database_error(exc: Exception) -> bool:
+    """The database went away mid-command: SQLAlchemy's or the socket's error (SQLAlchemy is
+    imported here, where a command that used the database already loaded it)."""
+    if isinstance(exc, OSError):
+        return True
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return isinstance(exc, SQLAlchemyError)
 
 
 def _print_settings_error(exc: SettingsError) -> None:
@@ -117,6 +129,25 @@ def _print_settings_error(exc: SettingsError) -> None:
         )
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own action, except that the version is looked up (in the
+    installed package's metadata, tens of milliseconds) only when the flag is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="show the version and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from worker.version import package_version
+
+        parser.exit(message=f"mana-ai {package_version()}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: every group's subcommands under ``mana-ai``."""
     parser = argparse.ArgumentParser(
@@ -128,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
             "SmolLM2 model answers."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"mana-ai {package_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for module in GROUPS:
         module.register(commands)

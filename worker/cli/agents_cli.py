@@ -20,11 +20,10 @@ from worker.cli.args import (
 from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
 from worker.errors import NotFoundError
-from worker.settings import Settings
-from worker.settings_values import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
+    from worker.settings import Settings
     from worker.store.agent_servers import McpServerConfig
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "register"]
@@ -241,6 +240,8 @@ def _shown(value: Any) -> str:
 
 
 def _context(text: str) -> int:
+    from worker.settings_values import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS  # pydantic: lazily
+
     try:
         value = int(text)
     except ValueError:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.errors import ManaAIError
 from worker.names import MAX_NAME_CHARS, MAX_TEXT_CHARS, normalised_name, normalised_text
-from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 __all__ = [
     "INT32_MAX",
@@ -37,7 +39,7 @@ __all__ = [
     "row_id",
 ]
 
-Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+Command = Callable[[argparse.Namespace, "Settings"], Awaitable[int]]
 """``async (args, settings) -> exit status``: what a subcommand's ``command_fn`` is."""
 
 MAX_LIMIT = 10_000

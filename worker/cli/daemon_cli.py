@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import json_flag
 from worker.cli.output import print_json
-from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 __all__ = ["register"]
 
@@ -55,6 +56,8 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio  # (loaded by asyncio.run already; `--help` does without it)
+
     from worker.cli.stores import announce_database
     from worker.daemon.app import check_policy_settings, wait_for_database
     from worker.daemon.scheduler import serve

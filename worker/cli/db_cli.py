@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import group
-from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 __all__ = ["register"]
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.admin.replay import (
     ReplayError,
@@ -18,9 +18,11 @@ from worker.admin.replay import (
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
-from worker.settings import Settings
 from worker.store.stored import StoredAttempt, StoredIteration
 from worker.terminal_text import visible, visible_line
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 __all__ = ["register", "unsupported_figures", "verdict"]
 

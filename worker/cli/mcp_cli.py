@@ -9,16 +9,17 @@ request with ``Authorization: Bearer TOKEN``), or talks MCP on stdin/stdout with
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import UsageError, checked_name, group, json_flag, row_id
 from worker.cli.output import emit, print_json, table
 from worker.errors import ManaAIError
-from worker.settings import Settings
 from worker.terminal_text import visible_line
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 __all__ = ["register"]
 
@@ -108,6 +109,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             )
             await serve_stdio(served, user=user)
             return 0
+        import asyncio  # (loaded by asyncio.run already; `--help` does without it)
+
         from worker.mcp.server import McpHttpServer, build_http_app
 
         app = build_http_app(served, store, host=settings.mcp_host)

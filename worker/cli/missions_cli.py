@@ -6,7 +6,7 @@ import argparse
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import (
     MAX_TEXT_CHARS,
@@ -21,8 +21,10 @@ from worker.cli.args import (
 )
 from worker.cli.output import emit, fields, fmt, print_json, table
 from worker.cli.stores import admin_store
-from worker.settings import Settings
 from worker.terminal_text import visible_line
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 __all__ = ["register"]
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from worker.cli.args import UsageError, checked_name, group, json_flag
 from worker.cli.output import emit, fmt, print_json, table
 from worker.cli.stores import policy_store
-from worker.settings import Settings
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
     from planner import ToolSpec
+    from worker.settings import Settings
     from worker.store.user_policy import PolicyReport, PolicyStore
 
 __all__ = ["ENFORCE_SWITCH_SHARE", "parse_since", "register"]

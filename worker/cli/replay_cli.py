@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, cast
 from worker.cli.args import iteration_ref, json_flag
 from worker.cli.output import print_json
 from worker.cli.stores import admin_store
-from worker.settings import Settings
 
 if TYPE_CHECKING:
     from planner.policy import PolicyMode
+    from worker.settings import Settings
     from worker.store.stored import StoredIteration
 
 __all__ = ["register"]

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker.data_dir import USER_DATA_DIR
-from worker.settings import Settings
 
-if TYPE_CHECKING:  # imported when a command runs, so that `--help` stays quick
+if TYPE_CHECKING:
+    # imported when a command runs, so that `--help` stays quick
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from worker.mcp.consumer import ServedTools
+    from worker.settings import Settings
     from worker.store.admin import AdminStore
     from worker.store.mcp_tokens import McpStore
     from worker.store.user_policy import PolicyStore
