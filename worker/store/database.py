@@ -14,10 +14,11 @@ from contextlib import asynccontextmanager
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from migrations import HEAD_REVISION
 from worker.errors import DatabaseError
 from worker.settings import Settings
 from worker.store.engine import check_connection, create_engine, resolve_database_url
-from worker.store.migrate import current_revision, head_revision, upgrade_database
+from worker.store.migrate import current_revision, upgrade_database
 
 __all__ = ["application_name", "configured_engine", "open_database"]
 
@@ -49,7 +50,7 @@ async def open_database(
             await upgrade_database(engine)
         else:
             current = await current_revision(engine)
-            head = head_revision()
+            head = HEAD_REVISION
             if current != head:
                 raise DatabaseError(
                     f"the database schema is at revision {current or '(none)'}, "

@@ -21,20 +21,19 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import migrations
 from worker.database_url import redact_url
 from worker.errors import DatabaseError
-from worker.store.transient import describe_error
+from worker.store.transient import describe_error, sqlstate_of
+
+if TYPE_CHECKING:  # alembic is loaded only to migrate: a command that checks does without it
+    from alembic.config import Config
 
 __all__ = [
     "MIGRATION_LOCK_KEY",
@@ -55,6 +54,8 @@ unrelated databases on one server don't contend; don't reuse this key for anythi
 
 def alembic_config() -> Config:
     """An alembic ``Config`` for mana-ai's migrations, with no ini file and no URL."""
+    from alembic.config import Config
+
     config = Config()
     script_location = str(_script_location())
     # ConfigParser interpolation: a literal '%' in a path must be doubled.
@@ -63,7 +64,10 @@ def alembic_config() -> Config:
 
 
 def head_revision() -> str:
-    """The newest revision this version of mana-ai knows (``0001`` …)."""
+    """The newest revision this version of mana-ai knows (``0001`` …), as alembic reads it
+    from the scripts (``migrations.HEAD_REVISION`` is the same, known without reading them)."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None, "migrations/versions holds no revision"
     return head
@@ -99,7 +103,8 @@ def _script_location() -> Path:
 async def upgrade_database(engine: AsyncEngine) -> str:
     """Migrate the database behind ``engine`` to head and return the head revision.
 
-    Idempotent: at head already, it only takes and releases the lock. Concurrent callers (in
+    Idempotent: at head already, it only reads the revision (one statement; neither the lock
+    nor alembic). Concurrent callers (in
     this process or other replicas) are serialised by ``MIGRATION_LOCK_KEY``; the lock, the
     whole upgrade and the read of the resulting revision are one transaction (PostgreSQL has
     transactional DDL), so a failure leaves the schema as it was. Works through PgBouncer in
@@ -115,6 +120,15 @@ async def upgrade_database(engine: AsyncEngine) -> str:
     """
     where = redact_url(engine.url.render_as_string(hide_password=False))
     try:
+        at_head = await current_revision(engine) == migrations.HEAD_REVISION
+    except (SQLAlchemyError, OSError) as exc:
+        raise DatabaseError(f"could not migrate {where}: {describe_error(exc)}") from exc
+    if at_head:  # the usual start of a replica: one statement, no lock, no alembic
+        logger.info("database %s is at schema revision %s", where, migrations.HEAD_REVISION)
+        return migrations.HEAD_REVISION
+    from alembic.util import CommandError
+
+    try:
         async with engine.connect() as conn, migration_lock(conn):
             revision = await conn.run_sync(_upgrade_to_head)
     except CommandError as exc:
@@ -126,19 +140,30 @@ async def upgrade_database(engine: AsyncEngine) -> str:
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:
-    """The schema revision the database is at, or ``None`` when it was never migrated."""
+    """The schema revision the database is at, or ``None`` when it was never migrated: the
+    row of alembic's ``alembic_version`` table, read in one statement (what alembic's
+    ``MigrationContext.get_current_revision`` reads, for mana-ai's single line of revisions).
+    """
     async with engine.connect() as conn:
-        return await conn.run_sync(_current)
+        try:
+            row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+        except ProgrammingError as exc:  # no such table: never migrated
+            if sqlstate_of(exc) != _UNDEFINED_TABLE:
+                raise
+            return None
+    return None if row is None else str(row[0])
+
+
+_UNDEFINED_TABLE = "42P01"
 
 
 def _upgrade_to_head(connection: Connection) -> str:
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     config = alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
-    revision = _current(connection)
+    revision = MigrationContext.configure(connection).get_current_revision()
     assert revision is not None
     return revision
-
-
-def _current(connection: Connection) -> str | None:
-    return MigrationContext.configure(connection).get_current_revision()
