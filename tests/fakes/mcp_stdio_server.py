@@ -39,57 +39,65 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if not __package__:  # run as a script: the repository root on the path, for tests.fakes
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import anyio
-import mcp.types as types
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 
-TOOLS = [
-    types.Tool(
-        name="echo",
-        description="Echo the text.",
-        input_schema={
-            "type": "object",
-            "properties": {"text": {"type": "string"}},
-            "required": ["text"],
-        },
-        annotations=types.ToolAnnotations(read_only_hint=True),
-    ),
-    types.Tool(
-        name="notes.append",
-        description="Append a line to the log.",
-        input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
-    ),
-    types.Tool(
-        name="wipe",
-        description="Wipe everything.",
-        input_schema={"type": "object", "properties": {}},
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
-    ),
-    types.Tool(
-        name="big",
-        description="A big result.",
-        input_schema={"type": "object", "properties": {"size": {"type": "integer"}}},
-        annotations=types.ToolAnnotations(read_only_hint=True),
-    ),
-    types.Tool(
-        name="fails",
-        description="Always fails.",
-        input_schema={"type": "object"},
-        annotations=types.ToolAnnotations(read_only_hint=True),
-    ),
-    types.Tool(
-        name="slow",
-        description="Sleeps.",
-        input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
-        annotations=types.ToolAnnotations(read_only_hint=True),
-    ),
-]
+if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server
+
+# The SDK (about 0.7 s of CPU to import) is imported by the modes that use it only: ``serve``
+# and the ``stderr`` ones; ``raw``, ``odd``, ``hang`` and ``exit`` start without it.
+
+
+def sdk_tools() -> list[Any]:
+    """The tools of the SDK server (see the module docstring)."""
+    import mcp.types as types
+
+    return [
+        types.Tool(
+            name="echo",
+            description="Echo the text.",
+            input_schema={
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"],
+            },
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        ),
+        types.Tool(
+            name="notes.append",
+            description="Append a line to the log.",
+            input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+        ),
+        types.Tool(
+            name="wipe",
+            description="Wipe everything.",
+            input_schema={"type": "object", "properties": {}},
+            annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
+        ),
+        types.Tool(
+            name="big",
+            description="A big result.",
+            input_schema={"type": "object", "properties": {"size": {"type": "integer"}}},
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        ),
+        types.Tool(
+            name="fails",
+            description="Always fails.",
+            input_schema={"type": "object"},
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        ),
+        types.Tool(
+            name="slow",
+            description="Sleeps.",
+            input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        ),
+    ]
 
 
 ODD_TOOLS: list[dict[str, Any]] = [
@@ -196,10 +204,15 @@ def serve_odd() -> None:
 
 
 def build(log: Path | None) -> Server[Any]:
+    import mcp.types as types
+    from mcp.server.lowlevel import Server
+
+    tools = sdk_tools()
+
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=TOOLS)
+        return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         args = params.arguments or {}
@@ -237,6 +250,8 @@ def build(log: Path | None) -> Server[Any]:
 
 
 async def serve(log: Path | None) -> None:
+    from mcp.server.stdio import stdio_server
+
     server = build(log)
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
