@@ -1,4 +1,4 @@
-"""What happens in a run of the planner loop, as frozen, typed values: the run events.
+"""What happens in a run of the planner loop, as immutable, typed values: the run events.
 
 The loop reports everything it does through one sink (``RunSink``), in the order it happens;
 ``planner.record`` folds the events into the run's record (messages, usage, rounds, calls,
@@ -19,7 +19,14 @@ One round, in order::
 Before a round, ``Compacted`` or ``CompactionFailed``; first ``RunStarted``, last ``RunStopped``
 (unless the run was cancelled or interrupted). The model of this design is pydantic-ai's
 event stream (``FunctionToolCallEvent``, ``FunctionToolResultEvent``) and OpenHands' event
-stream: typed, frozen, one stream, one reducer.
+stream: typed, immutable, one stream, one reducer.
+
+Each event (and ``Reminder``, ``SentReminder``) is a ``typing.NamedTuple``, as
+``planner.policy.PolicyInput`` is: the loop makes several per round, and a NamedTuple is made
+in a quarter of the time of a frozen dataclass (which sets each field through
+``object.__setattr__``). Dispatch on ``type(event)`` (as ``planner.record`` does) or
+``isinstance``; two events of different types never stand for each other, even where their
+fields are equal as tuples.
 
 A sink may be synchronous (returns ``None``) or asynchronous (returns an awaitable, which the
 loop awaits before it goes on): ``CallStarted`` is awaited before the handler runs, so a sink
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from planner.messages import ChatMessage, TokenUsage, ToolCall
 
@@ -67,8 +74,7 @@ __all__ = [
 ReminderRole = Literal["system", "user"]
 
 
-@dataclass(frozen=True, slots=True)
-class Reminder:
+class Reminder(NamedTuple):
     """A hint a reminder channel gives for one request: its ``text``, the ``producer`` that
     wrote it (``None``: unnamed), and the ``role`` it is sent with (``system``, or ``user``
     for chat templates that refuse a system message after the first)."""
@@ -78,8 +84,7 @@ class Reminder:
     role: ReminderRole = "system"
 
 
-@dataclass(frozen=True, slots=True)
-class SentReminder:
+class SentReminder(NamedTuple):
     """One reminder sent with the request of ``round``: the audit record (stored apart from
     the message log)."""
 
@@ -133,8 +138,7 @@ class Checkpoint:
         return last.tool_calls
 
 
-@dataclass(frozen=True, slots=True)
-class RunStarted:
+class RunStarted(NamedTuple):
     """The run began with ``messages`` in its log: the head (system prompt, prior messages,
     objective), or, resuming an earlier attempt, its ``checkpoint``'s log."""
 
@@ -142,8 +146,7 @@ class RunStarted:
     checkpoint: Checkpoint | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RequestSent:
+class RequestSent(NamedTuple):
     """The request of ``round`` went out with ``reminders`` (that request only); the context
     held about ``context_tokens`` tokens before them (0 when the loop does not count)."""
 
@@ -152,8 +155,7 @@ class RequestSent:
     context_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFailed:
+class RequestFailed(NamedTuple):
     """The model could not answer the request of ``round`` (after the provider's retries):
     ``error`` says why; ``usage`` is what the endpoint reported the failed attempts cost."""
 
@@ -162,8 +164,7 @@ class RequestFailed:
     usage: TokenUsage
 
 
-@dataclass(frozen=True, slots=True)
-class ReplyJudged:
+class ReplyJudged(NamedTuple):
     """The reply of ``round`` as it is stored (``reply``: an assistant message), what it cost,
     and the verdict on it (``planner.replies``): the messages the loop adds to the log after it
     (``follow_up``: results of calls that are not run, a note that the reply was cut), and the
@@ -178,8 +179,7 @@ class ReplyJudged:
     context_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class CallDecided:
+class CallDecided(NamedTuple):
     """The policy gate decided the call at ``position`` (0-based, the model's order) of
     ``round``."""
 
@@ -189,8 +189,7 @@ class CallDecided:
     decision: PolicyDecision
 
 
-@dataclass(frozen=True, slots=True)
-class CallStarted:
+class CallStarted(NamedTuple):
     """The handler of the call at ``position`` of ``round`` is about to run; ``hint`` is its
     tool's policy hint and ``idempotency_key`` the key a ``write`` or ``destructive`` call
     carries (``None`` for reads)."""
@@ -203,8 +202,7 @@ class CallStarted:
     decision: PolicyDecision | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CallFinished:
+class CallFinished(NamedTuple):
     """A call has its outcome (refused ones too: unknown tool, invalid arguments, denied), in
     completion order; ``settled``: an earlier attempt of a resumed run finished it, or left its
     outcome unknown (it did not run now)."""
@@ -213,24 +211,21 @@ class CallFinished:
     settled: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class ReadsOverlapped:
+class ReadsOverlapped(NamedTuple):
     """``size`` read calls of ``round`` ran concurrently."""
 
     round: int
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class RoundEnded:
+class RoundEnded(NamedTuple):
     """Every call of ``round`` has its result in the log; ``calls`` in the model's order."""
 
     round: int
     calls: tuple[ExecutedCall, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Compacted:
+class Compacted(NamedTuple):
     """Before the request of ``round`` the middle of the log was summarised: ``compaction``
     holds the new log and the folded messages (what an archive keeps); its token counts are
     the loop's count of the context."""
@@ -239,16 +234,14 @@ class Compacted:
     compaction: Compaction
 
 
-@dataclass(frozen=True, slots=True)
-class CompactionFailed:
+class CompactionFailed(NamedTuple):
     """A compaction was tried before the request of ``round`` and changed nothing."""
 
     round: int
     error: CompactionError
 
 
-@dataclass(frozen=True, slots=True)
-class RunStopped:
+class RunStopped(NamedTuple):
     """The run ended after ``rounds`` completion requests with ``stop_reason``; ``error`` for
     a failure, ``final_answer`` for an answer."""
 

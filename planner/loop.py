@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from planner.calls import ExecutedCall, tool_result_message
 from planner.compaction import (
@@ -74,9 +74,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LoopState:
-    """What the loop knows before a request; the input of reminder producers.
+class LoopState(NamedTuple):
+    """What the loop knows before a request; the input of reminder producers (an immutable
+    record, made every round: a NamedTuple, as the run events are).
 
     Attributes:
         round: the 1-based round about to run.
