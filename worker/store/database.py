@@ -14,11 +14,10 @@ from contextlib import asynccontextmanager
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from migrations import HEAD_REVISION
 from worker.errors import DatabaseError
 from worker.settings import Settings
 from worker.store.engine import check_connection, create_engine, resolve_database_url
-from worker.store.migrate import current_revision, upgrade_database
+from worker.store.migrate import HEAD_REVISION, current_revision, upgrade_database
 
 __all__ = ["application_name", "configured_engine", "open_database"]
 

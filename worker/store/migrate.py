@@ -11,12 +11,14 @@ rollback. No session state is left behind, so migrating through PgBouncer in tra
 pooling mode works (a session lock would be taken on one server connection and released, or
 never, on another), and a crashed migration can never leave the lock held.
 
-The migration scripts are located through the ``migrations`` package, not the current
-directory, so this works from an installed wheel as well as from a checkout.
+The migration scripts are located through the ``migrations`` package (found, not imported:
+its ``env.py`` imports this layer, which never imports it back), not the current directory,
+so this works from an installed wheel as well as from a checkout.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,7 +29,6 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-import migrations
 from worker.database_url import redact_url
 from worker.errors import DatabaseError
 from worker.store.transient import describe_error, sqlstate_of
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # alembic is loaded only to migrate: a command that checks do
     from alembic.config import Config
 
 __all__ = [
+    "HEAD_REVISION",
     "MIGRATION_LOCK_KEY",
     "alembic_config",
     "current_revision",
@@ -45,6 +47,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+HEAD_REVISION = "0008"
+"""The newest revision in ``migrations/versions``: what a command that does not migrate
+checks the database against, without loading alembic and every script. A new revision
+updates it; ``tests/unit/test_migrations_head.py`` fails until it does (it compares it with
+``head_revision()``, alembic's reading of the scripts)."""
 
 MIGRATION_LOCK_KEY = 0x6D616E615F616931
 """The ``pg_advisory_xact_lock`` key of migration runs: the ASCII bytes of ``"mana_ai1"`` read as a
@@ -65,7 +73,7 @@ def alembic_config() -> Config:
 
 def head_revision() -> str:
     """The newest revision this version of mana-ai knows (``0001`` …), as alembic reads it
-    from the scripts (``migrations.HEAD_REVISION`` is the same, known without reading them)."""
+    from the scripts (``HEAD_REVISION`` is the same, known without reading them)."""
     from alembic.script import ScriptDirectory
 
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -90,14 +98,14 @@ async def migration_lock(conn: AsyncConnection) -> AsyncIterator[None]:
 
 
 def _script_location() -> Path:
-    # ``__path__`` rather than ``__file__``: the package may be imported as a namespace
+    # its search locations rather than its file: the package may be found as a namespace
     # package (e.g. by an editable install made before it had an ``__init__.py``).
-    for entry in migrations.__path__:
+    spec = importlib.util.find_spec("migrations")
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for entry in locations:
         if (Path(entry) / "env.py").is_file():
             return Path(entry).resolve()
-    raise DatabaseError(
-        f"no alembic env.py in the migrations package ({list(migrations.__path__)})"
-    )
+    raise DatabaseError(f"no alembic env.py in the migrations package ({locations})")
 
 
 async def upgrade_database(engine: AsyncEngine) -> str:
@@ -120,12 +128,12 @@ async def upgrade_database(engine: AsyncEngine) -> str:
     """
     where = redact_url(engine.url.render_as_string(hide_password=False))
     try:
-        at_head = await current_revision(engine) == migrations.HEAD_REVISION
+        at_head = await current_revision(engine) == HEAD_REVISION
     except (SQLAlchemyError, OSError) as exc:
         raise DatabaseError(f"could not migrate {where}: {describe_error(exc)}") from exc
     if at_head:  # the usual start of a replica: one statement, no lock, no alembic
-        logger.info("database %s is at schema revision %s", where, migrations.HEAD_REVISION)
-        return migrations.HEAD_REVISION
+        logger.info("database %s is at schema revision %s", where, HEAD_REVISION)
+        return HEAD_REVISION
     from alembic.util import CommandError
 
     try:
