@@ -272,6 +272,33 @@ def test_database_urls_are_normalised_to_asyncpg(given: str, expected: str) -> N
     assert to_async_url(given) == expected
 
 
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("application_name=x", "'application_name'"),
+        ("connect_timeout=5", "'connect_timeout'"),
+        ("foo=bar", "'foo'"),
+        ("sslmode=bogus", "sslmode='bogus'"),
+        ("ssl=on", "ssl='on'"),
+        ("target_session_attrs=bogus", "target_session_attrs='bogus'"),
+    ],
+)
+def test_a_url_parameter_the_driver_would_choke_on_is_a_settings_error(
+    monkeypatch: pytest.MonkeyPatch, query: str, named: str
+) -> None:
+    # before, it reached asyncpg's connect() as an unknown keyword: a traceback per command
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", f"postgresql://u:secret@h/db?{query}")
+    with pytest.raises(SettingsError, match="MANA_AI_DATABASE_URL") as raised:
+        load_settings()
+    assert named in str(raised.value)
+    assert "secret" not in str(raised.value)
+
+
+def test_the_url_parameters_the_driver_takes_are_kept() -> None:
+    url = "postgresql://u@h/db?target_session_attrs=read-write&passfile=/p&host=/run/pg"
+    assert "target_session_attrs=read-write" in to_async_url(url)
+
+
 @pytest.mark.parametrize("given", ["mysql://u@h/db", "postgresql+psycopg://u@h/db", "sqlite://"])
 def test_other_database_schemes_are_refused(given: str) -> None:
     with pytest.raises(ValueError, match="unsupported scheme"):
