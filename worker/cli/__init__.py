@@ -145,7 +145,8 @@ class _VersionAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
         from worker.version import package_version
 
-        parser.exit(message=f"mana-ai {package_version()}\n")
+        print(f"mana-ai {package_version()}")  # to stdout, as argparse's own action does
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
