@@ -268,3 +268,19 @@ async def test_without_a_url_the_embedded_database_is_started_and_migrated(
 async def test_a_configured_url_is_used_as_is() -> None:
     settings = Settings(database_url="postgres://u:p@db.example/mana")
     assert await resolve_database_url(settings) == "postgresql+asyncpg://u:p@db.example/mana"
+
+
+async def test_a_database_a_newer_mana_ai_migrated_is_named_as_such(
+    fresh: AsyncEngine, empty_database_url: str
+) -> None:
+    # "run `mana-ai db upgrade`" would be advice that cannot work: this version cannot
+    from worker.store.database import open_database
+
+    await upgrade_database(fresh)
+    async with fresh.begin() as conn:
+        await conn.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    settings = Settings(database_url=empty_database_url)
+    with pytest.raises(DatabaseError, match="newer than this mana-ai knows") as raised:
+        async with open_database(settings, migrate=False):
+            pass
+    assert "db upgrade" not in str(raised.value)

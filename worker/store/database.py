@@ -51,6 +51,11 @@ async def open_database(
             current = await current_revision(engine)
             head = HEAD_REVISION
             if current != head:
+                if current is not None and current > head:  # revisions are 0001, 0002, …
+                    raise DatabaseError(
+                        f"the database schema is at revision {current}, newer than this "
+                        f"mana-ai knows ({head}): a newer mana-ai migrated it; run that one"
+                    )
                 raise DatabaseError(
                     f"the database schema is at revision {current or '(none)'}, "
                     f"this mana-ai needs {head}: run `mana-ai db upgrade` first"
