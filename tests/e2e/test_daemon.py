@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 
 import httpx
 import pytest
@@ -123,3 +124,47 @@ async def test_missions_add_with_bad_input_exits_nonzero_and_writes_nothing(
     assert code == 1
     assert message in err
     assert await cli(env, "missions", "list") == []
+
+
+async def test_sigterm_ends_a_tick_as_sigint_does_and_leaves_no_lease_behind(
+    db: AsyncEngine, database_url: str
+) -> None:
+    # before, SIGTERM killed `tick --once` outright: its iteration stayed `running` and the
+    # mission leased until the lease ran out (systemd, `timeout` and cron stop with SIGTERM)
+    from sqlalchemy import select
+
+    from worker.store.tables import mission_iterations, missions
+
+    with FakeLLMServer(clock_then_answer) as llm:
+        env = env_for(database_url, llm.base_url, MANA_AI_LEASE_S="600")
+        await cli(env, "agents", "add", "--name", "ticker", "--owner", "dana")
+        mission = await cli(
+            env, "missions", "add", "--agent", "ticker", "--objective", "Time?", "--due-now"
+        )
+        llm.hang()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "tick",
+            "--once",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        await asyncio.to_thread(llm.wait_for_requests, 1, TIMEOUT_S)  # mid-run now
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+        llm.release()
+        llm.unused_ok = True
+    assert proc.returncode == 143, err.decode()
+    assert "stopped by SIGTERM" in err.decode()
+    async with db.connect() as conn:
+        it = (await conn.execute(select(mission_iterations))).mappings().one()
+        row = (
+            (await conn.execute(select(missions).where(missions.c.id == mission["id"])))
+            .mappings()
+            .one()
+        )
+    assert (it["status"], it["stop_reason"]) == ("failed", "interrupted"), it["error"]
+    assert row["lease_owner"] is None

@@ -46,8 +46,31 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
     announce_database(settings)
-    async with open_app(settings) as app:
-        outcomes = await app.worker.run_once()
+    # SIGTERM (systemd, timeout, cron's kill) ends the tick as SIGINT does: the runs under way
+    # are cancelled, marked interrupted and their leases released, so the next claim resumes
+    # them at once instead of after the lease
+    import asyncio  # (loaded by asyncio.run already; `--help` does without it)
+
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        async with open_app(settings) as app:
+            outcomes = await app.worker.run_once()
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        print("mana-ai: stopped by SIGTERM; runs under way were interrupted", file=sys.stderr)
+        return 143
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
     if args.json:
         print_json({"missions_run": len(outcomes), "outcomes": outcomes})
     else:
