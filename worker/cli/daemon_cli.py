@@ -60,7 +60,11 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
         if task is not None:
             task.cancel()
 
-    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+        handled = True
+    except (RuntimeError, ValueError):  # not the main thread (main() called by a program)
+        handled = False
     try:
         async with open_app(settings) as app:
             outcomes = await app.worker.run_once()
@@ -70,7 +74,8 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
         print("mana-ai: stopped by SIGTERM; runs under way were interrupted", file=sys.stderr)
         return 143
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        if handled:
+            loop.remove_signal_handler(signal.SIGTERM)
     if args.json:
         print_json({"missions_run": len(outcomes), "outcomes": outcomes})
     else:
