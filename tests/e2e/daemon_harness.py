@@ -33,6 +33,7 @@ __all__ = [
     "finished_iterations",
     "free_port",
     "run_cli",
+    "start_cli",
     "start_mcp_serve",
     "start_worker",
     "stop",
@@ -112,16 +113,22 @@ def _in_process(env: dict[str, str], argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-async def start_worker(env: dict[str, str]) -> asyncio.subprocess.Process:
+async def start_cli(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
+    """``mana-ai ARGS`` started as a process (stdout discarded, stderr piped); end it with
+    ``stop``."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "worker.cli",
-        "worker",
+        *args,
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def start_worker(env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await start_cli(env, "worker")
 
 
 class McpServeProcess:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 import httpx
 import pytest
@@ -23,6 +22,7 @@ from tests.e2e.daemon_harness import (
     finished_iterations,
     free_port,
     run_cli,
+    start_cli,
     start_worker,
     stop,
     wait_until,
@@ -142,23 +142,13 @@ async def test_sigterm_ends_a_tick_as_sigint_does_and_leaves_no_lease_behind(
             env, "missions", "add", "--agent", "ticker", "--objective", "Time?", "--due-now"
         )
         llm.hang()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "worker.cli",
-            "tick",
-            "--once",
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await start_cli(env, "tick", "--once")
         await asyncio.to_thread(llm.wait_for_requests, 1, TIMEOUT_S)  # mid-run now
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+        code, err = await stop(proc)  # SIGTERM
         llm.release()
         llm.unused_ok = True
-    assert proc.returncode == 143, err.decode()
-    assert "stopped by SIGTERM" in err.decode()
+    assert code == 143, err
+    assert "stopped by SIGTERM" in err
     async with db.connect() as conn:
         it = (await conn.execute(select(mission_iterations))).mappings().one()
         row = (
