@@ -10,12 +10,19 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 __all__ = [
+    "APPROVALS",
+    "APPROVAL_DECISIONS",
+    "APPROVAL_REQUESTS",
+    "APPROVAL_WEBHOOKS",
     "COMPACTED_TURNS",
     "COMPACTIONS_TRIGGERED",
     "COMPACTION_FAILURES",
@@ -40,6 +47,7 @@ __all__ = [
     "TICK_DURATION",
     "TOOL_CALLS",
     "TOOL_DURATION",
+    "ApprovalStats",
     "HealthState",
     "MetricsServer",
 ]
@@ -151,6 +159,84 @@ COMPACTION_FAILURES = Counter(
     "nothing_to_fold).",
     ["reason"],
 )
+
+APPROVAL_REQUESTS = Counter(
+    "mana_ai_approval_requests_total",
+    "Approval requests this process stored (a destructive call parked until a person decides), "
+    "by consumer (mission, mcp).",
+    ["consumer"],
+)
+APPROVAL_WEBHOOKS = Counter(
+    "mana_ai_approval_webhooks_total",
+    "Approval-request notifications POSTed to MANA_AI_APPROVAL_WEBHOOK_URL, by outcome "
+    "(delivered; failed: given up after its retries).",
+    ["outcome"],
+)
+
+APPROVAL_DECISIONS = ("approved", "denied", "expired")
+"""The ``decision`` label values of ``mana_ai_approvals_total``."""
+
+
+class ApprovalStats(Collector):
+    """The approval figures of the whole database, as the worker last read them (every replica
+    exports the same values; aggregate with ``max without (instance)``):
+
+    * ``mana_ai_approvals_total{decision}``: approval requests decided so far, by decision
+      (``approved``, ``denied``, ``expired``: a pending request past its time to live). A
+      counter: requests are never deleted and a decision is final, so it only grows.
+    * ``mana_ai_approvals_pending``: approval requests waiting for a decision now.
+    * ``mana_ai_approval_oldest_pending_seconds``: age of the oldest of them (0 when none).
+
+    Decisions are taken by other processes (``mana-ai approvals``, the HTTP API), so the worker
+    reads these from the database (``update``) instead of counting events; nothing is exported
+    before the first read.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._snapshot: tuple[dict[str, int], int, float] | None = None
+
+    def update(self, decided: Mapping[str, int], pending: int, oldest_pending_s: float) -> None:
+        """Set the figures: ``decided`` by decision (missing ones count 0), ``pending``
+        requests, the age in seconds of the oldest pending one."""
+        counts = {decision: int(decided.get(decision, 0)) for decision in APPROVAL_DECISIONS}
+        with self._lock:
+            self._snapshot = (counts, int(pending), max(0.0, float(oldest_pending_s)))
+
+    def clear(self) -> None:
+        """Export nothing again (as before the first ``update``)."""
+        with self._lock:
+            self._snapshot = None
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshot = self._snapshot
+        if snapshot is None:
+            return
+        counts, pending, oldest = snapshot
+        decided = CounterMetricFamily(
+            "mana_ai_approvals",
+            "Approval requests decided in the whole database, by decision (approved, denied, "
+            "expired); read from the database by each worker.",
+            labels=["decision"],
+        )
+        for decision, value in counts.items():
+            decided.add_metric([decision], value)
+        yield decided
+        yield GaugeMetricFamily(
+            "mana_ai_approvals_pending",
+            "Approval requests waiting for a decision (whole database).",
+            value=pending,
+        )
+        yield GaugeMetricFamily(
+            "mana_ai_approval_oldest_pending_seconds",
+            "Age of the oldest approval request waiting for a decision; 0 when none waits.",
+            value=oldest,
+        )
+
+
+APPROVALS = ApprovalStats()
+REGISTRY.register(APPROVALS)
 
 
 class HealthState:
