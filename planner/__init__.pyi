@@ -1,6 +1,7 @@
 """The planner's public names, for type checkers and for ``lazy_loader.attach_stub`` (which
 reads this file to import each name from its module on first use: ``planner/__init__.py``)."""
 
+from .approvals import Approval, ApprovalStatus, arguments_hash
 from .calls import ExecutedCall, tool_result_message
 from .compaction import (
     Compaction,
@@ -20,6 +21,8 @@ from .errors import (
     ToolRegistryError,
 )
 from .events import (
+    ApprovalDecided,
+    ApprovalRequested,
     CallDecided,
     CallFinished,
     CallStarted,
@@ -39,7 +42,7 @@ from .events import (
     RunStopped,
     SentReminder,
 )
-from .execution import execute_calls
+from .execution import ExecutedRound, execute_calls, execute_round
 from .gate import CallLedger, Reservation, RulePolicyGate
 from .llm import ChatModel, CompletionRequest, CompletionResponse
 from .loop import (
@@ -60,11 +63,14 @@ from .messages import (
     messages_to_json,
 )
 from .policy import (
+    DecisionReason,
+    DestructivePolicy,
     PolicyConfig,
     PolicyDecision,
     PolicyGate,
     PolicyInput,
     PolicyMode,
+    PolicyVerdict,
     RateLimit,
     UserPolicySettings,
     evaluate_policy,
@@ -73,6 +79,10 @@ from .record import ArchiveEntry, RunLog, RunRecord, record_of
 from .tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [
+    "Approval",
+    "ApprovalDecided",
+    "ApprovalRequested",
+    "ApprovalStatus",
     "ArchiveEntry",
     "CallDecided",
     "CallFinished",
@@ -88,7 +98,10 @@ __all__ = [
     "Compactor",
     "CompletionRequest",
     "CompletionResponse",
+    "DecisionReason",
+    "DestructivePolicy",
     "ExecutedCall",
+    "ExecutedRound",
     "LLMConnectionError",
     "LLMError",
     "LLMResponseError",
@@ -103,6 +116,7 @@ __all__ = [
     "PolicyHint",
     "PolicyInput",
     "PolicyMode",
+    "PolicyVerdict",
     "RateLimit",
     "ReadsOverlapped",
     "Reminder",
@@ -132,9 +146,11 @@ __all__ = [
     "ToolRegistryError",
     "ToolSpec",
     "UserPolicySettings",
+    "arguments_hash",
     "compact_history",
     "evaluate_policy",
     "execute_calls",
+    "execute_round",
     "format_reminder",
     "messages_from_json",
     "messages_to_json",

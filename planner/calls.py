@@ -77,10 +77,21 @@ def tool_result_message(executed: ExecutedCall) -> ChatMessage:
     return ChatMessage(role="tool", content=content, tool_call_id=executed.call.id)
 
 
+_PEOPLES_DECISIONS = frozenset({"approval_denied", "approval_expired"})
+"""Reasons of a refusal that a person decided (or nobody did in time), not the rules."""
+
+
 def denial_text(decision: PolicyDecision) -> str:
     """The error a refused call's tool result carries, e.g. ``denied by policy
-    (destructive_not_opted_in): notes_delete is destructive and …``."""
+    (destructive_not_opted_in): notes_delete is destructive and …``; for a call a person
+    denied (or nobody approved in time), the decision's message as it is (``notes_delete was
+    not run: denied by bob (approval 12): …``); for a call that waits for approval where
+    waiting is impossible, ``not run: it needs a person's approval (…)``."""
     reason = decision.reason or "no reason given"
+    if decision.reason in _PEOPLES_DECISIONS and decision.message:
+        return decision.message
+    if decision.verdict == "ask":
+        return f"not run: it needs a person's approval ({reason}): {decision.message or reason}"
     if decision.message:
         return f"denied by policy ({reason}): {decision.message}"
     return f"denied by policy: {reason}"

@@ -16,6 +16,12 @@ One round, in order::
     ReadsOverlapped   (a group of reads ran concurrently)
     RoundEnded        (every call's result is in the log: a checkpoint may be taken here)
 
+A round whose call the gate *asks* about (verdict ``ask``, ``planner.approvals``) stops at that
+call: ``ApprovalRequested`` instead of its ``CallStarted``; the calls after it do not start,
+there is no ``RoundEnded``, and ``RunStopped`` follows with ``awaiting_approval``. A run
+resumed with decisions on such calls reports each as ``ApprovalDecided`` right after
+``RunStarted``.
+
 Before a round, ``Compacted`` or ``CompactionFailed``; first ``RunStarted``, last ``RunStopped``
 (unless the run was cancelled or interrupted). The model of this design is pydantic-ai's
 event stream (``FunctionToolCallEvent``, ``FunctionToolResultEvent``) and OpenHands' event
@@ -44,6 +50,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from planner.messages import ChatMessage, TokenUsage, ToolCall
 
 if TYPE_CHECKING:
+    from planner.approvals import Approval
     from planner.calls import ExecutedCall
     from planner.compaction import Compaction, CompactionError
     from planner.policy import PolicyDecision
@@ -51,6 +58,8 @@ if TYPE_CHECKING:
     from planner.tools import PolicyHint
 
 __all__ = [
+    "ApprovalDecided",
+    "ApprovalRequested",
     "CallDecided",
     "CallFinished",
     "CallStarted",
@@ -118,6 +127,9 @@ class Checkpoint:
             counted it (the provider's last usage plus estimates, or the count after a
             compaction); ``None``: estimated from the messages and tool definitions.
         reminders: the reminders the earlier attempts sent (the audit goes on from them).
+        approvals: people's decisions on calls of the pending round that the gate asked
+            about, by 0-based position (``planner.approvals``): a granted one lets exactly
+            that call run, a denied or expired one answers it with its refusal.
     """
 
     messages: Sequence[ChatMessage]
@@ -128,6 +140,7 @@ class Checkpoint:
     compaction_attempts: int | None = None
     context_tokens: int | None = None
     reminders: Sequence[SentReminder] = ()
+    approvals: Mapping[int, Approval] = field(default_factory=dict)
 
     def pending_calls(self) -> tuple[ToolCall, ...]:
         """The calls of the round under way when the checkpoint was taken (none when the log
@@ -211,6 +224,29 @@ class CallFinished(NamedTuple):
     settled: bool = False
 
 
+class ApprovalRequested(NamedTuple):
+    """The gate asked for a person's approval of the call at ``position`` of ``round``
+    (``decision``: verdict ``ask``): the call does not run, the calls after it wait, and the
+    run stops with ``awaiting_approval``; ``reply_text`` is the model's text in the reply that
+    issued it (``None``: none)."""
+
+    round: int
+    position: int
+    call: ToolCall
+    decision: PolicyDecision
+    reply_text: str | None = None
+
+
+class ApprovalDecided(NamedTuple):
+    """A resumed run found a person's decision (``approval``) on the call at ``position`` of
+    ``round``, which it had asked about."""
+
+    round: int
+    position: int
+    call: ToolCall
+    approval: Approval
+
+
 class ReadsOverlapped(NamedTuple):
     """``size`` read calls of ``round`` ran concurrently."""
 
@@ -259,6 +295,8 @@ RunEvent = (
     | CallDecided
     | CallStarted
     | CallFinished
+    | ApprovalRequested
+    | ApprovalDecided
     | ReadsOverlapped
     | RoundEnded
     | Compacted

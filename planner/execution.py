@@ -23,6 +23,11 @@ How a round runs (the plan is the pure function ``plan_segments``, the shell is
 * Results come back in source order, whatever order the calls finished in; the run events
   (``planner.events``: ``CallDecided``, ``CallStarted``, ``CallFinished``, ``ReadsOverlapped``)
   go to the sink as they happen, ``CallFinished`` in completion order.
+* A call the gate *asks* about (verdict ``ask`` in ``enforce``: a destructive call waiting for
+  a person's approval, ``planner.approvals``) parks the round there: it does not run, no call
+  after it is checked or started, and ``execute_round`` says so (``ExecutedRound.parked``);
+  the calls before it have finished (it is a barrier). With ``park=False`` (a consumer that
+  cannot wait: an MCP client) such a call is refused instead, its result saying why.
 * A ``write`` or ``destructive`` call gets its own idempotency key in ``ctx``; its
   ``CallStarted`` is awaited before its handler starts, so a sink (the worker's journal) can
   record it durably first, and a worker taking over after a crash knows which writes were in
@@ -44,20 +49,29 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.calls import ExecutedCall, denial_text
 from planner.errors import RunInterrupted, ToolError
-from planner.events import CallDecided, CallFinished, CallStarted, ReadsOverlapped
+from planner.events import (
+    ApprovalRequested,
+    CallDecided,
+    CallFinished,
+    CallStarted,
+    ReadsOverlapped,
+)
 from planner.messages import ToolCall
 from planner.policy import PolicyDecision, PolicyGate
 from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
 
 if TYPE_CHECKING:
+    from planner.approvals import Approval
     from planner.events import RunSink
 
 __all__ = [
     "DEFAULT_MAX_PARALLEL_READS",
     "DEFAULT_TOOL_TIMEOUT_S",
+    "ExecutedRound",
     "Segment",
     "ToolCallExecutor",
     "execute_calls",
+    "execute_round",
     "plan_segments",
 ]
 
@@ -121,13 +135,24 @@ def plan_segments(hints: Sequence[PolicyHint | None]) -> list[Segment]:
 
 class _Ready(NamedTuple):
     """A call that passed the checks and the gate, about to start (a named tuple: built for
-    every call, it must be cheap)."""
+    every call, it must be cheap); ``ctx`` is the call's own (its key, its approval)."""
 
     position: int
     call: ToolCall
     spec: ToolSpec
     decision: PolicyDecision | None
     checked_ms: float
+    ctx: ToolContext
+
+
+class ExecutedRound(NamedTuple):
+    """What ``execute_round`` did: ``calls``, the outcome of every call that has one, in
+    source order (all of them, unless the round parked); ``parked``, the call the gate asked
+    about when the round stopped there (the calls before it are in ``calls``, those after it
+    did not start), else ``None``."""
+
+    calls: list[ExecutedCall]
+    parked: ApprovalRequested | None = None
 
 
 async def execute_calls(
@@ -143,6 +168,41 @@ async def execute_calls(
     tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
     settled: Mapping[int, ExecutedCall] | None = None,
 ) -> list[ExecutedCall]:
+    """Run one round's ``calls`` for a consumer that cannot wait for a person: as
+    ``execute_round`` with ``park=False`` (a call the gate asks about is refused, its result
+    saying so); one ExecutedCall per call, in source order."""
+    executed = await execute_round(
+        calls,
+        round=round,
+        registry=registry,
+        ctx=ctx,
+        policy=policy,
+        executor=executor,
+        sink=sink,
+        max_parallel_reads=max_parallel_reads,
+        tool_timeout_s=tool_timeout_s,
+        settled=settled,
+        park=False,
+    )
+    return executed.calls
+
+
+async def execute_round(
+    calls: Sequence[ToolCall],
+    *,
+    round: int,
+    registry: ToolRegistry,
+    ctx: ToolContext,
+    policy: PolicyGate | None = None,
+    executor: ToolCallExecutor | None = None,
+    sink: RunSink | None = None,
+    max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
+    tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
+    settled: Mapping[int, ExecutedCall] | None = None,
+    approvals: Mapping[int, Approval] | None = None,
+    park: bool = True,
+    reply_text: str | None = None,
+) -> ExecutedRound:
     """Run one round's ``calls`` (see the module docstring for the rules).
 
     Args:
@@ -161,9 +221,17 @@ async def execute_calls(
             error result; for a write the error says its outcome is unknown.
         settled: results already known, by 0-based position (a resumed round: calls an
             earlier attempt finished, or whose outcome is unknown); those calls do not run.
+        approvals: people's decisions on calls of this round, by 0-based position: each is
+            on its call's ``ToolContext.approval`` when the gate decides it.
+        park: a call the gate asks about (``PolicyDecision.parks``) parks the round (the
+            default); ``False``: it is refused like a denied call.
+        reply_text: the model's text in the reply that issued ``calls`` (recorded with a
+            parked call's ``ApprovalRequested``).
 
     Returns:
-        One ExecutedCall per call, in source order.
+        ``ExecutedRound``: one ExecutedCall per call in source order, or, when the round
+        parked, those of the calls before the parked one and the ``ApprovalRequested`` event
+        (already given to the sink).
 
     Raises:
         ValueError: ``max_parallel_reads`` < 1 or ``tool_timeout_s`` ≤ 0.
@@ -179,6 +247,7 @@ async def execute_calls(
     if tool_timeout_s is not None and not tool_timeout_s > 0:
         raise ValueError(f"tool_timeout_s must be > 0 or None, got {tool_timeout_s}")
     results: list[ExecutedCall | None] = [None] * len(calls)
+    parked: list[ApprovalRequested] = []
 
     def finish(executed: ExecutedCall) -> Awaitable[None] | None:
         results[executed.index] = executed
@@ -187,18 +256,34 @@ async def execute_calls(
         was_settled = settled is not None and settled.get(executed.index) is executed
         return sink(CallFinished(executed, was_settled))
 
-    async def check(index: int) -> ExecutedCall | _Ready:
+    async def check(index: int) -> ExecutedCall | _Ready | None:
+        if parked:
+            return None  # the round stopped at a call waiting for approval
         if settled and index in settled:
             return settled[index]
-        return await _check(
-            index, calls[index], round=round, registry=registry, ctx=ctx, policy=policy, sink=sink
+        checked = await _check(
+            index,
+            calls[index],
+            round=round,
+            registry=registry,
+            ctx=ctx,
+            policy=policy,
+            sink=sink,
+            approval=approvals.get(index) if approvals else None,
+            park=park,
         )
+        if isinstance(checked, _Parked):
+            event = ApprovalRequested(round, index, checked.call, checked.decision, reply_text)
+            parked.append(event)
+            if sink is not None and (pending := sink(event)) is not None:
+                await pending
+            return None
+        return checked
 
     async def run(ready: _Ready) -> ExecutedCall:
         return await _run(
             ready,
             round=round,
-            ctx=ctx,
             executor=executor,
             default_timeout_s=tool_timeout_s,
             sink=sink,
@@ -211,10 +296,17 @@ async def execute_calls(
         if segment.parallel and cap > 1 and ran > 1 and sink is not None:
             if (pending := sink(ReadsOverlapped(round, ran))) is not None:
                 await pending
+        if parked:
+            break
     done = [executed for executed in results if executed is not None]
+    if parked:
+        stop = parked[0].position
+        if len(done) != stop or any(c.index >= stop for c in done):  # a bug here
+            raise AssertionError(f"parked at call {stop} but {len(done)} results")
+        return ExecutedRound(done, parked[0])
     if len(done) != len(calls):  # a bug here, never the tool's fault
         raise AssertionError(f"{len(calls)} calls but {len(done)} results")
-    return done
+    return ExecutedRound(done)
 
 
 def _hint(registry: ToolRegistry, call: ToolCall) -> PolicyHint | None:
@@ -225,19 +317,23 @@ def _hint(registry: ToolRegistry, call: ToolCall) -> PolicyHint | None:
 async def _run_segment(
     indices: Sequence[int],
     cap: int,
-    check: Callable[[int], Awaitable[ExecutedCall | _Ready]],
+    check: Callable[[int], Awaitable[ExecutedCall | _Ready | None]],
     run: Callable[[_Ready], Coroutine[Any, Any, ExecutedCall]],
     finish: Callable[[ExecutedCall], Awaitable[None] | None],
 ) -> int:
     """Check the calls in source order and start each one as soon as a slot is free (at most
-    ``cap`` running). Returns how many handlers were started. On any exception (cancellation
-    included) the running calls are cancelled and awaited before it propagates; calls that
-    finished before the cancellation reached them are still passed to ``finish``."""
+    ``cap`` running); a check that answers ``None`` (the round parked) starts nothing more,
+    and the calls running are waited for. Returns how many handlers were started. On any
+    exception (cancellation included) the running calls are cancelled and awaited before it
+    propagates; calls that finished before the cancellation reached them are still passed to
+    ``finish``."""
     started = 0
     if cap == 1 or len(indices) == 1:
         # nothing can overlap: run inline, without the cost of a task per call
         for index in indices:
             checked = await check(index)
+            if checked is None:
+                break
             if isinstance(checked, ExecutedCall):
                 if (pending := finish(checked)) is not None:
                     await pending
@@ -259,6 +355,8 @@ async def _run_segment(
     try:
         for index in indices:
             checked = await check(index)
+            if checked is None:
+                break
             if isinstance(checked, ExecutedCall):
                 if (pending := finish(checked)) is not None:
                     await pending
@@ -281,6 +379,13 @@ async def _run_segment(
     return started
 
 
+class _Parked(NamedTuple):
+    """A call the gate asked about: it waits for a person's approval."""
+
+    call: ToolCall
+    decision: PolicyDecision
+
+
 async def _check(
     index: int,
     call: ToolCall,
@@ -290,9 +395,12 @@ async def _check(
     ctx: ToolContext,
     policy: PolicyGate | None,
     sink: RunSink | None = None,
-) -> ExecutedCall | _Ready:
-    """The call's error result when it cannot run, else what it needs to start. The gate
-    sees the call's own context (its idempotency key, for a write)."""
+    approval: Approval | None = None,
+    park: bool = True,
+) -> ExecutedCall | _Ready | _Parked:
+    """The call's error result when it cannot run, ``_Parked`` when it waits for approval,
+    else what it needs to start. The gate sees the call's own context (its idempotency key,
+    for a write; its approval)."""
     started = time.perf_counter()
 
     def refused(error: str, decision: PolicyDecision | None) -> ExecutedCall:
@@ -309,29 +417,30 @@ async def _check(
     if invalid is not None:
         return refused(invalid, None)
     decision: PolicyDecision | None = None
+    own = ctx if spec.policy_hint == "read" else ctx.for_call(round, index, approval)
     if policy is not None:
-        own = ctx if spec.policy_hint == "read" else ctx.for_call(round, index)
         decision = await policy(spec, call, own)
         if sink is not None:
             if (pending := sink(CallDecided(round, index, call, decision))) is not None:
                 await pending
         if not decision.allow:
+            if park and decision.parks:
+                return _Parked(call, decision)
             return refused(denial_text(decision), decision)
-    return _Ready(index, call, spec, decision, (time.perf_counter() - started) * 1000.0)
+    return _Ready(index, call, spec, decision, (time.perf_counter() - started) * 1000.0, own)
 
 
 async def _run(
     ready: _Ready,
     *,
     round: int,
-    ctx: ToolContext,
     executor: ToolCallExecutor | None,
     default_timeout_s: float | None,
     sink: RunSink | None = None,
 ) -> ExecutedCall:
-    """Run one allowed call under its timeout; every failure becomes the error result.
-    A write or destructive call gets its idempotency key. ``CallStarted`` is awaited first:
-    a sink that raises keeps the call from running."""
+    """Run one allowed call under its timeout, with its own context (``ready.ctx``: a write's
+    idempotency key, the call's approval); every failure becomes the error result.
+    ``CallStarted`` is awaited first: a sink that raises keeps the call from running."""
     call, spec = ready.call, ready.spec
     timeout_s = spec.timeout_s if spec.timeout_s is not None else default_timeout_s
     started = time.perf_counter()
@@ -342,8 +451,7 @@ async def _run(
             round, call, result, error, ready.decision, elapsed_ms, ready.position, ran=ran
         )
 
-    if spec.policy_hint != "read":
-        ctx = ctx.for_call(round, ready.position)
+    ctx = ready.ctx
     if sink is not None:
         event = CallStarted(
             round, ready.position, call, spec.policy_hint, ctx.idempotency_key, ready.decision

@@ -14,6 +14,7 @@ from planner.errors import RunInterrupted
 from planner.messages import ToolCall
 from planner.policy import (
     POLICY_UNAVAILABLE,
+    DestructivePolicy,
     PolicyConfig,
     PolicyDecision,
     PolicyInput,
@@ -76,6 +77,11 @@ class RulePolicyGate:
     rules deny never take a slot — in ``log-only`` either, so that log-only records exactly
     what ``enforce`` would do.
 
+    A destructive call the user has not opted in to is denied, or with ``destructive="ask"``
+    asked about (verdict ``ask``; no slot is taken until a person approved it). A call whose
+    ``ctx.approval`` is a granted approval of exactly this call passes that rule (reason
+    ``approved``) and takes its slot like any other.
+
     When the ledger fails, the gate fails closed in ``enforce`` (denied,
     ``policy_unavailable``) and open in ``log-only`` (allowed, with a ``policy_unavailable``
     would-be denial), and logs a warning. A ledger that raises ``RunInterrupted`` (a mission's
@@ -90,6 +96,8 @@ class RulePolicyGate:
         ledger: where rate-limit slots are counted and taken.
         consumer: who calls (``mission``, ``mcp``), recorded with each slot.
         observe: called with every decision (metrics, logs).
+        destructive: what a destructive call without the user's opt-in gets: ``deny``
+            (default) or ``ask`` (``planner.policy.DestructivePolicy``).
     """
 
     def __init__(
@@ -101,6 +109,7 @@ class RulePolicyGate:
         ledger: CallLedger,
         consumer: str = "mission",
         observe: DecisionObserver | None = None,
+        destructive: DestructivePolicy = DestructivePolicy.DENY,
     ) -> None:
         self.mode: PolicyMode = mode
         self.config = config
@@ -108,6 +117,7 @@ class RulePolicyGate:
         self.ledger = ledger
         self.consumer = consumer
         self.observe = observe
+        self.destructive = destructive
 
     async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
         """Decide ``call`` (see the class docstring); never raises except on cancellation and
@@ -155,7 +165,16 @@ class RulePolicyGate:
         call elsewhere (in the same round trip as another write) goes on with ``limit_for``,
         ``counted`` and ``report``."""
         inp = PolicyInput(
-            spec, ctx, call.arguments, self.user_settings, None, self.mode, None, self.config
+            spec,
+            ctx,
+            call.arguments,
+            self.user_settings,
+            None,
+            self.mode,
+            None,
+            self.config,
+            self.destructive,
+            ctx.approval,
         )
         try:
             return inp, evaluate_policy(inp)

@@ -10,6 +10,11 @@ filtered or empty is judged by ``planner.replies`` (stop reasons ``truncated``,
 Reminders from ``reminder_channel`` are appended to *that request only* as
 ``<reminder>…</reminder>`` system messages; they never enter ``PlannerLoopResult.messages``.
 
+A call the policy gate asks a person about (verdict ``ask``, ``planner.approvals``) stops the
+run there with ``awaiting_approval``: the log ends with the assistant message that issued it,
+the calls before it have their outcomes (``result.record``), and the run goes on from that
+checkpoint once a person decided (``Checkpoint.approvals``).
+
 Everything the loop does is reported as run events (``planner.events``) through the sink of
 ``run_planner_loop``; its own state is the fold of those events (``planner.record.RunLog``),
 and its result is that record's.
@@ -25,7 +30,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from planner.calls import ExecutedCall, tool_result_message
+from planner.approvals import Approval
+from planner.calls import ExecutedCall, denial_text, tool_result_message
 from planner.compaction import (
     CompactionError,
     Compactor,
@@ -36,6 +42,8 @@ from planner.compaction import (
 )
 from planner.errors import LLMError
 from planner.events import (
+    ApprovalDecided,
+    CallFinished,
     Checkpoint,
     Compacted,
     CompactionFailed,
@@ -51,10 +59,16 @@ from planner.events import (
     RunStopped,
     SentReminder,
 )
-from planner.execution import DEFAULT_MAX_PARALLEL_READS, ToolCallExecutor, execute_calls
+from planner.execution import DEFAULT_MAX_PARALLEL_READS, ToolCallExecutor, execute_round
 from planner.llm import ChatModel, CompletionRequest
 from planner.messages import ChatMessage, TokenUsage, ToolCall
-from planner.policy import PolicyGate
+from planner.policy import (
+    DecisionReason,
+    PolicyDecision,
+    PolicyGate,
+    PolicyMode,
+    PolicyVerdict,
+)
 from planner.record import RunLog, RunRecord
 from planner.replies import FAILED_STOP_REASONS, StopReason, judge_reply, stored_reply
 from planner.tools import ToolContext, ToolRegistry, ToolSpec
@@ -163,7 +177,8 @@ class PlannerLoopResult:
             reported what they cost.
         stop_reason: ``final_answer`` | ``max_rounds`` | ``llm_error`` | ``truncated`` |
             ``content_filtered`` | ``empty_answer`` | ``context_exhausted`` (see
-            ``planner.replies``).
+            ``planner.replies``), or ``awaiting_approval`` (not an end: the run waits for a
+            person's decision on ``record.pending_approval``).
         compactions_done: times the context was compacted in this iteration.
         compaction_errors: why compactions that were tried did not happen.
         error: why the loop failed, for a stop reason in ``FAILED_STOP_REASONS``.
@@ -273,9 +288,12 @@ async def run_planner_loop(
     async def run_calls(
         calls: Sequence[ToolCall],
         round_no: int,
+        reply_text: str | None,
         settled: Mapping[int, ExecutedCall] | None = None,
-    ) -> None:
-        outcomes = await execute_calls(
+        approvals: Mapping[int, Approval] | None = None,
+    ) -> bool:
+        """Run the round's calls; False when it parked at a call waiting for approval."""
+        executed = await execute_round(
             calls,
             round=round_no,
             registry=registry,
@@ -285,13 +303,22 @@ async def run_planner_loop(
             sink=sink,  # the loop's own fold takes the calls from RoundEnded
             max_parallel_reads=inp.max_parallel_reads,
             settled=settled,
+            approvals=approvals,
+            reply_text=reply_text,
         )
+        outcomes = executed.calls
+        if executed.parked is not None:  # the round waits: no RoundEnded, no results logged
+            for outcome in outcomes:
+                log.fold_call_finished(CallFinished(outcome))
+            log.fold_approval_requested(executed.parked)
+            return False
         if compactor is not None:
             counted([tool_result_message(o) for o in outcomes])
         ended = RoundEnded(round_no, tuple(outcomes))
         log.fold_round_ended(ended)
         if sink is not None and (pending := sink(ended)) is not None:
             await pending
+        return True
 
     async def stop(rounds: int, reason: StopReason, **extra: Any) -> PlannerLoopResult:
         if (pending := emit(RunStopped(rounds, reason, **extra))) is not None:
@@ -318,7 +345,10 @@ async def run_planner_loop(
         first_round = resume.rounds_done + 1
         under_way = resume.pending_calls()
         if under_way:  # the round under way when the earlier attempt stopped
-            await run_calls(under_way, resume.rounds_done, resume.settled)
+            settled, approved = await _decided(resume, under_way, registry, emit)
+            reply_text = resume.messages[-1].content
+            if not await run_calls(under_way, resume.rounds_done, reply_text, settled, approved):
+                return await stop(resume.rounds_done, StopReason.AWAITING_APPROVAL)
         if first_round > inp.max_rounds:
             return await stop(resume.rounds_done, StopReason.MAX_ROUNDS)
 
@@ -455,9 +485,55 @@ async def run_planner_loop(
             )
         if not reply.tool_calls:
             continue  # the model was told why its reply cannot stand, and asked again
-        await run_calls(reply.tool_calls, round_no)
+        if not await run_calls(reply.tool_calls, round_no, reply.content):
+            return await stop(round_no, StopReason.AWAITING_APPROVAL)
 
     return await stop(inp.max_rounds, StopReason.MAX_ROUNDS)
+
+
+async def _decided(
+    resume: Checkpoint,
+    calls: Sequence[ToolCall],
+    registry: ToolRegistry,
+    emit: Callable[[RunEvent], Awaitable[None] | None],
+) -> tuple[dict[int, ExecutedCall], dict[int, Approval]]:
+    """The pending round's results known before it goes on (``resume.settled``, plus the
+    refusals of the calls a person denied or nobody approved in time, and of approved calls
+    whose tool is no longer offered), and the granted approvals of the calls that run now;
+    reports every decision found (``ApprovalDecided``)."""
+    settled = dict(resume.settled)
+    approved: dict[int, Approval] = {}
+    round_no = resume.rounds_done
+    for position, approval in sorted(resume.approvals.items()):
+        if position in settled or not 0 <= position < len(calls) or not approval.decided:
+            continue  # already settled (it ran), or still pending: the gate asks again
+        call = calls[position]
+        if (pending := emit(ApprovalDecided(round_no, position, call, approval))) is not None:
+            await pending
+        if approval.granted and call.name in registry:
+            approved[position] = approval
+            continue
+        reason: str
+        if approval.granted:
+            reason, message, reminder = (
+                DecisionReason.TOOL_NOT_OFFERED,
+                f"{call.name} was {approval.describe()}, but this agent no longer offers "
+                f"{call.name}; it was not run",
+                f"{call.name} is no longer available; do not call it again.",
+            )
+        else:
+            reason, message, reminder = approval.refusal()
+        decision = PolicyDecision(
+            allow=False,
+            reason=reason,
+            verdict=PolicyVerdict.DENY,
+            mode=PolicyMode.ENFORCE,
+            message=message,
+            reminder=reminder,
+        )
+        error = message if approval.granted else denial_text(decision)
+        settled[position] = ExecutedCall(round_no, call, None, error, decision, index=position)
+    return settled, approved
 
 
 def _reminders(channel: ReminderChannel, state: LoopState) -> list[Reminder]:

@@ -6,7 +6,11 @@ input carries ``now``). The rules, in the order they are checked:
 1. **scope exposure** — a consumer (the mission runner, the MCP server) passes the scopes it
    exposes; a tool outside them is denied (``scope_not_exposed``).
 2. **destructive opt-in** — a ``destructive`` tool is denied unless the user opted in to that
-   tool or to its scope (``destructive_not_opted_in``).
+   tool or to its scope (``destructive_not_opted_in``); with the destructive policy ``ask``
+   (``DestructivePolicy``) the verdict is ``ask`` instead (``approval_required``): a person
+   decides (``planner.approvals``). A call that carries a granted ``Approval`` of exactly this
+   call passes this rule (reason ``approved``); one whose approval is for another call is
+   denied (``approval_mismatch``).
 3. **rate limit per user per tool** — at most ``RateLimit.calls`` calls in a rolling
    ``RateLimit.window`` (default 30 per 60 s); the input carries the timestamps of the user's
    recent calls of the tool that took a slot (``rate_limited``). Overrides: per user and tool,
@@ -24,8 +28,9 @@ the ``inspection_truncated`` flag saying that not everything was read.
 
 Modes: ``off`` (no rules run, every call allowed), ``log-only`` (rules run and the decision is
 recorded, but the call always runs: a denial is a *would-be* denial) and ``enforce`` (a denied
-call does not run). ``PolicyDecision.verdict`` is what the rules decided, ``allow`` what the
-loop does.
+call does not run; a call the rules *ask* about waits for a person: the loop parks it).
+``PolicyDecision.verdict`` is what the rules decided (``allow``, ``deny`` or ``ask``),
+``allow`` what the loop does.
 
 The seam the loop awaits is ``PolicyGate = async (spec, call, ctx) -> PolicyDecision``;
 ``planner.gate.RulePolicyGate`` is the gate every consumer uses: it applies ``evaluate_policy``
@@ -45,6 +50,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.approvals import Approval
 from planner.markers import (
     DEFAULT_INJECTION_MARKERS,
     MAX_INSPECTED_CHARS,
@@ -56,6 +62,11 @@ from planner.tools import ToolContext, ToolSpec
 
 __all__ = [
     "ALLOWED",
+    "APPROVAL_DENIED",
+    "APPROVAL_EXPIRED",
+    "APPROVAL_MISMATCH",
+    "APPROVAL_REQUIRED",
+    "APPROVED",
     "ARGUMENTS_NOT_OBJECT",
     "DEFAULT_RATE_LIMIT",
     "DENY_REASONS",
@@ -67,7 +78,9 @@ __all__ = [
     "POLICY_UNAVAILABLE",
     "RATE_LIMITED",
     "SCOPE_NOT_EXPOSED",
+    "TOOL_NOT_OFFERED",
     "DecisionReason",
+    "DestructivePolicy",
     "PolicyConfig",
     "PolicyDecision",
     "PolicyGate",
@@ -104,13 +117,31 @@ class DecisionReason(StrEnum):
     DESTRUCTIVE_NOT_OPTED_IN = "destructive_not_opted_in"
     RATE_LIMITED = "rate_limited"
     POLICY_UNAVAILABLE = "policy_unavailable"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVED = "approved"
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_EXPIRED = "approval_expired"
+    APPROVAL_MISMATCH = "approval_mismatch"
+    TOOL_NOT_OFFERED = "tool_not_offered"
 
 
 class PolicyVerdict(StrEnum):
-    """What the rules decided, whatever the mode."""
+    """What the rules decided, whatever the mode: ``allow``, ``deny``, or ``ask`` (a person
+    decides: in ``enforce`` the loop parks the call until then, in ``log-only`` it runs and
+    the verdict is a would-be ask)."""
 
     ALLOW = "allow"
     DENY = "deny"
+    ASK = "ask"
+
+
+class DestructivePolicy(StrEnum):
+    """What the gate answers for a destructive call the user has not opted in to: ``deny``
+    (refused, the model is told; the default) or ``ask`` (a person is asked first:
+    ``planner.approvals``). ``MANA_AI_POLICY_DESTRUCTIVE``, overridable per agent."""
+
+    DENY = "deny"
+    ASK = "ask"
 
 
 ALLOWED = DecisionReason.ALLOWED
@@ -119,7 +150,22 @@ SCOPE_NOT_EXPOSED = DecisionReason.SCOPE_NOT_EXPOSED
 DESTRUCTIVE_NOT_OPTED_IN = DecisionReason.DESTRUCTIVE_NOT_OPTED_IN
 RATE_LIMITED = DecisionReason.RATE_LIMITED
 POLICY_UNAVAILABLE = DecisionReason.POLICY_UNAVAILABLE
-DENY_REASONS = (SCOPE_NOT_EXPOSED, DESTRUCTIVE_NOT_OPTED_IN, RATE_LIMITED, POLICY_UNAVAILABLE)
+APPROVAL_REQUIRED = DecisionReason.APPROVAL_REQUIRED
+APPROVED = DecisionReason.APPROVED
+APPROVAL_DENIED = DecisionReason.APPROVAL_DENIED
+APPROVAL_EXPIRED = DecisionReason.APPROVAL_EXPIRED
+APPROVAL_MISMATCH = DecisionReason.APPROVAL_MISMATCH
+TOOL_NOT_OFFERED = DecisionReason.TOOL_NOT_OFFERED
+DENY_REASONS = (
+    SCOPE_NOT_EXPOSED,
+    DESTRUCTIVE_NOT_OPTED_IN,
+    RATE_LIMITED,
+    POLICY_UNAVAILABLE,
+    APPROVAL_DENIED,
+    APPROVAL_EXPIRED,
+    APPROVAL_MISMATCH,
+    TOOL_NOT_OFFERED,
+)
 
 # Flags: what the gate noticed without blocking.
 INJECTION_MARKER = "injection_marker"
@@ -222,12 +268,17 @@ class PolicyDecision(BaseModel):
     """Whether one tool call may run: a value the loop acts on.
 
     Attributes:
-        allow: what the loop does: run the call (``True``) or answer it with an error tool
-            result and never run its handler (``False``). Always ``True`` in ``log-only``.
-        reason: a machine-readable code: ``allowed``, ``policy_off``, ``scope_not_exposed``,
-            ``destructive_not_opted_in``, ``rate_limited`` or ``policy_unavailable``.
-        verdict: what the rules decided (``allow`` | ``deny``), whatever the mode: in
-            ``log-only`` a ``deny`` verdict with ``allow=True`` is a would-be denial.
+        allow: what the loop does: run the call (``True``) or not run its handler (``False``:
+            answered with an error tool result, or, with verdict ``ask``, parked until a
+            person decides). Always ``True`` in ``log-only``.
+        reason: a machine-readable code (``DecisionReason``): ``allowed``, ``policy_off``,
+            ``scope_not_exposed``, ``destructive_not_opted_in``, ``rate_limited``,
+            ``policy_unavailable``, ``approval_required``, ``approved``, ``approval_denied``,
+            ``approval_expired``, ``approval_mismatch`` or ``tool_not_offered`` (an approved
+            call whose tool the agent no longer offers).
+        verdict: what the rules decided (``allow`` | ``deny`` | ``ask``), whatever the mode: in
+            ``log-only`` a ``deny`` or ``ask`` verdict with ``allow=True`` is a would-be denial
+            or a would-be request for approval.
         mode: the mode the decision was taken in (``None`` for a hand-made decision).
         message: why, in words, for the model (on a denial) and the operator.
         reminder: a hint for the model's next request (reminder channel), on a denial.
@@ -252,6 +303,12 @@ class PolicyDecision(BaseModel):
         """True when the rules said deny (enforced or not); hand-made decisions: ``not allow``."""
         return self.verdict == "deny" if self.verdict is not None else not self.allow
 
+    @property
+    def parks(self) -> bool:
+        """True when the call waits for a person's approval instead of running (verdict
+        ``ask`` in ``enforce``)."""
+        return self.verdict == "ask" and not self.allow
+
 
 PolicyGate = Callable[[ToolSpec, ToolCall, ToolContext], Awaitable[PolicyDecision]]
 """``async (spec, call, ctx) -> PolicyDecision``, awaited before a known tool's handler runs."""
@@ -273,6 +330,10 @@ class PolicyInput(NamedTuple):
         now: the time the rate limit is judged at (UTC-aware); the rate rule needs it with
             ``recent_invocations`` and is skipped without it.
         config: the consumer's configuration.
+        destructive: what a destructive call without opt-in gets: ``deny`` (default) or
+            ``ask`` (``DestructivePolicy``).
+        approval: a person's decision on this call (``planner.approvals``; normally
+            ``ctx.approval``), or ``None``.
     """
 
     spec: ToolSpec
@@ -283,6 +344,8 @@ class PolicyInput(NamedTuple):
     mode: PolicyMode
     now: datetime | None = None
     config: PolicyConfig = PolicyConfig()
+    destructive: DestructivePolicy = DestructivePolicy.DENY
+    approval: Approval | None = None
 
 
 def evaluate_policy(inp: PolicyInput) -> PolicyDecision:
@@ -312,6 +375,17 @@ def evaluate_policy(inp: PolicyInput) -> PolicyDecision:
         )
     denial = _first_denial(inp)
     if denial is None:
+        approval = inp.approval
+        if approval is not None and approval.granted and _needs_opt_in(inp):
+            return PolicyDecision(
+                allow=True,
+                reason=APPROVED,
+                verdict=PolicyVerdict.ALLOW,
+                mode=inp.mode,
+                message=f"{inp.spec.name} was {approval.describe()}",
+                flags=flags,
+                markers=markers,
+            )
         if not flags and inp.mode == "enforce":
             return _ALLOWED_ENFORCE
         if not flags:
@@ -325,13 +399,14 @@ def evaluate_policy(inp: PolicyInput) -> PolicyDecision:
             markers=markers,
         )
     reason, message, reminder = denial
+    ask = reason == APPROVAL_REQUIRED
     return PolicyDecision(
         allow=inp.mode != "enforce",
         reason=reason,
-        verdict=PolicyVerdict.DENY,
+        verdict=PolicyVerdict.ASK if ask else PolicyVerdict.DENY,
         mode=inp.mode,
         message=message,
-        reminder=reminder if inp.mode == "enforce" else None,
+        reminder=reminder if inp.mode == "enforce" and not ask else None,
         flags=flags,
         markers=markers,
     )
@@ -359,14 +434,34 @@ def _first_denial(inp: PolicyInput) -> tuple[str, str, str] | None:
             f"(exposed scopes: {exposed})",
             f"{spec.name} is not available here; do not call it again.",
         )
-    if spec.policy_hint == "destructive" and not inp.user_settings.opted_in(spec):
-        return (
-            DESTRUCTIVE_NOT_OPTED_IN,
-            f"{spec.name} is destructive and user {inp.ctx.user_id!r} has not opted in to it "
-            f"(nor to its scope {spec.scope!r})",
-            f"{spec.name} needs the user's opt-in; do not retry it. Go on without it, or say "
-            "in your answer what you would have done.",
-        )
+    if _needs_opt_in(inp):
+        approval = inp.approval
+        if approval is not None and approval.decided:
+            if not approval.matches_arguments(spec.name, inp.raw_input):
+                return (
+                    APPROVAL_MISMATCH,
+                    f"{spec.name} differs from the call a person reviewed ({approval.describe()}: "
+                    "another tool or other arguments); it was not run",
+                    f"{spec.name} was not run: it is not the call that was approved. Do not "
+                    "retry it.",
+                )
+            if not approval.granted:
+                return approval.refusal()
+        elif inp.destructive == DestructivePolicy.ASK:
+            return (
+                APPROVAL_REQUIRED,
+                f"{spec.name} is destructive and user {inp.ctx.user_id!r} has not opted in to it "
+                f"(nor to its scope {spec.scope!r}): a person must approve this call",
+                "",
+            )
+        else:
+            return (
+                DESTRUCTIVE_NOT_OPTED_IN,
+                f"{spec.name} is destructive and user {inp.ctx.user_id!r} has not opted in to it "
+                f"(nor to its scope {spec.scope!r})",
+                f"{spec.name} needs the user's opt-in; do not retry it. Go on without it, or say "
+                "in your answer what you would have done.",
+            )
     if inp.recent_invocations is not None and inp.now is not None:
         limit = config.rate_limit_for(spec.name, inp.user_settings)
         wait = rate_limit_wait(inp.recent_invocations, limit, inp.now)
@@ -379,6 +474,11 @@ def _first_denial(inp: PolicyInput) -> tuple[str, str, str] | None:
                 "right away: work with what you have.",
             )
     return None
+
+
+def _needs_opt_in(inp: PolicyInput) -> bool:
+    """A destructive call of a user who has not opted in to it (nor to its scope)."""
+    return inp.spec.policy_hint == "destructive" and not inp.user_settings.opted_in(inp.spec)
 
 
 def rate_limit_wait(

@@ -20,6 +20,8 @@ What the record holds:
 * ``archive``: this attempt's compactions and failed compaction attempts, numbered on from
   the checkpoint's (``ArchiveEntry.index``); ``compactions_done`` counts the earlier ones too.
 * the outcome: ``stop_reason``, ``error``, ``final_answer`` (``None`` while the run goes on).
+* approvals: the call the run stopped at to wait for a person (``pending_approval``: its
+  ``ApprovalRequested``), and the decisions a resumed run found (``approvals``).
 
 A resumed run starts from a ``planner.checkpoint.Checkpoint`` (its ``RunStarted`` carries it).
 """
@@ -33,6 +35,8 @@ from typing import Any
 from planner.calls import ExecutedCall, tool_result_message
 from planner.compaction import Compaction, CompactionError
 from planner.events import (
+    ApprovalDecided,
+    ApprovalRequested,
     CallFinished,
     Compacted,
     CompactionFailed,
@@ -79,6 +83,8 @@ class RunRecord:
     stop_reason: StopReason | None = None
     error: str | None = None
     final_answer: str | None = None
+    pending_approval: ApprovalRequested | None = None
+    approvals: tuple[ApprovalDecided, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -97,6 +103,7 @@ class RunLog:
     __slots__ = (
         "_archived",
         "_round_calls",
+        "approvals",
         "archive",
         "calls",
         "compaction_errors",
@@ -106,6 +113,7 @@ class RunLog:
         "last_call",
         "last_round_calls",
         "messages",
+        "pending_approval",
         "reminders",
         "rounds",
         "settled",
@@ -132,6 +140,8 @@ class RunLog:
         self.last_round_calls: tuple[ExecutedCall, ...] = ()
         self.last_call: ExecutedCall | None = None
         self._round_calls: list[ExecutedCall] = []  # of the round under way, as they finish
+        self.pending_approval: ApprovalRequested | None = None
+        self.approvals: list[ApprovalDecided] = []
 
     def calls_so_far(self) -> list[ExecutedCall]:
         """Every call with its outcome so far, the round under way's included, in the model's
@@ -166,6 +176,8 @@ class RunLog:
             stop_reason=self.stop_reason,
             error=self.error,
             final_answer=self.final_answer,
+            pending_approval=self.pending_approval,
+            approvals=tuple(self.approvals),
         )
 
     # -- the fold, one method per event (``apply`` picks it; the loop calls its own directly) --
@@ -199,6 +211,12 @@ class RunLog:
         self._round_calls.append(executed)
         if event.settled:
             self.settled.add((executed.round, executed.index))
+
+    def fold_approval_requested(self, event: ApprovalRequested) -> None:
+        self.pending_approval = event
+
+    def fold_approval_decided(self, event: ApprovalDecided) -> None:
+        self.approvals.append(event)
 
     def fold_round_ended(self, event: RoundEnded) -> None:
         calls = event.calls
@@ -239,6 +257,8 @@ _HANDLERS: dict[type, Callable[[RunLog, Any], None]] = {
     RequestFailed: RunLog.fold_request_failed,
     ReplyJudged: RunLog.fold_reply_judged,
     CallFinished: RunLog.fold_call_finished,
+    ApprovalRequested: RunLog.fold_approval_requested,
+    ApprovalDecided: RunLog.fold_approval_decided,
     RoundEnded: RunLog.fold_round_ended,
     Compacted: RunLog.fold_compacted,
     CompactionFailed: RunLog.fold_compaction_failed,

@@ -58,6 +58,9 @@ class StopReason(StrEnum):
     CONTENT_FILTERED = "content_filtered"
     EMPTY_ANSWER = "empty_answer"
     CONTEXT_EXHAUSTED = "context_exhausted"
+    AWAITING_APPROVAL = "awaiting_approval"
+    """Not an end: the run stopped at a call that waits for a person's approval
+    (``planner.approvals``) and goes on from its checkpoint once a person decided."""
 
 
 FAILED_STOP_REASONS: frozenset[StopReason] = frozenset(

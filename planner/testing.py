@@ -41,11 +41,13 @@ _ids = itertools.count(1)
 
 
 def tool_calls(
-    *calls: tuple[str, dict[str, Any]], usage: TokenUsage | None = None
+    *calls: tuple[str, dict[str, Any]], usage: TokenUsage | None = None, text: str | None = None
 ) -> CompletionResponse:
-    """A response whose assistant message calls ``(name, arguments)`` pairs, in order."""
+    """A response whose assistant message calls ``(name, arguments)`` pairs, in order, with
+    ``text`` as its content (default none)."""
     message = ChatMessage(
         role="assistant",
+        content=text,
         tool_calls=tuple(ToolCall(id=f"call_{next(_ids)}", name=n, arguments=a) for n, a in calls),
     )
     return CompletionResponse(

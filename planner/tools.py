@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema
 import jsonschema_rs
@@ -21,6 +21,9 @@ from referencing import Registry
 from referencing.exceptions import NoSuchResource, Unresolvable
 
 from planner.errors import ToolRegistryError
+
+if TYPE_CHECKING:
+    from planner.approvals import Approval
 
 __all__ = [
     "OutcomeLookup",
@@ -49,6 +52,9 @@ class ToolContext:
             in flight when a worker died safe; ``None`` for reads and outside an iteration.
         round, position: the call's round (1-based) and position in it (0-based), for a
             ``write`` or ``destructive`` call (``None`` otherwise).
+        approval: a person's decision on this very call, when the gate asked for one and the
+            run resumed with it (``planner.approvals.Approval``): the gate reads it, a handler
+            may (who approved); ``None`` otherwise.
     """
 
     user_id: str
@@ -59,13 +65,16 @@ class ToolContext:
     idempotency_key: str | None = None
     round: int | None = None
     position: int | None = None
+    approval: Approval | None = None
 
-    def for_call(self, round: int, position: int) -> ToolContext:
-        """This context for call ``position`` (0-based) of ``round`` (1-based): with them and
-        its idempotency key ``"<iteration id>:<round>:<position>"`` (no key outside an
-        iteration)."""
+    def for_call(self, round: int, position: int, approval: Approval | None = None) -> ToolContext:
+        """This context for call ``position`` (0-based) of ``round`` (1-based): with them, its
+        idempotency key ``"<iteration id>:<round>:<position>"`` (no key outside an
+        iteration) and the call's ``approval`` (``None``: none)."""
         key = None if self.iteration_id is None else f"{self.iteration_id}:{round}:{position}"
-        return dataclasses.replace(self, idempotency_key=key, round=round, position=position)
+        return dataclasses.replace(
+            self, idempotency_key=key, round=round, position=position, approval=approval
+        )
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
