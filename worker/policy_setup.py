@@ -22,6 +22,7 @@ from planner.markers import DEFAULT_INJECTION_MARKERS
 from planner.policy import (
     INJECTION_MARKER,
     INSPECTION_TRUNCATED,
+    DestructivePolicy,
     PolicyConfig,
     PolicyDecision,
     PolicyMode,
@@ -29,6 +30,7 @@ from planner.policy import (
     UserPolicySettings,
 )
 from worker import metrics
+from worker.approval_webhook import ApprovalWebhook
 from worker.settings import Settings
 
 __all__ = ["PolicySetup", "decision_observer", "policy_config_from_settings"]
@@ -79,6 +81,15 @@ def decision_observer(consumer: str) -> DecisionObserver:
             )
         if INSPECTION_TRUNCATED in decision.flags:
             logger.info("arguments of %s (call %s) too large to scan in full", spec.name, call.id)
+        if decision.verdict == "ask":
+            logger.warning(
+                "policy %s %s (call %s, user %s): %s",
+                "asks a person about" if not decision.allow else "would ask about (log-only)",
+                spec.name,
+                call.id,
+                ctx.user_id,
+                decision.message,
+            )
         if decision.verdict == "deny":
             logger.warning(
                 "policy %s %s (call %s, user %s): %s: %s",
@@ -111,12 +122,21 @@ class PolicySetup:
         config: rules configuration (limits, markers, exposed scopes).
         ledger: the rate-limit ledger shared by every replica.
         consumer: ``mission`` or ``mcp`` (metric label, recorded with each slot).
+        default_destructive: ``MANA_AI_POLICY_DESTRUCTIVE``: ``deny`` or ``ask`` for a
+            destructive call without opt-in (an agent may override it).
+        approval_ttl: how long an approval request waits for a decision
+            (``MANA_AI_APPROVAL_TTL_S``, default one day).
+        webhook: notified of every new approval request (``MANA_AI_APPROVAL_WEBHOOK_URL``);
+            ``None``: nobody is.
     """
 
     default_mode: PolicyMode
     config: PolicyConfig
     ledger: CallLedger
     consumer: str = "mission"
+    default_destructive: DestructivePolicy = DestructivePolicy.DENY
+    approval_ttl: timedelta = timedelta(days=1)
+    webhook: ApprovalWebhook | None = None
 
     def gate(
         self,
@@ -124,10 +144,13 @@ class PolicySetup:
         user_settings: UserPolicySettings,
         mode: PolicyMode | None = None,
         ledger: CallLedger | None = None,
+        destructive: DestructivePolicy | None = None,
     ) -> RulePolicyGate | None:
         """The gate for one iteration (or request) of the user with ``user_settings``, in
         ``mode`` (default: ``default_mode``), counting in ``ledger`` (default: ``self.ledger``;
-        a run passes it wrapped in ``LeaseBoundLedger``); ``None`` when the mode is ``off``."""
+        a run passes it wrapped in ``LeaseBoundLedger``), asking or denying destructive calls
+        without opt-in as ``destructive`` says (default: ``default_destructive``); ``None``
+        when the mode is ``off``."""
         effective = mode or self.default_mode
         if effective == "off":
             return None
@@ -138,4 +161,5 @@ class PolicySetup:
             ledger=ledger or self.ledger,
             consumer=self.consumer,
             observe=decision_observer(self.consumer),
+            destructive=destructive or self.default_destructive,
         )

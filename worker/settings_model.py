@@ -12,9 +12,10 @@ import socket
 from typing import Annotated, Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from worker.data_dir import default_data_dir
+from worker.settings_policy import PolicySettings
 from worker.settings_values import (
     DAY_S,
     GIB,
@@ -39,7 +40,6 @@ from worker.settings_values import (
     OnOff,
     PgBouncerMode,
     ReminderProducers,
-    ToolRateLimits,
 )
 
 __all__ = ["ENV_PREFIX", "Settings"]
@@ -51,8 +51,9 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Settings(BaseSettings):
-    """Everything the daemon can be configured with; each field is ``MANA_AI_<FIELD NAME>``.
+class Settings(PolicySettings):
+    """Everything the daemon can be configured with; each field is ``MANA_AI_<FIELD NAME>``
+    (the policy gate's and approvals' fields are ``PolicySettings``').
 
     Build it with ``load_settings()``, which turns validation failures into a ``SettingsError``
     that names the offending variables.
@@ -400,58 +401,6 @@ class Settings(BaseSettings):
         default="text",
         description=(
             "Log line format: 'text' for humans, 'json' (one object per line) for collectors."
-        ),
-    )
-
-    policy_mode: Annotated[Literal["off", "log-only", "enforce"], CaseInsensitive] = Field(
-        default="log-only",
-        description=(
-            "The policy gate's mode for every tool call: 'off' (no rules, nothing recorded), "
-            "'log-only' (decide and record every call, never block: roll out with this and read "
-            "`mana-ai policy report`) or 'enforce' (a denied call does not run; the model is "
-            "told why). An agent's --policy-mode overrides it. Default log-only."
-        ),
-    )
-    policy_rate_limit: int = Field(
-        default=30,
-        ge=1,
-        le=100_000,
-        description=(
-            "Tool calls per user and tool allowed in a rolling MANA_AI_POLICY_RATE_WINDOW_S "
-            "window (exact across replicas). Overridable per tool "
-            "(MANA_AI_POLICY_TOOL_RATE_LIMITS) and per user (`mana-ai policy set-rate-limit`). "
-            "Default 30."
-        ),
-    )
-    policy_rate_window_s: float = Field(
-        default=60.0,
-        gt=0,
-        le=86_400,
-        description="Seconds of the rate limit's rolling window. Default 60.",
-    )
-    policy_tool_rate_limits: ToolRateLimits = Field(
-        default_factory=dict,
-        description=(
-            "Per-tool rate limits for every user, as tool=calls pairs separated by commas, "
-            "e.g. 'notes_create=10,notes_delete=5'. Unset: MANA_AI_POLICY_RATE_LIMIT for "
-            "every tool."
-        ),
-    )
-    policy_injection_markers: CommaList = Field(
-        default=(),
-        description=(
-            "Extra prompt-injection markers to flag in tool-call arguments, separated by "
-            "commas (or a JSON array when a marker contains a comma), added to the built-in "
-            "'{{', '<system', 'ignore previous' and 'ignore all previous'. Flagged calls are "
-            "counted and recorded, never blocked. Matching ignores case, whitespace runs, "
-            "accents, zero-width characters and Unicode compatibility forms."
-        ),
-    )
-    policy_mission_scopes: CommaList = Field(
-        default=(),
-        description=(
-            "Tool scopes that missions may use, separated by commas (e.g. 'notes,clock'); a "
-            "call of a tool in another scope is denied (scope_not_exposed). Unset: every scope."
         ),
     )
 

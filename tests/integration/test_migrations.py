@@ -40,6 +40,7 @@ EXPECTED_TABLES = {
     "compacted_turns",
     "mcp_tokens",
     "agent_mcp_servers",
+    "approval_requests",
 }
 
 
@@ -90,7 +91,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0008"
+    assert revision == head_revision() == "0009"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner import ChatModel, PolicyMode, ToolSpec
+from planner import ChatModel, DestructivePolicy, PolicyMode, ToolSpec
+from worker.approval_webhook import ApprovalWebhook
 from worker.daemon.tick import Worker
 from worker.errors import SettingsError
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
@@ -174,12 +175,7 @@ def mission_policy_setup(
     """
     check_policy_settings(settings, tools)
     exposed = frozenset(settings.policy_mission_scopes) or None
-    return PolicySetup(
-        default_mode=PolicyMode(settings.policy_mode),
-        config=policy_config_from_settings(settings, exposed_scopes=exposed),
-        ledger=PostgresCallLedger(engine),
-        consumer="mission",
-    )
+    return _policy_setup(settings, engine, "mission", exposed)
 
 
 def mcp_policy_setup(
@@ -193,11 +189,25 @@ def mcp_policy_setup(
     """
     check_policy_settings(settings, tools)
     exposed = frozenset(settings.mcp_scopes) or None
+    return _policy_setup(settings, engine, "mcp", exposed)
+
+
+def _policy_setup(
+    settings: Settings, engine: AsyncEngine, consumer: str, exposed: frozenset[str] | None
+) -> PolicySetup:
+    """``MANA_AI_POLICY_*`` and ``MANA_AI_APPROVAL_*`` for ``consumer``, the ledger on
+    ``engine``, the tools of ``exposed`` scopes (``None``: every scope)."""
+    webhook = None
+    if settings.approval_webhook_url is not None:
+        webhook = ApprovalWebhook(settings.approval_webhook_url)
     return PolicySetup(
         default_mode=PolicyMode(settings.policy_mode),
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
         ledger=PostgresCallLedger(engine),
-        consumer="mcp",
+        consumer=consumer,
+        default_destructive=DestructivePolicy(settings.policy_destructive),
+        approval_ttl=timedelta(seconds=settings.approval_ttl_s),
+        webhook=webhook,
     )
 
 
@@ -218,14 +228,19 @@ async def open_served_tools(settings: Settings) -> AsyncIterator[tuple[ServedToo
     async with open_database(settings) as engine:
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         store = McpStore(engine)
+        policy = mcp_policy_setup(settings, engine, tools)
         served = ServedTools(
             tools=tools,
-            policy=mcp_policy_setup(settings, engine, tools),
+            policy=policy,
             store=store,
             user_settings=PolicyStore(engine).user_settings,
             tool_timeout_s=settings.tool_timeout_s,
         )
-        yield served, store
+        try:
+            yield served, store
+        finally:
+            if policy.webhook is not None:
+                await policy.webhook.aclose(grace_s=settings.shutdown_grace_s)
 
 
 def web_fetch_config(settings: Settings) -> WebFetchConfig:
@@ -323,3 +338,5 @@ async def open_app(
             await chat.aclose()
             if summariser is not chat:
                 await summariser.aclose()
+            if policy.webhook is not None:
+                await policy.webhook.aclose(grace_s=settings.shutdown_grace_s)

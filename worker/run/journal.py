@@ -20,7 +20,8 @@
   ``Checkpoint`` and the rows that exist: the rounds done count toward ``max_rounds`` and their
   tokens toward the budget; of the round under way, calls that finished keep their results, a
   write whose outcome was never recorded is *not* run again (the model reads that its outcome
-  is unknown, with what the tool can tell about it: ``ToolSpec.outcome_of``), and the other
+  is unknown, with what the tool can tell about it: ``ToolSpec.outcome_of``), a call the run
+  was parked at goes on with a person's decision (``Checkpoint.approvals``), and the other
   calls run.
 
 Read-only rounds are cheap to redo, so they are only committed every ``checkpoint_every``
@@ -37,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from planner import (
+    Approval,
+    ApprovalStatus,
     CallFinished,
     CallStarted,
     ChatMessage,
@@ -68,13 +71,14 @@ from worker.store.base import (
     ToolInvocationRow,
 )
 from worker.store.rows import archive_row, invocation_row, json_safe, messages_json, started_row
-from worker.store.statuses import FINAL_CALL_OUTCOMES
+from worker.store.statuses import FINAL_CALL_OUTCOMES, CallOutcome
 from worker.store.transient import describe_error, is_transient
 
 __all__ = [
     "CHECKPOINT_EVERY_ROUNDS",
     "MissionJournal",
     "StoredRows",
+    "approval_of",
     "context_at_checkpoint",
     "resume_checkpoint",
 ]
@@ -90,10 +94,12 @@ CHECKPOINT_EVERY_ROUNDS = 3
 @dataclass
 class StoredRows:
     """Which of a run's calls have a ``tool_invocations`` row (``ids``, by ``(round,
-    position)``) and which of those rows are up to date (``current``)."""
+    position)``), which of those rows are up to date (``current``), and which are ``parked``
+    (a call that waited for approval: its start is still to be journaled, on that row)."""
 
     ids: dict[tuple[int, int], int] = field(default_factory=dict)
     current: set[tuple[int, int]] = field(default_factory=set)
+    parked: set[tuple[int, int]] = field(default_factory=set)
 
 
 class MissionJournal:
@@ -158,7 +164,8 @@ class MissionJournal:
         """Fold ``event``; write what it calls for (see the module docstring)."""
         self.log.apply(event)
         if isinstance(event, CallStarted):
-            if event.hint != "read" and (event.round, event.position) not in self.rows.ids:
+            key = (event.round, event.position)
+            if event.hint != "read" and (key not in self.rows.ids or key in self.rows.parked):
                 return self._start(event)
         elif isinstance(event, CallFinished):
             key = (event.executed.round, event.executed.index)
@@ -217,6 +224,8 @@ class MissionJournal:
             if row_id is None:
                 continue
             self.rows.ids[key] = row_id
+            if row.outcome != "parked":
+                self.rows.parked.discard(key)
             if row.outcome != "started":
                 self.rows.current.add(key)
         if checkpoint.archive:
@@ -277,6 +286,7 @@ class MissionJournal:
             idempotency_key=event.idempotency_key,
             policy_mode=self.policy_mode,
         )
+        row = dataclasses.replace(row, row_id=self.rows.ids.get((event.round, event.position)))
         rows = [*self.pending_rows(), row]
         checkpoint = self.checkpoint()
         written = await self._write(
@@ -366,6 +376,7 @@ async def resume_checkpoint(
     pending = checkpoint.pending_calls()
     if not pending:
         return checkpoint, rows
+    approvals = {int(a["position"]): approval_of(a) for a in started.approvals}
     latest: dict[int, dict[str, Any]] = {}
     for stored_row in started.pending_rows:  # ordered by id: a later one of a position wins
         latest[int(stored_row["position"])] = stored_row
@@ -379,6 +390,9 @@ async def resume_checkpoint(
         if row["outcome"] in FINAL_CALL_OUTCOMES:
             rows.current.add(key)
             settled[position] = _finished_call(started.rounds, position, call, row)
+            continue
+        if row["outcome"] == CallOutcome.PARKED:
+            rows.parked.add(key)  # it goes on with its approval (or is asked about again)
             continue
         spec = specs.get(call.name)
         if spec is not None and spec.idempotent:
@@ -396,8 +410,22 @@ async def resume_checkpoint(
             compaction_attempts=started.compaction_attempts,
             context_tokens=checkpoint.context_tokens,
             reminders=checkpoint.reminders,
+            approvals={p: a for p, a in approvals.items() if (started.rounds, p) in rows.parked},
         ),
         rows,
+    )
+
+
+def approval_of(row: Mapping[str, Any]) -> Approval:
+    """The ``Approval`` of an ``approval_requests`` row (``StartedIteration.approvals``)."""
+    return Approval(
+        request_id=int(row["id"]),
+        status=ApprovalStatus(row["status"]),
+        tool=str(row["tool"]),
+        arguments_hash=str(row["arguments_hash"]),
+        decided_by=row.get("decided_by"),
+        reason=row.get("decision_note"),
+        decided_at=row.get("decided_at"),
     )
 
 

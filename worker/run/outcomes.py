@@ -8,24 +8,32 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from planner import PlannerLoopResult, StopReason
+from planner import ApprovalRequested, PlannerLoopResult, StopReason, arguments_hash
 from worker.mcp.sources import ToolSourceError
 from worker.run.journal import MissionJournal
 from worker.schedule import ScheduleError, next_run_after
-from worker.store.base import ClaimedMission, IterationOutcome
+from worker.store.base import (
+    ApprovalRequestRow,
+    ClaimedMission,
+    IterationOutcome,
+    StartedIteration,
+)
 from worker.store.rows import json_safe
 from worker.store.statuses import IterationStatus, MissionStatus, RunnerStopReason
 
 __all__ = [
     "MAX_PROBLEMS_SHOWN",
     "NextRun",
+    "approval_request",
     "degraded",
     "failed_outcome",
     "loop_outcome",
     "next_run_of",
     "no_run",
+    "notice_fields",
     "problems_text",
 ]
 
@@ -107,6 +115,46 @@ def failed_outcome(exc: Exception, next_run: NextRun, journal: MissionJournal) -
         prompt_tokens=log.usage.prompt_tokens,
         completion_tokens=log.usage.completion_tokens,
     )
+
+
+def approval_request(
+    mission: ClaimedMission,
+    iteration: StartedIteration,
+    parked: ApprovalRequested,
+    *,
+    ttl: timedelta,
+) -> ApprovalRequestRow:
+    """The approval request of a run parked at ``parked`` (the call exactly as it would run,
+    the gate's reason, the model's text before it), waiting ``ttl`` for a decision."""
+    call = parked.call
+    arguments = json_safe(dict(call.arguments))
+    return ApprovalRequestRow(
+        consumer="mission",
+        user_id=mission.owner_user_id,
+        call_id=json_safe(call.id),
+        tool=call.name,
+        arguments=arguments,
+        arguments_hash=arguments_hash(call.arguments),
+        reason=json_safe(parked.decision.message or parked.decision.reason or "approval needed"),
+        ttl=ttl,
+        agent_id=mission.agent_id,
+        mission_id=mission.id,
+        iteration_id=iteration.id,
+        attempt=iteration.attempt,
+        round=parked.round,
+        position=parked.position,
+        reply_text=json_safe(parked.reply_text) if parked.reply_text else None,
+    )
+
+
+def notice_fields(
+    request: ApprovalRequestRow, request_id: int, *, expires_at: datetime | None
+) -> dict[str, Any]:
+    """``request`` stored as ``request_id`` in the shape of an ``approval_requests`` row (what
+    ``worker.approval_webhook.approval_notice`` reads)."""
+    fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(request)}
+    del fields["ttl"]
+    return fields | {"id": request_id, "expires_at": expires_at, "created_at": None}
 
 
 def degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:

@@ -20,6 +20,10 @@ data the database refuses. Outcomes:
   and an iteration whose writes could not run never ends ``succeeded``.
 * ``lease_lost`` — another worker took the mission over; nothing is written.
 * ``skipped`` — the scheduled run already finished elsewhere, or the deadline passed.
+* ``awaiting_approval`` — the gate asked a person about a destructive call
+  (``MANA_AI_POLICY_DESTRUCTIVE=ask``): the run is parked with its checkpoint and an approval
+  request, the lease released; once a person decides (or the request expires) the next claim
+  resumes it from there (``worker.run.journal.resume_checkpoint``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
@@ -49,7 +53,8 @@ from planner import (
 from planner.compaction import Compactor
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from planner.loop import ReminderRole
-from planner.policy import POLICY_MODES, PolicyMode
+from planner.policy import POLICY_MODES, DestructivePolicy, PolicyMode
+from planner.replies import StopReason
 from worker import metrics
 from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
@@ -61,11 +66,13 @@ from worker.run.leases import HeldLease, LeaseKeeper
 from worker.run.mission_gate import LeaseBoundLedger, MissionGate
 from worker.run.outcomes import (
     NextRun,
+    approval_request,
     degraded,
     failed_outcome,
     loop_outcome,
     next_run_of,
     no_run,
+    notice_fields,
 )
 from worker.run.reminder_channel import mission_reminder_channel
 from worker.run.run_metrics import RunMetrics, count_calls
@@ -76,7 +83,7 @@ from worker.store.base import (
     MissionStore,
     StartedIteration,
 )
-from worker.store.rows import json_safe
+from worker.store.rows import json_safe, parked_row
 from worker.store.statuses import IterationStatus, MissionStatus, RunnerStopReason
 from worker.store.transient import describe_error, is_transient, retry_transient
 
@@ -92,7 +99,8 @@ class RunOutcome(StrEnum):
     """How ``MissionRunner.run`` went (the ``outcome`` label of ``mana_ai_missions_run_total``):
     ``succeeded`` / ``failed`` (stored as such), ``interrupted`` (stored to resume later, or
     left to the lease's expiry), ``lease_lost`` (another worker holds it; nothing written),
-    ``skipped`` (no run was due: the scheduled run had finished already); ``error`` (the run
+    ``skipped`` (no run was due: the scheduled run had finished already),
+    ``awaiting_approval`` (parked until a person decides on a call); ``error`` (the run
     raised: only ``Worker.run_once`` reports it)."""
 
     SUCCEEDED = "succeeded"
@@ -100,6 +108,7 @@ class RunOutcome(StrEnum):
     INTERRUPTED = "interrupted"
     LEASE_LOST = "lease_lost"
     SKIPPED = "skipped"
+    AWAITING_APPROVAL = "awaiting_approval"
     ERROR = "error"
 
 
@@ -339,6 +348,8 @@ class MissionRunner:
                 return RunOutcome.INTERRUPTED
             outcome = failed_outcome(exc, next_run, run.journal)
         lease.detach()
+        if result is not None and result.stop_reason == StopReason.AWAITING_APPROVAL:
+            return await self._park(mission, iteration, run, lease, result)
         stored, outcome = await self._store(mission, iteration, outcome, lease)
         if stored is None:
             return RunOutcome.INTERRUPTED
@@ -408,6 +419,84 @@ class MissionRunner:
         logger.error("the database refused even the bare failure; the run is left to a takeover")
         return None, outcome
 
+    async def _park(
+        self,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        run: _Run,
+        lease: HeldLease,
+        result: PlannerLoopResult,
+    ) -> RunOutcome:
+        """Store the run parked at the call the gate asked about: its checkpoint, the calls so
+        far with the parked one (``parked``), the approval request, ``awaiting_approval``,
+        the lease released (``MissionStore.park_iteration``), retrying transient failures
+        while the lease holds; then tell the webhook of a new request. When that cannot be
+        stored, the mission is left to whoever claims it once its lease expires: that run
+        asks again."""
+        parked = result.record.pending_approval
+        assert parked is not None, "a run awaiting approval has its request"
+        journal = run.journal
+        policy = self.policy
+        assert policy is not None, "only a gate asks for approvals"
+        key = (parked.round, parked.position)
+        ctx = ToolContext(user_id=mission.owner_user_id, iteration_id=iteration.id)
+        row = parked_row(
+            parked,
+            attempt=iteration.attempt,
+            idempotency_key=ctx.for_call(*key).idempotency_key,
+            policy_mode=journal.policy_mode,
+        )
+        rows = [*journal.pending_rows(), replace(row, row_id=journal.rows.ids.get(key))]
+        request = approval_request(mission, iteration, parked, ttl=policy.approval_ttl)
+        checkpoint = journal.checkpoint()
+        try:
+            stored = await lease.retry(
+                lambda: self.store.park_iteration(
+                    mission,
+                    iteration.id,
+                    request,
+                    worker_id=self.worker_id,
+                    checkpoint=checkpoint,
+                    invocations=rows,
+                    attempt=iteration.attempt,
+                ),
+                what="parking the run for approval",
+            )
+        except Exception as exc:
+            if not is_transient(exc):
+                logger.exception("could not park the run for approval")
+            else:
+                logger.error(
+                    "could not park the run for approval: the database did not answer while "
+                    "the lease held (%s); the mission is left to whoever claims it once its "
+                    "lease expires, which asks again",
+                    describe_error(exc),
+                )
+            return RunOutcome.INTERRUPTED
+        if stored is None:
+            metrics.LEASES_LOST.inc()
+            logger.error("lease lost before the run could be parked for approval; dropped")
+            return RunOutcome.LEASE_LOST
+        count_calls(result.record, run.tool_names)
+        logger.warning(
+            "iteration parked after round %d: %s needs a person's approval (approval request "
+            "%d, %s; expires %s): `mana-ai approvals approve %d` or `deny %d`",
+            parked.round,
+            parked.call.name,
+            stored.request_id,
+            "new" if stored.created else "asked before",
+            stored.expires_at.isoformat(),
+            stored.request_id,
+            stored.request_id,
+        )
+        if stored.created:
+            metrics.APPROVAL_REQUESTS.labels(consumer="mission").inc()
+            if policy.webhook is not None:
+                policy.webhook.notify(
+                    notice_fields(request, stored.request_id, expires_at=stored.expires_at)
+                )
+        return RunOutcome.AWAITING_APPROVAL
+
     async def _interrupt(
         self,
         mission: ClaimedMission,
@@ -473,6 +562,7 @@ class MissionRunner:
             rules = self.policy.gate(
                 user_settings=mission.user_policy,
                 mode=_policy_mode_or_none(mission.policy_mode),
+                destructive=_destructive_or_none(mission.destructive_policy),
                 # enforce: an unreachable ledger interrupts the run instead of denying calls
                 # (log-only fails open at once: it must never hold a call up)
                 ledger=(
@@ -586,3 +676,7 @@ class _Run:
 
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:
     return PolicyMode(value) if value in POLICY_MODES else None
+
+
+def _destructive_or_none(value: str | None) -> DestructivePolicy | None:
+    return DestructivePolicy(value) if value in tuple(DestructivePolicy) else None

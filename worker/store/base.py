@@ -39,12 +39,14 @@ from worker.store.agent_servers import McpServerConfig
 from worker.store.statuses import CallOutcome, IterationStatus, MissionStatus, RunnerStopReason
 
 __all__ = [
+    "ApprovalRequestRow",
     "ArchiveRow",
     "CallStart",
     "ClaimedMission",
     "IterationOutcome",
     "LeaseLostError",
     "MissionStore",
+    "ParkedRun",
     "RoundCheckpoint",
     "StartedIteration",
     "ToolInvocationRow",
@@ -59,6 +61,9 @@ class ClaimedMission:
     ``scheduled_for`` is the ``next_run_at`` the mission had when claimed (UTC-aware).
     ``policy_mode`` is the agent's override of the daemon's policy mode (``None``: none).
     ``mcp_servers`` are the agent's MCP servers (tool sources), by name, secrets included.
+
+    ``destructive_policy`` is the agent's override of ``MANA_AI_POLICY_DESTRUCTIVE`` (``deny``
+    or ``ask``; ``None``: none).
 
     ``claim_due`` also starts the iterations of the missions it claims: ``iteration`` is the
     row to write into (``None``: that scheduled run already finished, or the deadline
@@ -90,6 +95,7 @@ class ClaimedMission:
     iteration: StartedIteration | None = None
     tokens_used_24h: int | None = None
     past_deadline: bool = False
+    destructive_policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,10 @@ class StartedIteration:
     (``pending_rows``: ``id``, ``position``, ``outcome``, ``result``, ``error``,
     ``policy_decision``), so it can go on where they stopped; and how many compactions the
     earlier attempts did (``compactions``) and tried (``compaction_attempts``), and the latest
-    one's ``(round it ran before, tokens in context after it)`` (``last_compaction``).
+    one's ``(round it ran before, tokens in context after it)`` (``last_compaction``); and the
+    approval requests of the last round (``approvals``: ``id``, ``position``, ``status``,
+    ``tool``, ``arguments_hash``, ``decided_by``, ``decided_at``, ``decision_note``), a
+    pending one past its time to live read as ``expired`` (and stored so).
     """
 
     id: int
@@ -115,6 +124,7 @@ class StartedIteration:
     compactions: int = 0
     compaction_attempts: int = 0
     last_compaction: tuple[int, int] | None = None
+    approvals: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def resumable(self) -> bool:
@@ -174,6 +184,52 @@ class RoundCheckpoint:
     completion_tokens: int
     reminders: list[dict[str, Any]]
     archive: Sequence[ArchiveRow] = ()
+
+
+@dataclass(frozen=True)
+class ApprovalRequestRow:
+    """A call the gate asked a person about, as ``approval_requests`` stores it.
+
+    Attributes:
+        consumer: ``mission`` or ``mcp``.
+        user_id: the user whose space the call acts in.
+        call_id, tool, arguments: the call exactly as it would run.
+        arguments_hash: ``planner.approvals.arguments_hash(arguments)``.
+        reason: why the gate asked (its decision's message).
+        ttl: how long the request waits for a decision (then it is ``expired``).
+        agent_id, mission_id, iteration_id, attempt, round, position: where a mission's call
+            was issued (``None`` for an MCP client's).
+        reply_text: the model's text in the reply that issued the call.
+        mcp_token_id: the token an MCP client called with.
+    """
+
+    consumer: str
+    user_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    arguments_hash: str
+    reason: str
+    ttl: timedelta
+    agent_id: int | None = None
+    mission_id: int | None = None
+    iteration_id: int | None = None
+    attempt: int | None = None
+    round: int | None = None
+    position: int | None = None
+    reply_text: str | None = None
+    mcp_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ParkedRun:
+    """What ``park_iteration`` stored: the approval request's ``request_id``, whether this
+    park ``created`` it (``False``: it existed, from an earlier attempt at the same park), and
+    when it expires (``expires_at``, UTC-aware)."""
+
+    request_id: int
+    created: bool
+    expires_at: datetime
 
 
 class LeaseLostError(RunInterrupted):
@@ -236,9 +292,11 @@ class MissionStore(Protocol):
         """Lease up to ``limit`` due missions for ``lease`` to ``worker_id`` and start their
         iterations, as one atomic step (``ClaimedMission`` says what comes with each).
 
-        Due = active, ``next_run_at`` at or before now, and no live lease. A mission whose
+        Due = active, ``next_run_at`` at or before now, no live lease, and no pending approval
+        request that has not expired (a parked run waits for its decision). A mission whose
         scheduled run finished already, or lies past its deadline, comes without an
-        iteration. Returns ``[]`` when ``limit`` < 1; oldest ``scheduled_for`` first.
+        iteration; a run parked for approval is taken over like an interrupted one. Returns
+        ``[]`` when ``limit`` < 1; oldest ``scheduled_for`` first.
         """
         ...
 
@@ -301,7 +359,9 @@ class MissionStore(Protocol):
     ) -> bool:
         """Store the end of a run (``outcome``: the iteration, its calls and compactions) and
         the mission's next run, and release the lease, in one step; ``iteration_id=None``
-        only advances the schedule. A paused mission stays paused. False (nothing stored) when
+        only advances the schedule (and ends a run of the mission that was parked for an
+        approval as ``failed`` / ``deadline_passed``: it is not resumed past the deadline). A
+        paused mission stays paused. False (nothing stored) when
         ``worker_id`` no longer owns the mission; a repeat by ``attempt`` after a stored
         finish returns True."""
         ...
@@ -321,4 +381,25 @@ class MissionStore(Protocol):
         ``invocations``, and release the lease without advancing the schedule (the next claim
         takes the same scheduled run over), in one step. False when ``worker_id`` no longer
         owns the mission; a repeat by ``attempt`` after a stored interruption returns True."""
+        ...
+
+    async def park_iteration(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        request: ApprovalRequestRow,
+        *,
+        worker_id: str,
+        checkpoint: RoundCheckpoint,
+        invocations: Sequence[ToolInvocationRow] = (),
+        attempt: int = 1,
+    ) -> ParkedRun | None:
+        """Park the run at the call ``request`` is about, in one step: store ``checkpoint``
+        and ``invocations`` (the parked call's row among them, outcome ``parked``), the
+        iteration as ``awaiting_approval``, the approval request (unless the iteration's call
+        at that round and position has one already: a call is asked about once), and release
+        the lease without advancing the schedule. Until the request is decided or expires,
+        ``claim_due`` leaves the mission alone; then the next claim takes the run over and
+        ``resume_details`` gives it the decision. ``None`` (nothing stored) when ``worker_id``
+        no longer owns the mission; safe to repeat."""
         ...

@@ -3,10 +3,12 @@ iterations and reads what their runs need (the agent, the owner's policy setting
 MCP servers and token use), built once (``claim_statement``); and the ``ClaimedMission`` of
 each row it returns (``claimed_mission``).
 
-Due = ``status = 'active'`` and ``next_run_at <= now()`` and no live lease, oldest first, picked
-with ``FOR UPDATE SKIP LOCKED`` so that replicas never claim the same mission. No iteration is
-started when the mission's deadline has passed (no run starts after it), or for a scheduled
-run that finished already.
+Due = ``status = 'active'`` and ``next_run_at <= now()`` and no live lease, and no pending
+approval request that has not expired (a run parked for a person's decision waits for it),
+oldest first, picked with ``FOR UPDATE SKIP LOCKED`` so that replicas never claim the same
+mission. No iteration is started when the mission's deadline has passed (no run starts after
+it), or for a scheduled run that finished already; a run parked for approval is taken over
+like an interrupted one once its request was decided or expired.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from worker.store.base import ClaimedMission, StartedIteration
 from worker.store.tables import (
     agent_mcp_servers,
     agents,
+    approval_requests,
     mission_iterations,
     missions,
     user_policy_settings,
@@ -59,6 +62,7 @@ def claim_statement() -> Any:
             missions.c.status == "active",
             missions.c.next_run_at <= now,
             or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
+            ~_awaiting_approval(now),
         )
         .order_by(missions.c.next_run_at)
         .limit(bindparam("p_limit", type_=Integer))
@@ -85,6 +89,7 @@ def claim_statement() -> Any:
             agents.c.max_tokens_per_day,
             agents.c.allowed_tools,
             agents.c.policy_mode,
+            agents.c.destructive_policy,
             agents.c.compact_max_ctx,
             _owner_policy().label("owner_policy"),
             _mcp_servers().label("mcp_servers"),
@@ -148,6 +153,7 @@ def claimed_mission(r: RowMapping) -> ClaimedMission:
         iteration=iteration,
         tokens_used_24h=int(r["tokens_used_24h"]) if r["tokens_used_24h"] is not None else None,
         past_deadline=bool(r["past_deadline"]),
+        destructive_policy=r["destructive_policy"],
     )
 
 
@@ -161,6 +167,23 @@ def _started(row: RowMapping, iteration_id: int) -> StartedIteration:
         prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"],
         reminders=list(row["reminders"]),
+    )
+
+
+def _awaiting_approval(now: Any) -> Any:
+    """The mission has a pending approval request that has not expired: its parked run waits
+    for a person (correlated to ``missions``; the partial index on pending requests' mission
+    makes it one index probe)."""
+    requests = approval_requests
+    return (
+        select(requests.c.id)
+        .where(
+            requests.c.mission_id == missions.c.id,
+            requests.c.status == "pending",
+            requests.c.expires_at > now,
+        )
+        .correlate(missions)
+        .exists()
     )
 
 
@@ -246,9 +269,10 @@ def _budget_used(window: Any) -> Any:
 def _start_iteration_statement(values: Any) -> Any:
     """INSERT the iteration rows ``values`` selects (mission_id, scheduled_for, status,
     worker_id, model, attempts), or take over an existing one for the same scheduled run
-    when it is ``running`` (its worker died) or ``failed`` / ``interrupted``, keeping the
-    checkpoint the earlier attempts stored; RETURNING the row. A finished run returns
-    nothing."""
+    when it is ``running`` (its worker died), ``failed`` / ``interrupted``, or
+    ``awaiting_approval`` (its request was decided or expired: the claim's due condition
+    waits for that), keeping the checkpoint the earlier attempts stored; RETURNING the row. A
+    finished run returns nothing."""
     insert_stmt = pg_insert(mission_iterations).from_select(
         ["mission_id", "scheduled_for", "status", "worker_id", "model", "attempts"], values
     )
@@ -278,7 +302,7 @@ def _start_iteration_statement(values: Any) -> Any:
             "finished_at": None,
         },
         where=or_(
-            iterations.status == "running",
+            iterations.status.in_(("running", "awaiting_approval")),
             and_(iterations.status == "failed", iterations.stop_reason == "interrupted"),
         ),
     ).returning(

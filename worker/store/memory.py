@@ -26,20 +26,23 @@ from planner.gate import Reservation
 from planner.policy import RateLimit, UserPolicySettings
 from planner.testing import InMemoryCallLedger
 from worker.store.base import (
+    ApprovalRequestRow,
     CallStart,
     ClaimedMission,
     IterationOutcome,
     LeaseLostError,
+    ParkedRun,
     RoundCheckpoint,
     StartedIteration,
     ToolInvocationRow,
 )
+from worker.store.round_writes import DEADLINE_NOTE
 
 __all__ = ["InMemoryMissionStore"]
 
 Row = dict[str, Any]
 
-_TAKEN_OVER = ("running",)
+_TAKEN_OVER = ("running", "awaiting_approval")
 
 
 @dataclass
@@ -59,6 +62,7 @@ class InMemoryMissionStore:
             same names (``missions`` rows have ``lease_owner`` / ``lease_expires_at``).
         invocations: ``tool_invocations`` rows, in insertion order (``id`` ascending).
         archive: ``compacted_turns`` rows, in insertion order.
+        approvals: ``approval_requests`` rows, in insertion order (``decide`` decides one).
         calls: how many times each method was called (what a unit test counts instead of
             round trips).
     """
@@ -69,6 +73,7 @@ class InMemoryMissionStore:
     iterations: dict[int, Row] = field(default_factory=dict)
     invocations: list[Row] = field(default_factory=list)
     archive: list[Row] = field(default_factory=list)
+    approvals: list[Row] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
     user_policies: dict[str, UserPolicySettings] = field(default_factory=dict)
 
@@ -91,6 +96,7 @@ class InMemoryMissionStore:
         allowed_tools: Sequence[str] | None = None,
         policy_mode: str | None = None,
         compact_max_ctx: int | None = None,
+        destructive_policy: str | None = None,
     ) -> int:
         """A new agent; its id."""
         agent_id = next(self._ids)
@@ -105,6 +111,7 @@ class InMemoryMissionStore:
             "allowed_tools": tuple(allowed_tools) if allowed_tools is not None else None,
             "policy_mode": policy_mode,
             "compact_max_ctx": compact_max_ctx,
+            "destructive_policy": destructive_policy,
         }
         return agent_id
 
@@ -163,6 +170,23 @@ class InMemoryMissionStore:
             "compactions": [dict(a) for a in archive],
         }
 
+    def decide(
+        self, request_id: int, status: str, *, by: str | None = "tester", note: str | None = None
+    ) -> Row:
+        """Decide pending approval request ``request_id`` (``approved`` or ``denied``), as
+        ``mana-ai approvals approve|deny`` does; the request. Raises KeyError (no such
+        request) or ValueError (it was decided already)."""
+        row = next(r for r in self.approvals if r["id"] == request_id)
+        if row["status"] != "pending":
+            raise ValueError(f"approval {request_id} is {row['status']} already")
+        row |= {
+            "status": status,
+            "decided_by": by,
+            "decided_at": self.clock(),
+            "decision_note": note,
+        }
+        return row
+
     def invocations_of(self, iteration_id: int) -> list[Row]:
         """The ``tool_invocations`` rows of one iteration, in insertion order."""
         return [r for r in self.invocations if r["iteration_id"] == iteration_id]
@@ -204,8 +228,10 @@ class InMemoryMissionStore:
                 m
                 for m in self.missions.values()
                 if m["status"] == "active"
+                and m["next_run_at"] is not None
                 and m["next_run_at"] <= now
                 and (m["lease_expires_at"] is None or m["lease_expires_at"] < now)
+                and not self._awaiting_approval(m["id"], now)
             ),
             key=lambda m: m["next_run_at"],
         )[:limit]
@@ -247,9 +273,16 @@ class InMemoryMissionStore:
                     iteration=iteration,
                     tokens_used_24h=used,
                     past_deadline=past_deadline,
+                    destructive_policy=agent.get("destructive_policy"),
                 )
             )
         return claims
+
+    def _awaiting_approval(self, mission_id: int, now: datetime) -> bool:
+        return any(
+            r["mission_id"] == mission_id and r["status"] == "pending" and r["expires_at"] > now
+            for r in self.approvals
+        )
 
     def _start_iteration(
         self, mission: Row, worker_id: str, model: str | None
@@ -346,12 +379,36 @@ class InMemoryMissionStore:
         turns = [a for a in self.archive if a["iteration_id"] == iteration.id]
         done = [a for a in turns if a["error"] is None]
         latest = max(done, key=lambda a: a["compaction_index"], default=None)
+        now = self.clock()
+        approvals = []
+        for request in self.approvals:
+            if request["iteration_id"] != iteration.id or request["consumer"] != "mission":
+                continue
+            if request["status"] == "pending" and request["expires_at"] <= now:
+                request |= {"status": "expired", "decided_at": request["expires_at"]}
+            if request["round"] == iteration.rounds:
+                approvals.append(
+                    {
+                        k: request[k]
+                        for k in (
+                            "id",
+                            "position",
+                            "status",
+                            "tool",
+                            "arguments_hash",
+                            "decided_by",
+                            "decided_at",
+                            "decision_note",
+                        )
+                    }
+                )
         return dataclasses.replace(
             iteration,
             pending_rows=pending,
             compaction_attempts=len(turns),
             compactions=len(done),
             last_compaction=(latest["round"], latest["tokens_after"]) if latest else None,
+            approvals=sorted(approvals, key=lambda a: a["position"]),
         )
 
     async def renew_leases(
@@ -431,6 +488,8 @@ class InMemoryMissionStore:
             row["status"] = outcome.mission_status
         row["last_error"] = outcome.error
         row["lease_owner"] = row["lease_expires_at"] = None
+        if iteration_id is None:
+            self._end_parked(mission.id)
         if iteration_id is not None:
             self._checkpoint(
                 iteration_id,
@@ -483,6 +542,80 @@ class InMemoryMissionStore:
             }
             self._put_rows(mission, iteration_id, invocations)
         return True
+
+    async def park_iteration(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        request: ApprovalRequestRow,
+        *,
+        worker_id: str,
+        checkpoint: RoundCheckpoint,
+        invocations: Sequence[ToolInvocationRow] = (),
+        attempt: int = 1,
+    ) -> ParkedRun | None:
+        """See ``MissionStore.park_iteration``."""
+        self._enter("park_iteration")
+        found = next(
+            (
+                r
+                for r in self.approvals
+                if r["consumer"] == "mission"
+                and r["iteration_id"] == request.iteration_id
+                and (r["round"], r["position"]) == (request.round, request.position)
+            ),
+            None,
+        )
+        if not self._owns(mission.id, worker_id):
+            if found is not None and self._ended(
+                iteration_id, attempt, worker_id, "awaiting_approval"
+            ):
+                return ParkedRun(found["id"], False, found["expires_at"])
+            return None
+        row = self.missions[mission.id]
+        row["lease_owner"] = row["lease_expires_at"] = None
+        self._checkpoint(iteration_id, checkpoint, mission)
+        self.iterations[iteration_id] |= {
+            "status": "awaiting_approval",
+            "stop_reason": "awaiting_approval",
+            "error": None,
+            "finished_at": self.clock(),
+        }
+        self._put_rows(mission, iteration_id, invocations)
+        if found is not None:
+            return ParkedRun(found["id"], False, found["expires_at"])
+        found = dataclasses.asdict(request) | {
+            "id": next(self._ids),
+            "status": "pending",
+            "created_at": self.clock(),
+            "expires_at": self.clock() + request.ttl,
+            "decided_by": None,
+            "decided_at": None,
+            "decision_note": None,
+            "used_at": None,
+        }
+        del found["ttl"]
+        self.approvals.append(found)
+        return ParkedRun(found["id"], True, found["expires_at"])
+
+    def _end_parked(self, mission_id: int) -> None:
+        """The mission's runs parked for approval end (``deadline_passed``), their pending
+        requests expire (a finish that moves the mission past them)."""
+        for it in self.iterations.values():
+            if it["mission_id"] == mission_id and it["status"] == "awaiting_approval":
+                it |= {
+                    "status": "failed",
+                    "stop_reason": "deadline_passed",
+                    "error": "the mission's deadline passed while the run waited for an approval",
+                    "finished_at": self.clock(),
+                }
+        for request in self.approvals:
+            if request["mission_id"] == mission_id and request["status"] == "pending":
+                request |= {
+                    "status": "expired",
+                    "decided_at": self.clock(),
+                    "decision_note": DEADLINE_NOTE,
+                }
 
     # -- the parts every write shares ---------------------------------------------------------
 

@@ -36,19 +36,22 @@ from sqlalchemy.sql.elements import Null
 from planner.gate import Reservation
 from planner.policy import RateLimit
 from worker.store.base import (
+    ApprovalRequestRow,
     ArchiveRow,
     CallStart,
     ClaimedMission,
     IterationOutcome,
     LeaseLostError,
+    ParkedRun,
     RoundCheckpoint,
     StartedIteration,
     ToolInvocationRow,
 )
 from worker.store.claim import claim_statement, claimed_mission
 from worker.store.engine import run_statement
-from worker.store.round_writes import MissionWrite, round_write_statement
+from worker.store.round_writes import APPROVAL_KEYS, MissionWrite, round_write_statement
 from worker.store.tables import (
+    approval_requests,
     compacted_turns,
     missions,
     tool_invocations,
@@ -115,14 +118,49 @@ class PostgresMissionStore:
 
     async def resume_details(self, iteration: StartedIteration) -> StartedIteration:
         """``iteration`` with what a takeover needs besides the checkpoint on its row: the
-        ``tool_invocations`` rows of the last round stored (``pending_rows``) and the
-        compactions the earlier attempts did and tried. Unchanged (no query) unless it is
-        ``resumable``."""
+        ``tool_invocations`` rows of the last round stored (``pending_rows``), the compactions
+        the earlier attempts did and tried, and the approval requests of the last round
+        (``approvals``; a pending one past its time to live is stored as ``expired`` first).
+        Unchanged (no query) unless it is ``resumable``."""
         if not iteration.resumable:
             return iteration
         calls = tool_invocations.c
         turns = compacted_turns.c
-        async with self.engine.connect() as conn:
+        requests = approval_requests.c
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(approval_requests)
+                .where(
+                    requests.iteration_id == iteration.id,
+                    requests.consumer == "mission",
+                    requests.status == "pending",
+                    requests.expires_at <= func.now(),
+                )
+                .values(status="expired", decided_at=requests.expires_at)
+            )
+            approvals = [
+                dict(r)
+                for r in (
+                    await conn.execute(
+                        select(
+                            requests.id,
+                            requests.position,
+                            requests.status,
+                            requests.tool,
+                            requests.arguments_hash,
+                            requests.decided_by,
+                            requests.decided_at,
+                            requests.decision_note,
+                        )
+                        .where(
+                            requests.iteration_id == iteration.id,
+                            requests.consumer == "mission",
+                            requests.round == iteration.rounds,
+                        )
+                        .order_by(requests.position)
+                    )
+                ).mappings()
+            ]
             found = await conn.execute(
                 select(
                     calls.id,
@@ -157,6 +195,7 @@ class PostgresMissionStore:
             compaction_attempts=int(archived[0]),
             compactions=int(archived[1]),
             last_compaction=(int(latest[0]), int(latest[1])) if latest is not None else None,
+            approvals=approvals,
         )
 
     async def renew_leases(
@@ -217,8 +256,53 @@ class PostgresMissionStore:
             checkpoint=_outcome_checkpoint(outcome) if iteration_id is not None else None,
             rows=outcome.tool_invocations,
             end=iteration_id is not None,
+            end_parked=iteration_id is None,
         )
         return bool(row["owned"]) or bool(row.get("stored"))
+
+    async def park_iteration(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int,
+        request: ApprovalRequestRow,
+        *,
+        worker_id: str,
+        checkpoint: RoundCheckpoint,
+        invocations: Sequence[ToolInvocationRow] = (),
+        attempt: int = 1,
+    ) -> ParkedRun | None:
+        """See ``MissionStore.park_iteration``: one statement (``round_write_statement`` with
+        the approval request), the lease released, the schedule as it was.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
+        """
+        params: dict[str, Any] = {
+            "p_status": "awaiting_approval",
+            "p_stop_reason": "awaiting_approval",
+            "p_error": None,
+            "p_attempt": attempt,
+            "p_ttl": request.ttl,
+            **{f"p_{key}": getattr(request, key) for key in APPROVAL_KEYS},
+        }
+        row = await self._write(
+            "release",
+            mission,
+            iteration_id,
+            worker_id,
+            params,
+            checkpoint=checkpoint,
+            rows=invocations,
+            end=True,
+            approval=True,
+        )
+        if not (row["owned"] or row.get("stored")) or row["approval_id"] is None:
+            return None
+        return ParkedRun(
+            request_id=int(row["approval_id"]),
+            created=bool(row["approval_created"]),
+            expires_at=row["approval_expires_at"],
+        )
 
     async def record_call_start(
         self,
@@ -363,6 +447,8 @@ class PostgresMissionStore:
         rows: Sequence[ToolInvocationRow] = (),
         end: bool = False,
         reserve: bool = False,
+        approval: bool = False,
+        end_parked: bool = False,
     ) -> RowMapping:
         """Run the ``round_write_statement`` of this shape; its one row."""
         params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
@@ -395,6 +481,8 @@ class PostgresMissionStore:
             known_calls=bool(known),
             archive=bool(archive),
             reserve=reserve,
+            approval=approval,
+            end_parked=end_parked,
         )
         [written] = await self._run_one(stmt, params)
         return written

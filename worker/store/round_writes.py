@@ -12,7 +12,10 @@ parts, by shape:
   an end (``finish`` / ``release``), its status, stop reason, error and ``finished_at``;
 * new ``tool_invocations`` rows, inserted unless a row of the same iteration, attempt, round
   and position exists; stored rows brought up to date (journaled writes);
-* ``compacted_turns`` rows, unless that compaction index is stored.
+* ``compacted_turns`` rows, unless that compaction index is stored;
+* a parked run's approval request (``approval_requests``), unless its call has one; and, when a
+  finish moves a mission past a run parked for approval (its deadline passed), that run ended
+  and its pending request expired.
 
 Running the same statement twice stores the same thing once: a statement whose connection
 broke after it committed can be run again without duplicating rows (``retry_transient``). The
@@ -52,9 +55,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from worker.store.tables import compacted_turns, mission_iterations, missions, tool_invocations
+from worker.store.tables import (
+    approval_requests,
+    compacted_turns,
+    mission_iterations,
+    missions,
+    tool_invocations,
+)
 
 __all__ = [
+    "APPROVAL_KEYS",
     "ARCHIVE_KEYS",
     "NEW_CALL_KEYS",
     "OUTCOME_KEYS",
@@ -107,6 +117,27 @@ ARCHIVE_KEYS = (
 )
 """The keys of each object in ``p_archive``: the columns of a ``compacted_turns`` row."""
 
+APPROVAL_KEYS = (
+    "consumer",
+    "user_id",
+    "agent_id",
+    "mission_id",
+    "iteration_id",
+    "attempt",
+    "round",
+    "position",
+    "call_id",
+    "tool",
+    "arguments",
+    "arguments_hash",
+    "reply_text",
+    "reason",
+)
+"""The columns of a new ``approval_requests`` row bound as ``p_<key>`` (with ``p_ttl``)."""
+
+DEADLINE_NOTE = "the run ended: the mission's deadline passed while it waited for this approval"
+"""The ``decision_note`` of a pending request whose parked run a finish ended."""
+
 
 def recordset(table: Any, keys: Sequence[str], param: str) -> Any:
     """The JSONB array bound to ``param`` (objects with ``keys``, columns of ``table``) as a
@@ -130,6 +161,8 @@ def round_write_statement(
     known_calls: bool,
     archive: bool,
     reserve: bool = False,
+    approval: bool = False,
+    end_parked: bool = False,
 ) -> Any:
     """The statement for one shape (which parts it writes), built once per shape.
 
@@ -147,9 +180,14 @@ def round_write_statement(
             (``ARCHIVE_KEYS``) are written.
         reserve: a rate-limit slot is reserved first, with ``mana_ai_reserve_tool_call``
             (``p_user_id``, ``p_tool``, ``p_consumer``, ``p_window``, ``p_limit``), and the new
-            rows whose outcome is ``started`` are inserted only when it was taken or
-            ``p_run_anyway`` (log-only runs a refused call too): the policy gate's reservation
-            and a write's start in one round trip.
+            rows whose outcome is ``started`` are inserted (stored rows updated to it) only
+            when it was taken or ``p_run_anyway`` (log-only runs a refused call too): the
+            policy gate's reservation and a write's start in one round trip.
+        approval: the parked call's approval request is inserted (``p_`` + ``APPROVAL_KEYS``,
+            ``p_ttl``), unless the iteration's call at that round and position has one.
+        end_parked: the mission's runs parked for approval end as ``failed`` /
+            ``deadline_passed`` and their pending requests expire (a finish that moves the
+            mission past them).
 
     Always bound: ``p_mission_id``, ``p_worker_id``; with ``finish``: ``p_next_run_at``,
     ``p_mission_status``, ``p_last_error``. A paused mission stays paused.
@@ -158,8 +196,10 @@ def round_write_statement(
         A SELECT of one row: ``owned`` (1 when the lease held and everything was written,
         else 0 and nothing was), ``stored`` (an end this attempt already stored; only with
         ``end``), ``calls`` (``[[round, position, id], ...]`` of the new calls' rows, those
-        inserted now and those a repeat found; only with ``new_calls``), and with ``reserve``
-        the reservation: ``reserved``, ``checked_at``, ``recent``.
+        inserted now and those a repeat found; only with ``new_calls``), with ``reserve``
+        the reservation: ``reserved``, ``checked_at``, ``recent``, and with ``approval`` the
+        request: ``approval_id``, ``approval_created``, ``approval_expires_at`` (NULL when the
+        lease did not hold).
     """
     mission_id = bindparam("p_mission_id", type_=BigInteger)
     worker_id = bindparam("p_worker_id", type_=Text)
@@ -259,19 +299,22 @@ def round_write_statement(
             select(reservation.c.checked_at).scalar_subquery().label("checked_at"),
             select(reservation.c.recent).scalar_subquery().label("recent"),
         ]
+    may_start = None
+    if reservation is not None:
+        may_start = or_(
+            select(reservation.c.reserved).scalar_subquery(),
+            bindparam("p_run_anyway", type_=Boolean),
+        )
     if iteration and new_calls:
-        may_start = None
-        if reservation is not None:
-            may_start = or_(
-                select(reservation.c.reserved).scalar_subquery(),
-                bindparam("p_run_anyway", type_=Boolean),
-            )
         columns.append(_new_calls(write, owned, may_start).label("calls"))
     if iteration and known_calls:
         data = recordset(tool_invocations, ("id", *OUTCOME_KEYS), "p_known_calls")
+        conditions = [tool_invocations.c.id == data.c.id, owned]
+        if may_start is not None:  # a stored row (a parked call) becomes started only so
+            conditions.append(or_(data.c.outcome != "started", may_start))
         write(
             update(tool_invocations)
-            .where(tool_invocations.c.id == data.c.id, owned)
+            .where(*conditions)
             .values({k: data.c[k] for k in OUTCOME_KEYS})
             .returning(tool_invocations.c.id)
         )
@@ -283,8 +326,82 @@ def round_write_statement(
             .on_conflict_do_nothing(index_elements=["iteration_id", "compaction_index"])
             .returning(compacted_turns.c.id)
         )
+    if iteration and approval:
+        columns += _approval_request(write, owned)
+    if end_parked:
+        _end_parked(write, owned, mission_id)
     ctes = [owner, *writes] if reservation is None else [reservation, owner, *writes]
     return select(*columns).add_cte(*ctes)
+
+
+def _approval_request(write: Callable[[Any], Any], owned: Any) -> list[Any]:
+    """``write`` the insert of the parked call's approval request (none when its call has one:
+    a call is asked about once); the columns ``approval_id``, ``approval_created``,
+    ``approval_expires_at`` of the request inserted now or found (found also when the lease
+    no longer holds: a repeat of a park that committed reads its request)."""
+    requests = approval_requests
+    values: dict[str, Any] = {
+        key: bindparam(f"p_{key}", type_=requests.c[key].type) for key in APPROVAL_KEYS
+    }
+    values["expires_at"] = func.now() + bindparam("p_ttl", type_=Interval)
+    inserted = write(
+        pg_insert(requests)
+        .from_select(list(values), select(*values.values()).where(owned))
+        .on_conflict_do_nothing(
+            index_elements=["iteration_id", "round", "position"],
+            index_where=requests.c.consumer == "mission",
+        )
+        .returning(requests.c.id, requests.c.expires_at)
+    )
+    found = (
+        select(requests.c.id, requests.c.expires_at)
+        .where(
+            requests.c.consumer == "mission",
+            requests.c.iteration_id == values["iteration_id"],
+            requests.c.round == values["round"],
+            requests.c.position == values["position"],
+        )
+        .subquery("found_request")
+    )
+    return [
+        func.coalesce(
+            select(inserted.c.id).scalar_subquery(), select(found.c.id).scalar_subquery()
+        ).label("approval_id"),
+        select(inserted.c.id).exists().label("approval_created"),
+        func.coalesce(
+            select(inserted.c.expires_at).scalar_subquery(),
+            select(found.c.expires_at).scalar_subquery(),
+        ).label("approval_expires_at"),
+    ]
+
+
+def _end_parked(write: Callable[[Any], Any], owned: Any, mission_id: Any) -> None:
+    """``write`` the end of the mission's runs parked for approval (``failed`` /
+    ``deadline_passed``) and the expiry of their pending requests."""
+    its = mission_iterations
+    write(
+        update(its)
+        .where(its.c.mission_id == mission_id, its.c.status == "awaiting_approval", owned)
+        .values(
+            status="failed",
+            stop_reason="deadline_passed",
+            error="the mission's deadline passed while the run waited for an approval",
+            finished_at=func.now(),
+        )
+        .returning(its.c.id)
+    )
+    requests = approval_requests
+    write(
+        update(requests)
+        .where(
+            requests.c.mission_id == mission_id,
+            requests.c.consumer == "mission",
+            requests.c.status == "pending",
+            owned,
+        )
+        .values(status="expired", decided_at=func.now(), decision_note=DEADLINE_NOTE)
+        .returning(requests.c.id)
+    )
 
 
 def _new_calls(write: Callable[[Any], Any], owned: Any, may_start: Any = None) -> Any:

@@ -9,13 +9,21 @@ whichever consumer made them (a mission, an MCP client).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from planner import ArchiveEntry, ChatMessage, ExecutedCall, ToolCall, messages_to_json
+from planner import (
+    ApprovalRequested,
+    ArchiveEntry,
+    ChatMessage,
+    ExecutedCall,
+    ToolCall,
+    messages_to_json,
+)
 from planner.policy import PolicyMode
 from worker.store.base import ArchiveRow, ToolInvocationRow
 from worker.store.statuses import CallOutcome
@@ -26,6 +34,7 @@ __all__ = [
     "invocation_row",
     "json_safe",
     "messages_json",
+    "parked_row",
     "started_row",
 ]
 
@@ -141,6 +150,30 @@ def started_row(
         policy_decision=None,
         policy_mode=policy_mode,
         idempotency_key=idempotency_key,
+    )
+
+
+def parked_row(
+    parked: ApprovalRequested,
+    *,
+    attempt: int,
+    idempotency_key: str | None,
+    policy_mode: PolicyMode,
+) -> ToolInvocationRow:
+    """The ``parked`` row of a call that waits for a person's approval: the call as it would
+    run, with the gate's decision (verdict ``ask``) and the idempotency key it will run with."""
+    decision = parked.decision
+    return dataclasses.replace(
+        started_row(
+            parked.call,
+            round=parked.round,
+            position=parked.position,
+            attempt=attempt,
+            idempotency_key=idempotency_key,
+            policy_mode=decision.mode or policy_mode,
+        ),
+        outcome=CallOutcome.PARKED,
+        policy_decision=json_safe(decision.model_dump(mode="json")),
     )
 
 

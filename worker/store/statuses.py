@@ -32,9 +32,12 @@ class MissionStatus(StrEnum):
 
 class IterationStatus(StrEnum):
     """``mission_iterations.status``: ``running`` while a worker holds it (or died holding
-    it), then ``succeeded`` or ``failed`` (the ``stop_reason`` says why)."""
+    it), ``awaiting_approval`` while it is parked at a call a person must approve (no worker
+    holds it; the next claim after the decision resumes it), then ``succeeded`` or ``failed``
+    (the ``stop_reason`` says why)."""
 
     RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 
@@ -43,13 +46,15 @@ class CallOutcome(StrEnum):
     """``tool_invocations.outcome``: ``ok`` and ``error`` (the call ran, or was refused by a
     check before its handler), ``denied`` (the policy gate refused it), ``started`` (a
     journaled write or destructive call whose handler was started and whose outcome is not
-    stored yet), ``unknown`` (it was running when its worker stopped)."""
+    stored yet), ``unknown`` (it was running when its worker stopped), ``parked`` (the gate
+    asked a person about it: it waits for the decision on its approval request)."""
 
     OK = "ok"
     ERROR = "error"
     DENIED = "denied"
     STARTED = "started"
     UNKNOWN = "unknown"
+    PARKED = "parked"
 
 
 FINAL_CALL_OUTCOMES = frozenset({CallOutcome.OK, CallOutcome.ERROR, CallOutcome.DENIED})
@@ -62,10 +67,13 @@ class RunnerStopReason(StrEnum):
     unreachable; the next claim resumes it), ``crashed`` (our own code raised),
     ``store_failed`` (the database refused what the run stored), ``budget_exhausted`` (the
     agent's daily token budget was used up; the model was not asked),
-    ``tool_source_unavailable`` (a required MCP server could not be used)."""
+    ``tool_source_unavailable`` (a required MCP server could not be used),
+    ``deadline_passed`` (the mission's deadline passed while the run waited for an approval:
+    it does not go on)."""
 
     INTERRUPTED = "interrupted"
     CRASHED = "crashed"
     STORE_FAILED = "store_failed"
     BUDGET_EXHAUSTED = "budget_exhausted"
     TOOL_SOURCE_UNAVAILABLE = "tool_source_unavailable"
+    DEADLINE_PASSED = "deadline_passed"

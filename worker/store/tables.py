@@ -31,11 +31,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from planner.policy import PolicyMode
+from planner.approvals import ApprovalStatus
+from planner.policy import DestructivePolicy, PolicyMode
 from worker.store.statuses import CallOutcome, IterationStatus, MissionStatus
 
 __all__ = [
+    "APPROVAL_STATUSES",
     "CONSUMERS",
+    "DESTRUCTIVE_POLICIES",
     "MCP_TRANSPORTS",
     "MISSION_STATUSES",
     "NAMING_CONVENTION",
@@ -43,6 +46,7 @@ __all__ = [
     "TOOL_OUTCOMES",
     "agent_mcp_servers",
     "agents",
+    "approval_requests",
     "compacted_turns",
     "mcp_tokens",
     "metadata",
@@ -69,6 +73,8 @@ ITERATION_STATUSES = tuple(s.value for s in IterationStatus)
 TOOL_OUTCOMES = tuple(o.value for o in CallOutcome)
 """See ``worker.store.statuses.CallOutcome``."""
 POLICY_MODES = tuple(m.value for m in PolicyMode)
+DESTRUCTIVE_POLICIES = tuple(d.value for d in DestructivePolicy)
+APPROVAL_STATUSES = tuple(s.value for s in ApprovalStatus)
 CONSUMERS = ("mission", "mcp")
 MCP_TRANSPORTS = ("http", "stdio")
 
@@ -109,6 +115,16 @@ agents = Table(
     CheckConstraint("compact_max_ctx IS NULL OR compact_max_ctx >= 0", name="compact_max_ctx"),
     CheckConstraint(
         f"policy_mode IS NULL OR {_in('policy_mode', POLICY_MODES)}", name="policy_mode"
+    ),
+    Column(
+        "destructive_policy",
+        Text,
+        nullable=True,
+        comment="NULL: the daemon's MANA_AI_POLICY_DESTRUCTIVE; deny or ask",
+    ),
+    CheckConstraint(
+        f"destructive_policy IS NULL OR {_in('destructive_policy', DESTRUCTIVE_POLICIES)}",
+        name="destructive_policy",
     ),
 )
 
@@ -357,6 +373,89 @@ policy_call_events = Table(
     Column("consumer", Text, nullable=False),
     _timestamp("created_at"),
     Index("ix_policy_call_events_user_id_tool_created_at", "user_id", "tool", "created_at"),
+)
+
+# Approval requests: a destructive call the gate asked a person about (migration 0009), with
+# the exact arguments and their hash, who asked, and the decision: who, when, why. Never
+# deleted; the ids of the mission, iteration and agent are kept without foreign keys, so the
+# audit outlives them. A mission's call is asked about once (its iteration, round and
+# position); an MCP client's identical call has one pending request at a time.
+approval_requests = Table(
+    "approval_requests",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("consumer", Text, nullable=False, comment="mission or mcp"),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("user_id", Text, nullable=False, comment="whose space the call acts in"),
+    Column("agent_id", BigInteger, nullable=True),
+    Column("mission_id", BigInteger, nullable=True),
+    Column("iteration_id", BigInteger, nullable=True),
+    Column("attempt", Integer, nullable=True, comment="the attempt of the run that asked"),
+    Column("round", Integer, nullable=True),
+    Column("position", Integer, nullable=True),
+    Column("call_id", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("arguments", JSONB, nullable=False, comment="exactly what the call would run with"),
+    Column(
+        "arguments_hash",
+        Text,
+        nullable=False,
+        comment="hex SHA-256 of the arguments as canonical JSON (planner.approvals)",
+    ),
+    Column("reply_text", Text, nullable=True, comment="the model's text before the call"),
+    Column("reason", Text, nullable=False, comment="why the gate asked"),
+    Column(
+        "mcp_token_id",
+        BigInteger,
+        nullable=True,
+        comment="the token of the MCP client that called (NULL: a mission, or stdio)",
+    ),
+    _timestamp("created_at", default_now=True),
+    _timestamp("expires_at"),
+    Column("decided_by", Text, nullable=True),
+    _timestamp("decided_at", nullable=True),
+    Column(
+        "decision_note",
+        Text,
+        nullable=True,
+        comment="the note of an approval, the reason of a denial or an expiry",
+    ),
+    Column(
+        "used_at",
+        DateTime(timezone=True),
+        nullable=True,
+        comment="when the approved call of an MCP client ran on it (allowed once)",
+    ),
+    CheckConstraint(_in("status", APPROVAL_STATUSES), name="status"),
+    CheckConstraint(_in("consumer", CONSUMERS), name="consumer"),
+    CheckConstraint(
+        "consumer <> 'mission' OR (mission_id IS NOT NULL AND iteration_id IS NOT NULL "
+        "AND round IS NOT NULL AND position IS NOT NULL)",
+        name="mission_call",
+    ),
+    CheckConstraint("(status = 'pending') = (decided_at IS NULL)", name="decided_at"),
+    Index(
+        "uq_approval_requests_iteration_id_round_position",
+        "iteration_id",
+        "round",
+        "position",
+        unique=True,
+        postgresql_where=text("consumer = 'mission'"),
+    ),
+    Index(
+        "uq_approval_requests_user_id_tool_arguments_hash",
+        "user_id",
+        "tool",
+        "arguments_hash",
+        unique=True,
+        postgresql_where=text("consumer = 'mcp' AND status = 'pending'"),
+    ),
+    Index(
+        "ix_approval_requests_mission_id",
+        "mission_id",
+        postgresql_where=text("status = 'pending'"),
+    ),
+    Index("ix_approval_requests_status_created_at", "status", "created_at"),
 )
 
 # The compaction archive: what each compaction of an iteration's context folded, verbatim.
