@@ -1,7 +1,8 @@
 """The ``mana-ai`` command. Run ``mana-ai --help`` or ``mana-ai COMMAND --help``.
 
 One module per command group (``db_cli``, ``agents_cli``, ``missions_cli``, ``daemon_cli`` for
-``tick`` and ``worker``, ``iterations_cli``, ``replay_cli``, ``policy_cli``, ``mcp_cli``), each
+``tick`` and ``worker``, ``iterations_cli``, ``replay_cli``, ``policy_cli``, ``approvals_cli``,
+``mcp_cli``), each
 with a ``register(commands)``
 that adds its subcommands; ``args`` and ``output`` hold what they share.
 
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 
 from worker.cli import (
     agents_cli,
+    approvals_cli,
     daemon_cli,
     db_cli,
     iterations_cli,
@@ -39,6 +41,7 @@ GROUPS = (
     iterations_cli,
     replay_cli,
     policy_cli,
+    approvals_cli,
     mcp_cli,
 )
 

@@ -34,6 +34,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 POLICY_MODE_CHOICES = ("off", "log-only", "enforce")
+DESTRUCTIVE_CHOICES = ("deny", "ask")
 _UNSET = object()  # an option left out (``None`` is a value: 'none' / 'default')
 
 _rounds = int_range(1, MAX_ROUNDS)
@@ -68,6 +69,13 @@ def register(commands: Any) -> None:
         type=str.lower,
         choices=POLICY_MODE_CHOICES,
         help="the policy gate's mode for this agent's tool calls (default: MANA_AI_POLICY_MODE)",
+    )
+    add.add_argument(
+        "--destructive",
+        type=str.lower,
+        choices=DESTRUCTIVE_CHOICES,
+        help="a destructive call the owner has not opted in to, in enforce mode: deny it, or "
+        "ask a person (`mana-ai approvals`) (default: MANA_AI_POLICY_DESTRUCTIVE)",
     )
     _mcp_options(add)
     add.add_argument(
@@ -109,6 +117,13 @@ def register(commands: Any) -> None:
         type=str.lower,
         choices=(*POLICY_MODE_CHOICES, "default"),
         help="the policy gate's mode for this agent ('default': MANA_AI_POLICY_MODE)",
+    )
+    set_.add_argument(
+        "--destructive",
+        type=str.lower,
+        choices=(*DESTRUCTIVE_CHOICES, "default"),
+        help="deny or ask about destructive calls without opt-in ('default': "
+        "MANA_AI_POLICY_DESTRUCTIVE); runs parked now keep waiting for their decision",
     )
     set_.add_argument(
         "--compact-max-ctx",
@@ -300,6 +315,7 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
             max_tokens_per_day=args.max_tokens_per_day,
             allowed_tools=tools,
             policy_mode=args.policy_mode,
+            destructive_policy=args.destructive,
             compact_max_ctx=args.compact_max_ctx,
             mcp_servers=servers,
         )
@@ -326,6 +342,8 @@ async def _set(args: argparse.Namespace, settings: Settings) -> int:
         changes["max_tokens_per_day"] = args.max_tokens_per_day
     if args.policy_mode is not None:
         changes["policy_mode"] = None if args.policy_mode == "default" else args.policy_mode
+    if args.destructive is not None:
+        changes["destructive_policy"] = None if args.destructive == "default" else args.destructive
     if args.compact_max_ctx is not _UNSET:
         changes["compact_max_ctx"] = args.compact_max_ctx
     if args.tools is not None:
@@ -357,6 +375,10 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
         for row in rows:
             if row["policy_mode"] is None:
                 row["policy_mode"] = f"default ({settings.policy_mode})"
+            if row.get("destructive_policy") is None:
+                row["destructive"] = f"default ({settings.policy_destructive})"
+            else:
+                row["destructive"] = row["destructive_policy"]
             row["mcp"] = ",".join(m["name"] for m in row["mcp_servers"]) or None
         table(
             rows,
@@ -367,6 +389,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
                 "model",
                 "max_rounds",
                 "policy_mode",
+                "destructive",
                 "mcp",
                 "allowed_tools",
             ],

@@ -64,7 +64,10 @@ def register(commands: Any) -> None:
     add.set_defaults(command_fn=_add)
     lst = ms.add_parser("list", help="List missions.", description="List missions, newest first.")
     lst.add_argument(
-        "--status", choices=["active", "paused", "completed"], help="only missions in this status"
+        "--status",
+        choices=["active", "paused", "completed"],
+        help="only missions in this status (an active mission whose run waits for a person's "
+        "approval shows 'active, awaiting approval ID')",
     )
     lst.add_argument("--limit", type=limit, default=100, help="rows at most (100)")
     json_flag(lst)
@@ -195,18 +198,30 @@ def _read_objective(path: str) -> str:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.store.approvals import ApprovalStore
+
     async with admin_store(settings) as admin:
         rows = await admin.list_missions(status=args.status, limit=args.limit)
+        waiting = await ApprovalStore(admin.engine).pending_by_mission([r["id"] for r in rows])
+    for row in rows:  # a run parked for a person's decision: the request it waits on
+        row["awaiting_approval"] = waiting.get(row["id"])
     if args.json:
         print_json(rows)
     else:
+        for row in rows:
+            if row["awaiting_approval"] is not None:
+                row["status"] = f"{row['status']}, awaiting approval {row['awaiting_approval']}"
         table(rows, ["id", "agent", "status", "cron", "timezone", "next_run_at", "objective"])
     return 0
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.store.approvals import ApprovalStore
+
     async with admin_store(settings) as admin:
         mission = await admin.get_mission(args.id)
+        waiting = await ApprovalStore(admin.engine).pending_by_mission([args.id])
+    mission["awaiting_approval"] = waiting.get(args.id)
     if args.json:
         print_json(mission)
     else:
@@ -278,7 +293,10 @@ async def _resume(args: argparse.Namespace, settings: Settings) -> int:
             )
             return 0
         next_run = None
-        if current["cron"] is not None:
+        parked = await admin.parked_iteration(args.id)
+        if parked is not None:  # its parked run goes on (when its request is decided)
+            next_run = parked["scheduled_for"]
+        elif current["cron"] is not None:
             next_run = next_run_after(current["cron"], current["timezone"], datetime.now(UTC))
         mission = await admin.resume_mission(args.id, next_run_at=next_run)
     deadline = mission.get("deadline")
@@ -287,6 +305,11 @@ async def _resume(args: argparse.Namespace, settings: Settings) -> int:
         text = (
             f"mission {args.id} resumed, but its deadline {fmt(deadline)} has passed: the next "
             "tick completes it without a run"
+        )
+    elif parked is not None:
+        text = (
+            f"mission {args.id} resumed; its run {parked['id']} parked for an approval goes on "
+            "once the request is decided (`mana-ai approvals list --status pending`)"
         )
     else:
         text = f"mission {args.id} resumed; next run at {fmt(mission['next_run_at'])}"

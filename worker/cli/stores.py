@@ -23,10 +23,18 @@ if TYPE_CHECKING:
     from worker.mcp.consumer import ServedTools
     from worker.settings import Settings
     from worker.store.admin import AdminStore
+    from worker.store.approvals import ApprovalStore
     from worker.store.mcp_tokens import McpStore
     from worker.store.user_policy import PolicyStore
 
-__all__ = ["admin_store", "announce_database", "database", "policy_store", "served_tools"]
+__all__ = [
+    "admin_store",
+    "announce_database",
+    "approval_store",
+    "database",
+    "policy_store",
+    "served_tools",
+]
 
 
 def announce_database(settings: Settings) -> None:
@@ -106,3 +114,12 @@ async def policy_store(settings: Settings) -> AsyncIterator[PolicyStore]:
 
     async with database(settings) as engine:
         yield PolicyStore(engine)
+
+
+@asynccontextmanager
+async def approval_store(settings: Settings) -> AsyncIterator[ApprovalStore]:
+    """An ``ApprovalStore`` on the configured (or embedded) database, closed on exit."""
+    from worker.store.approvals import ApprovalStore
+
+    async with database(settings) as engine:
+        yield ApprovalStore(engine)

@@ -26,11 +26,14 @@ from collections.abc import Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel
+from worker import metrics
 from worker.daemon.app import open_app
 from worker.daemon.wakeup import WakeUpListener, off_reason
 from worker.errors import SettingsError
 from worker.metrics import MetricsServer
 from worker.settings import Settings
+from worker.store.approvals import ApprovalStore
+from worker.store.transient import describe_error
 
 __all__ = ["serve"]
 
@@ -79,6 +82,11 @@ async def serve(
                     metrics_server.port,
                 )
             listening = _start_listening(settings, app.engine, app.worker.wake)
+            stats = None
+            if metrics_server is not None:
+                stats = asyncio.create_task(
+                    _approval_stats(ApprovalStore(app.engine)), name="approval stats"
+                )
             ticking = asyncio.create_task(app.worker.run(settings.tick_interval_s), name="tick")
             logger.info(
                 "worker %s ticking every %g s, up to %d mission(s) at once",
@@ -92,9 +100,10 @@ async def serve(
             finally:
                 logger.info("shutting down: no new claims")
                 app.worker.stop()  # the tick loop ends after the tick in flight, if any
-                if listening is not None:  # UNLISTEN; its connection goes back to the pool
-                    listening.cancel()
-                    await asyncio.gather(listening, return_exceptions=True)
+                for task in (listening, stats):  # UNLISTEN; connections back to the pool
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
                 await app.worker.drain(settings.shutdown_grace_s, hurry)
                 if metrics_server is not None:
                     metrics_server.stop()
@@ -126,6 +135,31 @@ def _start_listening(
         return None
     listener = WakeUpListener(engine, wake)
     return asyncio.create_task(listener.run(), name="wake-up listener")
+
+
+APPROVAL_STATS_INTERVAL_S = 15.0
+"""Seconds between two reads of the approval figures the worker exports (one statement)."""
+
+
+async def _approval_stats(
+    store: ApprovalStore, interval_s: float = APPROVAL_STATS_INTERVAL_S
+) -> None:
+    """Read the approval figures (``ApprovalStore.stats``) into ``mana_ai_approvals_*`` every
+    ``interval_s`` seconds until cancelled; while the database does not answer the figures
+    are not exported (rather than stale), and one line says so."""
+    failing = False
+    while True:
+        try:
+            decided, pending, oldest_s = await store.stats()
+        except Exception as exc:
+            metrics.APPROVALS.clear()
+            if not failing:
+                logger.warning("could not read the approval figures: %s", describe_error(exc))
+            failing = True
+        else:
+            metrics.APPROVALS.update(decided, pending, oldest_s)
+            failing = False
+        await asyncio.sleep(interval_s)
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:

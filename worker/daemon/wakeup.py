@@ -24,13 +24,14 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from worker.store.tables import DUE_CHANNEL
 from worker.store.transient import describe_error
 
 __all__ = ["WAKE_UP_CHANNEL", "WakeUpListener", "off_reason"]
 
 logger = logging.getLogger(__name__)
 
-WAKE_UP_CHANNEL = "mana_ai_due"
+WAKE_UP_CHANNEL = DUE_CHANNEL
 """The channel of migration 0007's trigger (``migrations/versions/0007_due_notify.py``)."""
 
 

@@ -66,6 +66,7 @@ class AdminStore:
         policy_mode: str | None = None,
         compact_max_ctx: int | None = None,
         mcp_servers: Sequence[McpServerConfig] = (),
+        destructive_policy: str | None = None,
     ) -> Row:
         """Create an agent with its MCP servers (one transaction). Raises ConflictError when
         ``name`` is taken."""
@@ -81,6 +82,7 @@ class AdminStore:
                 allowed_tools=list(allowed_tools) if allowed_tools is not None else None,
                 policy_mode=policy_mode,
                 compact_max_ctx=compact_max_ctx,
+                destructive_policy=destructive_policy,
             )
             .returning(*agents.c)
         )
@@ -245,6 +247,20 @@ class AdminStore:
                 return current
             raise await self._status_conflict(mission_id, "resumed")
         return row
+
+    async def parked_iteration(self, mission_id: int) -> Row | None:
+        """The mission's run parked for an approval (``id``, ``scheduled_for``), or ``None``:
+        resuming the mission must keep that run's scheduled time, or the run is left behind."""
+        its = mission_iterations.c
+        stmt = (
+            select(its.id, its.scheduled_for)
+            .where(its.mission_id == mission_id, its.status == "awaiting_approval")
+            .order_by(its.id.desc())
+            .limit(1)
+        )
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        return dict(row) if row is not None else None
 
     async def _set_status(
         self, mission_id: int, status: str, from_statuses: set[str], values: dict[str, Any]

@@ -39,6 +39,7 @@ __all__ = [
     "APPROVAL_STATUSES",
     "CONSUMERS",
     "DESTRUCTIVE_POLICIES",
+    "DUE_CHANNEL",
     "MCP_TRANSPORTS",
     "MISSION_STATUSES",
     "NAMING_CONVENTION",
@@ -67,6 +68,11 @@ NAMING_CONVENTION = {
 }
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+DUE_CHANNEL = "mana_ai_due"
+"""The channel ``NOTIFY``ed when a mission becomes claimable now (migration 0007's trigger on
+``missions``; also sent by the decision on an approval request, which makes its parked run
+due): workers ``LISTEN`` on it (``worker.daemon.wakeup``)."""
 
 MISSION_STATUSES = tuple(s.value for s in MissionStatus)
 ITERATION_STATUSES = tuple(s.value for s in IterationStatus)

@@ -1,0 +1,207 @@
+"""``mana-ai approvals``: destructive calls waiting for a person
+(``MANA_AI_POLICY_DESTRUCTIVE=ask``) and the decisions on them."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+from typing import TYPE_CHECKING, Any
+
+from worker.cli.args import checked_name, checked_text, group, json_flag, limit, row_id
+from worker.cli.output import emit, fields, fmt, print_json, table
+from worker.cli.stores import approval_store
+from worker.terminal_text import visible, visible_line
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+__all__ = ["STATUSES", "register"]
+
+STATUSES = ("pending", "approved", "denied", "expired")
+
+MAX_REASON_CHARS = 2_000
+"""Longest ``--note`` / ``--reason`` (it is shown to the model, on a denial)."""
+
+
+def register(commands: Any) -> None:
+    """Add ``approvals list|show|approve|deny``."""
+    ap = group(
+        commands,
+        "approvals",
+        "Approvals: destructive calls waiting for a person (MANA_AI_POLICY_DESTRUCTIVE=ask), "
+        "and the decisions on them.",
+    )
+    lst = ap.add_parser(
+        "list",
+        help="List approval requests.",
+        description="List approval requests, newest first. A pending request past its time "
+        "to live (MANA_AI_APPROVAL_TTL_S) shows as expired.",
+    )
+    lst.add_argument("--status", choices=STATUSES, help="only requests in this status")
+    lst.add_argument("--limit", type=limit, default=100, help="rows at most (100)")
+    json_flag(lst)
+    lst.set_defaults(command_fn=_list)
+
+    show = ap.add_parser(
+        "show",
+        help="Show one approval request: the call, why it was asked, the decision.",
+        description="Show one approval request: the call exactly as it would run, who asked "
+        "(user, agent, mission, iteration, round), why, the model's text before the call, the "
+        "decision, and what became of the call.",
+    )
+    show.add_argument("id", type=row_id, help="approval request id")
+    json_flag(show)
+    show.set_defaults(command_fn=_show)
+
+    for name, verb, option, about in (
+        ("approve", "Approve", "--note", "a note kept with the decision"),
+        ("deny", "Deny", "--reason", "why; the model reads it in the call's result"),
+    ):
+        cmd = ap.add_parser(
+            name,
+            help=f"{verb} a pending request.",
+            description=f"{verb} a pending approval request. The first decision wins: a request "
+            "decided already, expired, or whose run no longer waits is refused (exit 1). A "
+            "mission's parked run goes on at once (workers that listen for wake-ups), else at "
+            "the next tick"
+            + (
+                ": exactly the reviewed call runs, once."
+                if name == "approve"
+                else ": the call does not run, and the model is told who denied it and why."
+            ),
+        )
+        cmd.add_argument("id", type=row_id, help="approval request id")
+        cmd.add_argument(
+            "--by",
+            metavar="NAME",
+            help="who decides, kept with the decision (default: your login name)",
+        )
+        cmd.add_argument(
+            option, dest="note", metavar="TEXT", help=f"{about} (at most {MAX_REASON_CHARS} chars)"
+        )
+        json_flag(cmd)
+        cmd.set_defaults(command_fn=_approve if name == "approve" else _deny)
+
+
+async def _list(args: argparse.Namespace, settings: Settings) -> int:
+    async with approval_store(settings) as store:
+        rows = await store.list_requests(status=args.status, limit=args.limit)
+    if args.json:
+        print_json(rows)
+        return 0
+    for row in rows:
+        row["decided"] = _decision_cell(row)
+    table(
+        rows,
+        [
+            "id",
+            "status",
+            "tool",
+            "user_id",
+            "agent",
+            "mission_id",
+            "iteration_id",
+            "created_at",
+            "decided",
+        ],
+    )
+    return 0
+
+
+def _decision_cell(row: dict[str, Any]) -> str:
+    if row["status"] == "pending":
+        return f"expires {fmt(row['expires_at'])}"
+    if row["status"] == "expired":
+        return f"expired {fmt(row.get('decided_at') or row['expires_at'])}"
+    return f"by {row.get('decided_by') or '?'} {fmt(row.get('decided_at'))}"
+
+
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.store.approvals import decided_text
+
+    async with approval_store(settings) as store:
+        row = await store.get(args.id)
+    if args.json:
+        print_json(row)
+        return 0
+    where = (
+        f"mission {row['mission_id']} (agent {visible_line(str(row.get('agent') or '?'))}), "
+        f"iteration {row['iteration_id']}, round {row['round']}"
+        if row["consumer"] == "mission"
+        else f"an MCP client (token {row.get('mcp_token_id') or 'stdio'})"
+    )
+    print(f"approval request {row['id']}: {visible_line(decided_text(row))}")
+    fields(
+        {
+            "call": f"{row['tool']}({json.dumps(row['arguments'], ensure_ascii=False)})",
+            "user": row["user_id"],
+            "asked by": where,
+            "why": row["reason"],
+            "model's text": row.get("reply_text") or "-",
+            "asked at": row["created_at"],
+            "expires at": row["expires_at"],
+            "outcome": _outcome_text(row),
+        }
+    )
+    return 0
+
+
+def _outcome_text(row: dict[str, Any]) -> str:
+    """What became of the call, in words."""
+    if row["consumer"] != "mission":
+        if row["status"] == "approved":
+            return "ran" if row.get("used_at") else "may run once, when the client calls it again"
+        return "-"
+    outcome = row.get("call_outcome")
+    if row.get("iteration_status") is None:
+        return "its iteration no longer exists"
+    if row["status"] == "pending":
+        return f"waiting (iteration {row['iteration_status']})"
+    if outcome in ("parked", None):
+        return f"not run yet: the run goes on at the next claim (mission {row['mission_status']})"
+    return {
+        "ok": "ran: ok",
+        "error": "ran: it failed",
+        "unknown": "ran, outcome unknown (its worker stopped during the call)",
+        "started": "running",
+        "denied": "not run",
+    }.get(str(outcome), str(outcome))
+
+
+async def _approve(args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide(args, settings, approve=True)
+
+
+async def _deny(args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide(args, settings, approve=False)
+
+
+async def _decide(args: argparse.Namespace, settings: Settings, *, approve: bool) -> int:
+    by = checked_name(args.by if args.by is not None else _login(), "--by")
+    note = None
+    if args.note is not None:
+        option = "--note" if approve else "--reason"
+        note = checked_text(args.note, option, MAX_REASON_CHARS)
+    async with approval_store(settings) as store:
+        row = await store.decide(args.id, approve=approve, by=by, note=note)
+    verb = "approved" if approve else "denied"
+    text = f"approval request {row['id']} ({row['tool']}) {verb} by {by}"
+    if row["consumer"] == "mission":
+        mission = f"mission {row['mission_id']}"
+        if row.get("mission_status") == "paused":
+            text += f"; {mission} is paused: its run goes on once it is resumed"
+        else:
+            text += f"; the run of {mission} goes on at once (or at the next tick)"
+    elif approve:
+        text += f"; user {row['user_id']}'s MCP client may now make this exact call once"
+    emit(args, row, visible(text))
+    return 0
+
+
+def _login() -> str:
+    """Who runs the command (the default ``--by``)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container without a passwd entry)
+        return "unknown"
