@@ -167,6 +167,7 @@ async def execute_calls(
     max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
     tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
     settled: Mapping[int, ExecutedCall] | None = None,
+    approvals: Mapping[int, Approval] | None = None,
 ) -> list[ExecutedCall]:
     """Run one round's ``calls`` for a consumer that cannot wait for a person: as
     ``execute_round`` with ``park=False`` (a call the gate asks about is refused, its result
@@ -182,6 +183,7 @@ async def execute_calls(
         max_parallel_reads=max_parallel_reads,
         tool_timeout_s=tool_timeout_s,
         settled=settled,
+        approvals=approvals,
         park=False,
     )
     return executed.calls

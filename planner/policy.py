@@ -66,6 +66,7 @@ __all__ = [
     "APPROVAL_EXPIRED",
     "APPROVAL_MISMATCH",
     "APPROVAL_REQUIRED",
+    "APPROVAL_USED",
     "APPROVED",
     "ARGUMENTS_NOT_OBJECT",
     "DEFAULT_RATE_LIMIT",
@@ -122,6 +123,7 @@ class DecisionReason(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_EXPIRED = "approval_expired"
     APPROVAL_MISMATCH = "approval_mismatch"
+    APPROVAL_USED = "approval_used"
     TOOL_NOT_OFFERED = "tool_not_offered"
 
 
@@ -155,6 +157,7 @@ APPROVED = DecisionReason.APPROVED
 APPROVAL_DENIED = DecisionReason.APPROVAL_DENIED
 APPROVAL_EXPIRED = DecisionReason.APPROVAL_EXPIRED
 APPROVAL_MISMATCH = DecisionReason.APPROVAL_MISMATCH
+APPROVAL_USED = DecisionReason.APPROVAL_USED
 TOOL_NOT_OFFERED = DecisionReason.TOOL_NOT_OFFERED
 DENY_REASONS = (
     SCOPE_NOT_EXPOSED,
@@ -164,6 +167,7 @@ DENY_REASONS = (
     APPROVAL_DENIED,
     APPROVAL_EXPIRED,
     APPROVAL_MISMATCH,
+    APPROVAL_USED,
     TOOL_NOT_OFFERED,
 )
 
@@ -274,8 +278,9 @@ class PolicyDecision(BaseModel):
         reason: a machine-readable code (``DecisionReason``): ``allowed``, ``policy_off``,
             ``scope_not_exposed``, ``destructive_not_opted_in``, ``rate_limited``,
             ``policy_unavailable``, ``approval_required``, ``approved``, ``approval_denied``,
-            ``approval_expired``, ``approval_mismatch`` or ``tool_not_offered`` (an approved
-            call whose tool the agent no longer offers).
+            ``approval_expired``, ``approval_mismatch``, ``approval_used`` (an MCP client's
+            approval taken by another call already) or ``tool_not_offered`` (an approved call
+            whose tool the agent no longer offers).
         verdict: what the rules decided (``allow`` | ``deny`` | ``ask``), whatever the mode: in
             ``log-only`` a ``deny`` or ``ask`` verdict with ``allow=True`` is a would-be denial
             or a would-be request for approval.

@@ -88,4 +88,6 @@ async def test_the_report_counts_only_calls_the_gate_decided(db: AsyncEngine) ->
         assert sorted(k or "sql null" for k in kinds) == ["object", "sql null", "sql null"]
     report = await PolicyStore(db).report(since=timedelta(hours=1))
     assert (report.calls, report.decided) == (3, 1)
-    assert report.by_mode == {"log-only": {"calls": 1, "allowed": 0, "denied": 1, "flagged": 0}}
+    assert report.by_mode == {
+        "log-only": {"calls": 1, "allowed": 0, "denied": 1, "asked": 0, "flagged": 0}
+    }

@@ -30,7 +30,7 @@ from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.cli_harness import as_json, command_names
 from tests.integration.worker_harness import make_worker, policy_setup
 from worker.run.compaction_setup import CompactionSetup
-from worker.store.tables import compacted_turns, metadata, mission_iterations
+from worker.store.tables import approval_requests, compacted_turns, metadata, mission_iterations
 from worker.tools import builtin_tools
 
 HOSTILE = (
@@ -45,6 +45,9 @@ HOSTILE = (
 
 SCHEMA_REFUSES = {
     ("agents", "policy_mode"),
+    ("agents", "destructive_policy"),
+    ("approval_requests", "status"),
+    ("approval_requests", "consumer"),
     ("missions", "status"),
     ("mission_iterations", "status"),
     ("tool_invocations", "outcome"),
@@ -89,6 +92,10 @@ COMMANDS: list[list[str]] = [
     ["policy", "report"],
     ["mcp", "token", "list"],
     ["mcp", "token", "revoke", "{token}"],
+    ["approvals", "list"],
+    ["approvals", "show", "{approval}"],
+    ["approvals", "approve", "{approval}"],
+    ["approvals", "deny", "{approval}"],  # refused: it says who approved it (hostile)
 ]
 """Every command that prints stored text, each also run with ``--json``."""
 
@@ -188,11 +195,33 @@ async def seed(db: AsyncEngine, run: Any) -> dict[str, int]:
         failed = {k: v for k, v in archived.items() if k != "id"}
         failed |= {"compaction_index": 2, "error": "llm_error: down", "folded": []}
         await conn.execute(insert(compacted_turns).values(**failed))  # a failed attempt too
+    # a run parked for a person's approval of a destructive call
+    await asyncio.to_thread(
+        as_json, run, "agents", "add", "--name", "a2", "--owner", "u2", "--policy-mode",
+        "enforce", "--destructive", "ask",
+    )  # fmt: skip
+    await asyncio.to_thread(
+        as_json, run, "missions", "add", "--agent", "a2", "--objective", "Tidy.", "--due-now"
+    )
+    asker = make_worker(
+        db,
+        FunctionChatModel(lambda r: tool_calls(("notes_delete", {"id": 1}))),
+        policy=policy_setup(db, "log-only"),
+        tools_for=lambda mission: tools,
+    )
+    assert await asker.run_once() == ["awaiting_approval"]
+    async with db.connect() as conn:
+        [approval] = (await conn.execute(select(approval_requests.c.id))).scalars().all()
     # due at the next tick, with all of the agent's (hostile) settings
     await asyncio.to_thread(
         as_json, run, "missions", "add", "--agent", "a1", "--objective", "Again.", "--due-now"
     )
-    return {"mission": mission["id"], "iteration": archived["iteration_id"], "token": token["id"]}
+    return {
+        "mission": mission["id"],
+        "iteration": archived["iteration_id"],
+        "token": token["id"],
+        "approval": approval,
+    }
 
 
 def poisoned(value: Any, *, keys: bool = False) -> Any:
@@ -286,4 +315,4 @@ async def test_json_output_gives_the_stored_text_back_exactly(db: AsyncEngine, r
     assert "\\u202eevil\\u202c" in out and "\\U000e0041" in out  # an admin sees they are there
     code, out, _ = await asyncio.to_thread(run, "missions", "list")
     rows = out.splitlines()
-    assert code == 0 and len(rows) == 3, "a hidden line break split a row"  # header + 2
+    assert code == 0 and len(rows) == 4, "a hidden line break split a row"  # header + 3

@@ -169,7 +169,13 @@ async def test_report_shows_the_would_be_deny_share_of_log_only(db: AsyncEngine,
     )
     # the CLI runs its own event loop: call it from a thread, as a separate process would
     report = await asyncio.to_thread(as_json, run, "policy", "report", "--since", "7d")
-    assert report["by_mode"]["log-only"] == {"calls": 100, "allowed": 98, "denied": 2, "flagged": 1}
+    assert report["by_mode"]["log-only"] == {
+        "calls": 100,
+        "allowed": 98,
+        "denied": 2,
+        "asked": 0,
+        "flagged": 1,
+    }
     assert report["by_mode"]["enforce"]["denied"] == 1
     assert report["would_deny_share"] == 0.02
     code, out, _ = await asyncio.to_thread(run, "policy", "report")

@@ -161,6 +161,10 @@ IN_PROCESS = {
     "mcp token create": ["mcp", "token", "create", "u"],
     "mcp token list": ["mcp", "token", "list"],
     "mcp token revoke": ["mcp", "token", "revoke", "1"],
+    "approvals list": ["approvals", "list"],
+    "approvals show": ["approvals", "show", "1"],
+    "approvals approve": ["approvals", "approve", "1"],
+    "approvals deny": ["approvals", "deny", "1"],
 }  # fmt: skip
 """A command line of every command that runs to its end: each opens the database."""
 

@@ -194,7 +194,13 @@ async def test_log_only_runs_the_call_and_records_the_would_be_denial(db: AsyncE
     assert not any("<reminder>" in (m["content"] or "") for m in second_request)
 
     report = await PolicyStore(db).report(since=timedelta(days=7))
-    assert report.by_mode["log-only"] == {"calls": 1, "allowed": 0, "denied": 1, "flagged": 0}
+    assert report.by_mode["log-only"] == {
+        "calls": 1,
+        "allowed": 0,
+        "denied": 1,
+        "asked": 0,
+        "flagged": 0,
+    }
     assert report.would_deny_share == 1.0
     assert report.by_reason == {("log-only", "destructive_not_opted_in"): 1}
 

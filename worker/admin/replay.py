@@ -8,7 +8,9 @@ them as they are. Events (``"event"`` key):
 * ``message``: one message of the restored log (``message`` as stored; ``round``: the round
   it belongs to, 0 for the head; ``folded_by``: the compaction that folded it first, or
   ``None``; ``calls``: on assistant messages, each tool call with the decision the policy gate
-  took on it and its outcome, from ``tool_invocations``).
+  took on it and its outcome, from ``tool_invocations``, and, when the gate asked a person
+  about it, ``approval``: the request's ``id``, ``status``, ``decided_by``, ``decided_at``,
+  ``decision_note``, ``expires_at``).
 * ``round``: a round begins (``reminders`` sent with its request only; ``resumed_by``: the
   attempt that resumed the run here after a takeover).
 * ``compaction``: where the turns that compaction ``index`` folded begin; ``summary`` is what
@@ -26,16 +28,23 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import ManaAIError
-from worker.store.stored import StoredCompaction, StoredInvocation, StoredIteration
+from worker.store.approvals import decided_text
+from worker.store.stored import (
+    StoredApproval,
+    StoredCompaction,
+    StoredInvocation,
+    StoredIteration,
+)
 from worker.terminal_text import visible
 
 __all__ = [
     "ReplayError",
+    "approval_text",
     "checked_iteration",
     "is_summary",
     "later_attempt_last",
@@ -227,6 +236,9 @@ def replay_events(iteration: StoredIteration) -> list[Row]:
     invocations: dict[tuple[int, int], StoredInvocation] = {}
     for inv in sorted(iteration.get("tool_invocations") or [], key=later_attempt_last):
         invocations[(int(inv["round"]), int(inv.get("position") or 0))] = inv
+    approvals: dict[tuple[int, int], StoredApproval] = {
+        (int(a["round"] or 0), int(a["position"] or 0)): a for a in iteration.get("approvals") or []
+    }
 
     events: list[Row] = []
     round_no = 0
@@ -254,7 +266,11 @@ def replay_events(iteration: StoredIteration) -> list[Row]:
         }
         if message.get("role") == "assistant" and message.get("tool_calls"):
             event["calls"] = [
-                _call(call, invocations.get((round_no, position)))
+                _call(
+                    call,
+                    invocations.get((round_no, position)),
+                    approvals.get((round_no, position)),
+                )
                 for position, call in enumerate(message["tool_calls"])
             ]
         events.append(event)
@@ -272,7 +288,9 @@ def replay_events(iteration: StoredIteration) -> list[Row]:
     return events
 
 
-def _call(call: Row, invocation: StoredInvocation | None) -> Row:
+def _call(
+    call: Row, invocation: StoredInvocation | None, approval: StoredApproval | None = None
+) -> Row:
     entry = {
         "id": call.get("id"),
         "name": call.get("name"),
@@ -287,19 +305,34 @@ def _call(call: Row, invocation: StoredInvocation | None) -> Row:
             "policy_mode": invocation.get("policy_mode"),
             "duration_ms": invocation.get("duration_ms"),
         }
+    if approval is not None:
+        entry["approval"] = {
+            key: approval.get(key)
+            for key in ("id", "status", "decided_by", "decided_at", "decision_note", "expires_at")
+        }
     return entry
+
+
+def approval_text(approval: Mapping[str, Any]) -> str:
+    """One line for an approval request: ``approval 12: approved by alice at …: note``,
+    ``approval 12: pending until …``, ``approval 12: expired at … (nobody decided in time)``."""
+    return f"approval {approval.get('id')}: {decided_text(approval)}"
 
 
 def policy_text(decision: Row | None, mode: str | None) -> str | None:
     """One line for a policy decision: ``denied: destructive_not_opted_in (enforce)``,
-    ``would deny: rate_limited (log-only)``, ``allowed (enforce); flagged: injection_marker
-    ['{{']``; ``None`` without a decision (no gate ran)."""
+    ``would deny: rate_limited (log-only)``, ``asks a person (enforce)``, ``allowed: approved
+    (enforce)``, ``allowed (enforce); flagged: injection_marker ['{{']``; ``None`` without a
+    decision (no gate ran)."""
     if not decision or not isinstance(decision, dict):
         return None
     mode = decision.get("mode") or mode or "?"
     reason = decision.get("reason") or "?"
-    if decision.get("verdict", "allow" if decision.get("allow") else "deny") == "allow":
-        line = f"allowed ({mode})"
+    verdict = decision.get("verdict", "allow" if decision.get("allow") else "deny")
+    if verdict == "allow":
+        line = f"allowed ({mode})" if reason != "approved" else f"allowed: approved ({mode})"
+    elif verdict == "ask":
+        line = f"{'would ask' if decision.get('allow') else 'asks'} a person ({mode})"
     elif decision.get("allow"):
         line = f"would deny: {reason} ({mode})"
     else:
@@ -323,6 +356,8 @@ def _call_suffix(call: Row) -> str:
     policy = policy_text(call.get("policy_decision"), call.get("policy_mode"))
     if policy:
         parts.append(f"policy {policy}")
+    if call.get("approval"):
+        parts.append(approval_text(call["approval"]))
     return f" [{'; '.join(parts)}]" if parts else ""
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.admin.replay import (
     ReplayError,
+    approval_text,
     checked_iteration,
     is_summary,
     message_label,
@@ -136,6 +137,15 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         policy = policy_text(inv.get("policy_decision"), inv.get("policy_mode"))
         if policy:
             print(f"    policy: {visible_line(policy)}")
+    approvals = it.get("approvals") or []
+    if approvals:
+        print("\napprovals (destructive calls a person was asked about):")
+    for approval in approvals:
+        print(
+            f"  round {approval.get('round')} {visible_line(str(approval.get('tool')))}"
+            f"({json.dumps(approval.get('arguments'), ensure_ascii=False)}): "
+            f"{visible_line(approval_text(approval))}"
+        )
     print(f"\n{visible_line(verdict(it))}")
     return 0
 
@@ -166,7 +176,14 @@ def verdict(iteration: StoredIteration) -> str:
     tool or the objective``.
     """
     status = str(iteration.get("status"))
-    if status != "succeeded" and iteration.get("stop_reason"):
+    if status == "awaiting_approval":
+        waiting = [a for a in iteration.get("approvals") or [] if a.get("status") == "pending"]
+        status = "parked: waiting for a person's approval" + (
+            f" of {waiting[-1].get('tool')} (`mana-ai approvals show {waiting[-1].get('id')}`)"
+            if waiting
+            else " (decided: the next claim goes on with it)"
+        )
+    elif status != "succeeded" and iteration.get("stop_reason"):
         status += f" ({iteration['stop_reason']})"
     calls = iteration.get("tool_invocations") or []
     parts = [f"verdict: {status}"]

@@ -338,20 +338,32 @@ def _print_report(report: PolicyReport) -> None:
         f"policy decisions since {fmt(report.since)}: {report.calls} tool call(s), "
         f"{report.decided} decided by the gate"
     )
+    if report.approvals:
+        requested = sum(report.approvals.values())
+        shown = ", ".join(
+            f"{report.approvals[s]} {s}"
+            for s in ("approved", "denied", "expired", "pending")
+            if report.approvals.get(s)
+        )
+        print(f"  approvals: {requested} asked of a person ({visible_line(shown)})")
     if not report.decided:
         print("  (no decisions: the gate was off, or no tool calls ran in this period)")
         return
-    print(f"\n  {'MODE':<10} {'CALLS':>7} {'ALLOWED':>8} {'DENIED':>7} {'SHARE':>7} {'FLAGGED':>8}")
+    print(
+        f"\n  {'MODE':<10} {'CALLS':>7} {'ALLOWED':>8} {'DENIED':>7} {'SHARE':>7} "
+        f"{'ASKED':>6} {'FLAGGED':>8}"
+    )
     for stored_mode, counts in report.by_mode.items():
         mode = visible_line(stored_mode)
         share = counts["denied"] / counts["calls"] if counts["calls"] else 0.0
-        denied = f"{counts['denied']}" + ("*" if stored_mode == "log-only" else "")
+        star = "*" if stored_mode == "log-only" else ""
+        denied, asked = f"{counts['denied']}{star}", f"{counts.get('asked', 0)}{star}"
         print(
             f"  {mode:<10} {counts['calls']:>7} {counts['allowed']:>8} {denied:>7} "
-            f"{share:>7.1%} {counts['flagged']:>8}"
+            f"{share:>7.1%} {asked:>6} {counts['flagged']:>8}"
         )
     if "log-only" in report.by_mode:
-        print("  * in log-only: would-be denials (the calls ran)")
+        print("  * in log-only: would-be denials and asks (the calls ran)")
     print("\n  by consumer (mission: missions' calls; mcp: MCP clients' calls):")
     for (consumer, mode), counts in sorted(report.by_consumer.items()):
         print(

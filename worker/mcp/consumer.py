@@ -4,7 +4,14 @@
 a mission (``planner.execution.execute_calls``): an unknown tool or invalid arguments get an
 error without reaching the gate; otherwise the gate of ``PolicySetup.gate`` (consumer ``mcp``,
 the MCP server's exposed scopes, the user's opt-ins and rate limits read for this call)
-decides, and a denied call in ``enforce`` never runs. Every call is recorded in
+decides, and a denied call in ``enforce`` never runs.
+
+Approvals (``MANA_AI_POLICY_DESTRUCTIVE=ask``): a client cannot wait, so a destructive call the
+gate asks about is refused with a tool error that names its approval request (one pending
+request per user, tool and arguments: calling again does not ask again); once a person
+approved it, the same call (same user, tool and arguments) is allowed once: the approval is
+marked used as the call is allowed (``ApprovalStore.use``), so two calls racing for it cannot
+both run. Every call is recorded in
 ``tool_invocations`` (consumer ``mcp``) and counted; the decision is counted by the gate's
 observer in ``mana_ai_policy_decisions_total{consumer="mcp"}``.
 
@@ -24,13 +31,32 @@ from typing import Any
 
 import mcp.types as types
 
-from planner import PolicyMode, ToolCall, ToolContext, ToolRegistry, ToolSpec
+from planner import (
+    Approval,
+    ApprovalStatus,
+    PolicyDecision,
+    PolicyMode,
+    ToolCall,
+    ToolContext,
+    ToolRegistry,
+    ToolSpec,
+    arguments_hash,
+)
 from planner.calls import ExecutedCall
 from planner.errors import RunInterrupted
 from planner.execution import execute_calls
-from planner.policy import UserPolicySettings
+from planner.gate import RulePolicyGate
+from planner.policy import (
+    APPROVAL_USED,
+    APPROVED,
+    POLICY_UNAVAILABLE,
+    PolicyVerdict,
+    UserPolicySettings,
+)
 from worker import metrics
 from worker.policy_setup import PolicySetup
+from worker.store.approvals import ApprovalStore
+from worker.store.base import ApprovalRequestRow
 from worker.store.mcp_tokens import McpPrincipal, McpStore
 from worker.store.rows import call_outcome, invocation_row, json_safe
 
@@ -63,6 +89,7 @@ class ServedTools:
         user_settings: ``async user_id -> UserPolicySettings``, read for every call, so an
             opt-in or a revocation applies to the next call.
         tool_timeout_s: seconds a call may run unless its ToolSpec says otherwise.
+        approvals: where approval requests live (``None``: on ``store``'s database).
     """
 
     def __init__(
@@ -73,12 +100,14 @@ class ServedTools:
         store: McpStore,
         user_settings: Callable[[str], Awaitable[UserPolicySettings]],
         tool_timeout_s: float | None,
+        approvals: ApprovalStore | None = None,
     ) -> None:
         self.registry = ToolRegistry(tools)
         self.policy = policy
         self.store = store
         self.user_settings = user_settings
         self.tool_timeout_s = tool_timeout_s
+        self.approvals = approvals or ApprovalStore(store.engine)
         exposed = policy.config.exposed_scopes
         self.exposed = [t for t in tools if exposed is None or t.scope in exposed]
         self._listing = [
@@ -130,14 +159,16 @@ class ServedTools:
             return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
         gate = self.policy.gate(user_settings=settings)
         try:
+            approval = await self._approval(gate, principal, call)
             [executed] = await execute_calls(
                 [call],
                 round=1,
                 registry=self.registry,
                 ctx=ctx,
-                policy=gate,
+                policy=None if gate is None else self._asking(gate, principal),
                 max_parallel_reads=1,
                 tool_timeout_s=self.tool_timeout_s,
+                approvals=None if approval is None else {0: approval},
             )
         except RunInterrupted as exc:  # a tool's own database failed: the client may retry
             logger.warning("MCP call of %s failed: %s", name[:MAX_RECORDED_NAME_CHARS], exc)
@@ -152,6 +183,127 @@ class ServedTools:
             )
         await self._record(principal, executed, PolicyMode.OFF if gate is None else gate.mode)
         return _result(executed)
+
+    async def _approval(
+        self, gate: RulePolicyGate | None, principal: McpPrincipal, call: ToolCall
+    ) -> Approval | None:
+        """A person's approval of exactly this call by this user, not used yet (only looked
+        up for a destructive call the gate would ask about)."""
+        spec = self.registry.get(call.name)
+        if (
+            gate is None
+            or gate.destructive != "ask"
+            or spec is None
+            or spec.policy_hint != "destructive"
+            or gate.user_settings.opted_in(spec)
+            or call.parse_error is not None
+        ):
+            return None
+        try:
+            digest = arguments_hash(call.arguments)
+        except (TypeError, ValueError):
+            return None
+        try:
+            row = await self.approvals.approved_mcp(principal.user_id, call.name, digest)
+        except Exception as exc:  # the gate then asks, and says what failed
+            logger.warning("could not look up the approvals of %s: %s", call.name, exc)
+            return None
+        if row is None:
+            return None
+        return Approval(
+            request_id=int(row["id"]),
+            status=ApprovalStatus.APPROVED,
+            tool=row["tool"],
+            arguments_hash=row["arguments_hash"],
+            decided_by=row["decided_by"],
+            reason=row["decision_note"],
+            decided_at=row["decided_at"],
+        )
+
+    def _asking(
+        self, gate: RulePolicyGate, principal: McpPrincipal
+    ) -> Callable[[ToolSpec, ToolCall, ToolContext], Awaitable[PolicyDecision]]:
+        """``gate`` for an MCP client: a call it asks about gets its approval request (the
+        pending one of the same call, or a new one: the webhook is told) named in the refusal;
+        an approved call uses its approval up, or is refused when another call did first."""
+
+        async def decide(spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
+            decision = await gate(spec, call, ctx)
+            try:
+                if decision.parks:
+                    return await self._asked(decision, principal, call)
+                approval = ctx.approval
+                if not (decision.allow and decision.reason == APPROVED and approval is not None):
+                    return decision
+                used = await self.approvals.use(approval.request_id)
+            except Exception as exc:  # the approvals' database: refuse, never run unasked
+                logger.warning(
+                    "MCP call of %s refused: its approval could not be read or stored (%s: %s)",
+                    call.name,
+                    type(exc).__name__,
+                    exc,
+                )
+                return PolicyDecision(
+                    allow=False,
+                    reason=POLICY_UNAVAILABLE,
+                    verdict=PolicyVerdict.DENY,
+                    mode=decision.mode,
+                    message=f"{call.name} needs a person's approval, and mana-ai could not "
+                    "reach its database to ask for one; try again later",
+                )
+            if not used:
+                return PolicyDecision(
+                    allow=False,
+                    reason=APPROVAL_USED,
+                    verdict=PolicyVerdict.DENY,
+                    mode=decision.mode,
+                    message=(
+                        f"approval request {approval.request_id} allowed one call, and another "
+                        "call used it; ask again"
+                    ),
+                )
+            return decision
+
+        return decide
+
+    async def _asked(
+        self, decision: PolicyDecision, principal: McpPrincipal, call: ToolCall
+    ) -> PolicyDecision:
+        request, created = await self.approvals.request_mcp(
+            ApprovalRequestRow(
+                consumer="mcp",
+                user_id=principal.user_id,
+                call_id=json_safe(call.id),
+                tool=call.name,
+                arguments=json_safe(dict(call.arguments)),
+                arguments_hash=arguments_hash(call.arguments),
+                reason=decision.message or "approval needed",
+                ttl=self.policy.approval_ttl,
+                mcp_token_id=principal.token_id,
+            )
+        )
+        request_id = request["id"]
+        if created:
+            metrics.APPROVAL_REQUESTS.labels(consumer="mcp").inc()
+            if self.policy.webhook is not None:
+                self.policy.webhook.notify(request)
+        logger.warning(
+            "MCP call of %s (user %s) waits for approval request %d (%s)",
+            call.name,
+            principal.user_id,
+            request_id,
+            "new" if created else "asked before",
+        )
+        expires = request["expires_at"].isoformat(timespec="seconds")
+        return decision.model_copy(
+            update={
+                "message": (
+                    f"{call.name} needs a person's approval: approval request {request_id} is "
+                    f"pending until {expires} (`mana-ai approvals approve {request_id}`); call "
+                    "it again with the same arguments once it is approved"
+                )
+            }
+        )
 
     async def _record(
         self, principal: McpPrincipal, executed: ExecutedCall, mode: PolicyMode

@@ -349,7 +349,16 @@ class MissionRunner:
             outcome = failed_outcome(exc, next_run, run.journal)
         lease.detach()
         if result is not None and result.stop_reason == StopReason.AWAITING_APPROVAL:
-            return await self._park(mission, iteration, run, lease, result)
+            parked = await self._park(mission, iteration, run, lease, result)
+            if parked is not None:
+                return parked
+            # the database refused the park: stored as a failure, never asked again for ever
+            outcome = dataclasses.replace(
+                failed_outcome(RuntimeError("refused"), next_run, run.journal),
+                stop_reason=RunnerStopReason.STORE_FAILED,
+                error="could not park the run for approval: the database refused it (see the "
+                "worker's log)",
+            )
         stored, outcome = await self._store(mission, iteration, outcome, lease)
         if stored is None:
             return RunOutcome.INTERRUPTED
@@ -426,13 +435,13 @@ class MissionRunner:
         run: _Run,
         lease: HeldLease,
         result: PlannerLoopResult,
-    ) -> RunOutcome:
+    ) -> RunOutcome | None:
         """Store the run parked at the call the gate asked about: its checkpoint, the calls so
         far with the parked one (``parked``), the approval request, ``awaiting_approval``,
         the lease released (``MissionStore.park_iteration``), retrying transient failures
-        while the lease holds; then tell the webhook of a new request. When that cannot be
-        stored, the mission is left to whoever claims it once its lease expires: that run
-        asks again."""
+        while the lease holds; then tell the webhook of a new request. When the database does
+        not answer, the mission is left to whoever claims it once its lease expires (that run
+        asks again); ``None`` when it refused the data (the caller stores a failure)."""
         parked = result.record.pending_approval
         assert parked is not None, "a run awaiting approval has its request"
         journal = run.journal
@@ -464,14 +473,14 @@ class MissionRunner:
             )
         except Exception as exc:
             if not is_transient(exc):
-                logger.exception("could not park the run for approval")
-            else:
-                logger.error(
-                    "could not park the run for approval: the database did not answer while "
-                    "the lease held (%s); the mission is left to whoever claims it once its "
-                    "lease expires, which asks again",
-                    describe_error(exc),
-                )
+                logger.exception("could not park the run for approval: the database refused it")
+                return None
+            logger.error(
+                "could not park the run for approval: the database did not answer while the "
+                "lease held (%s); the mission is left to whoever claims it once its lease "
+                "expires, which asks again",
+                describe_error(exc),
+            )
             return RunOutcome.INTERRUPTED
         if stored is None:
             metrics.LEASES_LOST.inc()

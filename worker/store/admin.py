@@ -17,10 +17,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
+from worker.store.approval_status import current_status
 from worker.store.stored import StoredIteration
 from worker.store.tables import (
     agent_mcp_servers,
     agents,
+    approval_requests,
     compacted_turns,
     mission_iterations,
     missions,
@@ -304,8 +306,9 @@ class AdminStore:
 
     async def get_iteration(self, iteration_id: int) -> StoredIteration:
         """One iteration with its message log, ``tool_invocations`` (list of dicts, in
-        execution order) and ``compactions`` (its ``compacted_turns`` rows, the folded messages
-        included, in the order they happened). Raises NotFoundError."""
+        execution order), ``compactions`` (its ``compacted_turns`` rows, the folded messages
+        included, in the order they happened) and ``approvals`` (its ``approval_requests``
+        rows, status as it stands now). Raises NotFoundError."""
         async with self.engine.connect() as conn:
             row = (
                 (
@@ -328,9 +331,18 @@ class AdminStore:
                 .where(compacted_turns.c.iteration_id == iteration_id)
                 .order_by(compacted_turns.c.compaction_index)
             )
+            requests = await conn.execute(
+                select(
+                    *(c for c in approval_requests.c if c.name != "status"),
+                    current_status(),
+                )
+                .where(approval_requests.c.iteration_id == iteration_id)
+                .order_by(approval_requests.c.id)
+            )
             stored = dict(row) | {
                 "tool_invocations": [dict(c) for c in calls.mappings()],
                 "compactions": [dict(c) for c in archive.mappings()],
+                "approvals": [dict(r) for r in requests.mappings()],
             }
             return cast(StoredIteration, stored)
 

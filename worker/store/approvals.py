@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, or_, select, text, update
+from sqlalchemy import and_, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from planner.approvals import ApprovalStatus
 from worker.errors import ConflictError, NotFoundError
+from worker.store.approval_status import current_status, lapsed_or_expired
 from worker.store.base import ApprovalRequestRow
 from worker.store.tables import (
     DUE_CHANNEL,
@@ -34,31 +35,11 @@ from worker.store.tables import (
     tool_invocations,
 )
 
-__all__ = ["APPROVAL_LIST_COLUMNS", "ApprovalStore", "decided_text"]
+__all__ = ["ApprovalStore", "decided_text"]
 
 Row = dict[str, Any]
 
 _r = approval_requests.c
-
-_STATUS = case(
-    (and_(_r.status == "pending", _r.expires_at <= func.now()), literal("expired")),
-    else_=_r.status,
-).label("status")
-"""The status as it stands now: a pending request past its time to live is expired."""
-
-APPROVAL_LIST_COLUMNS = (
-    "id",
-    "status",
-    "tool",
-    "user_id",
-    "agent",
-    "mission_id",
-    "iteration_id",
-    "created_at",
-    "expires_at",
-    "decided_by",
-)
-"""The columns ``mana-ai approvals list`` shows."""
 
 
 def _selected() -> Any:
@@ -80,7 +61,7 @@ def _selected() -> Any:
     columns = [c for c in approval_requests.c if c.name != "status"]
     return select(
         *columns,
-        _STATUS,
+        current_status(),
         agents.c.name.label("agent"),
         mission_iterations.c.status.label("iteration_status"),
         missions.c.status.label("mission_status"),
@@ -92,23 +73,18 @@ def _selected() -> Any:
     )
 
 
-def _lapsed_or_expired() -> Any:
-    """Expired, stored so or not yet (pending past its time to live)."""
-    return or_(_r.status == "expired", and_(_r.status == "pending", _r.expires_at <= func.now()))
-
-
 def _missing(request_id: int) -> str:
     return f"no approval request with id {request_id} (see `mana-ai approvals list`)"
 
 
 def decided_text(row: Mapping[str, Any]) -> str:
     """How a request stands, in words: ``pending until 2026-…``, ``approved by alice at …:
-    note``, ``denied by bob at …: reason``, ``expired at … (nobody decided)``."""
-    status = row["status"]
+    note``, ``denied by bob at …: reason``, ``expired at … (nobody decided in time)``."""
+    status = row.get("status")
     if status == "pending":
-        return f"pending until {_iso(row['expires_at'])}"
+        return f"pending until {_iso(row.get('expires_at'))}"
     if status == "expired":
-        at = row.get("decided_at") or row["expires_at"]
+        at = row.get("decided_at") or row.get("expires_at")
         note = row.get("decision_note") or "nobody decided in time"
         return f"expired at {_iso(at)} ({note})"
     text_ = f"{status} by {row.get('decided_by') or 'someone'} at {_iso(row.get('decided_at'))}"
@@ -134,7 +110,7 @@ class ApprovalStore:
         if status == "pending":
             stmt = stmt.where(_r.status == "pending", _r.expires_at > func.now())
         elif status == "expired":
-            stmt = stmt.where(_lapsed_or_expired())
+            stmt = stmt.where(lapsed_or_expired())
         elif status is not None:
             stmt = stmt.where(_r.status == status)
         async with self.engine.connect() as conn:
@@ -359,7 +335,7 @@ class ApprovalStore:
         stmt = select(
             func.count().filter(_r.status == "approved"),
             func.count().filter(_r.status == "denied"),
-            func.count().filter(_lapsed_or_expired()),
+            func.count().filter(lapsed_or_expired()),
             func.count().filter(live),
             func.coalesce(func.extract("epoch", now - func.min(_r.created_at).filter(live)), 0),
         ).select_from(approval_requests)

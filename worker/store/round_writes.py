@@ -49,6 +49,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     union_all,
     update,
 )
@@ -349,7 +350,9 @@ def _approval_request(write: Callable[[Any], Any], owned: Any) -> list[Any]:
         .from_select(list(values), select(*values.values()).where(owned))
         .on_conflict_do_nothing(
             index_elements=["iteration_id", "round", "position"],
-            index_where=requests.c.consumer == "mission",
+            # a literal: the partial index is inferred from the predicate's text, and a bound
+            # parameter stops matching once the prepared statement goes generic
+            index_where=text("consumer = 'mission'"),
         )
         .returning(requests.c.id, requests.c.expires_at)
     )

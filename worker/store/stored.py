@@ -14,7 +14,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, TypedDict
 
-__all__ = ["StoredAttempt", "StoredCompaction", "StoredInvocation", "StoredIteration"]
+__all__ = [
+    "StoredApproval",
+    "StoredAttempt",
+    "StoredCompaction",
+    "StoredInvocation",
+    "StoredIteration",
+]
 
 
 class StoredInvocation(TypedDict, total=False):
@@ -66,6 +72,32 @@ class StoredCompaction(TypedDict, total=False):
     created_at: datetime
 
 
+class StoredApproval(TypedDict, total=False):
+    """An ``approval_requests`` row of an iteration: a call (``round``, ``position``) the gate
+    asked a person about, and the decision (``status`` as it stands now: a pending request
+    past ``expires_at`` reads ``expired``)."""
+
+    id: int
+    consumer: str
+    status: str
+    user_id: str
+    iteration_id: int | None
+    attempt: int | None
+    round: int | None
+    position: int | None
+    call_id: str
+    tool: str
+    arguments: Any
+    arguments_hash: str
+    reply_text: str | None
+    reason: str
+    created_at: datetime
+    expires_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+    decision_note: str | None
+
+
 class StoredAttempt(TypedDict, total=False):
     """One attempt of an iteration (``mission_iterations.attempts``): who ran it, from when,
     and after which round a takeover resumed it."""
@@ -79,8 +111,9 @@ class StoredAttempt(TypedDict, total=False):
 class StoredIteration(TypedDict, total=False):
     """A ``mission_iterations`` row (``status`` an ``IterationStatus`` value, ``stop_reason`` a
     ``StopReason`` or ``RunnerStopReason`` value; ``messages`` the stored log), with its calls
-    in the model's order (``tool_invocations``) and its compactions in the order they happened
-    (``compactions``)."""
+    in the model's order (``tool_invocations``), its compactions in the order they happened
+    (``compactions``) and the approval requests of its calls, in the order they were asked
+    (``approvals``)."""
 
     id: int
     mission_id: int
@@ -101,3 +134,4 @@ class StoredIteration(TypedDict, total=False):
     finished_at: datetime | None
     tool_invocations: list[StoredInvocation]
     compactions: list[StoredCompaction]
+    approvals: list[StoredApproval]

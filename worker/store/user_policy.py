@@ -16,7 +16,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import UserPolicySettings
-from worker.store.tables import agents, tool_invocations, user_policy_settings
+from worker.store.approval_status import current_status
+from worker.store.tables import agents, approval_requests, tool_invocations, user_policy_settings
 
 __all__ = [
     "PolicyReport",
@@ -49,13 +50,18 @@ class PolicyReport:
         calls: every tool call in the period, decided or not (mode ``off``, unknown tools and
             invalid arguments carry no decision).
         decided: calls that carry a decision.
-        by_mode: ``mode -> {"calls", "allowed", "denied", "flagged"}``; in ``log-only``,
-            ``denied`` counts would-be denials (the calls ran).
+        by_mode: ``mode -> {"calls", "allowed", "denied", "asked", "flagged"}``; in
+            ``log-only``, ``denied`` counts would-be denials (the calls ran).
         by_reason: ``(mode, reason) -> calls``.
         by_tool: ``(mode, tool) -> {"calls", "denied"}``.
         injection_flags: ``tool -> calls`` flagged with injection markers.
         by_consumer: ``(consumer, mode) -> {"calls", "allowed", "denied", "flagged"}``:
             missions' calls and MCP clients' calls apart (the other counts hold both).
+        approvals: the approval requests asked in the period, by status as it stands now
+            (``pending``, ``approved``, ``denied``, ``expired``; missing ones: none). In
+            ``by_mode``, ``asked`` counts the calls whose last decision asks a person (in
+            ``log-only``: would-be asks, the calls ran); a parked call that was decided since
+            counts with its final decision (``approved``, ``approval_denied``, ...).
     """
 
     since: datetime
@@ -66,6 +72,7 @@ class PolicyReport:
     by_tool: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     injection_flags: dict[str, int] = field(default_factory=dict)
     by_consumer: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    approvals: dict[str, int] = field(default_factory=dict)
 
     @property
     def would_deny_share(self) -> float | None:
@@ -94,6 +101,7 @@ class PolicyReport:
                 for (c, m), counts in sorted(self.by_consumer.items())
             ],
             "would_deny_share": self.would_deny_share,
+            "approvals": self.approvals,
         }
 
 
@@ -212,9 +220,16 @@ class PolicyStore:
                 is_decided,
             )
         )
+        status = current_status()
+        asked = (
+            select(status, func.count())
+            .where(approval_requests.c.created_at >= func.now() - since)
+            .group_by(status)
+        )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).mappings().all()
             now = rows[0]["now"] if rows else (await conn.execute(select(func.now()))).scalar_one()
+            approvals = {str(k): int(n) for k, n in (await conn.execute(asked)).all()}
         by_mode: dict[str, Counter[str]] = defaultdict(Counter)
         by_reason: Counter[tuple[str, str]] = Counter()
         by_tool: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
@@ -229,10 +244,12 @@ class PolicyStore:
             decided += n
             m = row["mode"] or "unknown"
             denied = n if row["verdict"] == "deny" else 0
+            asks = n if row["verdict"] == "ask" else 0
             counts = {
                 "calls": n,
                 "denied": denied,
-                "allowed": n - denied,
+                "asked": asks,
+                "allowed": n - denied - asks,
                 "flagged": row["flagged"],
             }
             by_mode[m].update(counts)
@@ -246,7 +263,7 @@ class PolicyStore:
             calls=calls,
             decided=decided,
             by_mode={
-                m: {k: c[k] for k in ("calls", "allowed", "denied", "flagged")}
+                m: {k: c[k] for k in ("calls", "allowed", "denied", "asked", "flagged")}
                 for m, c in sorted(by_mode.items())
             },
             by_reason=dict(by_reason),
@@ -256,4 +273,5 @@ class PolicyStore:
                 k: {f: c[f] for f in ("calls", "allowed", "denied", "flagged")}
                 for k, c in by_consumer.items()
             },
+            approvals=approvals,
         )

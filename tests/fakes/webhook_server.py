@@ -1,0 +1,83 @@
+"""FakeWebhook: a real HTTP listener on 127.0.0.1 that takes POSTs (an approval webhook).
+
+It answers each POST with the next status of its script (then 200), optionally after a delay,
+and records every body it got (``bodies``, parsed JSON). ``received(n)`` waits until ``n``
+POSTs arrived. Like the other fakes it runs stdlib ``ThreadingHTTPServer`` in a daemon thread
+on an OS-assigned port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Self
+
+__all__ = ["FakeWebhook"]
+
+
+class FakeWebhook:
+    """See the module docstring. ``statuses``: the answers to the first POSTs, in order."""
+
+    def __init__(self, statuses: Iterable[int] = (), *, delay_s: float = 0.0) -> None:
+        self.statuses: deque[int] = deque(statuses)
+        self.delay_s = delay_s
+        self.bodies: list[Any] = []
+        self.headers: list[dict[str, str]] = []
+        self._arrived = threading.Condition()
+        webhook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                with webhook._arrived:
+                    status = webhook.statuses.popleft() if webhook.statuses else 200
+                    webhook.bodies.append(json.loads(body or b"null"))
+                    webhook.headers.append(dict(self.headers))
+                    webhook._arrived.notify_all()
+                if webhook.delay_s:
+                    time.sleep(webhook.delay_s)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    async def received(self, count: int, timeout_s: float = 30.0) -> list[Any]:
+        """The bodies once ``count`` POSTs arrived (TimeoutError after ``timeout_s``)."""
+
+        def wait() -> bool:
+            with self._arrived:
+                return self._arrived.wait_for(lambda: len(self.bodies) >= count, timeout_s)
+
+        if not await asyncio.to_thread(wait):
+            raise TimeoutError(f"{len(self.bodies)} of {count} POSTs arrived")
+        return list(self.bodies)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
