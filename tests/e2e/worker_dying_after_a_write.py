@@ -1,7 +1,8 @@
-"""``mana-ai worker`` whose ``notes_create`` kills its own process (SIGKILL) right after the
-note is committed, before the worker can record the call's outcome: the harshest moment for
-a worker to die. Run as ``python -m tests.e2e.worker_dying_after_a_write`` with the worker's
-usual environment."""
+"""``mana-ai worker`` whose write kills its own process (SIGKILL) right after the write is
+committed, before the worker can record the call's outcome: the harshest moment for a worker
+to die. The tool is ``notes_create``, or the one named by ``DYING_TOOL`` (``notes_delete``:
+a destructive call that ran on a person's approval). Run as
+``python -m tests.e2e.worker_dying_after_a_write`` with the worker's usual environment."""
 
 from __future__ import annotations
 
@@ -15,18 +16,19 @@ from planner import ToolContext, ToolSpec
 from worker.cli import main
 
 _builtin_tools = worker.daemon.app.builtin_tools
+DYING_TOOL = os.environ.get("DYING_TOOL", "notes_create")
 
 
 def _tools_that_die_after_a_write(*args: Any, **kwargs: Any) -> list[ToolSpec]:
     tools = _builtin_tools(*args, **kwargs)
-    create = next(t for t in tools if t.name == "notes_create")
+    write = next(t for t in tools if t.name == DYING_TOOL)
 
-    async def create_then_die(arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        await create.handler(arguments, ctx)  # the note is committed
+    async def write_then_die(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        await write.handler(arguments, ctx)  # the write is committed
         os.kill(os.getpid(), signal.SIGKILL)  # and the worker dies before recording it
 
-    dying = dataclasses.replace(create, handler=create_then_die)
-    return [dying if t.name == "notes_create" else t for t in tools]
+    dying = dataclasses.replace(write, handler=write_then_die)
+    return [dying if t.name == DYING_TOOL else t for t in tools]
 
 
 if __name__ == "__main__":

@@ -295,3 +295,32 @@ async def test_a_webhook_that_is_down_never_holds_up_the_mission(db: AsyncEngine
         await webhook.aclose(grace_s=10)
     after = REGISTRY.get_sample_value("mana_ai_approval_webhooks_total", {"outcome": "failed"})
     assert after == (failed or 0.0) + 1
+
+
+async def test_a_rerun_takes_a_recorded_approval_as_the_recorded_decision(
+    db: AsyncEngine,
+) -> None:
+    from worker.admin.rerun import RerunConfig, rerun_iteration
+    from worker.store.admin import AdminStore
+
+    _, _, model, request = await park(db)
+    await ApprovalStore(db).decide(request["id"], approve=True, by="alice")
+    worker = make_worker(db, FunctionChatModel(model), policy=asking(db))
+    assert await worker.run_once() == ["succeeded"]
+    iteration = await AdminStore(db).get_iteration(request["iteration_id"])
+    assert [a["status"] for a in iteration["approvals"]] == ["approved"]
+    config = RerunConfig(
+        tools=builtin_tools(db),
+        max_rounds=5,
+        policy_mode="enforce",  # type: ignore[arg-type]
+        policy_config=PolicyConfig(),
+        user_id="u1",
+        destructive=DestructivePolicy.ASK,
+    )
+    report = await rerun_iteration(iteration, config)
+    assert report.differences == []  # the recorded approval decided it, as it did then
+    without = await rerun_iteration(
+        iteration | {"approvals": []}, config
+    )  # never asked then: asked now, and the rerun stops there
+    kinds = {d["kind"] for d in without.differences}
+    assert "policy" in kinds and "stop_reason" in kinds

@@ -27,8 +27,9 @@ still answers as it did, so later differences may be its consequences.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -36,7 +37,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner import (
+    Approval,
     ChatMessage,
+    DestructivePolicy,
     ExecutedCall,
     LoopState,
     PlannerLoopInput,
@@ -65,6 +68,7 @@ from worker.admin.replay import (
     restored_log,
 )
 from worker.mcp.config import is_mcp_tool_name
+from worker.run.journal import approval_of
 from worker.run.reminder_channel import mission_reminder_channel
 from worker.store.rows import call_outcome
 from worker.store.stored import StoredCompaction, StoredInvocation, StoredIteration
@@ -111,6 +115,10 @@ class RerunConfig:
         reminders_disabled: producers turned off.
         reminder_role: the role reminders are sent with.
         max_tokens_per_day: the agent's budget (for the replayed token_budget reminders).
+        destructive: ``deny`` or ``ask`` for destructive calls without opt-in (the agent's,
+            else the daemon's); a call the recording asked a person about gets the recorded
+            decision (``planner.approvals``), one it did not ask about is asked about now (the
+            rerun then stops there, ``awaiting_approval``).
     """
 
     tools: Sequence[ToolSpec]
@@ -128,11 +136,13 @@ class RerunConfig:
     reminders_disabled: frozenset[str] = frozenset()
     reminder_role: ReminderRole = "system"
     max_tokens_per_day: int | None = None
+    destructive: DestructivePolicy = DestructivePolicy.DENY
 
     def settings_json(self) -> Row:
         """The settings that shape the comparison, for the report."""
         return {
             "policy_mode": self.policy_mode,
+            "destructive": self.destructive,
             "max_rounds": self.max_rounds,
             "tools": [t.name for t in self.tools],
             "compact_max_ctx": self.compact_max_ctx,
@@ -259,7 +269,11 @@ async def rerun_iteration(iteration: StoredIteration, config: RerunConfig) -> Re
         where = model.position_of(call)
         return calls_recorded.get(where) if where is not None else None
 
-    gate = _gate(config, start, recorded_row)
+    approvals = {
+        (int(a["round"] or 0), int(a["position"] or 0)): approval_of(a)
+        for a in iteration.get("approvals") or []
+    }
+    gate = _gate(config, start, recorded_row, approvals)
 
     async def execute(call: ToolCall) -> Any:
         row = recorded_row(call)
@@ -322,11 +336,26 @@ async def rerun_iteration(iteration: StoredIteration, config: RerunConfig) -> Re
     offered = {t.name for t in config.tools}
     recorded_tools = {str(r["tool"]) for r in calls_recorded.values()}
     unlisted = sorted({t for t in recorded_tools if is_mcp_tool_name(t)} - offered)
-    _compare_calls(report, calls_recorded, result.executed_calls, config, skip=frozenset(unlisted))
+    executed = list(result.executed_calls)
+    parked = record.pending_approval
+    if parked is not None:  # the rerun stopped at a call it asks a person about
+        waits = "waits for a person's approval"
+        executed.append(
+            ExecutedCall(
+                parked.round, parked.call, None, waits, parked.decision, index=parked.position
+            )
+        )
+    _compare_calls(report, calls_recorded, executed, config, skip=frozenset(unlisted))
     _compare_compactions(report, archive, compactions)
     _compare_reminders(report, recorded_reminders, [r.to_json() for r in record.reminders])
     recorded_stop = iteration.get("stop_reason")
-    unfinished = recorded_stop in (None, "interrupted", "crashed", "store_failed")
+    unfinished = recorded_stop in (
+        None,
+        "interrupted",
+        "crashed",
+        "store_failed",
+        "awaiting_approval",
+    )
     if unfinished:
         report.notes.append(
             f"the recorded run did not finish (status {iteration.get('status')}, stop reason "
@@ -381,7 +410,10 @@ def _gate(
     config: RerunConfig,
     start: datetime,
     recorded_row: Callable[[ToolCall], StoredInvocation | None],
+    approvals: Mapping[tuple[int, int], Approval],
 ) -> PolicyGate | None:
+    """Today's gate over the recorded calls: their recorded rate-limit slots, and for a call
+    the recording asked a person about, the recorded decision on its context."""
     if config.policy_mode == "off":
         return None
     inner = RulePolicyGate(
@@ -390,10 +422,15 @@ def _gate(
         user_settings=config.user_settings,
         ledger=RerunLedger(start),
         consumer="mission",
+        destructive=config.destructive,
     )
 
     async def gate(spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
         current_call.set(recorded_row(call))
+        if ctx.round is not None and ctx.position is not None:
+            recorded = approvals.get((ctx.round, ctx.position))
+            if recorded is not None:
+                ctx = dataclasses.replace(ctx, approval=recorded)
         return await inner(spec, call, ctx)
 
     return gate
@@ -443,7 +480,7 @@ def _compare_calls(
                 | {
                     "kind": "outcome",
                     "recorded": row.get("outcome") if row else "(not called)",
-                    "now": call_outcome(call) if call else "(not called)",
+                    "now": _outcome(call) if call else "(not called)",
                 }
             )
             continue
@@ -466,7 +503,7 @@ def _compare_calls(
         recorded_outcome = row.get("outcome")
         if recorded_outcome == "unknown":
             recorded_outcome = "error"  # the resumed run answered it with an error result
-        outcome = call_outcome(call)
+        outcome = _outcome(call)
         if recorded_outcome != outcome:
             report.differences.append(
                 base
@@ -485,6 +522,13 @@ def _compare_calls(
                     "now": f"error ({call.error})",
                 }
             )
+
+
+def _outcome(call: ExecutedCall) -> str:
+    """The outcome a call would be stored with: ``parked`` for one that waits for approval."""
+    if call.decision is not None and call.decision.parks:
+        return "parked"
+    return call_outcome(call)
 
 
 def _decision_text(decision: Row | None, mode: str | None, error: str | None) -> str:

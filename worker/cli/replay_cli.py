@@ -114,6 +114,7 @@ async def _rerun_config(
     admin: Any, settings: Settings, iteration: StoredIteration, policy_mode: str | None
 ) -> Any:
     """Today's settings for the iteration's agent (the mission's agent as it is now)."""
+    from planner.policy import DestructivePolicy
     from worker.admin.rerun import RerunConfig
     from worker.daemon.app import check_policy_settings, offered_tools, web_fetch_config
     from worker.policy_setup import policy_config_from_settings
@@ -147,4 +148,7 @@ async def _rerun_config(
         reminders_disabled=frozenset(settings.reminders_disabled),
         reminder_role=settings.reminder_role,
         max_tokens_per_day=agent.get("max_tokens_per_day"),
+        destructive=DestructivePolicy(
+            agent.get("destructive_policy") or settings.policy_destructive
+        ),
     )
