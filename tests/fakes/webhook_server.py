@@ -1,9 +1,9 @@
 """FakeWebhook: a real HTTP listener on 127.0.0.1 that takes POSTs (an approval webhook).
 
-It answers each POST with the next status of its script (then 200), optionally after a delay,
-and records every body it got (``bodies``, parsed JSON). ``received(n)`` waits until ``n``
-POSTs arrived. Like the other fakes it runs stdlib ``ThreadingHTTPServer`` in a daemon thread
-on an OS-assigned port.
+It answers each POST with the next status of its script (then 200), with ``hold=True`` only
+once ``release()`` was called (a slow webhook), and records every body it got (``bodies``,
+parsed JSON). ``received(n)`` waits until ``n`` POSTs arrived. Like the other fakes it runs
+stdlib ``ThreadingHTTPServer`` in a daemon thread on an OS-assigned port.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,9 +23,11 @@ __all__ = ["FakeWebhook"]
 class FakeWebhook:
     """See the module docstring. ``statuses``: the answers to the first POSTs, in order."""
 
-    def __init__(self, statuses: Iterable[int] = (), *, delay_s: float = 0.0) -> None:
+    def __init__(self, statuses: Iterable[int] = (), *, hold: bool = False) -> None:
         self.statuses: deque[int] = deque(statuses)
-        self.delay_s = delay_s
+        self._released = threading.Event()
+        if not hold:
+            self._released.set()
         self.bodies: list[Any] = []
         self.headers: list[dict[str, str]] = []
         self._arrived = threading.Condition()
@@ -41,8 +42,7 @@ class FakeWebhook:
                     webhook.bodies.append(json.loads(body or b"null"))
                     webhook.headers.append(dict(self.headers))
                     webhook._arrived.notify_all()
-                if webhook.delay_s:
-                    time.sleep(webhook.delay_s)
+                webhook._released.wait(60)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -53,6 +53,10 @@ class FakeWebhook:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def release(self) -> None:
+        """Let held answers go (and every later one)."""
+        self._released.set()
 
     @property
     def url(self) -> str:
@@ -79,5 +83,6 @@ class FakeWebhook:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._released.set()
         self._server.shutdown()
         self._server.server_close()

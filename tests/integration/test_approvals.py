@@ -324,3 +324,15 @@ async def test_a_rerun_takes_a_recorded_approval_as_the_recorded_decision(
     )  # never asked then: asked now, and the rerun stops there
     kinds = {d["kind"] for d in without.differences}
     assert "policy" in kinds and "stop_reason" in kinds
+
+
+async def test_a_slow_webhook_never_holds_up_the_park(db: AsyncEngine) -> None:
+    with FakeWebhook(hold=True) as hook:
+        webhook = ApprovalWebhook(hook.url)
+        try:
+            _, _, _, request = await park(db, webhook=webhook)  # returned: the POST still waits
+            [body] = await hook.received(1)
+            assert body["id"] == request["id"] and body["created_at"] is not None
+            hook.release()
+        finally:
+            await webhook.aclose(grace_s=10)

@@ -153,8 +153,9 @@ def notice_fields(
     """``request`` stored as ``request_id`` in the shape of an ``approval_requests`` row (what
     ``worker.approval_webhook.approval_notice`` reads)."""
     fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(request)}
-    del fields["ttl"]
-    return fields | {"id": request_id, "expires_at": expires_at, "created_at": None}
+    ttl = fields.pop("ttl")
+    created_at = expires_at - ttl if expires_at is not None else None  # expires = now + ttl
+    return fields | {"id": request_id, "expires_at": expires_at, "created_at": created_at}
 
 
 def degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
