@@ -57,6 +57,15 @@ def policy_config_from_settings(
     )
 
 
+_VERBS = {
+    (False, False): "denied",
+    (False, True): "would deny (log-only)",
+    (True, False): "asks a person about",
+    (True, True): "would ask a person about (log-only)",
+}
+"""How a log line says what the gate did: ``(asked, allowed) -> verb``."""
+
+
 def decision_observer(consumer: str) -> DecisionObserver:
     """Counts every decision (``mana_ai_policy_decisions_total``, and
     ``mana_ai_policy_injection_flags_total`` for flagged calls) and logs denials, would-be
@@ -81,19 +90,11 @@ def decision_observer(consumer: str) -> DecisionObserver:
             )
         if INSPECTION_TRUNCATED in decision.flags:
             logger.info("arguments of %s (call %s) too large to scan in full", spec.name, call.id)
-        if decision.verdict == "ask":
-            logger.warning(
-                "policy %s %s (call %s, user %s): %s",
-                "asks a person about" if not decision.allow else "would ask about (log-only)",
-                spec.name,
-                call.id,
-                ctx.user_id,
-                decision.message,
-            )
-        if decision.verdict == "deny":
+        if decision.verdict in ("deny", "ask"):
+            ask = decision.verdict == "ask"
             logger.warning(
                 "policy %s %s (call %s, user %s): %s: %s",
-                "denied" if not decision.allow else "would deny (log-only)",
+                _VERBS[(ask, decision.allow)],
                 spec.name,
                 call.id,
                 ctx.user_id,
