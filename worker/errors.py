@@ -7,7 +7,7 @@ Tree::
     ├── SettingsError             the environment holds an invalid MANA_AI_* value
     ├── DatabaseError             the database could not be reached, started or migrated
     ├── ScheduleError             a cron expression or timezone is invalid (worker.schedule)
-    ├── UsageError                a command line is wrong (worker.cli.args)
+    ├── UsageError                a request is wrong: a command line (exit 2), an API body (400)
     ├── ReplayError               a stored iteration cannot be read back (worker.admin.replay)
     ├── ToolSourceError           an MCP server cannot be used (worker.mcp.sources)
     ├── NotFoundError             an admin command named an agent / mission / iteration that
@@ -25,7 +25,14 @@ from __future__ import annotations
 
 from planner.errors import ManaAIError
 
-__all__ = ["ConflictError", "DatabaseError", "ManaAIError", "NotFoundError", "SettingsError"]
+__all__ = [
+    "ConflictError",
+    "DatabaseError",
+    "ManaAIError",
+    "NotFoundError",
+    "SettingsError",
+    "UsageError",
+]
 
 
 class SettingsError(ManaAIError):
@@ -47,3 +54,8 @@ class NotFoundError(ManaAIError):
 
 class ConflictError(ManaAIError):
     """An admin command would clash with existing data (a taken name, a completed mission)."""
+
+
+class UsageError(ManaAIError):
+    """A malformed or contradictory request: a command line (exit status 2) or an HTTP API
+    request body (400). The message names the flag or field and what is wrong."""

@@ -21,9 +21,17 @@ from __future__ import annotations
 
 import unicodedata
 
+from worker.errors import UsageError
 from worker.terminal_text import BIDI_CONTROLS, describe_char
 
-__all__ = ["MAX_NAME_CHARS", "MAX_TEXT_CHARS", "normalised_name", "normalised_text"]
+__all__ = [
+    "MAX_NAME_CHARS",
+    "MAX_TEXT_CHARS",
+    "checked_name",
+    "checked_text",
+    "normalised_name",
+    "normalised_text",
+]
 
 MAX_NAME_CHARS = 200
 """Longest name: fits any index (PostgreSQL's btree rows stop near 2.7 kB) and any terminal
@@ -95,3 +103,33 @@ def _where(text: str, at: int) -> str:
     line = text.count("\n", 0, at) + 1
     column = at - (text.rfind("\n", 0, at) + 1) + 1
     return f"line {line}, column {column}"
+
+
+def checked_name(text: str, what: str) -> str:
+    """The one rule for every name and id an admin gives (agent names, user ids, model names,
+    timezones, tools and scopes; ``normalised_name``): trimmed, 1 to 200 characters, no
+    control or format characters (newlines, NUL, zero-width, bidi).
+
+    Raises:
+        UsageError: naming ``what`` (a flag such as ``--owner``, or an API field) and what is
+            wrong.
+    """
+    try:
+        return normalised_name(text)
+    except ValueError as exc:
+        raise UsageError(f"{what} {exc}") from None
+
+
+def checked_text(text: str, what: str, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """The rule for free text an admin gives (objectives, system prompts;
+    ``normalised_text``): trimmed, 1 to ``max_chars`` characters, newlines and tabs but no
+    other control characters (ESC, BEL, …), no bidi embedding, override or isolate.
+
+    Raises:
+        UsageError: naming ``what`` and what is wrong (for a refused character: its code
+            point, name, line and column).
+    """
+    try:
+        return normalised_text(text, max_chars)
+    except ValueError as exc:
+        raise UsageError(f"{what} {exc}") from None

@@ -118,7 +118,7 @@ def _decision_cell(row: dict[str, Any]) -> str:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.approvals import decided_text
+    from worker.store.stored import decided_text
 
     async with approval_store(settings) as store:
         row = await store.get(args.id)

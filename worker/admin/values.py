@@ -1,0 +1,112 @@
+"""Values an admin gives as text (a command line, a field of an HTTP API request), parsed by
+one rule each: ids, row limits, whole numbers in a range, times with a UTC offset.
+
+Each parser takes the text and returns the value, or raises ``argparse.ArgumentTypeError``
+with a message that reads after the flag or field's name (``expected at most 1000, got
+5000``): argparse names the flag and exits 2; the HTTP API names the field and answers 400
+(``worker.admin.requests.parsed``). One rule, one message, whichever way the value came.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from datetime import datetime
+
+__all__ = [
+    "INT32_MAX",
+    "MAX_ID",
+    "MAX_LIMIT",
+    "MAX_ROUNDS",
+    "aware_datetime",
+    "int_range",
+    "iteration_ref",
+    "limit",
+    "positive_int",
+    "row_id",
+]
+
+MAX_LIMIT = 10_000
+MAX_ID = 2**63 - 1  # ids are BIGINT
+INT32_MAX = 2**31 - 1
+"""The largest value of a PostgreSQL ``integer`` column (counts and budgets of agents)."""
+MAX_ROUNDS = 1_000
+"""Most rounds an agent may run per iteration (each round is one LLM request)."""
+
+
+def limit(text: str) -> int:
+    """A row limit: a whole number from 1 to 10,000."""
+    value = positive_int(text)
+    if value > MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_LIMIT}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (no upper bound: give the flag an ``int_range`` when its value
+    reaches the database)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def int_range(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``; ``why`` says where the upper
+    bound comes from (shown when it is exceeded). argparse names the flag in the message and
+    exits 2, before anything reaches the database."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text) if low == 1 else _whole_number(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {value}")
+        if value > high:
+            reason = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(f"expected at most {high}{reason}, got {value}")
+        return value
+
+    parse.__name__ = f"number {low}-{high}"
+    return parse
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def row_id(text: str) -> int:
+    """A database id: 1 to 2**63 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a numeric id, got {text!r}") from None
+    if not 1 <= value <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"ids run from 1 to {MAX_ID}, got {value}")
+    return value
+
+
+def iteration_ref(text: str) -> int | None:
+    """An iteration id, or ``latest`` (``None``)."""
+    if text == "latest":
+        return None
+    if not text.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected an id or 'latest', got {text!r}")
+    return row_id(text)
+
+
+def aware_datetime(text: str) -> datetime:
+    """An ISO 8601 time with a UTC offset."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected ISO 8601 like 2026-12-01T09:00+01:00, got {text!r}"
+        ) from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset; add one, e.g. +00:00")
+    return value
