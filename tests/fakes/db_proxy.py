@@ -85,6 +85,10 @@ class FlakyProxy:
             pipe.cancel()
         await asyncio.gather(*pipes, return_exceptions=True)
 
+    def end_outage(self) -> None:
+        """Let new connections in again now (an outage of ``outage`` ends early)."""
+        self._down_until = 0.0
+
     def black_hole(self) -> None:
         """From now on no byte goes through, either way (see the module docstring)."""
         self._flowing.clear()

@@ -77,7 +77,7 @@ def test_missions_lifecycle_add_show_pause_resume(run: Any) -> None:
     ("args", "message"),
     [
         (["--cron", "0 9 * *"], "expected 5 fields"),
-        ([], "give --cron EXPR for a recurring mission"),
+        ([], "give --cron for a recurring mission"),
         (["--cron", "0 9 * * *", "--at", "2030-01-01T00:00+00:00"], "--at is for one-shot"),
         (
             ["--at", "2030-01-01T00:00+00:00", "--deadline", "2029-01-01T00:00+00:00"],
@@ -198,7 +198,7 @@ def test_resume_after_the_deadline_says_no_run_will_start(run: Any) -> None:
     ("args", "message"),
     [
         (["--at", "2020-01-01T09:00+00:00"], "is in the past; use --due-now"),
-        (["--at", "2999-01-01T09:00+00:00", "--due-now"], "either --at TIME or --due-now"),
+        (["--at", "2999-01-01T09:00+00:00", "--due-now"], "either --at or --due-now"),
     ],
 )
 def test_one_shot_times_that_would_surprise_are_refused(

@@ -7,19 +7,21 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from worker.cli.args import (
-    INT32_MAX,
-    MAX_ROUNDS,
-    UsageError,
-    checked_name,
-    checked_text,
-    group,
-    int_range,
-    json_flag,
+from worker.admin.agents import (
+    DEFAULT_SYSTEM_PROMPT,
+    DESTRUCTIVE_CHOICES,
+    POLICY_MODE_CHOICES,
+    budget,
+    context_tokens,
+    context_tokens_or_default,
+    flag,
+    max_rounds,
+    max_tokens,
 )
+from worker.admin.values import INT32_MAX, MAX_ROUNDS
+from worker.cli.args import UsageError, checked_name, group, json_flag
 from worker.cli.output import emit, print_json, table
 from worker.cli.stores import admin_store
-from worker.errors import NotFoundError
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
@@ -28,17 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "register"]
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a careful assistant that works through tools. Use the tools to complete the "
-    "objective, then answer with a short summary of what you did."
-)
-
-POLICY_MODE_CHOICES = ("off", "log-only", "enforce")
-DESTRUCTIVE_CHOICES = ("deny", "ask")
 _UNSET = object()  # an option left out (``None`` is a value: 'none' / 'default')
-
-_rounds = int_range(1, MAX_ROUNDS)
-_tokens = int_range(1, INT32_MAX, "the largest budget the database holds")
 
 
 def register(commands: Any) -> None:
@@ -52,11 +44,11 @@ def register(commands: Any) -> None:
     add.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="agent instructions")
     add.add_argument("--model", help="model name (default: MANA_AI_LLM_MODEL / provider default)")
     add.add_argument(
-        "--max-rounds", type=_rounds, default=5, help=f"rounds per run, 1-{MAX_ROUNDS} (5)"
+        "--max-rounds", type=max_rounds, default=5, help=f"rounds per run, 1-{MAX_ROUNDS} (5)"
     )
     add.add_argument(
         "--max-tokens-per-day",
-        type=_tokens,
+        type=max_tokens,
         help=f"daily token budget, 1-{INT32_MAX} (none by default)",
     )
     add.add_argument(
@@ -80,7 +72,7 @@ def register(commands: Any) -> None:
     _mcp_options(add)
     add.add_argument(
         "--compact-max-ctx",
-        type=_context,
+        type=context_tokens,
         help="the model's context in tokens, for compaction (0: never compact, else 256 or "
         "more; default MANA_AI_COMPACT_MAX_CTX)",
     )
@@ -101,10 +93,10 @@ def register(commands: Any) -> None:
     set_.add_argument("name", help="agent name")
     set_.add_argument("--system-prompt", help="agent instructions")
     set_.add_argument("--model", help="model name ('default': MANA_AI_LLM_MODEL)")
-    set_.add_argument("--max-rounds", type=_rounds, help=f"rounds per run, 1-{MAX_ROUNDS}")
+    set_.add_argument("--max-rounds", type=max_rounds, help=f"rounds per run, 1-{MAX_ROUNDS}")
     set_.add_argument(
         "--max-tokens-per-day",
-        type=_budget,
+        type=budget,
         default=_UNSET,
         help=f"daily token budget, 1-{INT32_MAX} ('none': no budget)",
     )
@@ -127,7 +119,7 @@ def register(commands: Any) -> None:
     )
     set_.add_argument(
         "--compact-max-ctx",
-        type=_context_or_default,
+        type=context_tokens_or_default,
         default=_UNSET,
         help="the model's context in tokens, for compaction (0: never, else 256 or more; "
         "'default': MANA_AI_COMPACT_MAX_CTX)",
@@ -254,116 +246,67 @@ def _shown(value: Any) -> str:
     return repr(text[:60] + "…") if len(text) > 60 else visible_line(text)
 
 
-def _context(text: str) -> int:
-    from worker.settings_values import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS  # pydantic: lazily
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of tokens, got {text!r}") from None
-    if value != 0 and not MIN_CONTEXT_TOKENS <= value <= MAX_CONTEXT_TOKENS:
-        raise argparse.ArgumentTypeError(
-            f"expected 0 (never compact) or {MIN_CONTEXT_TOKENS} to {MAX_CONTEXT_TOKENS} tokens, "
-            f"got {value}"
-        )
-    return value
-
-
-def _context_or_default(text: str) -> int | None:
-    return None if text.strip().lower() == "default" else _context(text)
-
-
-def _budget(text: str) -> int | None:
-    return None if text.strip().lower() == "none" else _tokens(text)
-
-
-def _tool_list(text: str, known: list[str]) -> list[str]:
-    tools = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    if not tools:
-        raise UsageError("--tools names no tool; leave it out to allow every built-in tool")
-    unknown = sorted(set(tools) - set(known))
-    if unknown:
-        raise UsageError(f"unknown tool(s) {', '.join(unknown)}; available: {', '.join(known)}")
-    return tools
-
-
 async def _add(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.admin.agents import AgentRequest, agent_or_none, create_agent
     from worker.tools import builtin_tool_catalog
 
-    name, owner = checked_name(args.name, "--name"), checked_name(args.owner, "--owner")
-    servers = _mcp_servers(args)
-    system_prompt = checked_text(args.system_prompt, "--system-prompt")
-    model = None if args.model is None else checked_name(args.model, "--model")
-    tools = None
-    if args.tools is not None:
-        tools = _tool_list(args.tools, [t.name for t in builtin_tool_catalog()])
+    name = checked_name(args.name, "--name")
+    request = AgentRequest(
+        name=name,
+        owner=args.owner,
+        system_prompt=args.system_prompt,
+        model=args.model,
+        max_rounds=args.max_rounds,
+        max_tokens_per_day=args.max_tokens_per_day,
+        tools=args.tools,
+        policy_mode=args.policy_mode,
+        destructive=args.destructive,
+        compact_max_ctx=args.compact_max_ctx,
+        mcp_servers=_mcp_servers(args),
+    )
+    known = [t.name for t in builtin_tool_catalog()]
     async with admin_store(settings) as admin:
-        if args.if_not_exists:
-            try:
-                existing = await admin.agent_by_name(name)
-            except NotFoundError:
-                pass
-            else:
-                emit(args, existing, f"agent {name} exists (id {existing['id']}); unchanged")
-                return 0
-        agent = await admin.add_agent(
-            name=name,
-            owner_user_id=owner,
-            system_prompt=system_prompt,
-            model=model,
-            max_rounds=args.max_rounds,
-            max_tokens_per_day=args.max_tokens_per_day,
-            allowed_tools=tools,
-            policy_mode=args.policy_mode,
-            destructive_policy=args.destructive,
-            compact_max_ctx=args.compact_max_ctx,
-            mcp_servers=servers,
-        )
+        if args.if_not_exists and (existing := await agent_or_none(admin, name)) is not None:
+            emit(args, existing, f"agent {name} exists (id {existing['id']}); unchanged")
+            return 0
+        agent = await create_agent(admin, request, known)
     text = f"agent {visible_line(agent['name'])} created (id {agent['id']})"
-    if servers:
+    if request.mcp_servers:
         text += f"; MCP servers: {_mcp_shown(agent['mcp_servers'])}"
     emit(args, agent, text)
     return 0
 
 
 async def _set(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.admin.agents import CHANGEABLE, AgentChanges, change_agent
     from worker.tools import builtin_tool_catalog
 
-    name = checked_name(args.name, "the agent name")
-    changes: dict[str, Any] = {}
-    if args.system_prompt is not None:
-        changes["system_prompt"] = checked_text(args.system_prompt, "--system-prompt")
-    if args.model is not None:
-        model = checked_name(args.model, "--model")
-        changes["model"] = None if model.lower() == "default" else model
-    if args.max_rounds is not None:
-        changes["max_rounds"] = args.max_rounds
-    if args.max_tokens_per_day is not _UNSET:
-        changes["max_tokens_per_day"] = args.max_tokens_per_day
-    if args.policy_mode is not None:
-        changes["policy_mode"] = None if args.policy_mode == "default" else args.policy_mode
-    if args.destructive is not None:
-        changes["destructive_policy"] = None if args.destructive == "default" else args.destructive
-    if args.compact_max_ctx is not _UNSET:
-        changes["compact_max_ctx"] = args.compact_max_ctx
-    if args.tools is not None:
-        known = [t.name for t in builtin_tool_catalog()]
-        all_tools = args.tools.strip().lower() == "all"
-        changes["allowed_tools"] = None if all_tools else _tool_list(args.tools, known)
-    servers = _mcp_servers(args)
-    remove = list(dict.fromkeys(n.strip() for n in args.mcp_remove))
-    clash = sorted({s.name for s in servers} & set(remove))
-    if clash:
-        raise UsageError(f"--mcp and --mcp-remove both name {', '.join(clash)}")
-    if not changes and not servers and not remove:
-        raise UsageError("nothing to change: give at least one option (see --help)")
+    given = {key: getattr(args, key) for key in CHANGEABLE}
+    values = {
+        key: value
+        for key, value in given.items()
+        if value is not _UNSET and (value is not None or key in _NONE_IS_A_VALUE)
+    }
+    changes = AgentChanges(
+        values=values, mcp_servers=_mcp_servers(args), remove_mcp=args.mcp_remove
+    )
+    known = [t.name for t in builtin_tool_catalog()]
     async with admin_store(settings) as admin:
-        agent = await admin.update_agent(name, mcp_servers=servers, remove_mcp=remove, **changes)
-    shown = [f"{key} {_shown(agent[key])}" for key in sorted(changes)]
-    if servers or remove:
+        agent, changed = await change_agent(admin, args.name, changes, known, _label)
+    shown = [f"{key} {_shown(agent[key])}" for key in changed]
+    if changes.mcp_servers or changes.remove_mcp:
         shown.append(f"MCP servers now {_mcp_shown(agent['mcp_servers'])}")
     emit(args, agent, f"agent {visible_line(agent['name'])} changed: {', '.join(shown)}")
     return 0
+
+
+_NONE_IS_A_VALUE = frozenset({"max_tokens_per_day", "compact_max_ctx"})
+"""Fields whose ``None`` was given ('none', 'default'), not left out (``_UNSET`` is)."""
+
+
+def _label(field: str) -> str:
+    """The flag of ``field``, as ``change_agent`` names it; the agent is the name argument."""
+    return "the agent name" if field == "agent" else flag(field)
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:

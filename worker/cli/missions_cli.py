@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +11,6 @@ from worker.cli.args import (
     MAX_TEXT_CHARS,
     UsageError,
     aware_datetime,
-    checked_name,
     checked_text,
     group,
     json_flag,
@@ -95,59 +93,27 @@ def register(commands: Any) -> None:
 
 
 async def _add(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.schedule import ScheduleError, next_run_after, parse_timezone
+    from worker.admin.missions import MissionRequest, create_mission
 
-    agent_name = checked_name(args.agent, "--agent")
     if args.objective_file is not None:
         objective = checked_text(_read_objective(args.objective_file), "--objective-file")
     else:
-        objective = checked_text(args.objective, "--objective")
-    timezone = checked_name(args.timezone, "--timezone")
-    if args.cron is None and args.at is None and not args.due_now:
-        raise UsageError(
-            "give --cron EXPR for a recurring mission, or --at TIME / --due-now for a one-shot"
-        )
-    if args.cron is not None and args.at is not None:
-        raise UsageError("--at is for one-shot missions; a --cron mission runs at its cron times")
-    if args.at is not None and args.due_now:
-        raise UsageError("give either --at TIME or --due-now, not both")
-    parse_timezone(timezone)
-    now = datetime.now(UTC)
-    cron_next = None
-    if args.cron is not None:
-        cron_next = next_run_after(args.cron, timezone, now)  # raises ScheduleError
-        if cron_next is None:  # a value refused, like a cron that does not parse: exit 1
-            raise ScheduleError(
-                f"cron expression {args.cron!r} never fires (no such date, e.g. 30 February)"
-            )
-    first: datetime
-    if args.due_now:
-        first = now
-    elif args.at is not None:
-        if args.at < now:
-            raise UsageError(
-                f"--at {args.at.isoformat()} is in the past; use --due-now to run at the next tick"
-            )
-        first = args.at
-    else:
-        assert cron_next is not None  # one of --cron / --at / --due-now was checked above
-        first = cron_next
-    if args.deadline is not None and args.deadline < first:
-        raise UsageError(f"--deadline {args.deadline.isoformat()} is before the first run")
+        objective = args.objective
+    request = MissionRequest(
+        agent=args.agent,
+        objective=objective,
+        cron=args.cron,
+        timezone=args.timezone,
+        at=args.at,
+        due_now=args.due_now,
+        deadline=args.deadline,
+    )
     async with admin_store(settings) as admin:
-        agent = await admin.agent_by_name(agent_name)
-        mission = await admin.add_mission(
-            agent_id=agent["id"],
-            objective=objective,
-            cron=args.cron,
-            timezone=timezone,
-            next_run_at="now" if args.due_now else first,
-            deadline=args.deadline,
-        )
+        mission = await create_mission(admin, request)
     emit(
         args,
         mission,
-        f"mission {mission['id']} created for agent {agent_name}; "
+        f"mission {mission['id']} created for agent {mission['agent']}; "
         f"next run at {fmt(mission['next_run_at'])}",
     )
     return 0
@@ -269,47 +235,38 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _pause(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.admin.missions import pause_mission
+
     async with admin_store(settings) as admin:
-        current = await admin.get_mission(args.id)
-        if current["status"] == "paused":
-            emit(args, current, f"mission {args.id} is already paused (unchanged)")
-            return 0
-        mission = await admin.pause_mission(args.id)
-    emit(args, mission, f"mission {args.id} paused")
+        course = await pause_mission(admin, args.id)
+    text = f"mission {args.id} paused"
+    if not course.changed:
+        text = f"mission {args.id} is already paused (unchanged)"
+    emit(args, course.mission, text)
     return 0
 
 
 async def _resume(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.schedule import next_run_after
+    from worker.admin.missions import resume_mission
 
     async with admin_store(settings) as admin:
-        current = await admin.get_mission(args.id)
-        if current["status"] == "active":
-            emit(
-                args,
-                current,
-                f"mission {args.id} is already active; next run at "
-                f"{fmt(current['next_run_at'])} (unchanged)",
-            )
-            return 0
-        next_run = None
-        parked = await admin.parked_iteration(args.id)
-        if parked is not None:  # its parked run goes on (when its request is decided)
-            next_run = parked["scheduled_for"]
-        elif current["cron"] is not None:
-            next_run = next_run_after(current["cron"], current["timezone"], datetime.now(UTC))
-        mission = await admin.resume_mission(args.id, next_run_at=next_run)
-    deadline = mission.get("deadline")
-    if deadline is not None and deadline <= datetime.now(UTC):
+        course = await resume_mission(admin, args.id)
+    mission = course.mission
+    if not course.changed:
+        text = (
+            f"mission {args.id} is already active; next run at "
+            f"{fmt(mission['next_run_at'])} (unchanged)"
+        )
+    elif course.note == "deadline passed":
         # the claim completes it without a run (the deadline rule lives there)
         text = (
-            f"mission {args.id} resumed, but its deadline {fmt(deadline)} has passed: the next "
-            "tick completes it without a run"
+            f"mission {args.id} resumed, but its deadline {fmt(mission['deadline'])} has "
+            "passed: the next tick completes it without a run"
         )
-    elif parked is not None:
+    elif course.note is not None and course.note.startswith("parked run"):
         text = (
-            f"mission {args.id} resumed; its run {parked['id']} parked for an approval goes on "
-            "once the request is decided (`mana-ai approvals list --status pending`)"
+            f"mission {args.id} resumed; its {course.note} for an approval goes on once the "
+            "request is decided (at once when it was)"
         )
     else:
         text = f"mission {args.id} resumed; next run at {fmt(mission['next_run_at'])}"

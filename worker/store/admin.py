@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Executable, delete, func, insert, select, update
+from sqlalchemy import Executable, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -249,6 +249,26 @@ class AdminStore:
                 return current
             raise await self._status_conflict(mission_id, "resumed")
         return row
+
+    async def run_now(self, mission_id: int) -> Row | None:
+        """Make active mission ``mission_id`` due now (the database's clock: listening
+        workers are woken, migration 0007) unless a worker holds its lease; the mission, or
+        ``None`` when it was not active or is leased."""
+        stmt = (
+            update(missions)
+            .where(
+                missions.c.id == mission_id,
+                missions.c.status == "active",
+                or_(
+                    missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < func.now()
+                ),
+            )
+            .values(next_run_at=func.now(), updated_at=func.now())
+            .returning(*missions.c)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        return dict(row) if row is not None else None
 
     async def parked_iteration(self, mission_id: int) -> Row | None:
         """The mission's run parked for an approval (``id``, ``scheduled_for``), or ``None``:
