@@ -12,7 +12,8 @@ webhook URLs carry their secret).
 The body (``approval_notice``) is the request (``id``, ``user``, ``agent_id``,
 ``mission_id``, ``iteration_id``, ``round``, ``tool``, ``arguments``, ``reason``,
 ``reply_text``, ``created_at``, ``expires_at``), the commands that decide it (``decide``),
-and a one-line ``text`` for chat incoming webhooks (Slack, Mattermost, Rocket.Chat show it).
+a one-line ``text`` for chat incoming webhooks (Slack, Mattermost, Rocket.Chat show it), and
+``link``: the request in the console (``MANA_AI_CONSOLE_URL``; ``null`` when unset).
 A worker that stops drops the deliveries still under way after its shutdown grace; the request
 itself stays (``mana-ai approvals list``, ``mana_ai_approvals_pending``).
 """
@@ -67,9 +68,10 @@ def _retriable(exc: BaseException) -> bool:
     return isinstance(exc, _RetriableAnswer | httpx.TransportError)
 
 
-def approval_notice(request: Mapping[str, Any]) -> dict[str, Any]:
+def approval_notice(request: Mapping[str, Any], console_url: str | None = None) -> dict[str, Any]:
     """The JSON body of the notification of ``request`` (an ``approval_requests`` row, or the
-    same keys): see the module docstring."""
+    same keys): see the module docstring; with ``console_url``, ``link`` is the request in the
+    console."""
     request_id = request["id"]
     arguments = json.dumps(request.get("arguments"), ensure_ascii=False, sort_keys=True)
     where = (
@@ -106,6 +108,7 @@ def approval_notice(request: Mapping[str, Any]) -> dict[str, Any]:
             "show": f"mana-ai approvals show {request_id}",
         },
         "text": visible_line(text),
+        "link": f"{console_url}/approvals#approval-{request_id}" if console_url else None,
     }
 
 
@@ -126,18 +129,21 @@ class ApprovalWebhook:
         timeout_s: seconds per attempt (default ``ATTEMPT_TIMEOUT_S``).
         max_wait_s: longest wait between two attempts (default 30 s).
         transport: an httpx transport (tests); default: httpx's own.
+        console_url: the console's address (``MANA_AI_CONSOLE_URL``): notices link to it.
     """
 
     def __init__(
         self,
         url: str,
         *,
+        console_url: str | None = None,
         attempts: int = DELIVERY_ATTEMPTS,
         timeout_s: float = ATTEMPT_TIMEOUT_S,
         max_wait_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url
+        self.console_url = console_url
         self.attempts = attempts
         self.timeout_s = timeout_s
         self.max_wait_s = max_wait_s
@@ -149,7 +155,7 @@ class ApprovalWebhook:
         """Start delivering the notice of ``request`` (an ``approval_requests`` row or the
         same keys) and return at once; never raises. Call it from the event loop."""
         try:
-            notice = approval_notice(request)
+            notice = approval_notice(request, self.console_url)
         except Exception:  # a notice that cannot be built must not stop the run
             logger.exception("could not build the notice of approval request %s", request.get("id"))
             metrics.APPROVAL_WEBHOOKS.labels(outcome="failed").inc()

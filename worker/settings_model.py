@@ -15,6 +15,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from worker.data_dir import default_data_dir
+from worker.settings_api import ApiSettings
 from worker.settings_policy import PolicySettings
 from worker.settings_values import (
     DAY_S,
@@ -51,9 +52,10 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Settings(PolicySettings):
+class Settings(PolicySettings, ApiSettings):
     """Everything the daemon can be configured with; each field is ``MANA_AI_<FIELD NAME>``
-    (the policy gate's and approvals' fields are ``PolicySettings``').
+    (the policy gate's and approvals' fields are ``PolicySettings``', those of `mana-ai serve`
+    ``ApiSettings``').
 
     Build it with ``load_settings()``, which turns validation failures into a ``SettingsError``
     that names the offending variables.

@@ -41,6 +41,8 @@ EXPECTED_TABLES = {
     "mcp_tokens",
     "agent_mcp_servers",
     "approval_requests",
+    "admin_tokens",
+    "admin_sessions",
 }
 
 
@@ -91,7 +93,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0009"
+    assert revision == head_revision() == "0010"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES

@@ -199,7 +199,7 @@ def _policy_setup(
     ``engine``, the tools of ``exposed`` scopes (``None``: every scope)."""
     webhook = None
     if settings.approval_webhook_url is not None:
-        webhook = ApprovalWebhook(settings.approval_webhook_url)
+        webhook = ApprovalWebhook(settings.approval_webhook_url, console_url=settings.console_url)
     return PolicySetup(
         default_mode=PolicyMode(settings.policy_mode),
         config=policy_config_from_settings(settings, exposed_scopes=exposed),

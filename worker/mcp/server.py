@@ -16,14 +16,11 @@ database's URL is trusted to act for USER, and the same gate applies to every ca
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import mcp.types as types
-import uvicorn
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import (
     AuthenticatedUser,
@@ -44,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker.asgi_server import AsgiServer
 from worker.mcp.consumer import ServedTools
 from worker.mcp.serve_health import DatabaseFaults, DatabaseHealth, ping_database
 from worker.store.mcp_tokens import McpPrincipal, McpStore, hash_token
@@ -194,53 +192,11 @@ def build_http_app(
     )
 
 
-@dataclass
-class McpHttpServer:
-    """``mcp serve`` over streamable HTTP on ``host:port`` (uvicorn). The socket is bound and
-    listening when the object is made (``port`` 0 picks a free one: read ``.port``), so a
-    client may connect before ``serve()`` runs.
-
-    ``serve()`` runs until SIGTERM/SIGINT (uvicorn's graceful shutdown) or ``stop()``.
-    """
-
-    app: Starlette
-    host: str
-    port: int
-
-    def __post_init__(self) -> None:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._socket.bind((self.host, self.port))
-            self._socket.listen(128)
-        except OSError:
-            self._socket.close()
-            raise
-        self.port = int(self._socket.getsockname()[1])
-        config = uvicorn.Config(
-            self.app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
-        )
-        self._server = uvicorn.Server(config)
+class McpHttpServer(AsgiServer):
+    """``mcp serve`` over streamable HTTP on ``host:port`` (``worker.asgi_server.AsgiServer``:
+    bound when made, ``port`` 0 picks a free one; ``serve()`` until ``stop()``)."""
 
     @property
     def url(self) -> str:
         """The MCP endpoint, e.g. ``http://127.0.0.1:8765/mcp``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{MCP_PATH}"
-
-    async def serve(self) -> None:
-        """Serve until stopped; the socket is closed afterwards."""
-        try:
-            await self._server.serve(sockets=[self._socket])
-        finally:
-            self._socket.close()
-
-    def stop(self) -> None:
-        """Ask ``serve()`` to finish (open requests get a few seconds)."""
-        self._server.should_exit = True
-
-    @property
-    def started(self) -> bool:
-        """True once uvicorn has started (the app's lifespan ran)."""
-        return bool(self._server.started)
+        return f"{self.base_url}{MCP_PATH}"

@@ -45,6 +45,8 @@ __all__ = [
     "NAMING_CONVENTION",
     "POLICY_MODES",
     "TOOL_OUTCOMES",
+    "admin_sessions",
+    "admin_tokens",
     "agent_mcp_servers",
     "agents",
     "approval_requests",
@@ -462,6 +464,52 @@ approval_requests = Table(
         postgresql_where=text("status = 'pending'"),
     ),
     Index("ix_approval_requests_status_created_at", "status", "created_at"),
+)
+
+# Bearer tokens of the HTTP API and console (`mana-ai admin token create NAME`, migration
+# 0010): only the SHA-256 of each token is stored; a revoked token stays (revoked_at).
+admin_tokens = Table(
+    "admin_tokens",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("name", Text, nullable=False, comment="who holds it; kept with what it decides"),
+    Column(
+        "token_hash",
+        Text,
+        nullable=False,
+        unique=True,
+        comment="hex SHA-256 of the token; the token itself is never stored",
+    ),
+    Column("read_only", Boolean, nullable=False, server_default=text("false")),
+    _timestamp("created_at", default_now=True),
+    _timestamp("revoked_at", nullable=True),
+    _timestamp("last_used_at", nullable=True),
+)
+
+# Console sessions: a browser signed in with an admin token keeps an HttpOnly cookie holding a
+# random session id, of which only the SHA-256 is stored; it ends at expires_at, at sign-out,
+# or when its token is revoked.
+admin_sessions = Table(
+    "admin_sessions",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column(
+        "session_hash",
+        Text,
+        nullable=False,
+        unique=True,
+        comment="hex SHA-256 of the session id in the cookie",
+    ),
+    Column(
+        "token_id",
+        BigInteger,
+        ForeignKey("admin_tokens.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    _timestamp("created_at", default_now=True),
+    _timestamp("expires_at"),
+    _timestamp("ended_at", nullable=True),
+    Index("ix_admin_sessions_token_id", "token_id"),
 )
 
 # The compaction archive: what each compaction of an iteration's context folded, verbatim.

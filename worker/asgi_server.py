@@ -1,0 +1,72 @@
+"""An ASGI app served over HTTP by uvicorn on a socket bound up front: what `mana-ai serve`
+(the HTTP API and console) and `mana-ai mcp serve` (MCP over streamable HTTP) run.
+
+The socket is bound and listening when the object is made (``port`` 0 picks a free one: read
+``.port``), so a client may connect before ``serve()`` runs, and a port in use fails at once
+(``OSError``), before anything is printed. ``serve()`` runs until ``stop()`` (or uvicorn's own
+SIGTERM/SIGINT handling); open requests get ``GRACE_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import uvicorn
+
+__all__ = ["GRACE_S", "AsgiServer"]
+
+GRACE_S = 5
+"""Seconds open requests get to finish once the server is asked to stop."""
+
+
+class AsgiServer:
+    """``app`` served on ``host:port`` (see the module docstring).
+
+    Raises:
+        OSError: the address cannot be bound (in use, not on this host).
+    """
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        self.app = app
+        self.host = host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((host, port))
+            self._socket.listen(128)
+        except OSError:
+            self._socket.close()
+            raise
+        self.port = int(self._socket.getsockname()[1])
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACE_S,
+        )
+        self._server = uvicorn.Server(config)
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` (an IPv6 host in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def serve(self) -> None:
+        """Serve until stopped; the socket is closed afterwards."""
+        try:
+            await self._server.serve(sockets=[self._socket])
+        finally:
+            self._socket.close()
+
+    def stop(self) -> None:
+        """Ask ``serve()`` to finish (open requests get ``GRACE_S`` seconds)."""
+        self._server.should_exit = True
+
+    @property
+    def started(self) -> bool:
+        """True once uvicorn has started (the app's lifespan ran)."""
+        return bool(self._server.started)

@@ -1,0 +1,181 @@
+"""Who may use the HTTP API and the console: admin tokens and console sessions.
+
+* Tokens (``admin_tokens``): ``create_token`` makes a random token (256 bits,
+  ``secrets.token_urlsafe``, prefixed ``mana_admin_`` so a leaked one is recognisable) and
+  stores only its SHA-256 (``worker.store.mcp_tokens.hash_token``); the token is returned once.
+  ``principal`` finds the live token of a presented one: one indexed query per request, so a
+  revocation applies to the next request. A ``read_only`` token changes nothing.
+* Sessions (``admin_sessions``): signing in to the console with a token starts a session whose
+  random id goes in an HttpOnly cookie; only its SHA-256 is stored. ``session_principal``
+  finds the live session of a cookie (not ended, not expired, its token not revoked).
+  ``csrf_token`` derives the session's CSRF token from its id (a keyed hash: whoever lacks the
+  cookie cannot compute it, and nothing more needs storing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from worker.errors import NotFoundError
+from worker.store.mcp_tokens import hash_token
+from worker.store.tables import admin_sessions, admin_tokens
+
+__all__ = ["ADMIN_TOKEN_PREFIX", "AdminPrincipal", "AdminTokenStore", "csrf_token"]
+
+ADMIN_TOKEN_PREFIX = "mana_admin_"
+"""Every admin token starts with it (secret scanners, logs)."""
+
+_TOKEN_COLUMNS = (
+    admin_tokens.c.id,
+    admin_tokens.c.name,
+    admin_tokens.c.read_only,
+    admin_tokens.c.created_at,
+    admin_tokens.c.revoked_at,
+    admin_tokens.c.last_used_at,
+)  # never the hash
+
+
+@dataclass(frozen=True)
+class AdminPrincipal:
+    """Who a request of the API or the console runs for: the token's ``name`` (kept with
+    what it decides) and whether it may change anything (``read_only``)."""
+
+    token_id: int
+    name: str
+    read_only: bool = False
+
+
+def csrf_token(session_id: str) -> str:
+    """The CSRF token of the console session ``session_id``: hex HMAC-SHA-256 of a fixed
+    label keyed with the session id (the cookie's secret), so only a page of that session
+    knows it."""
+    return hmac.new(session_id.encode(), b"mana-ai csrf", hashlib.sha256).hexdigest()
+
+
+class AdminTokenStore:
+    """``admin_tokens`` and ``admin_sessions`` over one engine (see the module docstring);
+    every method is one short transaction."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def create_token(
+        self, name: str, *, read_only: bool = False
+    ) -> tuple[dict[str, Any], str]:
+        """A new token for ``name``: ``(its row without the hash, the token)``. The token is
+        not stored and cannot be shown again."""
+        token = ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        stmt = (
+            insert(admin_tokens)
+            .values(name=name, read_only=read_only, token_hash=hash_token(token))
+            .returning(*_TOKEN_COLUMNS)
+        )
+        async with self.engine.begin() as conn:
+            row = dict((await conn.execute(stmt)).mappings().one())
+        return row, token
+
+    async def list_tokens(self) -> list[dict[str, Any]]:
+        """Every token (revoked ones too, never a hash), oldest first."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(select(*_TOKEN_COLUMNS).order_by(admin_tokens.c.id))
+            return [dict(r) for r in rows.mappings()]
+
+    async def revoke_token(self, token_id: int) -> tuple[dict[str, Any], bool]:
+        """Revoke token ``token_id`` (its console sessions end with it): ``(its row, whether it
+        was live until now)``.
+
+        Raises:
+            NotFoundError: no token has that id.
+        """
+        stmt = (
+            update(admin_tokens)
+            .where(admin_tokens.c.id == token_id, admin_tokens.c.revoked_at.is_(None))
+            .values(revoked_at=func.now())
+            .returning(*_TOKEN_COLUMNS)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+            if row is not None:
+                return dict(row), True
+            found = await conn.execute(select(*_TOKEN_COLUMNS).where(admin_tokens.c.id == token_id))
+            existing = found.mappings().first()
+        if existing is None:
+            raise NotFoundError(
+                f"no admin token with id {token_id} (see `mana-ai admin token list`)"
+            )
+        return dict(existing), False
+
+    async def principal(self, token: str) -> AdminPrincipal | None:
+        """The principal of a live ``token`` (and its use stamped), else ``None``."""
+        stmt = (
+            update(admin_tokens)
+            .where(
+                admin_tokens.c.token_hash == hash_token(token), admin_tokens.c.revoked_at.is_(None)
+            )
+            .values(last_used_at=func.now())
+            .returning(admin_tokens.c.id, admin_tokens.c.name, admin_tokens.c.read_only)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(stmt)).first()
+        if row is None:
+            return None
+        return AdminPrincipal(token_id=int(row.id), name=row.name, read_only=bool(row.read_only))
+
+    async def start_session(
+        self, token: str, *, ttl: timedelta
+    ) -> tuple[AdminPrincipal, str] | None:
+        """Sign in with ``token``: a new session of ``ttl`` and its id (for the cookie), or
+        ``None`` when the token is not live."""
+        principal = await self.principal(token)
+        if principal is None:
+            return None
+        session_id = secrets.token_urlsafe(32)
+        stmt = insert(admin_sessions).values(
+            session_hash=hash_token(session_id),
+            token_id=principal.token_id,
+            expires_at=func.now() + ttl,
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(stmt)
+        return principal, session_id
+
+    async def session_principal(self, session_id: str) -> AdminPrincipal | None:
+        """The principal of a live session (not ended, not expired, its token not revoked),
+        else ``None``."""
+        sessions, tokens = admin_sessions.c, admin_tokens.c
+        stmt = (
+            select(tokens.id, tokens.name, tokens.read_only)
+            .select_from(admin_sessions.join(admin_tokens, tokens.id == sessions.token_id))
+            .where(
+                sessions.session_hash == hash_token(session_id),
+                sessions.ended_at.is_(None),
+                sessions.expires_at > func.now(),
+                tokens.revoked_at.is_(None),
+            )
+        )
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        if row is None:
+            return None
+        return AdminPrincipal(token_id=int(row.id), name=row.name, read_only=bool(row.read_only))
+
+    async def end_session(self, session_id: str) -> None:
+        """Sign out: the session ends now (nothing happens for an unknown one)."""
+        stmt = (
+            update(admin_sessions)
+            .where(
+                admin_sessions.c.session_hash == hash_token(session_id),
+                admin_sessions.c.ended_at.is_(None),
+            )
+            .values(ended_at=func.now())
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(stmt)
