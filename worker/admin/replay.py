@@ -53,6 +53,7 @@ __all__ = [
     "policy_text",
     "render_markdown",
     "render_text",
+    "replay_document",
     "replay_events",
     "restored_log",
 ]
@@ -559,3 +560,15 @@ def message_label(message: Row) -> str:
     if info.get("finish_reason") not in (None, "stop", "tool_calls"):
         label += f", finish_reason {info['finish_reason']}"
     return f"[{label}]"
+
+
+def replay_document(iteration: StoredIteration) -> Row:
+    """``replay --format json`` and the API's replay: ``{"iteration": the row without its log
+    and calls (its compactions without their folded messages, its approvals), "events":
+    replay_events(iteration)}``. Raises ReplayError as ``replay_events`` does."""
+    events = replay_events(iteration)
+    header: Row = {k: v for k, v in iteration.items() if k not in ("messages", "tool_invocations")}
+    header["compactions"] = [
+        {k: v for k, v in c.items() if k != "folded"} for c in iteration.get("compactions") or []
+    ]
+    return {"iteration": header, "events": events}

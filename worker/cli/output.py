@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TextIO
 
+from worker.store.stored import jsonable
 from worker.terminal_text import visible, visible_json, visible_line
 
 __all__ = [
@@ -39,17 +40,6 @@ def fmt(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(str(v) for v in value)
     return str(value)
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with datetimes as ISO strings and tuples as lists."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    return value
 
 
 def print_json(value: Any) -> None:

@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import iteration_ref, json_flag
 from worker.cli.output import print_json
 from worker.cli.stores import admin_store
 
 if TYPE_CHECKING:
-    from planner.policy import PolicyMode
     from worker.settings import Settings
-    from worker.store.stored import StoredIteration
 
 __all__ = ["register"]
 
@@ -65,7 +63,9 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
     async with admin_store(settings) as admin:
         iteration = await admin.get_iteration(await admin.iteration_id_or_latest(args.id))
         if args.rerun:
-            config = await _rerun_config(admin, settings, iteration, args.policy_mode)
+            from worker.daemon.app import rerun_config
+
+            config = await rerun_config(admin, settings, iteration, args.policy_mode)
     if args.rerun:
         import logging
 
@@ -94,61 +94,14 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
                 print(line)
         return 0
 
-    from worker.admin.replay import render_markdown, render_text, replay_events
+    from worker.admin.replay import render_markdown, render_text, replay_document, replay_events
 
-    events = replay_events(iteration)
     if as_json:
-        header = {k: v for k, v in iteration.items() if k not in ("messages", "tool_invocations")}
-        header["compactions"] = [
-            {k: v for k, v in c.items() if k != "folded"} for c in iteration["compactions"]
-        ]
-        print_json({"iteration": header, "events": events})
-    elif args.format == "markdown":
+        print_json(replay_document(iteration))
+        return 0
+    events = replay_events(iteration)
+    if args.format == "markdown":
         render_markdown(iteration, events, print)
     else:
         render_text(iteration, events, print)
     return 0
-
-
-async def _rerun_config(
-    admin: Any, settings: Settings, iteration: StoredIteration, policy_mode: str | None
-) -> Any:
-    """Today's settings for the iteration's agent (the mission's agent as it is now)."""
-    from planner.policy import DestructivePolicy
-    from worker.admin.rerun import RerunConfig
-    from worker.daemon.app import check_policy_settings, offered_tools, web_fetch_config
-    from worker.policy_setup import policy_config_from_settings
-    from worker.store.user_policy import PolicyStore
-    from worker.tools import builtin_tool_catalog, builtin_tools
-
-    check_policy_settings(settings, builtin_tool_catalog())  # a typo would mislead the report
-    mission = await admin.get_mission(iteration["mission_id"])
-    agent = await admin.agent_by_name(mission["agent"])
-    user_settings = await PolicyStore(admin.engine).user_settings(agent["owner_user_id"])
-    tools = builtin_tools(admin.engine, web=web_fetch_config(settings))
-    exposed = frozenset(settings.policy_mission_scopes) or None
-    compact_max_ctx = agent.get("compact_max_ctx")
-    return RerunConfig(
-        tools=offered_tools(tools, agent["allowed_tools"], settings.policy_mission_scopes),
-        max_rounds=agent["max_rounds"],
-        policy_mode=cast(
-            "PolicyMode", policy_mode or agent.get("policy_mode") or settings.policy_mode
-        ),
-        policy_config=policy_config_from_settings(settings, exposed_scopes=exposed),
-        user_settings=user_settings,
-        user_id=agent["owner_user_id"],
-        compact_max_ctx=compact_max_ctx
-        if compact_max_ctx is not None
-        else settings.compact_max_ctx,
-        compact_threshold=settings.compact_threshold,
-        compact_max_per_iteration=settings.compact_max_per_iteration,
-        compact_model=settings.compact_model,
-        summariser_max_ctx=settings.compact_model_max_ctx,
-        reminders=settings.reminders == "on",
-        reminders_disabled=frozenset(settings.reminders_disabled),
-        reminder_role=settings.reminder_role,
-        max_tokens_per_day=agent.get("max_tokens_per_day"),
-        destructive=DestructivePolicy(
-            agent.get("destructive_policy") or settings.policy_destructive
-        ),
-    )

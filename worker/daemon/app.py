@@ -35,8 +35,11 @@ from worker.store.user_policy import PolicyStore
 from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
 
 if TYPE_CHECKING:  # the MCP SDK is imported by the commands that need it
+    from worker.admin.rerun import RerunConfig
     from worker.mcp.consumer import ServedTools
+    from worker.store.admin import AdminStore
     from worker.store.mcp_tokens import McpStore
+    from worker.store.stored import StoredIteration
 
 __all__ = [
     "App",
@@ -51,6 +54,7 @@ __all__ = [
     "open_app",
     "open_database",
     "open_served_tools",
+    "rerun_config",
     "wait_for_database",
     "web_fetch_config",
 ]
@@ -340,3 +344,48 @@ async def open_app(
                 await summariser.aclose()
             if policy.webhook is not None:
                 await policy.webhook.aclose(grace_s=settings.shutdown_grace_s)
+
+
+async def rerun_config(
+    admin: AdminStore, settings: Settings, iteration: StoredIteration, policy_mode: str | None
+) -> RerunConfig:
+    """What ``replay --rerun`` (and the API's rerun) runs ``iteration`` under: today's
+    settings for the iteration's agent (the mission's agent as it is now), in
+    ``policy_mode`` when given (else the agent's, else ``MANA_AI_POLICY_MODE``).
+
+    Raises:
+        SettingsError: a policy setting names an unknown tool or scope (a typo would mislead
+            the report).
+        NotFoundError: the iteration's mission no longer exists.
+    """
+    from worker.admin.rerun import RerunConfig
+
+    check_policy_settings(settings, builtin_tool_catalog())  # a typo would mislead the report
+    mission = await admin.get_mission(iteration["mission_id"])
+    agent = await admin.agent_by_name(mission["agent"])
+    user_settings = await PolicyStore(admin.engine).user_settings(agent["owner_user_id"])
+    tools = builtin_tools(admin.engine, web=web_fetch_config(settings))
+    exposed = frozenset(settings.policy_mission_scopes) or None
+    compact_max_ctx = agent.get("compact_max_ctx")
+    return RerunConfig(
+        tools=offered_tools(tools, agent["allowed_tools"], settings.policy_mission_scopes),
+        max_rounds=agent["max_rounds"],
+        policy_mode=PolicyMode(policy_mode or agent.get("policy_mode") or settings.policy_mode),
+        policy_config=policy_config_from_settings(settings, exposed_scopes=exposed),
+        user_settings=user_settings,
+        user_id=agent["owner_user_id"],
+        compact_max_ctx=compact_max_ctx
+        if compact_max_ctx is not None
+        else settings.compact_max_ctx,
+        compact_threshold=settings.compact_threshold,
+        compact_max_per_iteration=settings.compact_max_per_iteration,
+        compact_model=settings.compact_model,
+        summariser_max_ctx=settings.compact_model_max_ctx,
+        reminders=settings.reminders == "on",
+        reminders_disabled=frozenset(settings.reminders_disabled),
+        reminder_role=settings.reminder_role,
+        max_tokens_per_day=agent.get("max_tokens_per_day"),
+        destructive=DestructivePolicy(
+            agent.get("destructive_policy") or settings.policy_destructive
+        ),
+    )

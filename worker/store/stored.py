@@ -22,6 +22,7 @@ __all__ = [
     "StoredInvocation",
     "StoredIteration",
     "decided_text",
+    "jsonable",
 ]
 
 
@@ -155,3 +156,15 @@ def decided_text(row: Mapping[str, Any]) -> str:
 
 def _iso(value: Any) -> str:
     return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` (a stored row, or a value in one) with datetimes as ISO strings and tuples as
+    lists: what ``json.dumps`` takes (``--json`` output, the HTTP API's bodies)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
