@@ -10,8 +10,9 @@ with a message that reads after the flag or field's name (``expected at most 100
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 __all__ = [
     "INT32_MAX",
@@ -22,6 +23,7 @@ __all__ = [
     "int_range",
     "iteration_ref",
     "limit",
+    "parse_since",
     "positive_int",
     "row_id",
 ]
@@ -110,3 +112,27 @@ def aware_datetime(text: str) -> datetime:
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset; add one, e.g. +00:00")
     return value
+
+
+_SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhms])\s*$", re.IGNORECASE)
+_MAX_SINCE = timedelta(days=3650)
+
+
+def parse_since(text: str) -> timedelta:
+    """``7d``, ``24h``, ``30m``, ``90s`` (positive, at most 10 years) as a timedelta.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    match = _SINCE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 7d, 24h, 30m or 90s, got {text!r}"
+        )
+    amount, unit = float(match.group(1)), match.group(2).lower()
+    seconds = amount * {"d": 86_400, "h": 3_600, "m": 60, "s": 1}[unit]
+    if not 0 < seconds <= _MAX_SINCE.total_seconds():
+        raise argparse.ArgumentTypeError(
+            f"expected a duration above 0 and up to 3650d, got {text!r}"
+        )
+    return timedelta(seconds=seconds)

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from worker.cli import (
+    admin_cli,
     agents_cli,
     approvals_cli,
     daemon_cli,
@@ -27,6 +28,7 @@ from worker.cli import (
     missions_cli,
     policy_cli,
     replay_cli,
+    serve_cli,
 )
 from worker.cli.args import UsageError
 from worker.errors import ManaAIError, SettingsError
@@ -43,6 +45,8 @@ GROUPS = (
     policy_cli,
     approvals_cli,
     mcp_cli,
+    serve_cli,
+    admin_cli,
 )
 
 

@@ -8,7 +8,8 @@ import getpass
 import json
 from typing import TYPE_CHECKING, Any
 
-from worker.cli.args import checked_name, checked_text, group, json_flag, limit, row_id
+from worker.admin.approvals import MAX_NOTE_CHARS
+from worker.cli.args import group, json_flag, limit, row_id
 from worker.cli.output import emit, fields, fmt, print_json, table
 from worker.cli.stores import approval_store
 from worker.terminal_text import visible, visible_line
@@ -19,9 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["STATUSES", "register"]
 
 STATUSES = ("pending", "approved", "denied", "expired")
-
-MAX_REASON_CHARS = 2_000
-"""Longest ``--note`` / ``--reason`` (it is shown to the model, on a denial)."""
 
 
 def register(commands: Any) -> None:
@@ -78,7 +76,7 @@ def register(commands: Any) -> None:
             help="who decides, kept with the decision (default: your login name)",
         )
         cmd.add_argument(
-            option, dest="note", metavar="TEXT", help=f"{about} (at most {MAX_REASON_CHARS} chars)"
+            option, dest="note", metavar="TEXT", help=f"{about} (at most {MAX_NOTE_CHARS} chars)"
         )
         json_flag(cmd)
         cmd.set_defaults(command_fn=_approve if name == "approve" else _deny)
@@ -178,15 +176,16 @@ async def _deny(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _decide(args: argparse.Namespace, settings: Settings, *, approve: bool) -> int:
-    by = checked_name(args.by if args.by is not None else _login(), "--by")
-    note = None
-    if args.note is not None:
-        option = "--note" if approve else "--reason"
-        note = checked_text(args.note, option, MAX_REASON_CHARS)
+    from worker.admin.approvals import decide
+
+    def label(field: str) -> str:
+        return {"by": "--by", "note": "--note" if approve else "--reason"}[field]
+
+    by = args.by if args.by is not None else _login()
     async with approval_store(settings) as store:
-        row = await store.decide(args.id, approve=approve, by=by, note=note)
+        row = await decide(store, args.id, approve=approve, by=by, note=args.note, labels=label)
     verb = "approved" if approve else "denied"
-    text = f"approval request {row['id']} ({row['tool']}) {verb} by {by}"
+    text = f"approval request {row['id']} ({row['tool']}) {verb} by {row['decided_by']}"
     if row["consumer"] == "mission":
         mission = f"mission {row['mission_id']}"
         if row.get("mission_status") == "paused":

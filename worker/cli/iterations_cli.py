@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -16,16 +15,17 @@ from worker.admin.replay import (
     message_label,
     policy_text,
 )
+from worker.admin.verdict import unsupported_figures, verdict
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
-from worker.store.stored import StoredAttempt, StoredIteration
+from worker.store.stored import StoredAttempt
 from worker.terminal_text import visible, visible_line
 
 if TYPE_CHECKING:
     from worker.settings import Settings
 
-__all__ = ["register", "unsupported_figures", "verdict"]
+__all__ = ["register", "unsupported_figures", "verdict"]  # (the last two: worker.admin.verdict)
 
 
 def register(commands: Any) -> None:
@@ -156,104 +156,6 @@ def _attempt_text(attempt: StoredAttempt) -> str:
     if resumed is not None:
         text += f" (resumed after round {resumed})" if resumed else " (started over)"
     return text
-
-
-_FIGURE = re.compile(r"\d[\d:.,/+\-T]*\d")
-"""A figure in an answer: two or more digits, with the separators of times, dates, decimals
-(``23:45:17``, ``2026-11-29T23:45:17+00:00``, ``1,234.5``, ``42``)."""
-_SHOWN_FIGURES = 3
-
-
-def verdict(iteration: StoredIteration) -> str:
-    """One line on what the tools did in ``iteration`` (a stored iteration as
-    ``AdminStore.get_iteration`` returns it), for the end of ``iterations show``.
-
-    It names each tool call with its outcome and policy hint and counts the writes that ran;
-    then it checks the final answer: every figure in it (a time, a date, an id, a number of
-    two or more digits) should come from a tool result, an error the model read, or the
-    objective; figures from nowhere are named (the model made them up). E.g.
-    ``verdict: succeeded; tools: clock_now ok (read); every figure in the answer came from a
-    tool or the objective``.
-    """
-    status = str(iteration.get("status"))
-    if status == "awaiting_approval":
-        waiting = [a for a in iteration.get("approvals") or [] if a.get("status") == "pending"]
-        status = "parked: waiting for a person's approval" + (
-            f" of {waiting[-1].get('tool')} (`mana-ai approvals show {waiting[-1].get('id')}`)"
-            if waiting
-            else " (decided: the next claim goes on with it)"
-        )
-    elif status != "succeeded" and iteration.get("stop_reason"):
-        status += f" ({iteration['stop_reason']})"
-    calls = iteration.get("tool_invocations") or []
-    parts = [f"verdict: {status}"]
-    if not calls:
-        parts.append("no tool ran")
-    else:
-        hints = _policy_hints()
-        described = [
-            f"{c['tool']} {c['outcome']}" + (f" ({hints[c['tool']]})" if c["tool"] in hints else "")
-            for c in calls
-        ]
-        if len(described) > 6:
-            described = [*described[:6], f"and {len(described) - 6} more"]
-        parts.append("tools: " + ", ".join(described))
-        writes = [c for c in calls if hints.get(c["tool"]) in ("write", "destructive")]
-        if writes:
-            ran = sum(1 for c in writes if c["outcome"] == "ok")
-            parts.append(f"{ran} of {len(writes)} write(s) ran")
-        else:
-            parts.append("nothing was written")
-    answer = _final_answer(iteration.get("messages") or [])
-    if answer is None:
-        parts.append("no answer")
-    else:
-        unsupported = unsupported_figures(answer, _known_text(iteration))
-        if unsupported:
-            shown = ", ".join(unsupported[:_SHOWN_FIGURES])
-            more = len(unsupported) - _SHOWN_FIGURES
-            parts.append(
-                f"the answer states {shown}{f' and {more} more' if more > 0 else ''}, "
-                "which no tool returned"
-            )
-        elif _FIGURE.search(answer):
-            parts.append("every figure in the answer came from a tool or the objective")
-    return "; ".join(parts)
-
-
-def unsupported_figures(answer: str, known: str) -> list[str]:
-    """The figures of ``answer`` (see ``_FIGURE``) that are not in ``known``, in order, each
-    once."""
-    found = dict.fromkeys(m.group(0).rstrip(".,") for m in _FIGURE.finditer(answer))
-    return [f for f in found if f not in known]
-
-
-def _final_answer(messages: list[dict[str, Any]]) -> str | None:
-    last = messages[-1] if messages else None
-    if last and last.get("role") == "assistant" and not last.get("tool_calls"):
-        content = last.get("content")
-        return content if isinstance(content, str) and content.strip() else None
-    return None
-
-
-def _known_text(iteration: StoredIteration) -> str:
-    """What the model was told: the objective and system prompt, tool results and errors
-    (every call's, folded ones included; not a compaction's summary, which a model wrote)."""
-    texts = [
-        str(m.get("content") or "")
-        for m in iteration.get("messages") or []
-        if m.get("role") in ("system", "user", "tool") and not is_summary(m)
-    ]
-    for call in iteration.get("tool_invocations") or []:
-        texts.append(json.dumps(call.get("result"), ensure_ascii=False))
-        texts.append(str(call.get("error") or ""))
-    return "\n".join(texts)
-
-
-def _policy_hints() -> dict[str, str]:
-    from worker.tools import builtin_tool_catalog
-
-    return {t.name: t.policy_hint for t in builtin_tool_catalog()}
 
 
 def _print_log(

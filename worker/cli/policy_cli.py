@@ -8,11 +8,11 @@ user allowed (table ``user_policy_settings``) and read what the gate decided
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from worker.admin.values import parse_since
 from worker.cli.args import UsageError, checked_name, group, json_flag
 from worker.cli.output import emit, fmt, print_json, table
 from worker.cli.stores import policy_store
@@ -27,8 +27,6 @@ __all__ = ["ENFORCE_SWITCH_SHARE", "parse_since", "register"]
 
 ENFORCE_SWITCH_SHARE = 0.01
 """The seed design's switch criterion: under 1 % would-be denials over a week of log-only."""
-
-_MAX_SINCE = timedelta(days=3650)
 
 
 def register(commands: Any) -> None:
@@ -106,29 +104,6 @@ def _calls(text: str) -> int | None:
     if not 1 <= value <= 100_000:
         raise argparse.ArgumentTypeError(f"expected 1 to 100000 calls, got {value}")
     return value
-
-
-_SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhms])\s*$", re.IGNORECASE)
-
-
-def parse_since(text: str) -> timedelta:
-    """``7d``, ``24h``, ``30m``, ``90s`` (positive, at most 10 years) as a timedelta.
-
-    Raises:
-        argparse.ArgumentTypeError: anything else.
-    """
-    match = _SINCE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 7d, 24h, 30m or 90s, got {text!r}"
-        )
-    amount, unit = float(match.group(1)), match.group(2).lower()
-    seconds = amount * {"d": 86_400, "h": 3_600, "m": 60, "s": 1}[unit]
-    if not 0 < seconds <= _MAX_SINCE.total_seconds():
-        raise argparse.ArgumentTypeError(
-            f"expected a duration above 0 and up to 3650d, got {text!r}"
-        )
-    return timedelta(seconds=seconds)
 
 
 def _known_tools() -> list[ToolSpec]:

@@ -67,6 +67,7 @@ class DatabaseHealth:
         timeout_s: seconds a check may take (default ``HEALTH_TIMEOUT_S``).
         cache_s: seconds a verdict is reused (default ``HEALTH_CACHE_S``).
         clock: monotonic seconds (default ``time.monotonic``); tests pass their own.
+        who: the server its log lines name (default ``MCP server``).
     """
 
     def __init__(
@@ -76,8 +77,10 @@ class DatabaseHealth:
         timeout_s: float = HEALTH_TIMEOUT_S,
         cache_s: float = HEALTH_CACHE_S,
         clock: Callable[[], float] = time.monotonic,
+        who: str = "MCP server",
     ) -> None:
         self._ping = ping
+        self.who = who
         self.timeout_s = timeout_s
         self.cache_s = cache_s
         self._clock = clock
@@ -112,9 +115,9 @@ class DatabaseHealth:
             self._running = None
         if problem != self._problem:
             if problem is None:
-                logger.info("MCP server: the database answers again")
+                logger.info("%s: the database answers again", self.who)
             else:
-                logger.warning("MCP server: /healthz answers 503: %s", detail)
+                logger.warning("%s: /healthz answers 503: %s", self.who, detail)
         self._problem, self._checked_at = problem, self._clock()
         return problem
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Executable, delete, func, insert, or_, select, update
+from sqlalchemy import Executable, delete, func, insert, literal_column, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -194,16 +194,46 @@ class AdminStore:
         async with self.engine.begin() as conn:
             return dict((await conn.execute(stmt)).mappings().one())
 
-    async def list_missions(self, *, status: str | None = None, limit: int = 100) -> list[Row]:
-        """Missions with their agent's name, newest first."""
-        stmt = (
-            select(missions, agents.c.name.label("agent"))
-            .join(agents, agents.c.id == missions.c.agent_id)
-            .order_by(missions.c.id.desc())
-            .limit(limit)
-        )
+    async def list_missions(
+        self,
+        *,
+        status: str | None = None,
+        limit: int = 100,
+        agent: str | None = None,
+        before_id: int | None = None,
+        last_run: bool = False,
+    ) -> list[Row]:
+        """Missions with their agent's name, newest first: of ``status`` and of ``agent`` (a
+        name) when given, with ids below ``before_id`` (the next page), ``limit`` at most;
+        with ``last_run``, each with its latest iteration's ``last_iteration_id``,
+        ``last_status``, ``last_stop_reason`` and ``last_started_at`` (``None`` before any)."""
+        columns: list[Any] = [missions, agents.c.name.label("agent")]
+        if last_run:
+            its = mission_iterations.c
+            latest = (
+                select(its.id, its.status, its.stop_reason, its.started_at)
+                .where(its.mission_id == missions.c.id)
+                .order_by(its.id.desc())
+                .limit(1)
+                .correlate(missions)
+                .lateral("latest")
+            )
+            columns += [
+                latest.c.id.label("last_iteration_id"),
+                latest.c.status.label("last_status"),
+                latest.c.stop_reason.label("last_stop_reason"),
+                latest.c.started_at.label("last_started_at"),
+            ]
+        joined = missions.join(agents, agents.c.id == missions.c.agent_id)
+        if last_run:
+            joined = joined.outerjoin(latest, literal_column("true"))
+        stmt = select(*columns).select_from(joined).order_by(missions.c.id.desc()).limit(limit)
         if status is not None:
             stmt = stmt.where(missions.c.status == status)
+        if agent is not None:
+            stmt = stmt.where(agents.c.name == agent)
+        if before_id is not None:
+            stmt = stmt.where(missions.c.id < before_id)
         async with self.engine.connect() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]
 
@@ -305,12 +335,17 @@ class AdminStore:
 
     # iterations ---------------------------------------------------------------------------
 
-    async def list_iterations(self, *, mission_id: int | None = None, limit: int = 20) -> list[Row]:
-        """Iterations newest first, without their message logs."""
+    async def list_iterations(
+        self, *, mission_id: int | None = None, limit: int = 20, before_id: int | None = None
+    ) -> list[Row]:
+        """Iterations newest first, without their message logs: of ``mission_id`` when given,
+        with ids below ``before_id`` (the next page), ``limit`` at most."""
         cols = [c for c in mission_iterations.c if c.name != "messages"]
         stmt = select(*cols).order_by(mission_iterations.c.id.desc()).limit(limit)
         if mission_id is not None:
             stmt = stmt.where(mission_iterations.c.mission_id == mission_id)
+        if before_id is not None:
+            stmt = stmt.where(mission_iterations.c.id < before_id)
         async with self.engine.connect() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]
 

@@ -187,6 +187,31 @@ class PolicyStore:
         async with self.engine.begin() as conn:
             return dict((await conn.execute(stmt)).mappings().one())
 
+    async def daily_would_deny(self, *, since: timedelta) -> list[dict[str, Any]]:
+        """Per UTC day within ``since`` before now: the ``log-only`` calls the gate decided
+        (``calls``) and how many it would have denied (``would_deny``), oldest day first: the
+        would-be deny share over time, the rollout's switch criterion (under 1 %)."""
+        calls = tool_invocations.c
+        decision = calls.policy_decision
+        mode = func.coalesce(calls.policy_mode, decision["mode"].astext)
+        day = func.date_trunc("day", func.timezone("UTC", calls.created_at)).label("day")
+        stmt = (
+            select(
+                day,
+                func.count().label("calls"),
+                func.count().filter(decision["verdict"].astext == "deny").label("would_deny"),
+            )
+            .where(
+                calls.created_at >= func.now() - since,
+                mode == "log-only",
+                func.jsonb_typeof(decision) == "object",
+            )
+            .group_by(day)
+            .order_by(day)
+        )
+        async with self.engine.connect() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
     async def report(self, *, since: timedelta) -> PolicyReport:
         """Decisions of the tool calls of every consumer (missions, MCP clients) created within
         ``since`` before now (database clock)."""

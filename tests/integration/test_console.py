@@ -1,0 +1,159 @@
+"""The web console over HTTP (no browser: ``tests/e2e/test_console_browser.py`` has one):
+signing in and out, the session cookie, CSRF and Origin on every form, read-only tokens, and
+stored text that can never become markup."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner.testing import FunctionChatModel, final_answer, tool_calls
+from tests.integration.api_harness import BASE, api_client, token
+from tests.integration.test_approvals import Model, a_note, asking
+from tests.integration.worker_harness import add_mission, make_worker
+from worker.store.admin_tokens import AdminTokenStore
+from worker.store.tables import mission_iterations, tool_invocations
+
+SCRIPT = "<script>alert(1)</script>"
+IMAGE = '<img src=x onerror="alert(2)">'
+
+
+async def signed_in(client: httpx.AsyncClient, value: str) -> str:
+    """Sign in with ``value``; the CSRF token of the session (from a page's form)."""
+    response = await client.post(
+        "/login", data={"token": value, "next": "/"}, headers={"Origin": BASE}
+    )
+    assert response.status_code == 303 and response.headers["location"] == "/"
+    cookie = response.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    page = await client.get("/")
+    match = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.text)
+    assert match, page.text
+    return match.group(1)
+
+
+async def parked_request(db: AsyncEngine) -> int:
+    note_id = await a_note(db)
+    await add_mission(db, cron=None, objective="Tidy.")
+    worker = make_worker(db, FunctionChatModel(Model(note_id)), policy=asking(db))
+    assert await worker.run_once() == ["awaiting_approval"]
+    return note_id
+
+
+async def test_sign_in_sign_out_and_the_pages_behind_it(db: AsyncEngine, database_url: str) -> None:
+    async with api_client(db, database_url) as client:
+        first = await client.get("/approvals")
+        assert first.status_code == 303 and first.headers["location"] == "/login?next=/approvals"
+        wrong = await client.post("/login", data={"token": "nope"}, headers={"Origin": BASE})
+        assert wrong.status_code == 401 and "not valid" in wrong.text
+        csrf = await signed_in(client, await token(db))
+        for path in ("/", "/approvals", "/policy"):
+            page = await client.get(path)
+            assert page.status_code == 200 and page.headers["cache-control"] == "no-store", path
+        out = await client.post("/logout", data={"csrf": csrf}, headers={"Origin": BASE})
+        assert out.status_code == 303
+        assert (await client.get("/")).status_code == 303  # the session ended
+
+
+async def test_a_revoked_token_ends_its_sessions(db: AsyncEngine, database_url: str) -> None:
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+        [row] = await AdminTokenStore(db).list_tokens()
+        await AdminTokenStore(db).revoke_token(row["id"])
+        assert (await client.get("/")).status_code == 303
+
+
+async def test_forms_need_their_csrf_token_and_this_origin(
+    db: AsyncEngine, database_url: str
+) -> None:
+    await parked_request(db)
+    async with api_client(db, database_url) as client:
+        csrf = await signed_in(client, await token(db))
+        for data, headers in (
+            ({}, {"Origin": BASE}),  # no token
+            ({"csrf": "0" * 64}, {"Origin": BASE}),  # another session's
+            ({"csrf": csrf}, {"Origin": "https://evil.example"}),  # another site
+            ({"csrf": csrf}, {}),  # no Origin, no Referer
+        ):
+            response = await client.post("/approvals/1/approve", data=data, headers=headers)
+            assert response.status_code == 403, (data, headers)
+        login_elsewhere = await client.post(
+            "/login", data={"token": "x"}, headers={"Origin": "https://evil.example"}
+        )
+        assert login_elsewhere.status_code == 403
+        ok = await client.post(
+            "/approvals/1/approve", data={"csrf": csrf, "note": "ok"}, headers={"Origin": BASE}
+        )
+        assert ok.status_code == 303
+    async with api_client(db, database_url) as client:
+        listed = await client.get("/api/v1/approvals")
+        assert listed.status_code == 401  # the API never takes the cookie
+
+
+async def test_a_read_only_session_sees_no_buttons_and_cannot_decide(
+    db: AsyncEngine, database_url: str
+) -> None:
+    await parked_request(db)
+    async with api_client(db, database_url) as client:
+        csrf = await signed_in(client, await token(db, "auditor", read_only=True))
+        page = await client.get("/approvals")
+        assert "auditor (read-only)" in page.text and "Approve</button>" not in page.text
+        refused = await client.post(
+            "/approvals/1/approve", data={"csrf": csrf}, headers={"Origin": BASE}
+        )
+        assert refused.status_code == 403 and "read-only" in refused.text
+
+
+async def test_an_htmx_decision_answers_its_row_and_says_who_decided_first(
+    db: AsyncEngine, database_url: str
+) -> None:
+    await parked_request(db)
+    async with api_client(db, database_url) as client:
+        csrf = await signed_in(client, await token(db, "ops"))
+        headers = {"Origin": BASE, "HX-Request": "true"}
+        row = await client.post(
+            "/approvals/1/deny", data={"csrf": csrf, "note": "no"}, headers=headers
+        )
+        assert row.status_code == 200 and row.text.lstrip().startswith('<article class="approval')
+        assert "denied by ops" in row.text
+        late = await client.post("/approvals/1/approve", data={"csrf": csrf}, headers=headers)
+        assert "was denied by ops" in late.text and 'role="alert"' in late.text
+
+
+async def test_stored_text_never_becomes_markup(db: AsyncEngine, database_url: str) -> None:
+    mission_id = await add_mission(db, cron=None, objective=f"Note {SCRIPT} and {IMAGE}")
+
+    def model(request: Any) -> Any:
+        if any(m.role == "tool" for m in request.messages):
+            return final_answer(f"Done {SCRIPT}")
+        return tool_calls(("clock_now", {}), text=IMAGE)
+
+    worker = make_worker(db, FunctionChatModel(model))
+    assert await worker.run_once() == ["succeeded"]
+    async with db.begin() as conn:  # a tool result and an MCP tool name a peer made up
+        [messages] = (await conn.execute(select(mission_iterations.c.messages))).scalars()
+        for message in messages:
+            for call in message.get("tool_calls") or []:
+                call["name"] = f"evil__{SCRIPT}"
+            if message["role"] == "tool":
+                message["content"] = json.dumps({"text": IMAGE, SCRIPT: "\u202eevil"})
+        await conn.execute(update(mission_iterations).values(messages=messages))
+        await conn.execute(update(tool_invocations).values(tool=f"evil__{SCRIPT}"))
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+        pages = [
+            await client.get("/"),
+            await client.get(f"/missions/{mission_id}"),
+            await client.get("/iterations/1"),
+        ]
+    for page in pages:
+        assert page.status_code == 200
+        assert "<script>alert" not in page.text and "<img" not in page.text  # text, not tags
+        assert "\u202e" not in page.text  # shown as an escape, not obeyed
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[0].text
+    assert "evil__&lt;script&gt;" in pages[2].text and "\\u202e" in pages[2].text

@@ -1,0 +1,108 @@
+"""Who is asking: an admin token on the API, a signed-in browser on the console.
+
+* The API (``/api/v1``) takes ``Authorization: Bearer <admin token>`` only (never the
+  console's cookie, so no page of another site can make a browser call it). No token, or a
+  revoked or unknown one: 401. A ``read_only`` token asking to change something: 403.
+* The console signs in once with a token (``POST /login``) and keeps a session cookie
+  (``SESSION_COOKIE``: HttpOnly, SameSite=Strict, ``Secure`` over HTTPS) holding a random id of
+  which only a hash is stored. Every state-changing console request must carry the session's
+  CSRF token (form field ``csrf`` or header ``X-CSRF-Token``) and come from this origin
+  (``Origin``, else ``Referer``): a request without them is refused (403) whatever its cookie.
+
+Errors never tell whether a token exists, is revoked or belongs to someone else: they say
+that the request is not signed in, or not allowed.
+"""
+
+from __future__ import annotations
+
+import hmac
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+
+from worker.errors import ManaAIError
+from worker.store.admin_tokens import AdminPrincipal, AdminTokenStore, csrf_token
+
+__all__ = [
+    "CSRF_HEADER",
+    "SESSION_COOKIE",
+    "Forbidden",
+    "Unauthorized",
+    "bearer_principal",
+    "check_csrf",
+    "check_origin",
+    "session_principal",
+]
+
+SESSION_COOKIE = "mana_session"
+CSRF_HEADER = "X-CSRF-Token"
+
+
+class Unauthorized(ManaAIError):
+    """The request is not signed in (401 on the API; the sign-in page on the console)."""
+
+
+class Forbidden(ManaAIError):
+    """The request is signed in but may not do this (403): a read-only token asking to
+    change something, a console form without its CSRF token or from another origin."""
+
+
+async def bearer_principal(request: Request, tokens: AdminTokenStore) -> AdminPrincipal:
+    """The principal of the request's ``Authorization: Bearer`` token.
+
+    Raises:
+        Unauthorized: no bearer token, or not a live one.
+    """
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("send an admin token as 'Authorization: Bearer <token>'")
+    principal = await tokens.principal(token.strip())
+    if principal is None:
+        raise Unauthorized("this token is not valid (unknown or revoked)")
+    return principal
+
+
+async def session_principal(request: Request, tokens: AdminTokenStore) -> AdminPrincipal | None:
+    """The principal of the request's session cookie, or ``None`` (no cookie, or a session
+    that ended, expired, or whose token was revoked)."""
+    session_id = request.cookies.get(SESSION_COOKIE)
+    if not session_id or len(session_id) > 200:
+        return None
+    return await tokens.session_principal(session_id)
+
+
+def check_origin(request: Request) -> None:
+    """The request comes from this server's own origin (``Origin``, else ``Referer``).
+
+    Raises:
+        Forbidden: it names another origin, or neither header is there.
+    """
+    own = f"{request.url.scheme}://{request.url.netloc}"
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        referer = request.headers.get("referer")
+        if referer is None:
+            raise Forbidden("this request did not say where it comes from (no Origin)")
+        parts = urlsplit(referer)
+        origin = f"{parts.scheme}://{parts.netloc}"
+    if origin != own:
+        raise Forbidden("this request comes from another site")
+
+
+async def check_csrf(request: Request) -> None:
+    """A state-changing console request carries its session's CSRF token (header
+    ``X-CSRF-Token`` or form field ``csrf``) and comes from this origin.
+
+    Raises:
+        Forbidden: it does not.
+    """
+    check_origin(request)
+    session_id = request.cookies.get(SESSION_COOKIE, "")
+    given = request.headers.get(CSRF_HEADER)
+    if given is None:
+        form = await request.form()
+        value = form.get("csrf")
+        given = value if isinstance(value, str) else None
+    if not session_id or not given or not hmac.compare_digest(given, csrf_token(session_id)):
+        raise Forbidden("this form is out of date (its CSRF token does not match); reload the page")

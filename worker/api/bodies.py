@@ -1,0 +1,157 @@
+"""The HTTP API's request bodies: their shapes (pydantic models: the JSON types, no unknown
+field), read within the size limit, then checked by the same rules as the command line
+(``worker.admin``: names, texts, ranges, schedules), with the same messages naming the JSON
+field instead of the flag.
+
+``read_body`` answers 400 for malformed JSON, a body that is not an object, an unknown field
+or a value of the wrong type, naming the field (``max_rounds: Input should be a valid
+integer``); ``parsed`` runs a command-line value rule (``worker.admin.values``) on a JSON value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from starlette.requests import Request
+
+from worker.admin.agents import DEFAULT_SYSTEM_PROMPT
+from worker.errors import UsageError
+
+__all__ = [
+    "AgentBody",
+    "AgentChangesBody",
+    "DecisionBody",
+    "MissionBody",
+    "RerunBody",
+    "field_label",
+    "parsed",
+    "read_body",
+]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+def field_label(name: str) -> str:
+    """How the API names a field in a message: as it is (``max_rounds``)."""
+    return name
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AgentBody(_Body):
+    """A new agent (``POST /api/v1/agents``): the fields of ``mana-ai agents add``."""
+
+    name: str = Field(description="unique agent name (the names rule: 1-200 characters)")
+    owner: str = Field(description="owner user id; tools act in their space")
+    system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, description="agent instructions")
+    model: str | None = Field(default=None, description="model name (null: the default)")
+    max_rounds: StrictInt = Field(default=5, description="rounds per run, 1-1000")
+    max_tokens_per_day: StrictInt | None = Field(
+        default=None, description="daily token budget, 1-2147483647 (null: none)"
+    )
+    tools: list[str] | None = Field(
+        default=None,
+        description="built-in tools it may call (null: every built-in tool but web_fetch)",
+    )
+    policy_mode: str | None = Field(
+        default=None, description="off | log-only | enforce (null: MANA_AI_POLICY_MODE)"
+    )
+    destructive: str | None = Field(
+        default=None, description="deny | ask (null: MANA_AI_POLICY_DESTRUCTIVE)"
+    )
+    compact_max_ctx: StrictInt | None = Field(
+        default=None,
+        description="its model's context for compaction: 0 (never) or 256-100000000 "
+        "(null: MANA_AI_COMPACT_MAX_CTX)",
+    )
+
+
+class AgentChangesBody(_Body):
+    """Changes to an agent (``PATCH /api/v1/agents/{name}``): only the fields given change;
+    ``null`` puts a field back to its default (the daemon's model, mode, context; no budget;
+    every built-in tool)."""
+
+    system_prompt: str | None = None
+    model: str | None = None
+    max_rounds: StrictInt | None = None
+    max_tokens_per_day: StrictInt | None = None
+    tools: list[str] | None = None
+    policy_mode: str | None = None
+    destructive: str | None = None
+    compact_max_ctx: StrictInt | None = None
+
+
+class MissionBody(_Body):
+    """A new mission (``POST /api/v1/missions``): the fields of ``mana-ai missions add``."""
+
+    agent: str = Field(description="the agent's name")
+    objective: str = Field(description="what the agent should do each run (up to 20,000 chars)")
+    cron: str | None = Field(default=None, description="5-field cron: a recurring mission")
+    timezone: str = Field(default="UTC", description="IANA timezone of the cron")
+    at: str | None = Field(
+        default=None, description="one-shot run time, ISO 8601 with a UTC offset, in the future"
+    )
+    due_now: StrictBool = Field(default=False, description="first run now")
+    deadline: str | None = Field(
+        default=None, description="no runs after this time (ISO 8601 with a UTC offset)"
+    )
+
+
+class DecisionBody(_Body):
+    """A decision on an approval request: who (default: the token's name) and why."""
+
+    by: str | None = Field(default=None, description="who decides (default: the token's name)")
+    note: str | None = Field(default=None, description="approve: a note kept with it")
+    reason: str | None = Field(default=None, description="deny: why (the model reads it)")
+
+
+class RerunBody(_Body):
+    """A rerun of an iteration under today's rules."""
+
+    policy_mode: str | None = Field(
+        default=None, description="off | log-only | enforce instead of today's mode"
+    )
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The request's JSON body as ``model`` (an empty body reads as ``{}``).
+
+    Raises:
+        UsageError: malformed JSON, not an object, an unknown field, or a value of the wrong
+            type (the message names the field and the position in the JSON).
+    """
+    raw = await request.body()
+    try:
+        data: Any = json.loads(raw) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"the body must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the body"
+        message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise UsageError(f"{where}: {message}{more}") from None
+
+
+def parsed(value: Any, rule: Callable[[str], T], field: str) -> T:
+    """``value`` checked by a command-line value rule (``worker.admin.values``), its message
+    naming ``field``.
+
+    Raises:
+        UsageError: the rule refused it.
+    """
+    try:
+        return rule(str(value))
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"{field}: {exc}") from None

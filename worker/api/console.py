@@ -1,0 +1,350 @@
+"""The web console: server-rendered pages (Jinja2, autoescaped) that read and steer missions.
+
+Pages: missions (status, schedule, next run, last outcome, parked for approval), a mission's
+iterations, an iteration's timeline (``worker.api.timeline``: rounds with their reminders,
+replies, calls with decisions side by side where reads ran in parallel, compactions that open
+to the turns they folded and the summary read instead, the verdict, a rerun with today's
+rules), the approvals inbox, and the policy report with the would-be deny share per day.
+
+Every page needs a signed-in session (``worker.api.auth``); the rest is sent to ``/login``.
+Every form that changes something carries the session's CSRF token and must come from this
+origin. Forms work without JavaScript (they post and come back); with the vendored htmx
+(``/static/htmx.min.js``, the only script, served from here under a CSP that allows nothing
+else) a rerun or a decision updates its part of the page in place. Every text that came from
+the database, a model, a tool or a peer is HTML-escaped and has its hidden characters shown
+as escapes (``worker.terminal_text.visible``: a bidi override cannot reorder what is shown).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from worker.admin import missions as mission_ops
+from worker.admin.approvals import decide
+from worker.admin.values import parse_since
+from worker.admin.verdict import verdict
+from worker.api.auth import (
+    SESSION_COOKIE,
+    Forbidden,
+    check_csrf,
+    check_origin,
+    session_principal,
+)
+from worker.api.services import Services
+from worker.api.timeline import timeline
+from worker.errors import ManaAIError, NotFoundError
+from worker.store.admin_tokens import AdminPrincipal, csrf_token
+from worker.store.stored import decided_text
+from worker.terminal_text import visible
+
+__all__ = ["routes", "templates"]
+
+_HERE = Path(__file__).parent
+
+ENFORCE_SWITCH_SHARE = 0.01
+"""The rollout's switch criterion: under 1 % would-be denials over a week of log-only."""
+
+
+def _shown(value: Any) -> str:
+    """Stored text as shown: hidden characters as escapes (autoescape does the HTML)."""
+    return visible("" if value is None else str(value))
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "-" if value is None else str(value)
+
+
+def _pretty(value: Any) -> str:
+    """A JSON value (arguments, a result) indented, for a <pre>; text as it is."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return visible(value)
+    return visible(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+
+
+def templates() -> Environment:
+    """The console's templates, autoescaped, with the filters they use: ``shown`` (hidden
+    characters escaped), ``when`` (a time in UTC), ``pretty`` (indented JSON)."""
+    env = Environment(
+        loader=FileSystemLoader(_HERE / "templates"),
+        autoescape=select_autoescape(["html"], default=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["shown"] = _shown
+    env.filters["when"] = _when
+    env.filters["pretty"] = _pretty
+    env.filters["decided"] = decided_text
+    env.globals["switch_share"] = ENFORCE_SWITCH_SHARE
+    return env
+
+
+Page = Callable[[Request, Services, AdminPrincipal], Awaitable[Response]]
+
+
+def _render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    env: Environment = request.app.state.templates
+    session_id = request.cookies.get(SESSION_COOKIE, "")
+    html = env.get_template(name).render(
+        request=request,
+        csrf=csrf_token(session_id) if session_id else "",
+        **context,
+    )
+    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def _page(
+    handler: Page, *, post: bool = False, write: bool = False
+) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` for a signed-in session (else the sign-in page); with ``post``, for a
+    request with its session's CSRF token, from this origin; with ``write`` as well, for a
+    session whose token may change things."""
+    post = post or write
+
+    async def serve(request: Request) -> Response:
+        services: Services = request.app.state.services
+        who = await session_principal(request, services.tokens)
+        if who is None:
+            if post:
+                raise Forbidden("you are not signed in (or your session ended); sign in again")
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+        if post:
+            await check_csrf(request)
+        if write and who.read_only:
+            raise Forbidden("your token is read-only: it cannot change anything")
+        return await handler(request, services, who)
+
+    return serve
+
+
+def _is_htmx(request: Request) -> bool:
+    return request.headers.get("hx-request") == "true"
+
+
+def _back(request: Request, fallback: str) -> RedirectResponse:
+    """303 to the page the form was on (this origin's path only), else ``fallback``."""
+    referer = urlsplit(request.headers.get("referer", ""))
+    own = request.url.netloc
+    target = referer.path if referer.netloc == own and referer.path.startswith("/") else fallback
+    return RedirectResponse(target, status_code=303)
+
+
+# -- sign-in ------------------------------------------------------------------------------------
+
+
+async def login_form(request: Request) -> Response:
+    return _render(request, "login.html", next=_local(request.query_params.get("next")))
+
+
+async def login(request: Request) -> Response:
+    services: Services = request.app.state.services
+    check_origin(request)  # no signing in from another site (login CSRF)
+    form = await request.form()
+    token, target = form.get("token"), _local(form.get("next"))
+    started = None
+    if isinstance(token, str) and token.strip() and len(token) <= 200:
+        started = await services.tokens.start_session(token.strip(), ttl=services.session_ttl)
+    if started is None:
+        return _render(
+            request,
+            "login.html",
+            status=401,
+            next=target,
+            error="That token is not valid (unknown or revoked).",
+        )
+    _, session_id = started
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        session_id,
+        max_age=int(services.session_ttl.total_seconds()),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return response
+
+
+async def logout(request: Request) -> Response:
+    services: Services = request.app.state.services
+    session_id = request.cookies.get(SESSION_COOKIE)
+    if session_id:
+        await check_csrf(request)
+        await services.tokens.end_session(session_id)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+def _local(target: Any) -> str:
+    """A path on this server to go to after signing in (anything else: the missions)."""
+    if isinstance(target, str) and target.startswith("/") and not target.startswith("//"):
+        return target if "\\" not in target else "/"
+    return "/"
+
+
+# -- pages --------------------------------------------------------------------------------------
+
+
+async def missions_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
+    rows = await s.admin.list_missions(limit=200, last_run=True)
+    waiting = await s.approvals.pending_by_mission([r["id"] for r in rows])
+    for row in rows:
+        row["awaiting_approval"] = waiting.get(row["id"])
+    return _render(request, "missions.html", who=who, missions=rows)
+
+
+async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
+    mission_id = _int(request.path_params["id"])
+    mission = await s.admin.get_mission(mission_id)
+    waiting = await s.approvals.pending_by_mission([mission_id])
+    mission["awaiting_approval"] = waiting.get(mission_id)
+    iterations = await s.admin.list_iterations(mission_id=mission_id, limit=100)
+    return _render(request, "mission.html", who=who, mission=mission, iterations=iterations)
+
+
+def _course(operation: Callable[[Any, int], Awaitable[mission_ops.Course]]) -> Page:
+    async def act(request: Request, s: Services, who: AdminPrincipal) -> Response:
+        await operation(s.admin, _int(request.path_params["id"]))
+        return _back(request, f"/missions/{request.path_params['id']}")
+
+    return act
+
+
+async def iteration_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
+    return await _iteration(request, s, who, report=None)
+
+
+async def rerun(request: Request, s: Services, who: AdminPrincipal) -> Response:
+    from worker.admin.rerun import rerun_iteration
+    from worker.daemon.app import rerun_config
+
+    iteration = await s.admin.get_iteration(_int(request.path_params["id"]))
+    config = await rerun_config(s.admin, s.settings, iteration, None)
+    report = await rerun_iteration(iteration, config)
+    if _is_htmx(request):
+        return _render(request, "rerun.html", report=report)
+    return await _iteration(request, s, who, report=report, iteration=iteration)
+
+
+async def _iteration(
+    request: Request,
+    s: Services,
+    who: AdminPrincipal,
+    *,
+    report: Any,
+    iteration: Any = None,
+) -> Response:
+    from worker.admin.replay import replay_events
+
+    if iteration is None:
+        iteration = await s.admin.get_iteration(_int(request.path_params["id"]))
+    blocks = timeline(replay_events(iteration), request.app.state.hints)
+    return _render(
+        request,
+        "iteration.html",
+        who=who,
+        it=iteration,
+        blocks=blocks,
+        verdict=verdict(iteration),
+        report=report,
+    )
+
+
+async def approvals_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
+    pending = await s.approvals.list_requests(status="pending", limit=200)
+    recent = [r for r in await s.approvals.list_requests(limit=100) if r["status"] != "pending"]
+    return _render(request, "approvals.html", who=who, pending=pending, recent=recent)
+
+
+def _decision(approve: bool) -> Page:
+    async def act(request: Request, s: Services, who: AdminPrincipal) -> Response:
+        form = await request.form()
+        note = form.get("note")
+        note_text = note.strip() if isinstance(note, str) and note.strip() else None
+        request_id = _int(request.path_params["id"])
+        error = None
+        try:
+            await decide(
+                s.approvals,
+                request_id,
+                approve=approve,
+                by=who.name,
+                note=note_text,
+                labels=lambda f: {"by": "your name", "note": "the note"}[f],
+            )
+        except ManaAIError as exc:  # decided elsewhere first, expired: say so on the row
+            if isinstance(exc, NotFoundError):
+                raise
+            error = str(exc)
+        if _is_htmx(request):
+            row = await s.approvals.get(request_id)
+            return _render(request, "approval_row.html", who=who, a=row, error=error)
+        return _back(request, "/approvals")
+
+    return act
+
+
+async def policy_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
+    since = parse_since(request.query_params.get("since", "7d"))
+    report = await s.policy.report(since=since)
+    days = await s.policy.daily_would_deny(since=since)
+    peak = max((d["calls"] for d in days), default=0)
+    for day in days:
+        day["share"] = day["would_deny"] / day["calls"] if day["calls"] else 0.0
+        day["height"] = round(100 * day["calls"] / peak) if peak else 0
+    return _render(request, "policy.html", who=who, report=report, days=days)
+
+
+def _int(text: str) -> int:
+    if not text.isdigit() or len(text) > 18:
+        raise NotFoundError(f"no such page: {text!r} is not an id")
+    return int(text)
+
+
+def routes() -> list[Route | Mount]:
+    """The console's routes, its static files under ``/static``."""
+    return [
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/", _page(missions_page), methods=["GET"]),
+        Route("/missions/{id}", _page(mission_page), methods=["GET"]),
+        Route(
+            "/missions/{id}/run", _page(_course(mission_ops.run_now), write=True), methods=["POST"]
+        ),
+        Route(
+            "/missions/{id}/pause",
+            _page(_course(mission_ops.pause_mission), write=True),
+            methods=["POST"],
+        ),
+        Route(
+            "/missions/{id}/resume",
+            _page(_course(mission_ops.resume_mission), write=True),
+            methods=["POST"],
+        ),
+        Route("/iterations/{id}", _page(iteration_page), methods=["GET"]),
+        Route("/iterations/{id}/rerun", _page(rerun, post=True), methods=["POST"]),
+        Route("/approvals", _page(approvals_page), methods=["GET"]),
+        Route("/approvals/{id}/approve", _page(_decision(True), write=True), methods=["POST"]),
+        Route("/approvals/{id}/deny", _page(_decision(False), write=True), methods=["POST"]),
+        Route("/policy", _page(policy_page), methods=["GET"]),
+        Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+    ]

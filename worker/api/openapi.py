@@ -1,0 +1,112 @@
+"""The HTTP API described as OpenAPI 3.1 (``GET /api/v1/openapi.json``), made from the
+endpoint table (``worker.api.v1.ENDPOINTS``) and the request bodies' JSON Schemas (pydantic),
+so it cannot drift from what is served."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
+
+from worker.api.v1 import ENDPOINTS
+from worker.version import package_version
+
+__all__ = ["openapi_document"]
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["status", "message"],
+            "properties": {"status": {"type": "integer"}, "message": {"type": "string"}},
+        }
+    },
+}
+
+_ERRORS = {
+    "400": "malformed: not JSON, an unknown field, a value of the wrong type or refused",
+    "401": "no admin token, or not a live one",
+    "403": "a read-only token asking to change something",
+    "404": "no such agent, mission, iteration, request or token",
+    "409": "it clashes with what exists (a taken name, a decided request, a paused mission)",
+    "413": "the body is larger than MANA_AI_API_MAX_BODY_BYTES",
+    "503": "the database does not answer; try again",
+}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    """The document (built once)."""
+    paths: dict[str, dict[str, Any]] = {}
+    schemas: dict[str, Any] = {"Error": _ERROR}
+    for endpoint in ENDPOINTS:
+        operation: dict[str, Any] = {
+            "summary": endpoint.summary,
+            "tags": [endpoint.tag],
+            "operationId": f"{endpoint.method.lower()}_{endpoint.handler.__name__}"
+            if endpoint.handler.__name__ != "handler"
+            else f"{endpoint.method.lower()}_{_slug(endpoint.path)}",
+            "security": [{"bearer": []}],
+            "responses": {
+                str(endpoint.status): {
+                    "description": "the result",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                **{
+                    code: {
+                        "description": why,
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    }
+                    for code, why in _ERRORS.items()
+                    if code != "403" or endpoint.write
+                },
+            },
+        }
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in re.findall(r"\{(\w+)\}", endpoint.path)
+        ]
+        parameters += [
+            {"name": name, "in": "query", "required": False, "description": about,
+             "schema": {"type": "string"}}
+            for name, about in endpoint.query
+        ]  # fmt: skip
+        if parameters:
+            operation["parameters"] = parameters
+        if endpoint.body is not None:
+            name = endpoint.body.__name__
+            schema = endpoint.body.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[name] = schema
+            operation["requestBody"] = {
+                "required": False,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}
+                },
+            }
+        paths.setdefault(f"/api/v1{endpoint.path}", {})[endpoint.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "mana-ai",
+            "version": package_version(),
+            "description": "Agents, missions, iterations (replay, rerun), the policy report, "
+            "approvals and MCP tokens of a mana-ai database. Every endpoint needs "
+            "'Authorization: Bearer <admin token>' (`mana-ai admin token create NAME`); one that "
+            "changes something needs a token that is not read-only.",
+        },
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _slug(path: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", path.lower()).strip("_")

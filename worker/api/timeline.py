@@ -1,0 +1,113 @@
+"""An iteration as the console's timeline: the replay's events (``worker.admin.replay``) made
+into nested blocks a template draws.
+
+* the head: the system prompt and the objective (and any prior messages);
+* a ``round`` per request: the reminders sent with it (chips), the reply's text, its calls in
+  the model's order, each with its arguments, policy decision, approval, duration, outcome
+  and result, consecutive read calls grouped (``parallel``: they ran side by side);
+* a ``compaction`` holding the rounds it folded and the summary the model read instead
+  (nested when a later compaction folded an earlier summary); ``compaction_failed`` where one
+  was tried and changed nothing.
+
+Pure: no I/O; the policy hints of the tools come from the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from worker.admin.replay import approval_text, policy_text
+
+__all__ = ["timeline"]
+
+Row = dict[str, Any]
+
+
+def timeline(events: Sequence[Row], hints: Mapping[str, str]) -> list[Row]:
+    """The blocks of ``events`` (``replay_events``), tools' policy hints by name ``hints``
+    (``read`` | ``write`` | ``destructive``; a tool not named counts as not a read)."""
+    root: list[Row] = []
+    stack: list[list[Row]] = [root]
+    results: dict[str, Row] = {}
+    rounds: list[Row] = []
+    for event in events:
+        kind = event["event"]
+        here = stack[-1]
+        if kind == "compaction":
+            block = {"kind": "compaction", **event, "children": []}
+            here.append(block)
+            stack.append(block["children"])
+        elif kind == "compaction_end":
+            if len(stack) > 1:
+                stack.pop()
+        elif kind == "compaction_failed":
+            here.append({"kind": "compaction_failed", **event})
+        elif kind in ("round", "unanswered_round"):
+            block = {
+                "kind": "round",
+                "round": event["round"],
+                "answered": kind == "round",
+                "reminders": event.get("reminders") or [],
+                "resumed_by": event.get("resumed_by"),
+                "reply": None,
+                "groups": [],
+                "others": [],
+            }
+            here.append(block)
+            rounds.append(block)
+        elif kind == "message":
+            message = event["message"]
+            role = message.get("role")
+            current = rounds[-1] if rounds and event.get("round") else None
+            if role == "assistant" and current is not None:
+                current["reply"] = message
+                current["groups"] = _groups(event.get("calls") or [], hints)
+            elif role == "tool":
+                call_id = str(message.get("tool_call_id"))
+                results[call_id] = message
+                if current is not None and not _attached(current, call_id):
+                    current["others"].append(message)
+            elif current is not None:
+                current["others"].append(message)  # a note the loop added (a cut reply)
+            else:
+                here.append({"kind": "message", "message": message})
+    for block in rounds:
+        for group in block["groups"]:
+            for call in group["calls"]:
+                result = results.get(str(call.get("id")))
+                call["result"] = None if result is None else result.get("content")
+    return root
+
+
+def _attached(block: Row, call_id: str) -> bool:
+    return any(str(c.get("id")) == call_id for g in block["groups"] for c in g["calls"])
+
+
+def _groups(calls: Sequence[Row], hints: Mapping[str, str]) -> list[Row]:
+    """The calls in runs: consecutive reads form one group (``parallel`` when two or more:
+    they ran side by side); every other call is a group of its own."""
+    groups: list[Row] = []
+    for call in calls:
+        entry = dict(call)
+        entry["hint"] = hints.get(str(call.get("name")))
+        entry["policy"] = policy_text(call.get("policy_decision"), call.get("policy_mode"))
+        entry["approval_text"] = approval_text(call["approval"]) if call.get("approval") else None
+        verdict = (call.get("policy_decision") or {}).get("verdict")
+        entry["tone"] = _tone(call.get("outcome"), verdict)
+        if entry["hint"] == "read" and groups and groups[-1]["reads"]:
+            groups[-1]["calls"].append(entry)
+        else:
+            groups.append({"reads": entry["hint"] == "read", "calls": [entry]})
+    for group in groups:
+        group["parallel"] = group["reads"] and len(group["calls"]) > 1
+    return groups
+
+
+def _tone(outcome: Any, verdict: Any) -> str:
+    """How a call is shown: ``ok``, ``error``, ``denied``, ``waiting`` (parked), ``unknown``."""
+    if outcome == "parked" or (verdict == "ask" and outcome is None):
+        return "waiting"
+    if outcome in ("ok", "error", "denied", "unknown"):
+        return str(outcome)
+    return "unknown"
