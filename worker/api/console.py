@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -305,12 +305,28 @@ def _decision(approve: bool) -> Page:
 async def policy_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
     since = parse_since(request.query_params.get("since", "7d"))
     report = await s.policy.report(since=since)
-    days = await s.policy.daily_would_deny(since=since)
+    days = _every_day(await s.policy.daily_would_deny(since=since), report.since)
     peak = max((d["calls"] for d in days), default=0)
     for day in days:
         day["share"] = day["would_deny"] / day["calls"] if day["calls"] else 0.0
         day["height"] = round(100 * day["calls"] / peak) if peak else 0
     return _render(request, "policy.html", who=who, report=report, days=days)
+
+
+def _every_day(days: list[dict[str, Any]], since: datetime) -> list[dict[str, Any]]:
+    """``days`` with the days of the period that had no log-only call (up to 62 of them) as
+    zeros, so the chart's bars stand for days."""
+    start = since.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if (today - start).days > 62:
+        return days
+    found = {d["day"].astimezone(UTC).date(): d for d in days}
+    filled = []
+    day = start
+    while day <= today:
+        filled.append(found.get(day.date(), {"day": day, "calls": 0, "would_deny": 0}))
+        day += timedelta(days=1)
+    return filled
 
 
 def _int(text: str) -> int:

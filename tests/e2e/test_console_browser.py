@@ -1,0 +1,262 @@
+"""The console in a real headless Chromium (Debian's ``chromium``, driven by Playwright; no
+browser is ever downloaded): sign in, open a compacted iteration and expand its compaction,
+approve a request in the inbox and see the mission resume; stored scripts never run; pages fit
+a phone. With ``CONSOLE_SCREENSHOTS_DIR`` set, the main pages are saved there as PNG
+(``docs/screenshots`` holds the ones README shows).
+
+Skipped, saying why, where Chromium is not installed (``apt-get install chromium``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import CompletionRequest, CompletionResponse, TokenUsage
+from planner.compaction import SUMMARY_PROMPT
+from planner.testing import FunctionChatModel, final_answer, tool_calls
+from tests.integration.api_harness import app_for, token
+from tests.integration.test_approvals import Model, a_note, asking
+from tests.integration.worker_harness import make_worker, policy_setup
+from worker.asgi_server import AsgiServer
+from worker.run.compaction_setup import CompactionSetup
+from worker.store.admin import AdminStore
+from worker.tools import builtin_tools
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium)"
+)
+
+FLAGS = [
+    "--headless=new",
+    "--no-sandbox",  # as root in CI's container
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+SCREENSHOTS = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+
+
+@pytest.fixture
+async def server(db: AsyncEngine, database_url: str) -> AsyncIterator[str]:
+    """``mana-ai serve``'s app on a free port of 127.0.0.1; its base URL."""
+    served = AsgiServer(app_for(db, database_url), "127.0.0.1", 0)
+    task = asyncio.create_task(served.serve())
+    try:
+        while not served.started:  # noqa: ASYNC110 - uvicorn has no started event
+            await asyncio.sleep(0.01)
+        yield served.base_url
+    finally:
+        served.stop()
+        await task
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        chromium = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+async def page_of(browser: Any, *, phone: bool = False) -> Any:
+    size = {"width": 390, "height": 844} if phone else {"width": 1280, "height": 900}
+    context = await browser.new_context(viewport=size, device_scale_factor=1)
+    page = await context.new_page()
+    page.dialogs = []
+    page.failures = []
+    page.on(
+        "dialog", lambda d: (page.dialogs.append(d.message), asyncio.ensure_future(d.dismiss()))
+    )
+    page.on("pageerror", lambda e: page.failures.append(str(e)))
+    page.on(
+        "console",
+        lambda m: page.failures.append(m.text) if m.type == "error" else None,
+    )
+    return page
+
+
+async def sign_in(page: Any, base: str, value: str) -> None:
+    await page.goto(f"{base}/")
+    assert page.url.startswith(f"{base}/login")
+    await page.fill("#token", value)
+    await page.click("button[type=submit]")
+    await page.wait_for_url(f"{base}/")
+
+
+async def shot(page: Any, name: str) -> None:
+    if SCREENSHOTS:
+        await asyncio.to_thread(Path(SCREENSHOTS).mkdir, parents=True, exist_ok=True)
+        await page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"), full_page=True)
+
+
+def showcase_model() -> FunctionChatModel:
+    """Four rounds of calls (two reads side by side, a write, a destructive call that fails)
+    whose usage climbs past 92 % of a 2,000-token context (a compaction, then its
+    reminder), a summary, and an answer."""
+    rounds = iter((400, 800, 1200, 1700))
+
+    def answer(request: CompletionRequest) -> CompletionResponse:
+        if request.messages and request.messages[0].content == SUMMARY_PROMPT:
+            return final_answer("Facts found: the clock was read twice, a note was written.")
+        prompt_tokens = next(rounds, None)
+        if prompt_tokens is None:
+            return final_answer("It is 12:00; the note is written.")
+        usage = TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=160)
+        return tool_calls(
+            ("clock_now", {}),
+            ("notes_list", {"limit": 5}),
+            ("notes_create", {"title": "the time", "body": "noted"}),
+            ("notes_delete", {"id": 999_999}),
+            usage=usage,
+            text="Reading the clock and my notes, then writing the time down.",
+        )
+
+    return FunctionChatModel(answer)
+
+
+async def compacted_iteration(db: AsyncEngine) -> int:
+    """A mission run that called tools over four rounds, compacted, was reminded, answered."""
+    admin = AdminStore(db)
+    agent = await admin.add_agent(
+        name="scribe",
+        owner_user_id="u1",
+        system_prompt="Note the time, then answer.",
+        max_rounds=8,
+        compact_max_ctx=2000,
+    )
+    await admin.add_mission(
+        agent_id=agent["id"],
+        objective="Note the time and say what you did.",
+        cron=None,
+        timezone="UTC",
+        next_run_at="now",
+    )
+    llm = showcase_model()
+    wanted = ("clock_now", "notes_list", "notes_create", "notes_delete")
+    tools = [t for t in builtin_tools(db) if t.name in wanted]
+    worker = make_worker(
+        db,
+        llm,
+        policy=policy_setup(db, "log-only"),
+        compaction=CompactionSetup(llm=llm, max_ctx=10**6),
+        tools_for=lambda mission: tools,
+    )
+    assert await worker.run_once() == ["succeeded"]
+    [it] = await admin.list_iterations(limit=1)
+    return int(it["id"])
+
+
+async def test_sign_in_open_a_compacted_iteration_and_expand_its_compaction(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    iteration_id = await compacted_iteration(db)
+    page = await page_of(browser)
+    await sign_in(page, server, await token(db))
+    await shot(page, "missions")
+    await page.click(f"a[href='/iterations/{iteration_id}']")
+    await page.wait_for_url(f"{server}/iterations/{iteration_id}")
+    compaction = page.locator("details.compaction").first
+    assert await compaction.get_attribute("open") is None
+    folded = compaction.locator(".folded")
+    assert not await folded.is_visible()
+    await compaction.locator(":scope > summary").click()
+    assert await folded.is_visible()
+    assert await folded.locator(".round .call").count() >= 1  # the folded turns, restored
+    assert await page.locator(".calls.parallel").count() >= 1  # reads drawn side by side
+    assert await page.locator(".chip.reminder").count() >= 1  # reminders as chips
+    assert "policy" in await page.locator(".call .decision").first.inner_text()
+    await shot(page, "iteration-timeline")
+    await page.click("text=Rerun with today's rules")
+    await page.wait_for_selector("#rerun .report")
+    assert "rerun of iteration" in await page.inner_text("#rerun")
+    await page.click("nav >> text=Policy")
+    assert "would have denied" in await page.inner_text("main")
+    assert await page.locator("svg.chart rect").count() >= 2
+    await shot(page, "policy")
+    assert page.dialogs == [] and page.failures == []
+
+
+async def test_approve_a_request_in_the_inbox_and_see_the_mission_resume(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    note_id = await a_note(db)
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="tidy", owner_user_id="u1", system_prompt="Be tidy.")
+    mission = await admin.add_mission(
+        agent_id=agent["id"],
+        objective="Delete the old note.",
+        cron=None,
+        timezone="UTC",
+        next_run_at="now",
+    )
+    model = Model(note_id)
+    worker = make_worker(db, FunctionChatModel(model), policy=asking(db))
+    assert await worker.run_once() == ["awaiting_approval"]
+    page = await page_of(browser)
+    await sign_in(page, server, await token(db, "ops"))
+    assert "awaiting approval" in await page.inner_text("main")
+    await page.click("nav >> text=Approvals")
+    row = page.locator("article.approval").first
+    assert "notes_delete" in await row.inner_text()
+    await shot(page, "approvals")
+    await row.locator("input[name=note]").first.fill("old stuff")
+    await row.locator("button", has_text="Approve").click()
+    await page.wait_for_selector("article.approval .decided >> text=approved by ops")
+    assert await worker.run_once() == ["succeeded"]  # the parked run went on
+    await page.goto(f"{server}/missions/{mission['id']}")
+    text = await page.inner_text("main")
+    assert "completed" in text and "succeeded" in text
+    assert page.dialogs == [] and page.failures == []
+
+
+async def test_stored_scripts_never_run_in_the_page(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    hostile = '<script>alert("objective")</script><img src=x onerror="alert(\'img\')">'
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="x", owner_user_id="u1", system_prompt="s")
+    await admin.add_mission(
+        agent_id=agent["id"], objective=hostile, cron=None, timezone="UTC", next_run_at="now"
+    )
+
+    def model(request: Any) -> Any:
+        if any(m.role == "tool" for m in request.messages):
+            return final_answer(hostile)
+        return tool_calls(("clock_now", {}), text=hostile)
+
+    assert await make_worker(db, FunctionChatModel(model)).run_once() == ["succeeded"]
+    page = await page_of(browser)
+    await sign_in(page, server, await token(db))
+    for path in ("/", "/missions/1", "/iterations/1"):
+        await page.goto(f"{server}{path}")
+        assert hostile.split(">")[0] in await page.inner_text("main")  # shown as text
+    assert await page.evaluate("document.querySelectorAll('main img, main script').length") == 0
+    assert page.dialogs == []
+
+
+async def test_the_pages_fit_a_phone(db: AsyncEngine, server: str, browser: Any) -> None:
+    iteration_id = await compacted_iteration(db)
+    page = await page_of(browser, phone=True)
+    await sign_in(page, server, await token(db))
+    for path in ("/", f"/iterations/{iteration_id}", "/approvals", "/policy"):
+        await page.goto(f"{server}{path}")
+        wide = await page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390 + 1, f"{path} is {wide}px wide on a 390px screen"
+    await page.goto(f"{server}/iterations/{iteration_id}")
+    await shot(page, "iteration-phone")
