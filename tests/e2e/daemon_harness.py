@@ -35,6 +35,7 @@ __all__ = [
     "run_cli",
     "start_cli",
     "start_mcp_serve",
+    "start_serve",
     "start_worker",
     "stop",
     "wait_until",
@@ -132,8 +133,8 @@ async def start_worker(env: dict[str, str]) -> asyncio.subprocess.Process:
 
 
 class McpServeProcess:
-    """A ``mana-ai mcp serve`` process: its URL (from the line it prints once it listens) and
-    everything it writes to stderr (read all along, so the pipe never fills)."""
+    """A ``mana-ai mcp serve`` (or ``serve``) process: its URL (from the line it prints once it
+    listens) and everything it writes to stderr (read all along, so the pipe never fills)."""
 
     def __init__(self, proc: asyncio.subprocess.Process, url: str, first: list[str]) -> None:
         self.proc = proc
@@ -157,12 +158,21 @@ class McpServeProcess:
 
 async def start_mcp_serve(env: dict[str, str]) -> McpServeProcess:
     """Start ``mana-ai mcp serve`` and wait for the line saying where it listens."""
+    return await _start_server(env, ["mcp", "serve"], "mana-ai: serving MCP at ")
+
+
+async def start_serve(env: dict[str, str]) -> McpServeProcess:
+    """Start ``mana-ai serve`` (the API and console) and wait for the line saying where it
+    listens; its ``url`` is the API's base (``http://host:port/api/v1``)."""
+    return await _start_server(env, ["serve"], "mana-ai: serving the API at ")
+
+
+async def _start_server(env: dict[str, str], argv: list[str], ready: str) -> McpServeProcess:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "worker.cli",
-        "mcp",
-        "serve",
+        *argv,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
@@ -174,11 +184,13 @@ async def start_mcp_serve(env: dict[str, str]) -> McpServeProcess:
         while True:
             raw = await proc.stderr.readline()
             if not raw:
-                raise AssertionError(f"mcp serve exited ({await proc.wait()}): {''.join(lines)}")
+                raise AssertionError(
+                    f"{' '.join(argv)} exited ({await proc.wait()}): {''.join(lines)}"
+                )
             line = raw.decode()
             lines.append(line)
-            if line.startswith("mana-ai: serving MCP at "):
-                url = line.removeprefix("mana-ai: serving MCP at ").split(" ", 1)[0]
+            if line.startswith(ready):
+                url = line.removeprefix(ready).split(" ", 1)[0]
                 return McpServeProcess(proc, url, lines)
 
 

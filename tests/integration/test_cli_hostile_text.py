@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import unicodedata
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.cli_harness import as_json, command_names
 from tests.integration.worker_harness import make_worker, policy_setup
 from worker.run.compaction_setup import CompactionSetup
+from worker.store.admin_tokens import AdminTokenStore
 from worker.store.tables import approval_requests, compacted_turns, metadata, mission_iterations
 from worker.tools import builtin_tools
 
@@ -96,6 +98,8 @@ COMMANDS: list[list[str]] = [
     ["approvals", "show", "{approval}"],
     ["approvals", "approve", "{approval}"],
     ["approvals", "deny", "{approval}"],  # refused: it says who approved it (hostile)
+    ["admin", "token", "list"],
+    ["admin", "token", "revoke", "{admin_token}"],
 ]
 """Every command that prints stored text, each also run with ``--json``."""
 
@@ -110,6 +114,9 @@ PRINT_NO_STORED_TEXT = {
     "policy revoke-destructive": "prints what it was given and the opt-ins (as policy show)",
     "policy set-rate-limit": "prints what it was given",
     "mcp token create": "prints what it was given and the new token",
+    "admin token create": "prints what it was given and the new token",
+    "serve": "a server: prints its address; stored text reaches only its pages (escaped: "
+    "tests/integration/test_console.py) and its JSON",
 }
 
 
@@ -171,6 +178,8 @@ async def seed(db: AsyncEngine, run: Any) -> dict[str, int]:
         "--cron", "0 9 * * *", "--due-now",
     )  # fmt: skip
     token = await asyncio.to_thread(as_json, run, "mcp", "token", "create", "u1", "--label", "l")
+    admin_token = await asyncio.to_thread(as_json, run, "admin", "token", "create", "alice")
+    await AdminTokenStore(db).start_session(admin_token["token"], ttl=timedelta(hours=1))
     await asyncio.to_thread(as_json, run, "policy", "allow-destructive", "u1", "notes_delete")
     await asyncio.to_thread(
         as_json, run, "policy", "set-rate-limit", "u1", "50", "--tool", "clock_now"
@@ -221,6 +230,7 @@ async def seed(db: AsyncEngine, run: Any) -> dict[str, int]:
         "iteration": archived["iteration_id"],
         "token": token["id"],
         "approval": approval,
+        "admin_token": admin_token["id"],
     }
 
 

@@ -165,12 +165,16 @@ IN_PROCESS = {
     "approvals show": ["approvals", "show", "1"],
     "approvals approve": ["approvals", "approve", "1"],
     "approvals deny": ["approvals", "deny", "1"],
+    "admin token create": ["admin", "token", "create", "alice"],
+    "admin token list": ["admin", "token", "list"],
+    "admin token revoke": ["admin", "token", "revoke", "1"],
 }  # fmt: skip
 """A command line of every command that runs to its end: each opens the database."""
 
 SERVERS = {
     "worker": (["worker"], "ticking every"),
     "mcp serve": (["mcp", "serve"], "mana-ai: serving MCP at"),
+    "serve": (["serve"], "mana-ai: serving the API at"),
 }
 """The commands that run until stopped, with the line that says they are up."""
 
@@ -197,6 +201,7 @@ def test_the_servers_name_the_embedded_database_before_they_serve(
     argv, ready = SERVERS[command]
     env = {k: v for k, v in os.environ.items() if k != "MANA_AI_DATABASE_URL"}
     env |= {"MANA_AI_DATA_DIR": str(data_dir), "MANA_AI_METRICS_PORT": "0", "MANA_AI_MCP_PORT": "0"}
+    env |= {"MANA_AI_API_PORT": "0"}
     env |= {"MANA_AI_LLM_BASE_URL": "http://127.0.0.1:9/v1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker.cli", *argv],

@@ -45,7 +45,7 @@ def _commands(example: str) -> list[tuple[dict[str, str], list[str]]]:
 
 
 def _command_name(argv: list[str]) -> str:
-    nested = {"db", "agents", "missions", "iterations", "policy", "mcp", "approvals"}
+    nested = {"db", "agents", "missions", "iterations", "policy", "mcp", "approvals", "admin"}
     return " ".join(argv[:2]) if argv[0] in nested else argv[0]
 
 
