@@ -14,8 +14,11 @@ The body (``approval_notice``) is the request (``id``, ``user``, ``agent_id``,
 ``reply_text``, ``created_at``, ``expires_at``), the commands that decide it (``decide``),
 a one-line ``text`` for chat incoming webhooks (Slack, Mattermost, Rocket.Chat show it), and
 ``link``: the request in the console (``MANA_AI_CONSOLE_URL``; ``null`` when unset).
-A worker that stops drops the deliveries still under way after its shutdown grace; the request
-itself stays (``mana-ai approvals list``, ``mana_ai_approvals_pending``).
+Each failed attempt is logged (the request's id, why, the wait before the next). A process that
+stops (``mana-ai worker``, ``tick --once``, ``mcp serve``) waits up to its shutdown grace
+(``MANA_AI_SHUTDOWN_GRACE_S``) for deliveries under way, then drops them, naming their
+requests; the requests themselves stay (``mana-ai approvals list``,
+``mana_ai_approvals_pending``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import httpx
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_exception,
     stop_after_attempt,
     wait_exponential_jitter,
@@ -161,7 +165,7 @@ class ApprovalWebhook:
             metrics.APPROVAL_WEBHOOKS.labels(outcome="failed").inc()
             return
         task = asyncio.get_running_loop().create_task(
-            self.deliver(notice), name=f"approval-webhook-{notice['id']}"
+            self.deliver(notice), name=f"approval request {notice['id']}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -170,11 +174,26 @@ class ApprovalWebhook:
         """POST ``notice`` with retries; True when the webhook took it (2xx). Never raises
         except on cancellation."""
         body = json.dumps(notice, ensure_ascii=False).encode("utf-8")
+        request_id = notice.get("id")
+
+        def retrying(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome is not None else None
+            wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+            logger.warning(
+                "approval webhook: attempt %d for approval request %s failed (%s); trying again "
+                "in %.1f s",
+                state.attempt_number,
+                request_id,
+                _reason(failure) if failure is not None else "?",
+                wait_s,
+            )
+
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.attempts),
                 wait=wait_exponential_jitter(initial=1, max=self.max_wait_s, jitter=1),
                 retry=retry_if_exception(_retriable),
+                before_sleep=retrying,
                 reraise=True,
             ):
                 with attempt:
@@ -220,8 +239,11 @@ class ApprovalWebhook:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+            metrics.APPROVAL_WEBHOOKS.labels(outcome="failed").inc(len(pending))
             logger.warning(
-                "%d approval notification(s) not delivered before shutdown", len(pending)
+                "approval webhook: not delivered before shutdown: %s (the requests stay pending: "
+                "`mana-ai approvals list`)",
+                ", ".join(sorted(t.get_name() for t in pending)),
             )
         if self._client is not None:
             await self._client.aclose()

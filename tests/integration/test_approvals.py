@@ -336,3 +336,38 @@ async def test_a_slow_webhook_never_holds_up_the_park(db: AsyncEngine) -> None:
             hook.release()
         finally:
             await webhook.aclose(grace_s=10)
+
+
+async def test_a_deadline_passing_before_anyone_decided_ends_the_run_and_refuses_decisions(
+    db: AsyncEngine,
+) -> None:
+    note_id, mission_id, model, request = await park(db)
+    async with db.begin() as conn:
+        await conn.execute(
+            update(missions)
+            .where(missions.c.id == mission_id)
+            .values(deadline=func.now() - text("interval '1 second'"))
+        )
+    with pytest.raises(ConflictError, match="deadline passed"):
+        await ApprovalStore(db).decide(request["id"], approve=True, by="alice")
+    worker = make_worker(db, FunctionChatModel(model), policy=asking(db))
+    assert await worker.run_once() == ["skipped"]  # claimed although its request was pending
+    [it] = await iterations(db)
+    assert (it["status"], it["stop_reason"]) == ("failed", "deadline_passed")
+    assert await note_exists(db, note_id)
+    assert (await ApprovalStore(db).get(request["id"]))["status"] == "expired"
+
+
+async def test_a_request_whose_arguments_were_edited_cannot_be_decided(db: AsyncEngine) -> None:
+    _, _, _, request = await park(db)
+    async with db.begin() as conn:
+        await conn.execute(
+            update(approval_requests)
+            .where(approval_requests.c.id == request["id"])
+            .values(arguments={"id": 12345})
+        )
+    store = ApprovalStore(db)
+    assert (await store.get(request["id"]))["arguments_intact"] is False
+    with pytest.raises(ConflictError, match="no longer match their hash"):
+        await store.decide(request["id"], approve=True, by="alice")
+    assert (await store.get(request["id"]))["status"] == "pending"

@@ -70,3 +70,40 @@ async def test_an_mcp_call_waits_for_its_approval_and_then_runs_once(
         "approved",
         "approval_required",
     ]
+
+
+async def test_an_mcp_denial_is_told_to_the_client_and_an_approval_lapses_unused(
+    db: AsyncEngine, database_url: str
+) -> None:
+    from sqlalchemy import func, text, update
+
+    from worker.store.tables import approval_requests
+
+    _, token = await token_for(db, "alice")
+    store = ApprovalStore(db)
+    async with (
+        serving(database_url, policy_mode="enforce", policy_destructive="ask") as server,
+        connect(server, token) as client,
+    ):
+        one = (await client.call_tool("notes_create", {"title": "a"})).structured_content["id"]
+        two = (await client.call_tool("notes_create", {"title": "b"})).structured_content["id"]
+        await client.call_tool("notes_delete", {"id": one})
+        [asked] = await store.list_requests()
+        await store.decide(asked["id"], approve=False, by="carol", note="no way")
+        denied = await client.call_tool("notes_delete", {"id": one})
+        assert denied.is_error and "denied by carol" in text_of(denied)
+        assert "no way" in text_of(denied)
+        assert len(await store.list_requests()) == 1  # told, not asked again
+
+        await client.call_tool("notes_delete", {"id": two})
+        second = next(r for r in await store.list_requests() if r["id"] != asked["id"])
+        await store.decide(second["id"], approve=True, by="bob")
+        async with db.begin() as conn:  # its time to live ends before the client comes back
+            await conn.execute(
+                update(approval_requests)
+                .where(approval_requests.c.id == second["id"])
+                .values(expires_at=func.now() - text("interval '1 second'"))
+            )
+        lapsed = await client.call_tool("notes_delete", {"id": two})
+        assert lapsed.is_error and "approval request" in text_of(lapsed)  # asked anew
+    assert await note_count(db, "alice") == 2

@@ -48,7 +48,7 @@ def positive_int(text: str) -> int:
     """A whole number >= 1 (no upper bound: give the flag an ``int_range`` when its value
     reaches the database)."""
     try:
-        value = int(text)
+        value = _ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
@@ -76,14 +76,23 @@ def int_range(low: int, high: int, why: str = "") -> Callable[[str], int]:
 
 def _whole_number(text: str) -> int:
     try:
-        return int(text)
+        return _ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+def _ascii_int(text: str) -> int:
+    """``int(text)`` of ASCII digits only (``int`` also reads other scripts' digits)."""
+    if not text.isascii():
+        raise ValueError(text)
+    return int(text)
+
+
 def row_id(text: str) -> int:
-    """A database id: 1 to 2**63 - 1."""
+    """A database id: 1 to 2**63 - 1, in ASCII digits (``int`` would take ``'٣'`` for 3)."""
     try:
+        if not text.isascii():
+            raise ValueError(text)
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a numeric id, got {text!r}") from None

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.admin.approvals import MAX_NOTE_CHARS
-from worker.cli.args import group, json_flag, limit, row_id
+from worker.cli.args import UsageError, group, json_flag, limit, row_id
 from worker.cli.output import emit, fields, fmt, print_json, table
 from worker.cli.stores import approval_store
+from worker.errors import ManaAIError
 from worker.terminal_text import visible, visible_line
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ def register(commands: Any) -> None:
         cmd.add_argument(
             option, dest="note", metavar="TEXT", help=f"{about} (at most {MAX_NOTE_CHARS} chars)"
         )
+        other = "--reason" if name == "approve" else "--note"
+        cmd.add_argument(other, dest="misplaced", help=argparse.SUPPRESS)
         json_flag(cmd)
         cmd.set_defaults(command_fn=_approve if name == "approve" else _deny)
 
@@ -130,6 +134,11 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         else f"an MCP client (token {row.get('mcp_token_id') or 'stdio'})"
     )
     print(f"approval request {row['id']}: {visible_line(decided_text(row))}")
+    if not row["arguments_intact"]:
+        print(
+            "  warning: the stored arguments no longer match their hash (the row was edited): "
+            "this request cannot be decided"
+        )
     fields(
         {
             "call": f"{row['tool']}({json.dumps(row['arguments'], ensure_ascii=False)})",
@@ -148,23 +157,33 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 def _outcome_text(row: dict[str, Any]) -> str:
     """What became of the call, in words."""
     if row["consumer"] != "mission":
+        until = fmt(row["expires_at"])
         if row["status"] == "approved":
-            return "ran" if row.get("used_at") else "may run once, when the client calls it again"
-        return "-"
-    outcome = row.get("call_outcome")
+            if row.get("used_at"):
+                return f"ran ({fmt(row['used_at'])})"
+            if row["expires_at"] <= datetime.now(UTC):
+                return "not run: the approval lapsed unused"
+            return f"may run once, when the client makes this call again (until {until})"
+        if row["status"] == "denied":
+            return f"refused: the client is told who denied it until {until}"
+        return "-" if row["status"] == "expired" else "waiting for a decision"
+    outcome, reason = row.get("call_outcome"), row.get("call_reason")
     if row.get("iteration_status") is None:
         return "its iteration no longer exists"
     if row["status"] == "pending":
         return f"waiting (iteration {row['iteration_status']})"
     if outcome in ("parked", None):
+        if row.get("iteration_status") != "awaiting_approval":
+            return f"not run: its run ended (iteration {row['iteration_status']})"
         return f"not run yet: the run goes on at the next claim (mission {row['mission_status']})"
-    return {
+    text = {
         "ok": "ran: ok",
         "error": "ran: it failed",
         "unknown": "ran, outcome unknown (its worker stopped during the call)",
         "started": "running",
         "denied": "not run",
     }.get(str(outcome), str(outcome))
+    return f"{text} ({reason})" if outcome == "denied" and reason else text
 
 
 async def _approve(args: argparse.Namespace, settings: Settings) -> int:
@@ -176,14 +195,32 @@ async def _deny(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _decide(args: argparse.Namespace, settings: Settings, *, approve: bool) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
     from worker.admin.approvals import decide
+
+    if args.misplaced is not None:
+        raise UsageError(
+            "approve takes --note (a note kept with the approval); --reason goes with deny"
+            if approve
+            else "deny takes --reason (the model reads it); --note goes with approve"
+        )
 
     def label(field: str) -> str:
         return {"by": "--by", "note": "--note" if approve else "--reason"}[field]
 
     by = args.by if args.by is not None else _login()
     async with approval_store(settings) as store:
-        row = await decide(store, args.id, approve=approve, by=by, note=args.note, labels=label)
+        try:
+            row = await decide(store, args.id, approve=approve, by=by, note=args.note, labels=label)
+        except (OSError, SQLAlchemyError) as exc:  # the answer was lost: say what may be true
+            from worker.store.transient import describe_error
+
+            raise ManaAIError(
+                f"the database failed while deciding approval request {args.id} "
+                f"({describe_error(exc)}): the decision may or may not be stored; check with "
+                f"`mana-ai approvals show {args.id}`"
+            ) from None
     verb = "approved" if approve else "denied"
     text = f"approval request {row['id']} ({row['tool']}) {verb} by {row['decided_by']}"
     if row["consumer"] == "mission":

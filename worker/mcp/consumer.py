@@ -8,10 +8,11 @@ decides, and a denied call in ``enforce`` never runs.
 
 Approvals (``MANA_AI_POLICY_DESTRUCTIVE=ask``): a client cannot wait, so a destructive call the
 gate asks about is refused with a tool error that names its approval request (one pending
-request per user, tool and arguments: calling again does not ask again); once a person
-approved it, the same call (same user, tool and arguments) is allowed once: the approval is
-marked used as the call is allowed (``ApprovalStore.use``), so two calls racing for it cannot
-both run. Every call is recorded in
+request per user, tool and arguments: calling again does not ask again). Once a person
+approved it, the same call (same user, tool and arguments) is allowed once, until the request's
+time to live ends: the approval is marked used as the call is allowed (``ApprovalStore.use``),
+so two calls racing for it cannot both run. Once a person denied it, the same call is refused
+with who denied it and why until then, instead of being asked about again. Every call is recorded in
 ``tool_invocations`` (consumer ``mcp``) and counted; the decision is counted by the gate's
 observer in ``mana_ai_policy_decisions_total{consumer="mcp"}``.
 
@@ -187,8 +188,9 @@ class ServedTools:
     async def _approval(
         self, gate: RulePolicyGate | None, principal: McpPrincipal, call: ToolCall
     ) -> Approval | None:
-        """A person's approval of exactly this call by this user, not used yet (only looked
-        up for a destructive call the gate would ask about)."""
+        """A person's decision on exactly this call by this user that still stands: an
+        approval not used yet, or a denial (``ApprovalStore.mcp_decision``; only looked up for
+        a destructive call the gate would ask about)."""
         spec = self.registry.get(call.name)
         if (
             gate is None
@@ -204,7 +206,7 @@ class ServedTools:
         except (TypeError, ValueError):
             return None
         try:
-            row = await self.approvals.approved_mcp(principal.user_id, call.name, digest)
+            row = await self.approvals.mcp_decision(principal.user_id, call.name, digest)
         except Exception as exc:  # the gate then asks, and says what failed
             logger.warning("could not look up the approvals of %s: %s", call.name, exc)
             return None
@@ -212,7 +214,7 @@ class ServedTools:
             return None
         return Approval(
             request_id=int(row["id"]),
-            status=ApprovalStatus.APPROVED,
+            status=ApprovalStatus(row["status"]),
             tool=row["tool"],
             arguments_hash=row["arguments_hash"],
             decided_by=row["decided_by"],

@@ -14,13 +14,14 @@ due at once (the claim skips a mission only while its request is pending and une
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import and_, func, select, text, update
+from sqlalchemy import and_, func, literal_column, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from planner.approvals import ApprovalStatus
+from planner.approvals import ApprovalStatus, arguments_hash
 from worker.errors import ConflictError, NotFoundError
 from worker.store.approval_status import current_status, lapsed_or_expired
 from worker.store.base import ApprovalRequestRow
@@ -34,7 +35,7 @@ from worker.store.tables import (
     tool_invocations,
 )
 
-__all__ = ["ApprovalStore", "decided_text"]
+__all__ = ["ApprovalStore", "arguments_intact", "decided_text"]
 
 Row = dict[str, Any]
 
@@ -43,11 +44,12 @@ _r = approval_requests.c
 
 def _selected() -> Any:
     """Every column of a request (its status as it stands now), its agent's name, and for a
-    mission's request its iteration's status and what became of the call (the latest
-    ``tool_invocations`` row at its round and position)."""
+    mission's request its iteration's and mission's status and what became of the call (the
+    latest ``tool_invocations`` row at its round and position: ``call_outcome`` and the
+    reason of its decision, ``call_reason``)."""
     calls = tool_invocations.c
-    outcome = (
-        select(calls.outcome)
+    latest = (
+        select(calls.outcome, calls.policy_decision["reason"].astext.label("reason"))
         .where(
             calls.iteration_id == _r.iteration_id,
             calls.round == _r.round,
@@ -55,7 +57,8 @@ def _selected() -> Any:
         )
         .order_by(calls.id.desc())
         .limit(1)
-        .scalar_subquery()
+        .correlate(approval_requests)
+        .lateral("latest_call")
     )
     columns = [c for c in approval_requests.c if c.name != "status"]
     return select(
@@ -64,12 +67,30 @@ def _selected() -> Any:
         agents.c.name.label("agent"),
         mission_iterations.c.status.label("iteration_status"),
         missions.c.status.label("mission_status"),
-        outcome.label("call_outcome"),
+        latest.c.outcome.label("call_outcome"),
+        latest.c.reason.label("call_reason"),
     ).select_from(
         approval_requests.outerjoin(agents, agents.c.id == _r.agent_id)
         .outerjoin(mission_iterations, mission_iterations.c.id == _r.iteration_id)
         .outerjoin(missions, missions.c.id == _r.mission_id)
+        .outerjoin(latest, literal_column("true"))
     )
+
+
+def arguments_intact(row: Mapping[str, Any]) -> bool:
+    """The request's ``arguments`` still hash to its ``arguments_hash`` (a person reviews the
+    arguments; the run checks the hash: they must be the same call)."""
+    try:
+        return bool(arguments_hash(row["arguments"]) == row["arguments_hash"])
+    except (TypeError, ValueError, KeyError):
+        return False
+
+
+def _shown(row: Any) -> Row:
+    """A request (a row mapping) as the store gives it: a dict with ``arguments_intact``."""
+    shown = dict(row)
+    shown["arguments_intact"] = arguments_intact(shown)
+    return shown
 
 
 def _missing(request_id: int) -> str:
@@ -79,8 +100,10 @@ def _missing(request_id: int) -> str:
 class ApprovalStore:
     """Approval requests over one engine (see the module docstring). Rows are plain dicts with
     the columns of ``approval_requests`` (``status`` as it stands now), plus ``agent`` (its
-    name), ``iteration_status``, ``mission_status`` and ``call_outcome`` (what became of the
-    call: its latest ``tool_invocations`` outcome; ``None`` for an MCP client's)."""
+    name), ``iteration_status``, ``mission_status``, ``call_outcome`` and ``call_reason``
+    (what became of the call: its latest ``tool_invocations`` outcome and decision's reason;
+    ``None`` for an MCP client's) and ``arguments_intact`` (the arguments still hash to
+    ``arguments_hash``: ``False`` means the row was edited)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -95,7 +118,7 @@ class ApprovalStore:
         elif status is not None:
             stmt = stmt.where(_r.status == status)
         async with self.engine.connect() as conn:
-            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+            return [_shown(r) for r in (await conn.execute(stmt)).mappings()]
 
     async def get(self, request_id: int) -> Row:
         """One request. Raises NotFoundError."""
@@ -103,13 +126,13 @@ class ApprovalStore:
             row = (await conn.execute(_selected().where(_r.id == request_id))).mappings().first()
         if row is None:
             raise NotFoundError(_missing(request_id))
-        return dict(row)
+        return _shown(row)
 
     async def of_iteration(self, iteration_id: int) -> list[Row]:
         """The requests of one iteration, in the order they were asked."""
         stmt = _selected().where(_r.iteration_id == iteration_id).order_by(_r.id)
         async with self.engine.connect() as conn:
-            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+            return [_shown(r) for r in (await conn.execute(stmt)).mappings()]
 
     async def pending_by_mission(self, mission_ids: list[int]) -> dict[int, int]:
         """For the missions among ``mission_ids`` whose run waits for a decision: the id of
@@ -130,32 +153,37 @@ class ApprovalStore:
         self, request_id: int, *, approve: bool, by: str, note: str | None = None
     ) -> Row:
         """Approve or deny request ``request_id`` as ``by``, with ``note`` (the note of an
-        approval, the reason of a denial), in one transaction; the request as decided. A
-        mission's parked run is woken (``NOTIFY``) to go on.
+        approval, the reason of a denial), in one transaction; the request as decided (read
+        in the same transaction). A mission's parked run is woken (``NOTIFY``) to go on.
 
         Raises:
             NotFoundError: no such request.
             ConflictError: it was decided already (the message says by whom and when), it
-                expired, or its run no longer waits for it (the mission or the iteration was
-                deleted, or the run ended: its deadline passed); an expired request is stored
-                as such. Nothing else is changed.
+                expired, its stored arguments no longer match their hash (the row was edited),
+                or its run no longer waits for it (the mission or the iteration was deleted,
+                the run ended, its deadline passed); an expired request, or one whose run no
+                longer waits, is stored as expired. Nothing else is changed.
         """
         async with self.engine.begin() as conn:
             current = await self._locked(conn, request_id)
             refusal = await self._refusal(conn, current)
-            if refusal is not None:
-                status, note_text, _ = refusal
-                if status is not None:  # stored as it stands (committed as the block ends)
-                    await conn.execute(
-                        update(approval_requests)
-                        .where(_r.id == request_id)
-                        .values(status=status, decided_at=func.now(), decision_note=note_text)
-                    )
-            else:
+            if refusal is None:
                 await self._decided(conn, current, approve=approve, by=by, note=note)
-        if refusal is not None:
-            raise ConflictError(refusal[2])
-        return await self.get(request_id)
+                decided = (await conn.execute(_selected().where(_r.id == request_id))).mappings()
+                return _shown(decided.one())
+            status, note_text, message = refusal
+            if status is not None:  # stored as it stands (committed as the block ends)
+                lapsed = current["lapsed"]
+                await conn.execute(
+                    update(approval_requests)
+                    .where(_r.id == request_id)
+                    .values(
+                        status=status,
+                        decided_at=_r.expires_at if lapsed else func.now(),
+                        decision_note=note_text,
+                    )
+                )
+        raise ConflictError(message)
 
     async def _decided(
         self, conn: AsyncConnection, current: Row, *, approve: bool, by: str, note: str | None
@@ -176,16 +204,18 @@ class ApprovalStore:
 
     async def _locked(self, conn: AsyncConnection, request_id: int) -> Row:
         """The request, locked until the transaction ends (a concurrent decision waits, then
-        finds it decided)."""
+        finds it decided), with ``lapsed`` (past its time to live) and ``arguments_intact``
+        (its arguments still hash to ``arguments_hash``)."""
         stmt = (
             select(approval_requests, (_r.expires_at <= func.now()).label("lapsed"))
             .where(_r.id == request_id)
             .with_for_update()
         )
-        row = (await conn.execute(stmt)).mappings().first()
-        if row is None:
+        found = (await conn.execute(stmt)).mappings().first()
+        if found is None:
             raise NotFoundError(_missing(request_id))
-        return dict(row)
+        row = dict(found)
+        return row | {"arguments_intact": arguments_intact(row)}
 
     async def _refusal(
         self, conn: AsyncConnection, current: Row
@@ -195,17 +225,29 @@ class ApprovalStore:
         request_id = current["id"]
         if current["status"] != "pending":
             done = decided_text(current)
-            return None, None, f"approval request {request_id} was {done}; nothing changed"
+            verb = "" if current["status"] == "expired" else "was "
+            return None, None, f"approval request {request_id} {verb}{done}; nothing changed"
         if current["lapsed"]:
             row = current | {"status": "expired", "decided_at": current["expires_at"]}
             lapsed = decided_text(row)
             return "expired", None, f"approval request {request_id} {lapsed}; nothing changed"
+        if not current["arguments_intact"]:
+            return (
+                None,
+                None,
+                f"approval request {request_id} cannot be decided: its stored arguments no "
+                "longer match their hash (the row was edited); nothing changed",
+            )
         if current["consumer"] != "mission":
             return None
         found = (
             (
                 await conn.execute(
-                    select(mission_iterations.c.status, missions.c.id.label("mission"))
+                    select(
+                        mission_iterations.c.status,
+                        missions.c.id.label("mission"),
+                        (missions.c.deadline < func.now()).label("past_deadline"),
+                    )
                     .select_from(
                         mission_iterations.outerjoin(
                             missions, missions.c.id == mission_iterations.c.mission_id
@@ -221,6 +263,8 @@ class ApprovalStore:
             note = "its mission was deleted while it waited"
         elif found["status"] != "awaiting_approval":
             note = f"its run no longer waits for it (the iteration is {found['status']})"
+        elif found["past_deadline"]:
+            note = "its mission's deadline passed while it waited (the run ends without it)"
         else:
             return None
         return (
@@ -275,9 +319,11 @@ class ApprovalStore:
         request_id = inserted if inserted is not None else found
         return await self.get(int(request_id)), inserted is not None
 
-    async def approved_mcp(self, user_id: str, tool: str, arguments_hash: str) -> Row | None:
-        """The oldest approved, unused request of an MCP client's call (the same user, tool
-        and arguments), or ``None``."""
+    async def mcp_decision(self, user_id: str, tool: str, arguments_hash: str) -> Row | None:
+        """The latest decision on an MCP client's call (the same user, tool and arguments)
+        that still stands: an approval not used yet, or a denial, within its request's time to
+        live (an approval lapses unused at ``expires_at``; a denial is told to the client until
+        then, instead of asking again); ``None`` when there is none."""
         stmt = (
             select(approval_requests)
             .where(
@@ -285,10 +331,13 @@ class ApprovalStore:
                 _r.user_id == user_id,
                 _r.tool == tool,
                 _r.arguments_hash == arguments_hash,
-                _r.status == "approved",
-                _r.used_at.is_(None),
+                _r.expires_at > func.now(),
+                or_(
+                    and_(_r.status == "approved", _r.used_at.is_(None)),
+                    _r.status == "denied",
+                ),
             )
-            .order_by(_r.id)
+            .order_by(_r.decided_at.desc(), _r.id.desc())
             .limit(1)
         )
         async with self.engine.connect() as conn:
@@ -297,11 +346,16 @@ class ApprovalStore:
 
     async def use(self, request_id: int) -> bool:
         """Mark approved request ``request_id`` used (its call runs now); False when it was
-        used already (another call of the client took it first): an approval allows one
-        call."""
+        used already (another call of the client took it first: an approval allows one call)
+        or lapsed unused."""
         stmt = (
             update(approval_requests)
-            .where(_r.id == request_id, _r.status == "approved", _r.used_at.is_(None))
+            .where(
+                _r.id == request_id,
+                _r.status == "approved",
+                _r.used_at.is_(None),
+                _r.expires_at > func.now(),
+            )
             .values(used_at=func.now())
             .returning(_r.id)
         )

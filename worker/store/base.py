@@ -293,9 +293,10 @@ class MissionStore(Protocol):
         iterations, as one atomic step (``ClaimedMission`` says what comes with each).
 
         Due = active, ``next_run_at`` at or before now, no live lease, and no pending approval
-        request that has not expired (a parked run waits for its decision). A mission whose
-        scheduled run finished already, or lies past its deadline, comes without an
-        iteration; a run parked for approval is taken over like an interrupted one. Returns
+        request that has not expired (a parked run waits for its decision) unless the deadline
+        passed (then the mission is claimed to be completed, which ends the parked run). A
+        mission whose scheduled run finished already, or lies past its deadline, comes without
+        an iteration; a run parked for approval is taken over like an interrupted one. Returns
         ``[]`` when ``limit`` < 1; oldest ``scheduled_for`` first.
         """
         ...

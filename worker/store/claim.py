@@ -4,7 +4,8 @@ MCP servers and token use), built once (``claim_statement``); and the ``ClaimedM
 each row it returns (``claimed_mission``).
 
 Due = ``status = 'active'`` and ``next_run_at <= now()`` and no live lease, and no pending
-approval request that has not expired (a run parked for a person's decision waits for it),
+approval request that has not expired (a run parked for a person's decision waits for it)
+unless the mission's deadline passed (the claim then completes it and ends the parked run),
 oldest first, picked with ``FOR UPDATE SKIP LOCKED`` so that replicas never claim the same
 mission. No iteration is started when the mission's deadline has passed (no run starts after
 it), or for a scheduled run that finished already; a run parked for approval is taken over
@@ -62,7 +63,12 @@ def claim_statement() -> Any:
             missions.c.status == "active",
             missions.c.next_run_at <= now,
             or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
-            ~_awaiting_approval(now),
+            # a run parked for approval waits for the decision, unless the deadline passed:
+            # then the claim ends it (past_deadline) and expires its request
+            or_(
+                and_(missions.c.deadline.is_not(None), now > missions.c.deadline),
+                ~_awaiting_approval(now),
+            ),
         )
         .order_by(missions.c.next_run_at)
         .limit(bindparam("p_limit", type_=Integer))

@@ -231,7 +231,10 @@ class InMemoryMissionStore:
                 and m["next_run_at"] is not None
                 and m["next_run_at"] <= now
                 and (m["lease_expires_at"] is None or m["lease_expires_at"] < now)
-                and not self._awaiting_approval(m["id"], now)
+                and (
+                    (m["deadline"] is not None and now > m["deadline"])
+                    or not self._awaiting_approval(m["id"], now)
+                )
             ),
             key=lambda m: m["next_run_at"],
         )[:limit]
