@@ -131,6 +131,11 @@ async def test_approved_the_note_is_deleted_exactly_once_and_the_mission_finishe
     assert await deleted_calls(db) == [("ok", "approved")]
     [it] = await iterations(db)
     assert (it["status"], it["attempt"], it["rounds"]) == ("succeeded", 2, 2)
+    async with db.connect() as conn:  # the call ran in the attempt after the decision
+        attempts = await conn.execute(
+            select(tool_invocations.c.tool, tool_invocations.c.attempt).order_by("id")
+        )
+        assert [tuple(r) for r in attempts] == [("notes_delete", 2)]
     assert (await mission_row(db, mission_id))["status"] == "completed"
     assert (await store.get(request["id"]))["call_outcome"] == "ok"
     assert await worker.run_once() == []
@@ -319,6 +324,8 @@ async def test_a_rerun_takes_a_recorded_approval_as_the_recorded_decision(
     )
     report = await rerun_iteration(iteration, config)
     assert report.differences == []  # the recorded approval decided it, as it did then
+    [note] = report.notes  # it went on after a decision, not after a worker died
+    assert "waited for an approval and went on after the decision" in note
     without = await rerun_iteration(
         iteration | {"approvals": []}, config
     )  # never asked then: asked now, and the rerun stops there

@@ -55,6 +55,9 @@ async def test_a_parked_run_is_listed_shown_and_decided_once(db: AsyncEngine, ru
     code, out, _ = await cli(run, "iterations", "show", "latest")
     assert code == 0 and "notes_delete" in out and f"approval {rid}: pending until" in out
     assert "verdict: parked: waiting for a person's approval of notes_delete" in out
+    assert ", parked 20" in out and "finished" not in out
+    code, out, _ = await cli(run, "missions", "resume", str(mission_id))
+    assert code == 0 and "waits for an approval" in out and "goes on once it is decided" in out
     code, out, _ = await cli(run, "replay", "latest")
     assert "policy asks a person (enforce)" in out and f"approval {rid}: pending" in out
 
@@ -67,6 +70,12 @@ async def test_a_parked_run_is_listed_shown_and_decided_once(db: AsyncEngine, ru
     report = await asyncio.to_thread(as_json, run, "policy", "report")
     assert report["approvals"] == {"approved": 1}
     assert report["by_mode"]["enforce"]["asked"] == 1
+
+    worker = make_worker(db, FunctionChatModel(Model(note_id)), policy=asking(db))
+    assert await worker.run_once() == ["succeeded"]
+    code, out, _ = await cli(run, "iterations", "show", "latest")
+    assert "; 2 by w1 (resumed after round 1, after the approval decision)" in out
+    assert "resumed here with the approval decision, after round 1" in out
 
 
 async def test_bad_decisions_are_refused_and_change_nothing(db: AsyncEngine, run: Any) -> None:

@@ -157,3 +157,25 @@ async def test_stored_text_never_becomes_markup(db: AsyncEngine, database_url: s
         assert "\u202e" not in page.text  # shown as an escape, not obeyed
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[0].text
     assert "evil__&lt;script&gt;" in pages[2].text and "\\u202e" in pages[2].text
+
+
+async def test_a_request_whose_arguments_were_edited_is_flagged_and_cannot_be_approved(
+    db: AsyncEngine, database_url: str
+) -> None:
+    from worker.store.tables import approval_requests
+
+    await parked_request(db)
+    async with db.begin() as conn:  # someone with database access changes the reviewed call
+        await conn.execute(update(approval_requests).values(arguments={"id": 1, "all": True}))
+    async with api_client(db, database_url) as client:
+        csrf = await signed_in(client, await token(db, "ops"))
+        page = await client.get("/approvals")
+        assert "not the ones the model asked for" in page.text
+        headers = {"Origin": BASE, "HX-Request": "true"}
+        row = await client.post("/approvals/1/approve", data={"csrf": csrf}, headers=headers)
+        assert 'role="alert"' in row.text and "approved by" not in row.text
+        api = await client.get(
+            "/api/v1/approvals/1",
+            headers={"Authorization": f"Bearer {await token(db, 'reader', read_only=True)}"},
+        )
+        assert api.json()["arguments_intact"] is False

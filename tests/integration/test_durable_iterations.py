@@ -81,6 +81,7 @@ async def test_a_takeover_resumes_after_the_round_that_wrote(db: AsyncEngine) ->
         "worker_id": "heir",
         "started_at": None,
         "resumed_after_round": 1,
+        "resumed_from": "running",
     }
     # the heir's first request went on from round 1, with its result in the conversation
     [request] = heir_requests

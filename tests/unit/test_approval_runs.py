@@ -174,6 +174,8 @@ async def test_approved_the_reviewed_call_runs_once_and_the_mission_finishes() -
     it = s.iteration
     assert (it["status"], it["attempt"], it["rounds"]) == ("succeeded", 2, 2)
     assert s.rows() == [("notes_list", "ok", "allowed"), ("notes_delete", "ok", "approved")]
+    ran_in = [r["attempt"] for r in s.store.invocations_of(it["id"])]
+    assert ran_in == [1, 2]  # the approved call belongs to the attempt that ran it
     assert s.store.missions[s.mission_id]["status"] == "completed"
     assert len(s.requests) == 2  # the model was not asked again for round 1
     assert await s.worker().run_once() == []  # nothing left to run; never twice

@@ -155,7 +155,8 @@ async def pause_mission(admin: AdminStore, mission_id: int) -> Course:
 async def resume_mission(admin: AdminStore, mission_id: int) -> Course:
     """Resume a paused mission: at its next cron time, or where its run parked for an approval
     waits (that run goes on); an active one is left as it is. The note says when its deadline
-    has passed (the next claim completes it without a run).
+    has passed (the next claim completes it without a run), and names a run parked for an
+    approval (``parked run N``, paused or not: deciding the request is what makes it go on).
 
     Raises:
         NotFoundError: no such mission.
@@ -164,10 +165,10 @@ async def resume_mission(admin: AdminStore, mission_id: int) -> Course:
     from worker.schedule import next_run_after
 
     current = await admin.get_mission(mission_id)
-    if current["status"] == "active":
-        return Course(current, False, "already active")
-    next_run = None
     parked = await admin.parked_iteration(mission_id)
+    if current["status"] == "active":
+        return Course(current, False, f"parked run {parked['id']}" if parked else "already active")
+    next_run = None
     if parked is not None:
         next_run = parked["scheduled_for"]
     elif current["cron"] is not None:

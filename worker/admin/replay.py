@@ -35,6 +35,7 @@ from typing import Any
 from worker.errors import ManaAIError
 from worker.store.stored import (
     StoredApproval,
+    StoredAttempt,
     StoredCompaction,
     StoredInvocation,
     StoredIteration,
@@ -77,6 +78,12 @@ class _Item:
     folded_by: list[int] = field(default_factory=list)
     before: list[Row] = field(default_factory=list)
     after: list[Row] = field(default_factory=list)
+
+
+def after_approval(attempt: StoredAttempt) -> bool:
+    """True when ``attempt`` went on from a run parked for approval (a decision, not a
+    fault: ``resumed_from`` is ``awaiting_approval``)."""
+    return attempt.get("resumed_from") == "awaiting_approval"
 
 
 def later_attempt_last(row: StoredInvocation) -> tuple[int, int]:
@@ -233,6 +240,7 @@ def replay_events(iteration: StoredIteration) -> list[Row]:
             resumed[int(after) + 1] = {
                 "attempt": attempt.get("attempt"),
                 "worker_id": attempt.get("worker_id"),
+                "after_approval": after_approval(attempt),
             }
     invocations: dict[tuple[int, int], StoredInvocation] = {}
     for inv in sorted(iteration.get("tool_invocations") or [], key=later_attempt_last):

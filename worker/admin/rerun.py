@@ -62,6 +62,7 @@ from planner.policy import (
 from worker.admin.recorded import RecordedModel, RecordedSummariser, RerunLedger, current_call
 from worker.admin.replay import (
     ReplayError,
+    after_approval,
     checked_iteration,
     later_attempt_last,
     policy_text,
@@ -386,7 +387,14 @@ async def rerun_iteration(iteration: StoredIteration, config: RerunConfig) -> Re
         "compactions": len(archive),
         "rounds": len(replies),
     }
-    if len(iteration.get("attempts") or []) > 1:
+    takeovers = (iteration.get("attempts") or [])[1:]
+    if takeovers and all(after_approval(a) for a in takeovers):
+        report.notes.append(
+            "the recorded run waited for an approval and went on after the decision; the rerun "
+            "takes the recorded decision and runs in one go (a compaction right after it went "
+            "on may fall on another round)"
+        )
+    elif takeovers:
         report.notes.append(
             "the recorded run was taken over by another worker; the rerun runs it in one go "
             "(a compaction right after the takeover may fall on another round, and a retry_loop "

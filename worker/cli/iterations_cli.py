@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.admin.replay import (
     ReplayError,
+    after_approval,
     approval_text,
     checked_iteration,
     is_summary,
@@ -98,7 +99,8 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     )
     print(
         f"  scheduled for {fmt(it['scheduled_for'])}, started {fmt(it['started_at'])}, "
-        f"finished {fmt(it['finished_at'])}"
+        f"{'parked' if it['status'] == 'awaiting_approval' else 'finished'} "
+        f"{fmt(it['finished_at'])}"
     )
     infos = [m["reply_info"] for m in it["messages"] if m.get("reply_info")]
     estimated = any((i.get("usage") or {}).get("estimated") for i in infos)
@@ -154,7 +156,8 @@ def _attempt_text(attempt: StoredAttempt) -> str:
     text = f"{attempt.get('attempt')} by {attempt.get('worker_id')}"
     resumed = attempt.get("resumed_after_round")
     if resumed is not None:
-        text += f" (resumed after round {resumed})" if resumed else " (started over)"
+        text += f" (resumed after round {resumed}" if resumed else " (started over"
+        text += ", after the approval decision)" if after_approval(attempt) else ")"
     return text
 
 
@@ -182,10 +185,11 @@ def _print_log(
 
     def header(round_no: int, note: str = "") -> None:
         for attempt in resumed.pop(round_no, []):
+            why = " with the approval decision" if after_approval(attempt) else ""
             print(
                 f"  == attempt {attempt.get('attempt')} "
                 f"(worker {visible_line(str(attempt.get('worker_id')))}) "
-                f"resumed here, after round {round_no - 1} =="
+                f"resumed here{why}, after round {round_no - 1} =="
             )
         print(f"  -- round {round_no}{note} --")
         for reminder in by_round.pop(round_no, []):

@@ -252,7 +252,13 @@ async def _resume(args: argparse.Namespace, settings: Settings) -> int:
     async with admin_store(settings) as admin:
         course = await resume_mission(admin, args.id)
     mission = course.mission
-    if not course.changed:
+    parked = course.note is not None and course.note.startswith("parked run")
+    if not course.changed and parked:
+        text = (
+            f"mission {args.id} is already active; its {course.note} waits for an approval "
+            "(`mana-ai approvals list --status pending`) and goes on once it is decided"
+        )
+    elif not course.changed:
         text = (
             f"mission {args.id} is already active; next run at "
             f"{fmt(mission['next_run_at'])} (unchanged)"
@@ -263,7 +269,7 @@ async def _resume(args: argparse.Namespace, settings: Settings) -> int:
             f"mission {args.id} resumed, but its deadline {fmt(mission['deadline'])} has "
             "passed: the next tick completes it without a run"
         )
-    elif course.note is not None and course.note.startswith("parked run"):
+    elif parked:
         text = (
             f"mission {args.id} resumed; its {course.note} for an approval goes on once the "
             "request is decided (at once when it was)"

@@ -593,13 +593,23 @@ class MissionRunner:
                     iteration, specs=journal.specs, ctx=ctx
                 )
                 unknown = sum(c.outcome_unknown for c in resume.settled.values())
-                logger.warning(
-                    "resuming after round %d of attempt %d (%d call(s) in flight with an unknown "
-                    "outcome: not run again)",
-                    resume.rounds_done,
-                    iteration.attempt - 1,
-                    unknown,
+                decided = ", ".join(
+                    f"request {a.request_id} {a.status.value}" for a in resume.approvals.values()
                 )
+                if decided and not unknown:  # a parked run going on: routine, not a fault
+                    logger.info(
+                        "resuming after round %d with the decision on its approval (%s)",
+                        resume.rounds_done,
+                        decided,
+                    )
+                else:
+                    logger.warning(
+                        "resuming after round %d of attempt %d (%d call(s) in flight with an "
+                        "unknown outcome: not run again)",
+                        resume.rounds_done,
+                        iteration.attempt - 1,
+                        unknown,
+                    )
             inp = PlannerLoopInput(
                 system_prompt=mission.system_prompt,
                 user_prompt=mission.objective,

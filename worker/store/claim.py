@@ -293,6 +293,8 @@ def _start_iteration_statement(values: Any) -> Any:
         func.now(),
         "resumed_after_round",
         iterations.rounds,
+        "resumed_from",
+        iterations.status,
     )
     return insert_stmt.on_conflict_do_update(
         index_elements=["mission_id", "scheduled_for"],

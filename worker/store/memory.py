@@ -334,6 +334,7 @@ class InMemoryMissionStore:
                     "worker_id": worker_id,
                     "started_at": now,
                     "resumed_after_round": found["rounds"],
+                    "resumed_from": found["status"],
                 },
             ]
             found |= {
@@ -674,7 +675,10 @@ class InMemoryMissionStore:
             }
             if row.row_id is not None:
                 if row.row_id in by_id:
-                    by_id[row.row_id] |= values
+                    stored = by_id[row.row_id]
+                    if stored["outcome"] == "parked":  # it belongs to the attempt starting it
+                        stored["attempt"] = row.attempt
+                    stored |= values
                 continue
             same = next(
                 (

@@ -360,17 +360,6 @@ class PostgresMissionStore:
             )
         return CallStart(ids=_new_ids(written), reservation=reservation)
 
-    async def record_call_outcome(self, row: ToolInvocationRow) -> None:
-        """A journaled call's outcome (``row.row_id`` set), recorded as soon as it is known,
-        whoever owns the lease now: the call happened. One statement; safe to run again."""
-        if row.row_id is None:
-            raise ValueError("record_call_outcome needs the row id of the started call")
-        await self._run_one(
-            update(tool_invocations)
-            .where(tool_invocations.c.id == row.row_id)
-            .values(invocation_outcome_values(row))
-        )
-
     async def commit_round(
         self,
         mission: ClaimedMission,
@@ -532,7 +521,8 @@ def _archive_values(mission: ClaimedMission, iteration_id: int, row: ArchiveRow)
 
 def invocation_outcome_values(row: ToolInvocationRow) -> dict[str, Any]:
     """The outcome columns of a ``tool_invocations`` row (result, error, outcome, policy
-    decision and mode, duration); a missing result or decision is SQL NULL."""
+    decision and mode, duration), and its ``attempt`` (see ``OUTCOME_KEYS``); a missing
+    result or decision is SQL NULL."""
     return {
         "result": null() if row.result is None else row.result,
         "error": row.error,
@@ -541,6 +531,7 @@ def invocation_outcome_values(row: ToolInvocationRow) -> dict[str, Any]:
         "policy_decision": null() if row.policy_decision is None else row.policy_decision,
         "policy_mode": row.policy_mode,
         "duration_ms": row.duration_ms,
+        "attempt": row.attempt,
     }
 
 

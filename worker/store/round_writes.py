@@ -77,17 +77,7 @@ __all__ = [
 MissionWrite = Literal["check", "finish", "release"]
 """What the statement does to the mission row (see the module docstring)."""
 
-NEW_CALL_KEYS = (
-    "iteration_id",
-    "mission_id",
-    "user_id",
-    "attempt",
-    "round",
-    "position",
-    "call_id",
-    "tool",
-    "arguments",
-    "idempotency_key",
+OUTCOME_KEYS = (
     "result",
     "error",
     "outcome",
@@ -95,10 +85,25 @@ NEW_CALL_KEYS = (
     "policy_mode",
     "duration_ms",
 )
-"""The keys of each object in ``p_new_calls``: the columns of a new ``tool_invocations`` row."""
+"""The keys (besides ``id`` and ``attempt``) of each object in ``p_known_calls``: a stored
+row's outcome. ``attempt`` replaces the row's only while it is ``parked``: a parked call that
+runs after its approval belongs to the attempt that started it, not to the one that parked
+it (a started call stays its starter's, whoever settles it)."""
 
-OUTCOME_KEYS = ("result", "error", "outcome", "policy_decision", "policy_mode", "duration_ms")
-"""The keys (besides ``id``) of each object in ``p_known_calls``: a stored row's outcome."""
+NEW_CALL_KEYS = (
+    "iteration_id",
+    "mission_id",
+    "user_id",
+    "round",
+    "position",
+    "call_id",
+    "tool",
+    "arguments",
+    "idempotency_key",
+    "attempt",
+    *OUTCOME_KEYS,
+)
+"""The keys of each object in ``p_new_calls``: the columns of a new ``tool_invocations`` row."""
 
 ARCHIVE_KEYS = (
     "iteration_id",
@@ -309,14 +314,18 @@ def round_write_statement(
     if iteration and new_calls:
         columns.append(_new_calls(write, owned, may_start).label("calls"))
     if iteration and known_calls:
-        data = recordset(tool_invocations, ("id", *OUTCOME_KEYS), "p_known_calls")
+        data = recordset(tool_invocations, ("id", "attempt", *OUTCOME_KEYS), "p_known_calls")
         conditions = [tool_invocations.c.id == data.c.id, owned]
         if may_start is not None:  # a stored row (a parked call) becomes started only so
             conditions.append(or_(data.c.outcome != "started", may_start))
+        starter = case(
+            (tool_invocations.c.outcome == "parked", data.c.attempt),
+            else_=tool_invocations.c.attempt,
+        )
         write(
             update(tool_invocations)
             .where(*conditions)
-            .values({k: data.c[k] for k in OUTCOME_KEYS})
+            .values({"attempt": starter, **{k: data.c[k] for k in OUTCOME_KEYS}})
             .returning(tool_invocations.c.id)
         )
     if iteration and archive:

@@ -103,12 +103,16 @@ class StoredApproval(TypedDict, total=False):
 
 class StoredAttempt(TypedDict, total=False):
     """One attempt of an iteration (``mission_iterations.attempts``): who ran it, from when,
-    and after which round a takeover resumed it."""
+    after which round a takeover resumed it, and the status it resumed from
+    (``resumed_from``: ``running`` when its worker died, ``failed`` when it was interrupted,
+    ``awaiting_approval`` when it went on after a decision; absent on the first attempt, and on
+    takeovers stored before it was recorded)."""
 
     attempt: int
     worker_id: str
     started_at: str
     resumed_after_round: int | None
+    resumed_from: str
 
 
 class StoredIteration(TypedDict, total=False):
