@@ -6,11 +6,11 @@ Nothing below this module reads settings; they receive explicit, typed configura
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -19,7 +19,7 @@ from worker.daemon.tick import Worker
 from worker.errors import SettingsError
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
 from worker.mcp.sources import McpToolSources
-from worker.metrics import HealthState
+from worker.metrics import DB_POOLS, HealthState
 from worker.policy_setup import PolicySetup, policy_config_from_settings
 from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.run.compaction_setup import CompactionSetup
@@ -51,6 +51,7 @@ __all__ = [
     "open_database",
     "open_served_tools",
     "wait_for_database",
+    "watched_pools",
     "web_fetch_config",
 ]
 
@@ -241,6 +242,28 @@ def web_fetch_config(settings: Settings) -> WebFetchConfig:
     )
 
 
+@contextmanager
+def watched_pools(settings: Settings, engine: AsyncEngine, gate: AsyncEngine) -> Iterator[None]:
+    """Export the connection pools of ``engine`` (``main``) and, when it has its own,
+    ``gate`` (``mana_ai_db_pool_*``, ``worker.metrics.DatabasePools``) while the block runs."""
+    lane = gate_lane_size(settings)
+    pools = {"main": (engine, settings.db_pool_size - lane + settings.db_max_overflow)}
+    if gate is not engine:
+        pools["gate"] = (gate, lane)
+    for name, (watched, most) in pools.items():
+        DB_POOLS.watch(name, _pool_reader(watched.pool), most)
+    try:
+        yield
+    finally:
+        for name in pools:
+            DB_POOLS.forget(name)
+
+
+def _pool_reader(pool: Any) -> Callable[[], tuple[int, int]]:
+    """``() -> (used, idle)`` of a SQLAlchemy ``QueuePool``."""
+    return lambda: (pool.checkedout(), pool.checkedin())
+
+
 @dataclass
 class App:
     """The wired worker and what it owns."""
@@ -271,7 +294,11 @@ async def open_app(
     ):
         store = PostgresMissionStore(engine)
         tools = builtin_tools(engine, web=web_fetch_config(settings))
-        chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
+        chat = (
+            InstrumentedChatModel(llm, default_model=settings.llm_model)
+            if llm is not None
+            else build_chat_model(settings)
+        )
         summariser = build_summariser(settings, chat)
 
         def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
@@ -318,7 +345,8 @@ async def open_app(
             health=health,
         )
         try:
-            yield App(engine, store, chat, worker, health)
+            with watched_pools(settings, engine, ledger_engine):
+                yield App(engine, store, chat, worker, health)
         finally:
             await chat.aclose()
             if summariser is not chat:
