@@ -5,7 +5,8 @@ unset → the embedded ``LocalLlamaChatModel`` (SmolLM2-135M-Instruct from PyPI 
 With ``MANA_AI_LLM_FALLBACK_BASE_URL`` set, a ``FallbackChatModel`` sends the requests the
 primary fails to that endpoint (named ``fallback``). The result is wrapped in
 ``InstrumentedChatModel``, which records requests, durations, tokens, retries and fallbacks
-by model.
+by model (Prometheus), and tells the request's trace span about retries and fallbacks
+(``worker.tracing.hooks``: nothing when tracing is off).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from worker.errors import SettingsError
 from worker.http_url import redact_url  # a password or query values in a URL: never logged
 from worker.metrics import UNNAMED_MODEL
 from worker.settings import Settings
+from worker.tracing.hooks import note_fallback, note_retry
 
 __all__ = ["InstrumentedChatModel", "build_chat_model", "build_summariser"]
 
@@ -93,11 +95,13 @@ def _counters(model: str) -> _ModelCounters:
 
 def _count_retry(attempt: int, reason: str) -> None:
     metrics.LLM_RETRIES.labels(model=_REQUEST_MODEL.get(), reason=reason).inc()
+    note_retry(attempt, reason)
     logger.warning("LLM request attempt %d failed (%s); retrying", attempt, reason)
 
 
 def _count_fallback(error: LLMError) -> None:
     metrics.LLM_FALLBACKS.labels(model=_REQUEST_MODEL.get()).inc()
+    note_fallback(error)
 
 
 def build_chat_model(settings: Settings) -> InstrumentedChatModel:
