@@ -179,7 +179,7 @@ async def test_every_dashboard_panel_and_every_rule_has_data_from_a_live_worker(
                 )
             worker = await start_worker(env)
             try:
-                await asyncio.to_thread(prometheus.wait_for, 'up{job="mana-ai"} == 1')
+                await asyncio.to_thread(prometheus.wait_for, 'up{job="mana-ai"} == 1', timeout_s=60)
                 await run_batch(env, db, llm, 0)
                 await scrapes(prometheus, 3)
                 await run_batch(env, db, llm, len(AGENTS))
