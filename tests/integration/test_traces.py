@@ -10,18 +10,20 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.fakes import FakeLLMServer
-from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.integration.worker_harness import add_mission, iterations
 from worker.daemon.app import open_app
 from worker.settings import load_settings
 from worker.store.tables import agents
+
+if TYPE_CHECKING:
+    from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 THINKING = "Let me look at the clock once more before I answer. " * 12  # ~160 tokens
 
@@ -29,6 +31,9 @@ THINKING = "Let me look at the clock once more before I answer. " * 12  # ~160 t
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
     """An OTLP receiver, named by ``OTEL_EXPORTER_OTLP_ENDPOINT`` as an operator would."""
+    pytest.importorskip("opentelemetry.sdk", reason="tracing needs the [otel] extra")
+    from tests.fakes.otlp_receiver import OtlpReceiver
+
     with OtlpReceiver() as otlp:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
         for name in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER"):
