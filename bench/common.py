@@ -3,7 +3,9 @@
 ``database_server()`` is ``MANA_AI_TEST_DATABASE_URL`` when set, else an embedded PostgreSQL
 in a temporary directory (deleted at exit). ``throwaway_database(server)`` creates a database
 with a random name in that server, yields its URL, and drops it afterwards (``WITH (FORCE)``,
-so connections a crashed run left behind do not keep it).
+so connections a crashed run left behind do not keep it). ``otlp_sink()`` is an OTLP/HTTP
+endpoint in another process that accepts and drops what an exporter sends, as a collector
+would, without costing the benchmarked process anything but the export itself.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -33,6 +36,7 @@ __all__ = [
     "create_database",
     "database_server",
     "drop_database",
+    "otlp_sink",
     "throwaway_database",
 ]
 
@@ -188,3 +192,40 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     while data := await reader.read(65536):
         writer.write(data)
         await writer.drain()
+
+
+_OTLP_SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+@contextmanager
+def otlp_sink() -> Iterator[str]:
+    """``http://127.0.0.1:<port>``: an OTLP/HTTP endpoint in a child process that answers
+    every export 200 and keeps nothing; stopped on exit."""
+    child = subprocess.Popen([sys.executable, "-c", _OTLP_SINK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        child.terminate()
+        child.wait(timeout=10)

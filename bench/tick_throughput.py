@@ -4,6 +4,7 @@ database round trips each mission costs.
 Not a test: it prints figures. Usage::
 
     python bench/tick_throughput.py [--missions 500] [--concurrency 4] [--pool 10]
+        [--direct] [--gate] [--tracing off|on|both]
 
 Database: ``MANA_AI_TEST_DATABASE_URL`` when set (a fresh database is created in that server
 and dropped afterwards), else an embedded PostgreSQL in a temporary directory.
@@ -16,13 +17,17 @@ Round trips are counted at the wire by a proxy in front of PostgreSQL
 COMMIT included, and the set-up of its pool's connections); statements are counted by a
 SQLAlchemy ``before_cursor_execute`` listener. The policy gate is off unless ``--gate``. The
 proxy runs in the worker's event loop and costs it CPU: ``--direct`` measures missions per
-second without it (and without the count).
+second without it (and without the count). ``--tracing on`` traces the runs as
+``MANA_AI_OTEL=on`` does (spans and the ``gen_ai.client.*`` metrics exported over OTLP/HTTP
+to an endpoint in another process that drops them, ``bench.common.otlp_sink``);
+``--tracing both`` runs off then on, each on a fresh database, and prints their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -32,8 +37,14 @@ from sqlalchemy import event, func, insert, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RoundTripCounter, at_least, database_server, throwaway_database
-from planner import CompletionRequest, CompletionResponse
+from bench.common import (
+    RoundTripCounter,
+    at_least,
+    database_server,
+    otlp_sink,
+    throwaway_database,
+)
+from planner import ChatModel, CompletionRequest, CompletionResponse
 from planner.policy import PolicyConfig
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from worker.daemon.tick import Worker
@@ -111,8 +122,25 @@ async def run_all(worker: Worker, engine_url: str, count: int) -> int:
 
 
 async def bench(
-    server_url: str, count: int, concurrency: int, pool: int, direct: bool, gate: bool
-) -> None:
+    server_url: str,
+    count: int,
+    concurrency: int,
+    pool: int,
+    direct: bool,
+    gate: bool,
+    tracing: bool = False,
+) -> float:
+    """Run ``count`` missions and print the figures; missions per second."""
+    llm: ChatModel = FunctionChatModel(instant_llm)
+    runs = traced = None
+    if tracing:
+        from worker.tracing.chat_spans import TracedChatModel
+        from worker.tracing.run_spans import RunTracer
+        from worker.tracing.setup import open_tracing
+
+        traced = open_tracing(worker_id="bench", capture_content=False, environ={})
+        llm = TracedChatModel(llm, traced, provider="openai")
+        runs = RunTracer(traced, provider="openai")
     async with throwaway_database(server_url) as url:
         await add_missions(url, count)
         async with RoundTripCounter(url) as counter:
@@ -131,7 +159,7 @@ async def bench(
                 lease = timedelta(seconds=60)
                 runner = MissionRunner(
                     store=store,
-                    llm=FunctionChatModel(instant_llm),
+                    llm=llm,
                     tools_for=lambda m: tools,
                     worker_id="bench",
                     lease=lease,
@@ -142,6 +170,7 @@ async def bench(
                     )
                     if gate
                     else None,
+                    tracing=runs,
                 )
                 worker = Worker(
                     store=store,
@@ -152,6 +181,8 @@ async def bench(
                 )
                 started = time.perf_counter()
                 await run_all(worker, url, count)
+                if traced is not None:  # exporting the spans is part of the cost
+                    await asyncio.to_thread(traced.shutdown)
                 elapsed = time.perf_counter() - started
             finally:
                 await engine.dispose()
@@ -159,6 +190,7 @@ async def bench(
         print(f"concurrency           {concurrency}")
         print(f"pool                  {pool}")
         print(f"policy gate           {'log-only, PostgreSQL ledger' if gate else 'off'}")
+        print(f"tracing               {'on (OTLP/HTTP)' if tracing else 'off'}")
         print(f"elapsed_s             {elapsed:.3f}")
         print(f"missions_per_s        {count / elapsed:.1f}")
         print(f"statements/mission    {statements / count:.2f}")
@@ -167,6 +199,7 @@ async def bench(
                 f"round_trips/mission   {counter.round_trips / count:.2f}  (at the wire: every "
                 f"Sync and Query, {counter.connections} connection(s)' set-up included)"
             )
+    return count / elapsed
 
 
 def main() -> None:
@@ -190,12 +223,38 @@ def main() -> None:
         help="the policy gate in log-only mode with its PostgreSQL ledger, as the daemon runs "
         "by default: one more statement per tool call",
     )
+    parser.add_argument(
+        "--tracing",
+        choices=("off", "on", "both"),
+        default="off",
+        help="trace the runs (MANA_AI_OTEL=on) to a local OTLP endpoint; both: off, then on",
+    )
     args = parser.parse_args()
-    with database_server() as (server_url, where):
+    tracings = {"off": [False], "on": [True], "both": [False, True]}[args.tracing]
+    with database_server() as (server_url, where), otlp_sink() as endpoint:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
         print(f"database              {where}")
-        asyncio.run(
-            bench(server_url, args.missions, args.concurrency, args.pool, args.direct, args.gate)
-        )
+        rates = []
+        for tracing in tracings:
+            rate = asyncio.run(
+                bench(
+                    server_url,
+                    args.missions,
+                    args.concurrency,
+                    args.pool,
+                    args.direct,
+                    args.gate,
+                    tracing,
+                )
+            )
+            rates.append(rate)
+            print()
+        if len(rates) == 2:
+            off, on = rates
+            print(
+                f"tracing on / off      {on / off:.2f} of the missions per second "
+                f"(+{(1 / on - 1 / off) * 1000:.2f} ms of the worker's time per mission)"
+            )
 
 
 if __name__ == "__main__":

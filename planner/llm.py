@@ -51,6 +51,10 @@ class CompletionResponse(BaseModel):
             ``tool_calls``, ``length``, ``content_filter``, ``error``) or as the provider said
             it; ``None`` when it did not say. ``planner.replies`` decides what each means.
         endpoint: the name of the endpoint that answered (``None`` for in-process models).
+        response_model: the model the answer says produced it (the body's ``model``, at most
+            200 characters; ``None`` when it names none): what served the request, which may
+            differ from the model asked for (an alias, a fallback).
+        response_id: the answer's own id (the body's ``id``, at most 200 characters).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -59,6 +63,8 @@ class CompletionResponse(BaseModel):
     usage: TokenUsage = TokenUsage()
     finish_reason: str | None = None
     endpoint: str | None = None
+    response_model: str | None = None
+    response_id: str | None = None
 
 
 @runtime_checkable

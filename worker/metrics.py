@@ -1,8 +1,11 @@
 """Every Prometheus object mana-ai exports, in one module, and the /metrics + /healthz server.
 
 Names follow the Prometheus naming guide (``mana_ai_`` prefix, base units, ``_total`` for
-counters, ``_seconds`` for durations). Label values are bounded: outcomes are fixed words and
-``tool`` is a registered tool name.
+counters, ``_seconds`` for durations). Label values are bounded: outcomes are fixed words,
+``tool`` is a registered tool name and ``model`` a model name an operator configured (an
+agent's ``--model``, ``MANA_AI_LLM_MODEL``, ``MANA_AI_COMPACT_MODEL``), never one a reply
+named. ``deploy/grafana/mana-ai.json`` and ``deploy/prometheus/`` read these names: a
+renamed metric or label breaks them (their live test says which).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram
@@ -26,7 +29,9 @@ __all__ = [
     "COMPACTED_TURNS",
     "COMPACTIONS_TRIGGERED",
     "COMPACTION_FAILURES",
+    "DB_POOLS",
     "ITERATION_DURATION",
+    "LAST_OK_TICK",
     "LEASES_LOST",
     "LLM_FALLBACKS",
     "LLM_REQUESTS",
@@ -45,9 +50,12 @@ __all__ = [
     "REMINDER_PRODUCER_ERRORS",
     "TICKS",
     "TICK_DURATION",
+    "TICK_STALE_AFTER",
     "TOOL_CALLS",
     "TOOL_DURATION",
+    "UNNAMED_MODEL",
     "ApprovalStats",
+    "DatabasePools",
     "HealthState",
     "MetricsServer",
 ]
@@ -69,26 +77,50 @@ TICK_DURATION = Histogram(
     "mana_ai_tick_duration_seconds",
     "Wall time of one tick: claiming due missions and starting them.",
 )
+LAST_OK_TICK = Gauge(
+    "mana_ai_last_ok_tick_timestamp_seconds",
+    "Unix time of the last tick that succeeded (the worker's start before the first one).",
+)
+TICK_STALE_AFTER = Gauge(
+    "mana_ai_tick_stale_after_seconds",
+    "Seconds without a successful tick after which /healthz answers 503 (3 x "
+    "MANA_AI_TICK_INTERVAL_S + 30).",
+)
 LEASES_LOST = Counter(
     "mana_ai_leases_lost_total", "Runs abandoned because another worker took the lease."
 )
+
+UNNAMED_MODEL = "(default)"
+"""The ``model`` label of a request that names no model (the endpoint's default)."""
+
 LLM_REQUESTS = Counter(
-    "mana_ai_llm_requests_total", "Chat completion requests by outcome (ok, error).", ["outcome"]
+    "mana_ai_llm_requests_total",
+    "Chat completion requests by model (as the request named it) and outcome (ok, error).",
+    ["model", "outcome"],
 )
 LLM_REQUEST_DURATION = Histogram(
     "mana_ai_llm_request_duration_seconds",
-    "Wall time of one chat completion, retries included.",
+    "Wall time of one chat completion, retries and fallback included, by model.",
+    ["model"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
-LLM_RETRIES = Counter("mana_ai_llm_retries_total", "Chat completion attempts that were retried.")
+LLM_RETRIES = Counter(
+    "mana_ai_llm_retries_total",
+    "Chat completion attempts that were retried, by model and reason (http_<status>, timeout, "
+    "connection).",
+    ["model", "reason"],
+)
 LLM_FALLBACKS = Counter(
     "mana_ai_llm_fallbacks_total",
-    "Chat completions sent to the fallback endpoint because the primary failed.",
+    "Chat completions sent to the fallback endpoint because the primary failed, by model (the "
+    "request's, not MANA_AI_LLM_FALLBACK_MODEL).",
+    ["model"],
 )
 LLM_TOKENS = Counter(
     "mana_ai_llm_tokens_total",
-    "Tokens reported by the LLM (estimated when it reports none), by kind (prompt, completion).",
-    ["kind"],
+    "Tokens reported by the LLM (estimated when it reports none), by model and kind (prompt, "
+    "completion).",
+    ["model", "kind"],
 )
 TOOL_CALLS = Counter(
     "mana_ai_tool_calls_total",
@@ -239,6 +271,63 @@ APPROVALS = ApprovalStats()
 REGISTRY.register(APPROVALS)
 
 
+class DatabasePools(Collector):
+    """The worker's database connection pools, read at each scrape:
+
+    * ``mana_ai_db_pool_connections{pool, state}``: connections of ``pool`` (``main``: the
+      missions' statements and the wake-up listener; ``gate``: the policy gate's own lane)
+      that are ``used`` (checked out) or ``idle`` (open, waiting in the pool).
+    * ``mana_ai_db_pool_max_connections{pool}``: the most ``pool`` ever holds (its size plus
+      ``MANA_AI_DB_MAX_OVERFLOW``); a statement that finds them all used waits for one.
+
+    ``watch`` registers a pool with a function reading ``(used, idle)`` (SQLAlchemy's
+    ``pool.checkedout()`` and ``pool.checkedin()``); nothing is exported for a pool no one
+    watches. The readers run in the scrape's thread and must only read counters.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[str, tuple[Callable[[], tuple[int, int]], int]] = {}
+
+    def watch(self, pool: str, read: Callable[[], tuple[int, int]], max_connections: int) -> None:
+        """Export ``pool``: ``read() -> (used, idle)``, at most ``max_connections``."""
+        with self._lock:
+            self._pools[pool] = (read, max_connections)
+
+    def forget(self, pool: str) -> None:
+        """Stop exporting ``pool`` (its engine was disposed)."""
+        with self._lock:
+            self._pools.pop(pool, None)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            pools = dict(self._pools)
+        if not pools:
+            return
+        connections = GaugeMetricFamily(
+            "mana_ai_db_pool_connections",
+            "Connections of the worker's database pool, by pool (main, gate) and state (used: "
+            "checked out; idle: open in the pool).",
+            labels=["pool", "state"],
+        )
+        most = GaugeMetricFamily(
+            "mana_ai_db_pool_max_connections",
+            "Connections the worker's database pool holds at most (size + overflow), by pool.",
+            labels=["pool"],
+        )
+        for name, (read, max_connections) in sorted(pools.items()):
+            used, idle = read()
+            connections.add_metric([name, "used"], used)
+            connections.add_metric([name, "idle"], idle)
+            most.add_metric([name], max_connections)
+        yield connections
+        yield most
+
+
+DB_POOLS = DatabasePools()
+REGISTRY.register(DB_POOLS)
+
+
 class HealthState:
     """Liveness of the tick: healthy while a tick succeeded within ``stale_after_s`` seconds
     (or the worker started less than that ago). Thread-safe reads; written by the tick."""
@@ -248,10 +337,14 @@ class HealthState:
         self.started_at = time.monotonic()
         self.last_ok_tick: float | None = None
         self.last_error: str | None = None
+        # the same rule for Prometheus (the "tick stalled" alert) as for /healthz
+        LAST_OK_TICK.set_to_current_time()
+        TICK_STALE_AFTER.set(stale_after_s)
 
     def tick_ok(self) -> None:
         self.last_ok_tick = time.monotonic()
         self.last_error = None
+        LAST_OK_TICK.set_to_current_time()
 
     def tick_failed(self, error: str) -> None:
         self.last_error = error

@@ -21,7 +21,7 @@ from worker.errors import SettingsError
 from worker.http_url import redact_url as redact_http_url
 from worker.settings_model import ENV_PREFIX, Settings
 
-__all__ = ["ENV_PREFIX", "Settings", "load_settings", "unknown_variables"]
+__all__ = ["ENV_PREFIX", "Settings", "load_settings", "otel_variables", "unknown_variables"]
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -56,6 +56,15 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
         close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
         found.append(f"{key} (did you mean {close[0]}?)" if close else key)
     return found
+
+
+def otel_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``OTEL_*`` variables of ``environ`` (default: the process environment), for the
+    tracing setup: the OpenTelemetry SDK reads the ones it knows itself (endpoints, headers,
+    sampler, resource); mana-ai reads ``OTEL_SEMCONV_STABILITY_OPT_IN`` from this and
+    ``MANA_AI_OTEL``'s default from ``OTLP_ENDPOINT_VARIABLES``."""
+    env = os.environ if environ is None else environ
+    return {key: value for key, value in env.items() if key.startswith("OTEL_")}
 
 
 _HTTP_URL_FIELDS = frozenset({"llm_base_url", "llm_fallback_base_url", "compact_base_url"})

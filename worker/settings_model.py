@@ -43,13 +43,26 @@ from worker.settings_values import (
     ReminderProducers,
 )
 
-__all__ = ["ENV_PREFIX", "Settings"]
+__all__ = ["ENV_PREFIX", "OTLP_ENDPOINT_VARIABLES", "Settings"]
 
 ENV_PREFIX = "MANA_AI_"
 
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+"""The OpenTelemetry SDK's variables naming where traces go: setting one turns tracing on."""
+
+
+def _default_otel() -> Literal["on", "off"]:
+    """``on`` when an OTLP endpoint is configured (and ``OTEL_SDK_DISABLED`` is not true),
+    else ``off``: the OpenTelemetry SDK's own variables decide, as for any instrumented
+    program."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "off"
+    return "on" if any(os.environ.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES) else "off"
 
 
 class Settings(PolicySettings, ApiSettings):
@@ -533,6 +546,30 @@ class Settings(PolicySettings, ApiSettings):
             "an agent gets at most (100 to 10000000); a longer result is cut and says so. Its "
             "reply is read at most 6 bytes a character + 64 KiB (JSON escapes, the envelope), "
             "and cut while it is read past that. Default 20000."
+        ),
+    )
+
+    otel: OnOff = Field(
+        default_factory=_default_otel,
+        description=(
+            "Send OpenTelemetry traces of missions (invoke_agent, chat, execute_tool and "
+            "compaction spans in the GenAI semantic conventions) and the gen_ai.client.* "
+            "metrics over OTLP/HTTP, configured by the standard OTEL_* variables "
+            "(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...). Needs "
+            "the optional dependencies: pip install 'mana-ai[otel]'. 'on' or 'off'. Default: "
+            "on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set "
+            "(and OTEL_SDK_DISABLED is not true), else off; off costs nothing."
+        ),
+    )
+    otel_capture_content: bool = Field(
+        default=False,
+        description=(
+            "Record prompts, replies and tool arguments and results on the trace spans "
+            "(gen_ai.input.messages, gen_ai.output.messages, gen_ai.tool.call.arguments, "
+            "gen_ai.tool.call.result, as JSON) and the text of the reminders sent. They can "
+            "hold personal data and secrets a tool returned: turn this on only where the "
+            "trace store may keep them. Default false: spans carry names, ids, counts, "
+            "durations and decisions only."
         ),
     )
 

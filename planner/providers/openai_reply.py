@@ -213,7 +213,15 @@ def parse_chat_completion(
         message=reply,
         usage=_usage(data, prompt_tokens_estimate, _completion_text(reply)),
         finish_reason=finish_reason,
+        response_model=_short_text(data.get("model")),
+        response_id=_short_text(data.get("id")),
     )
+
+
+def _short_text(value: Any) -> str | None:
+    """A string field of the answer as it may be recorded (traces): at most 200 characters;
+    ``None`` for another type or an empty string."""
+    return value[:200] if isinstance(value, str) and value else None
 
 
 def body_text(response: httpx.Response, body: bytes) -> str:

@@ -5,12 +5,13 @@ Nothing below this module reads settings; they receive explicit, typed configura
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -20,12 +21,12 @@ from worker.daemon.tick import Worker
 from worker.errors import SettingsError
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
 from worker.mcp.sources import McpToolSources
-from worker.metrics import HealthState
+from worker.metrics import DB_POOLS, HealthState
 from worker.policy_setup import PolicySetup, policy_config_from_settings
 from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner
-from worker.settings import Settings
+from worker.settings import Settings, otel_variables
 from worker.store.base import ClaimedMission, MissionStore
 from worker.store.database import application_name, configured_engine, open_database
 from worker.store.engine import check_connection
@@ -40,11 +41,14 @@ if TYPE_CHECKING:  # the MCP SDK is imported by the commands that need it
     from worker.store.admin import AdminStore
     from worker.store.mcp_tokens import McpStore
     from worker.store.stored import StoredIteration
+    from worker.tracing.hooks import RunTracing
+    from worker.tracing.setup import Tracing
 
 __all__ = [
     "App",
     "allowed_tools_for",
     "application_name",
+    "chat_endpoints",
     "check_policy_settings",
     "gate_lane",
     "gate_lane_size",
@@ -56,6 +60,7 @@ __all__ = [
     "open_served_tools",
     "rerun_config",
     "wait_for_database",
+    "watched_pools",
     "web_fetch_config",
 ]
 
@@ -260,6 +265,89 @@ def web_fetch_config(settings: Settings) -> WebFetchConfig:
     )
 
 
+@contextmanager
+def watched_pools(settings: Settings, engine: AsyncEngine, gate: AsyncEngine) -> Iterator[None]:
+    """Export the connection pools of ``engine`` (``main``) and, when it has its own,
+    ``gate`` (``mana_ai_db_pool_*``, ``worker.metrics.DatabasePools``) while the block runs."""
+    lane = gate_lane_size(settings)
+    pools = {"main": (engine, settings.db_pool_size - lane + settings.db_max_overflow)}
+    if gate is not engine:
+        pools["gate"] = (gate, lane)
+    for name, (watched, most) in pools.items():
+        DB_POOLS.watch(name, _pool_reader(watched.pool), most)
+    try:
+        yield
+    finally:
+        for name in pools:
+            DB_POOLS.forget(name)
+
+
+def _pool_reader(pool: Any) -> Callable[[], tuple[int, int]]:
+    """``() -> (used, idle)`` of a SQLAlchemy ``QueuePool``."""
+    return lambda: (pool.checkedout(), pool.checkedin())
+
+
+def chat_endpoints(settings: Settings) -> dict[str, tuple[str, int]]:
+    """``(host, port)`` of the configured LLM endpoints by name (``primary``, ``fallback``,
+    ``compaction``; the embedded model has none), the ``server.*`` attributes of traces."""
+    import httpx
+
+    endpoints = {}
+    for name, url in (
+        ("primary", settings.llm_base_url),
+        ("fallback", settings.llm_fallback_base_url),
+        ("compaction", settings.compact_base_url),
+    ):
+        if url:
+            parsed = httpx.URL(url)
+            default_port = 443 if parsed.scheme == "https" else 80
+            endpoints[name] = (parsed.host, parsed.port or default_port)
+    return endpoints
+
+
+@dataclass
+class _Traced:
+    """What tracing adds to an app: the runner's tracer and the wrapped chat models."""
+
+    tracing: Tracing
+    runs: RunTracing
+    chat: ChatModel
+    summariser: ChatModel
+
+
+def _traced(
+    settings: Settings, tracing: Tracing, chat: ChatModel, summariser: ChatModel, local: bool
+) -> _Traced:
+    from worker.tracing.chat_spans import TracedChatModel
+    from worker.tracing.run_spans import RunTracer
+
+    provider = "_OTHER" if local else "openai"
+    endpoints = chat_endpoints(settings)
+    mission_endpoints = {k: v for k, v in endpoints.items() if k != "compaction"}
+    summariser_endpoints = (
+        {"compaction": endpoints["compaction"]} if "compaction" in endpoints else mission_endpoints
+    )
+    return _Traced(
+        tracing=tracing,
+        runs=RunTracer(tracing, provider=provider),
+        chat=TracedChatModel(
+            chat,
+            tracing,
+            provider=provider,
+            endpoints=mission_endpoints,
+            default_model=settings.llm_model,
+        ),
+        summariser=TracedChatModel(
+            summariser,
+            tracing,
+            provider=provider,
+            endpoints=summariser_endpoints,
+            default_model=settings.llm_model,
+            summariser=True,
+        ),
+    )
+
+
 @dataclass
 class App:
     """The wired worker and what it owns."""
@@ -283,6 +371,27 @@ async def open_app(
         ManaAIError: the database could not be opened or migrated.
     """
     check_policy_settings(settings, builtin_tool_catalog())
+    tracing: Tracing | None = None
+    if settings.otel == "on":  # before the database: a missing [otel] is a settings error
+        from worker.tracing.setup import open_tracing
+
+        tracing = open_tracing(
+            worker_id=settings.worker_id,
+            capture_content=settings.otel_capture_content,
+            environ=otel_variables(),
+        )
+    try:
+        async with _wired_app(settings, llm=llm, migrate=migrate, tracing=tracing) as app:
+            yield app
+    finally:
+        if tracing is not None:  # what is buffered goes out (off the loop: it may wait)
+            await asyncio.to_thread(tracing.shutdown)
+
+
+@asynccontextmanager
+async def _wired_app(
+    settings: Settings, *, llm: ChatModel | None, migrate: bool | None, tracing: Tracing | None
+) -> AsyncIterator[App]:
     lane = gate_lane_size(settings)
     async with (
         open_database(settings, migrate=migrate, pool_size=settings.db_pool_size - lane) as engine,
@@ -290,8 +399,16 @@ async def open_app(
     ):
         store = PostgresMissionStore(engine)
         tools = builtin_tools(engine, web=web_fetch_config(settings))
-        chat = InstrumentedChatModel(llm) if llm is not None else build_chat_model(settings)
+        chat = (
+            InstrumentedChatModel(llm, default_model=settings.llm_model)
+            if llm is not None
+            else build_chat_model(settings)
+        )
         summariser = build_summariser(settings, chat)
+        traced = None
+        if tracing is not None:
+            local = llm is None and not settings.llm_base_url
+            traced = _traced(settings, tracing, chat, summariser, local)
 
         def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
             return offered_tools(tools, mission.allowed_tools, settings.policy_mission_scopes)
@@ -300,7 +417,7 @@ async def open_app(
         policy = mission_policy_setup(settings, ledger_engine, tools)
         runner = MissionRunner(
             store=store,
-            llm=chat,
+            llm=traced.chat if traced else chat,
             tools_for=tools_for,
             worker_id=settings.worker_id,
             lease=lease,
@@ -311,7 +428,7 @@ async def open_app(
             checkpoint_every=settings.checkpoint_every_rounds,
             reminder_role=settings.reminder_role,
             compaction=CompactionSetup(
-                llm=summariser,
+                llm=traced.summariser if traced else summariser,
                 max_ctx=settings.compact_max_ctx,
                 threshold=settings.compact_threshold,
                 max_per_iteration=settings.compact_max_per_iteration,
@@ -326,6 +443,7 @@ async def open_app(
                 # past the loop's own tool timeout, whose message says more
                 call_timeout_s=settings.tool_timeout_s + 5,
             ),
+            tracing=traced.runs if traced else None,
         )
         health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
         worker = Worker(
@@ -337,7 +455,8 @@ async def open_app(
             health=health,
         )
         try:
-            yield App(engine, store, chat, worker, health)
+            with watched_pools(settings, engine, ledger_engine):
+                yield App(engine, store, chat, worker, health)
         finally:
             await chat.aclose()
             if summariser is not chat:

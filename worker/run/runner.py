@@ -86,6 +86,7 @@ from worker.store.base import (
 from worker.store.rows import json_safe, parked_row
 from worker.store.statuses import IterationStatus, MissionStatus, RunnerStopReason
 from worker.store.transient import describe_error, is_transient, retry_transient
+from worker.tracing.hooks import RunTracing, traced_run
 
 __all__ = ["MissionRunner", "RunOutcome", "ToolsFactory"]
 
@@ -149,6 +150,7 @@ class MissionRunner:
         tool_sources: opens the agent's MCP servers at the start of each iteration and adds
             their tools (``None``: an agent's MCP servers are not used, and the iteration
             says so).
+        tracing: traces each run of the loop (``worker.tracing``); ``None``: off.
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class MissionRunner:
         max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
         tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
         tool_sources: McpToolSources | None = None,
+        tracing: RunTracing | None = None,
     ) -> None:
         self.store = store
         self.llm = llm
@@ -187,6 +190,7 @@ class MissionRunner:
         self.max_parallel_reads = max_parallel_reads
         self.tool_timeout_s = tool_timeout_s
         self.tool_sources = tool_sources
+        self.tracing = tracing
         self.leases = LeaseKeeper(store, worker_id=worker_id, lease=lease)
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
@@ -629,7 +633,8 @@ class MissionRunner:
                 observed(event)
                 return journal(event)
 
-            return await run_planner_loop(inp, llm=self.llm, sink=sink)
+            async with traced_run(self.tracing, mission, iteration, model, sink) as traced:
+                return await run_planner_loop(inp, llm=self.llm, sink=traced)
 
     def _with_timeout(self, spec: ToolSpec) -> ToolSpec:
         """``spec`` with the worker's tool timeout when it sets none of its own."""

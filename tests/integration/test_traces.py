@@ -1,0 +1,265 @@
+"""Traces of a real mission (the worker wired from settings as ``mana-ai worker`` wires it, real
+PostgreSQL, the fake LLM servers over HTTP) exported by the OpenTelemetry SDK's OTLP/HTTP
+exporter to a receiver that decodes them with the official ``opentelemetry-proto`` classes:
+the span tree and its attributes, one by one, and the ``gen_ai.client.*`` metrics. And with
+tracing off, no OpenTelemetry module is even loaded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.fakes import FakeLLMServer
+from tests.integration.worker_harness import add_mission, iterations
+from worker.daemon.app import open_app
+from worker.settings import load_settings
+from worker.store.tables import agents
+
+if TYPE_CHECKING:
+    from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+THINKING = "Let me look at the clock once more before I answer. " * 12  # ~160 tokens
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
+    """An OTLP receiver, named by ``OTEL_EXPORTER_OTLP_ENDPOINT`` as an operator would."""
+    pytest.importorskip("opentelemetry.sdk", reason="tracing needs the [otel] extra")
+    from tests.fakes.otlp_receiver import OtlpReceiver
+
+    with OtlpReceiver() as otlp:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
+        for name in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER"):
+            monkeypatch.delenv(name, raising=False)
+        yield otlp
+
+
+async def run_traced_mission(
+    db: AsyncEngine, database_url: str, primary: FakeLLMServer, fallback: FakeLLMServer
+) -> dict[str, Any]:
+    """A three-round mission of agent ``clock-agent`` (model ``agent-model``, a 1,000-token
+    context): round 1 reads the clock twice (side by side) and deletes a note (a would-be
+    denial in log-only), after one 500 that is retried; round 2 reads the clock again and
+    fills the context, so a compaction folds round 1 before round 3, whose request the
+    primary refuses (400) and the fallback answers. (A compaction folds a turn and keeps the
+    last: two rounds before it, so three in all.)"""
+    await add_mission(db, cron=None, agent="clock-agent", objective="What time is it?")
+    async with db.begin() as conn:
+        await conn.execute(
+            update(agents).values(
+                compact_max_ctx=1000,
+                max_rounds=5,
+                model="agent-model",
+                allowed_tools=["clock_now", "notes_delete"],
+            )
+        )
+    primary.enqueue(status=500, json={"error": {"message": "busy"}})
+    primary.enqueue_completion(
+        content=f"Round 1. {THINKING}",
+        tool_calls=[
+            ("clock_now", {}),
+            ("clock_now", {"timezone": "Europe/Paris"}),
+            ("notes_delete", {"id": 99}),
+        ],
+        prompt_tokens=200,
+        completion_tokens=160,
+        model="agent-model-2025",
+    )
+    primary.enqueue_completion(
+        content=f"Round 2. {THINKING}",
+        tool_calls=[("clock_now", {})],
+        prompt_tokens=790,
+        completion_tokens=160,
+    )
+    primary.enqueue_completion(content="Facts found: the clock was read once.")
+    primary.enqueue(status=400, json={"error": {"message": "no such model"}})
+    fallback.enqueue_completion(content="It is late.", prompt_tokens=300, completion_tokens=4)
+    settings = load_settings(
+        database_url=database_url,
+        llm_base_url=primary.base_url,
+        llm_fallback_base_url=fallback.base_url,
+        llm_max_retries=1,
+        worker_id="tracer-1",
+        otel="on",
+        policy_mode="log-only",
+        reminders_disabled=("rounds_left",),
+    )
+    async with open_app(settings) as app:
+        assert await app.worker.run_once() == ["succeeded"]
+    # leaving the app flushed the exporters
+    async with db.connect() as conn:
+        agent_id = (await conn.execute(select(agents.c.id))).scalar_one()
+    return {**(await iterations(db))[-1], "agent_id": agent_id}
+
+
+def one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, f"{name}: {[s.name for s in spans]}"
+    return found[0]
+
+
+async def test_a_mission_is_one_trace_of_genai_spans_attribute_by_attribute(
+    db: AsyncEngine, database_url: str, receiver: OtlpReceiver
+) -> None:
+    with FakeLLMServer() as primary, FakeLLMServer() as fallback:
+        it = await run_traced_mission(db, database_url, primary, fallback)
+        port, fallback_port = primary.port, fallback.port
+    spans = receiver.spans()
+
+    # the tree: one trace, invoke_agent at its root, everything else under it
+    agent = one(spans, "invoke_agent clock-agent")
+    assert agent.parent_id == "" and {s.trace_id for s in spans} == {agent.trace_id}
+    assert agent.kind == "CLIENT"  # v1.36.0, the default conventions
+    assert agent.schema_url == "https://opentelemetry.io/schemas/1.36.0"
+    assert agent.scope == "mana-ai"
+    assert agent.resource["service.name"] == "mana-ai"
+    assert agent.resource["service.instance.id"] == "tracer-1"
+    chats = sorted((s for s in spans if s.name == "chat agent-model"), key=lambda s: s.start_ns)
+    assert len(chats) == 4  # three rounds and the summary
+    round_1, round_2, summary, round_3 = chats
+    compaction = one(spans, "compaction")
+    clocks = sorted(
+        (s for s in spans if s.name == "execute_tool clock_now"), key=lambda s: s.start_ns
+    )
+    delete = one(spans, "execute_tool notes_delete")
+    assert len(clocks) == 3 and len(spans) == 1 + 4 + 1 + 4
+    for child in (round_1, round_2, round_3, compaction, *clocks, delete):
+        assert child.parent_id == agent.span_id, child.name
+    assert summary.parent_id == compaction.span_id
+    assert all(agent.start_ns <= s.start_ns <= s.end_ns <= agent.end_ns for s in spans)
+    assert round_2.end_ns <= compaction.start_ns <= compaction.end_ns <= round_3.start_ns
+
+    # invoke_agent: who, what, and how it ended
+    attributes = agent.attributes
+    assert attributes == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.system": "openai",
+        "gen_ai.agent.name": "clock-agent",
+        "gen_ai.agent.id": str(it["agent_id"]),
+        "gen_ai.conversation.id": str(it["id"]),
+        "gen_ai.request.model": "agent-model",
+        "enduser.id": "u1",
+        "mana_ai.mission.id": it["mission_id"],
+        "mana_ai.iteration.id": it["id"],
+        "mana_ai.iteration.attempt": 1,
+        "mana_ai.mission.scheduled_for": attributes["mana_ai.mission.scheduled_for"],
+        "gen_ai.usage.input_tokens": 200 + 790 + 300,
+        "gen_ai.usage.output_tokens": 160 + 160 + 4,
+        "mana_ai.rounds": 3,
+        "mana_ai.stop_reason": "final_answer",
+    }
+    assert agent.status == "UNSET" and "gen_ai.input.messages" not in attributes
+    assert [(e.name, e.attributes) for e in agent.events] == [
+        ("mana_ai.reads_overlapped", {"mana_ai.round": 1, "mana_ai.size": 2})
+    ]
+
+    # chat: the request, the answer, the retry and the fallback
+    address = "127.0.0.1"
+    assert round_1.kind == "CLIENT"
+    assert round_1.attributes == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.system": "openai",
+        "gen_ai.request.model": "agent-model",
+        "server.address": address,
+        "server.port": port,
+        "mana_ai.round": 1,
+        "mana_ai.llm.endpoint": "primary",
+        "gen_ai.response.finish_reasons": ("tool_calls",),
+        "gen_ai.response.model": "agent-model-2025",
+        "gen_ai.response.id": round_1.attributes["gen_ai.response.id"],
+        "gen_ai.usage.input_tokens": 200,
+        "gen_ai.usage.output_tokens": 160,
+    }
+    assert round_1.attributes["gen_ai.response.id"].startswith("chatcmpl-fake-")
+    assert [(e.name, e.attributes) for e in round_1.events] == [
+        ("mana_ai.llm.retry", {"mana_ai.llm.attempt": 1, "error.type": "http_500"})
+    ]
+    assert round_2.attributes["mana_ai.round"] == 2 and round_2.events == ()
+    # round 3 carried the compaction's reminder, and the fallback answered it
+    assert round_3.attributes["mana_ai.round"] == 3
+    assert round_3.attributes["mana_ai.reminders"] == ("compacted",)
+    assert round_3.attributes["mana_ai.llm.endpoint"] == "fallback"
+    assert round_3.attributes["server.port"] == fallback_port
+    assert [(e.name, e.attributes) for e in round_3.events] == [
+        ("mana_ai.llm.fallback", {"error.type": "LLMStatusError"})
+    ]
+    assert all(c.status == "UNSET" for c in chats)
+
+    # compaction and its summariser's request
+    assert compaction.kind == "INTERNAL" and compaction.status == "UNSET"
+    assert compaction.attributes["mana_ai.round"] == 3
+    assert compaction.attributes["mana_ai.compaction.folded_turns"] == 1
+    assert compaction.attributes["gen_ai.request.model"] == "agent-model"
+    before = compaction.attributes["mana_ai.compaction.tokens_before"]
+    assert before > compaction.attributes["mana_ai.compaction.tokens_after"] > 0
+    assert "mana_ai.round" not in summary.attributes
+    assert summary.attributes["gen_ai.request.max_tokens"] == 250
+
+    # execute_tool: the call, the gate's decision, the outcome
+    assert clocks[0].kind == "INTERNAL" and clocks[0].status == "UNSET"
+    assert clocks[0].attributes == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "clock_now",
+        "gen_ai.tool.call.id": clocks[0].attributes["gen_ai.tool.call.id"],
+        "gen_ai.tool.type": "function",
+        "mana_ai.round": 1,
+        "mana_ai.tool.position": 0,
+        "mana_ai.tool.policy_hint": "read",
+        "mana_ai.policy.verdict": "allow",
+        "mana_ai.policy.reason": "allowed",
+        "mana_ai.policy.mode": "log-only",
+    }
+    assert clocks[0].attributes["gen_ai.tool.call.id"].startswith("call_fake_")
+    assert clocks[1].attributes["mana_ai.tool.position"] == 1
+    assert clocks[2].attributes["mana_ai.round"] == 2
+    # log-only: the rules would deny the delete (no opt-in), it ran, and found no note
+    assert delete.attributes["mana_ai.policy.verdict"] == "deny"
+    assert delete.attributes["mana_ai.policy.reason"] == "destructive_not_opted_in"
+    assert delete.attributes["mana_ai.policy.mode"] == "log-only"
+    assert delete.attributes["mana_ai.tool.policy_hint"] == "destructive"
+    assert delete.attributes["mana_ai.tool.position"] == 2
+    assert delete.attributes["error.type"] == "tool_error"
+    assert delete.status == "ERROR" and delete.status_message == ""  # no payload by default
+    assert "gen_ai.tool.call.arguments" not in delete.attributes
+    # a destructive call runs after the reads
+    assert max(clocks[0].end_ns, clocks[1].end_ns) <= delete.start_ns
+
+    # the gen_ai.client.* metrics, beside the Prometheus ones
+    points = receiver.metric_points()
+    durations = [p for p in points if p.metric == "gen_ai.client.operation.duration"]
+    tokens = [p for p in points if p.metric == "gen_ai.client.token.usage"]
+    assert {p.unit for p in durations} == {"s"} and {p.unit for p in tokens} == {"{token}"}
+    assert sum(p.count for p in durations) == 4
+    assert durations[0].bounds[:3] == (0.01, 0.02, 0.04)
+    inputs = [p for p in tokens if p.attributes["gen_ai.token.type"] == "input"]
+    assert (
+        sum(p.sum for p in inputs)
+        == 200 + 790 + 300 + summary.attributes["gen_ai.usage.input_tokens"]
+    )
+    assert all(p.attributes["gen_ai.request.model"] == "agent-model" for p in points)
+    assert all("gen_ai.response.model" not in p.attributes for p in points)
+
+
+def test_with_tracing_off_no_opentelemetry_module_is_loaded() -> None:
+    # what `mana-ai worker` imports to run missions; tracing's own modules load only when on
+    script = (
+        "import sys\n"
+        "import worker.cli.daemon_cli, worker.daemon.app, worker.daemon.scheduler\n"
+        "import worker.run.runner, worker.run.chat_models, worker.tracing.hooks\n"
+        "from worker.settings import load_settings\n"
+        "assert load_settings().otel == 'off'\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
+        "assert not loaded, loaded\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MANA_AI_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

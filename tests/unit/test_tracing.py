@@ -1,0 +1,242 @@
+"""Tracing of a run on the in-memory store with the OpenTelemetry SDK's own in-memory exporter
+and reader: the latest conventions (``OTEL_SEMCONV_STABILITY_OPT_IN``), the opt-in content
+attributes, failures as span status, a tracer that breaks without breaking the run, and the
+settings that turn it on. The span tree over real OTLP/HTTP is the integration tier's
+(``tests/integration/test_traces.py``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="tracing needs the [otel] extra")
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from planner import ChatModel, ToolContext, ToolSpec
+from planner.errors import LLMStatusError
+from planner.testing import ScriptedChatModel, final_answer, tool_calls
+from worker.daemon.tick import Worker
+from worker.errors import SettingsError
+from worker.run.runner import MissionRunner
+from worker.settings import load_settings
+from worker.store.memory import InMemoryMissionStore
+from worker.tracing import conventions
+from worker.tracing.chat_spans import TracedChatModel
+from worker.tracing.run_spans import RunSpans, RunTracer
+from worker.tracing.setup import Tracing, open_tracing
+
+LEASE = timedelta(seconds=30)
+
+
+class Traced:
+    """A ``Tracing`` whose spans and metrics stay in memory."""
+
+    def __init__(self, version: conventions.Conventions, *, capture_content: bool) -> None:
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.reader = InMemoryMetricReader()
+        meter = MeterProvider(metric_readers=[self.reader]).get_meter("test")
+        self.tracing = Tracing(
+            tracer=provider.get_tracer("test"),
+            operation_duration=meter.create_histogram("gen_ai.client.operation.duration"),
+            token_usage=meter.create_histogram("gen_ai.client.token.usage"),
+            conventions=version,
+            capture_content=capture_content,
+        )
+
+    def spans(self) -> dict[str, ReadableSpan]:
+        return {s.name: s for s in self.exporter.get_finished_spans()}
+
+
+async def echo(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    return {"echo": args.get("text")}
+
+
+ECHO = ToolSpec(
+    "echo",
+    "Echo.",
+    {"type": "object", "properties": {"text": {"type": "string"}}},
+    "read",
+    echo,
+)
+
+
+async def run_mission(traced: Traced, llm: ChatModel, *, provider: str = "openai") -> list[str]:
+    store = InMemoryMissionStore()
+    agent_id = store.add_agent("echoer", model="m1")
+    store.add_mission(agent_id, cron=None, objective="Say hi.")
+    runner = MissionRunner(
+        store=store,
+        llm=TracedChatModel(llm, traced.tracing, provider=provider),
+        tools_for=lambda m: [ECHO],
+        worker_id="w1",
+        lease=LEASE,
+        tracing=RunTracer(traced.tracing, provider=provider),
+    )
+    worker = Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
+    )
+    return await worker.run_once()
+
+
+async def test_the_latest_conventions_name_the_provider_and_the_agent_span_internal() -> None:
+    traced = Traced(conventions.LATEST, capture_content=False)
+    llm = ScriptedChatModel([tool_calls(("echo", {"text": "hi"})), final_answer("hi")])
+    assert await run_mission(traced, llm) == ["succeeded"]
+    spans = traced.spans()
+    agent = spans["invoke_agent echoer"]
+    assert agent.kind is SpanKind.INTERNAL
+    assert agent.attributes is not None and agent.attributes["gen_ai.provider.name"] == "openai"
+    assert "gen_ai.system" not in agent.attributes
+    chat = spans["chat m1"]
+    assert chat.kind is SpanKind.CLIENT and chat.attributes is not None
+    assert chat.attributes["gen_ai.provider.name"] == "openai"
+    for span in spans.values():
+        assert "gen_ai.input.messages" not in (span.attributes or {})
+        assert "gen_ai.tool.call.arguments" not in (span.attributes or {})
+
+
+async def test_content_is_recorded_only_when_asked_in_the_conventions_shapes() -> None:
+    traced = Traced(conventions.DEFAULT, capture_content=True)
+    llm = ScriptedChatModel([tool_calls(("echo", {"text": "hi"})), final_answer("said hi")])
+    assert await run_mission(traced, llm) == ["succeeded"]
+    spans = traced.spans()
+    tool = spans["execute_tool echo"].attributes or {}
+    assert json.loads(str(tool["gen_ai.tool.call.arguments"])) == {"text": "hi"}
+    assert json.loads(str(tool["gen_ai.tool.call.result"])) == {"echo": "hi"}
+    chats = sorted(
+        (s for s in traced.exporter.get_finished_spans() if s.name == "chat m1"),
+        key=lambda s: s.start_time or 0,
+    )
+    sent = json.loads(str((chats[1].attributes or {})["gen_ai.input.messages"]))
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"]
+    assert sent[1]["parts"] == [{"type": "text", "content": "Say hi."}]
+    [call] = sent[2]["parts"]
+    assert call["type"] == "tool_call" and call["name"] == "echo"
+    assert call["arguments"] == {"text": "hi"}
+    assert sent[3]["parts"] == [
+        {"type": "tool_call_response", "id": call["id"], "response": '{"echo": "hi"}'}
+    ]
+    answered = json.loads(str((chats[1].attributes or {})["gen_ai.output.messages"]))
+    assert answered == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": "said hi"}],
+            "finish_reason": "stop",
+        }
+    ]
+    agent = spans["invoke_agent echoer"].attributes or {}
+    assert json.loads(str(agent["gen_ai.output.messages"]))[0]["parts"][0]["content"] == "said hi"
+
+
+class Refusing:
+    """A model whose endpoint answers 429 for good."""
+
+    async def complete(self, request: Any) -> Any:
+        raise LLMStatusError("rate limited for good", status_code=429, body="")
+
+
+async def test_a_failed_run_is_an_error_span_with_the_stop_reason_and_the_status() -> None:
+    traced = Traced(conventions.DEFAULT, capture_content=False)
+    assert await run_mission(traced, Refusing()) == ["failed"]
+    spans = traced.spans()
+    agent, chat = spans["invoke_agent echoer"], spans["chat m1"]
+    assert agent.status.status_code is StatusCode.ERROR and agent.status.description is None
+    assert (agent.attributes or {})["error.type"] == "llm_error"
+    assert chat.status.status_code is StatusCode.ERROR
+    assert (chat.attributes or {})["error.type"] == "429"
+    data = traced.reader.get_metrics_data()
+    assert data is not None
+    [point] = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "gen_ai.client.operation.duration"
+        for p in m.data.data_points
+    ]
+    assert dict(point.attributes or {})["error.type"] == "429"
+
+
+async def test_a_tracer_that_breaks_leaves_the_run_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: RunSpans, event: Any) -> None:
+        raise RuntimeError("tracing bug")
+
+    monkeypatch.setattr(RunSpans, "_tool_span", broken)
+    traced = Traced(conventions.DEFAULT, capture_content=False)
+    llm = ScriptedChatModel([tool_calls(("echo", {"text": "hi"})), final_answer("hi")])
+    with caplog.at_level(logging.ERROR):
+        assert await run_mission(traced, llm) == ["succeeded"]
+    assert "tracing this run failed" in caplog.text
+    assert "invoke_agent echoer" in traced.spans()  # still ended
+
+
+@pytest.mark.parametrize(
+    ("opt_in", "latest"),
+    [
+        (None, False),
+        ("", False),
+        ("http", False),
+        ("gen_ai_latest_experimental", True),
+        ("http, GEN_AI_LATEST_EXPERIMENTAL", True),
+        ("gen_ai_latest", False),
+    ],
+)
+def test_the_latest_conventions_are_an_opt_in(opt_in: str | None, latest: bool) -> None:
+    environ = {} if opt_in is None else {"OTEL_SEMCONV_STABILITY_OPT_IN": opt_in}
+    chosen = conventions.conventions_for(environ)
+    assert (chosen is conventions.LATEST) is latest
+    assert chosen.schema_url.endswith("1.40.0" if latest else "1.36.0")
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "http/protobuf only"),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_METRICS_EXPORTER": "prometheus"}, "OTEL_METRICS_EXPORTER"),
+    ],
+)
+def test_what_cannot_export_is_a_settings_error(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        open_tracing(worker_id="w", capture_content=False, environ=environ)
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, "off"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, "on"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, "on"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ""}, "off"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, "off"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "MANA_AI_OTEL": "off"}, "off"),
+        ({"MANA_AI_OTEL": "on"}, "on"),
+    ],
+)
+def test_tracing_is_on_where_an_otlp_endpoint_is_configured(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], expected: str
+) -> None:
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+        "MANA_AI_OTEL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert load_settings().otel == expected
