@@ -90,9 +90,13 @@ class Setup:
         )
         self.requests: list[CompletionRequest] = []
 
-    def worker(self, *, with_delete: bool = True, worker_id: str = "w1") -> Worker:
+    def worker(
+        self, *, with_delete: bool = True, worker_id: str = "w1", tracing: Any = None
+    ) -> Worker:
+        """A worker running the mission (``tracing``: a ``RunTracer``, or none)."""
         tools = self.notes.specs(with_delete=with_delete)
         runner = MissionRunner(
+            tracing=tracing,
             store=self.store,
             llm=FunctionChatModel(self.model),
             tools_for=lambda m: tools,

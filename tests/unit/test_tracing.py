@@ -184,6 +184,39 @@ async def test_a_tracer_that_breaks_leaves_the_run_alone(
     assert "invoke_agent echoer" in traced.spans()  # still ended
 
 
+async def test_a_parked_call_and_the_decision_it_waited_for_are_events_of_the_run() -> None:
+    from tests.unit.test_approval_runs import Setup
+
+    traced = Traced(conventions.DEFAULT, capture_content=False)
+    s = Setup()
+
+    def run_events() -> list[tuple[str, dict[str, Any]]]:
+        [*_, run] = [
+            span
+            for span in traced.exporter.get_finished_spans()
+            if span.name == "invoke_agent cleaner"
+        ]
+        return [(e.name, dict(e.attributes or {})) for e in run.events]
+
+    tracer = RunTracer(traced.tracing, provider="openai")
+    assert await s.worker(tracing=tracer).run_once() == ["awaiting_approval"]
+    [(name, asked)] = run_events()
+    assert name == "mana_ai.approval_requested"
+    assert asked == {
+        "gen_ai.tool.name": "notes_delete",
+        "mana_ai.round": 1,
+        "mana_ai.tool.position": 1,
+    }
+    [request] = s.store.approvals
+    s.store.decide(request["id"], "approved", by="alice", note="fine")
+    assert await s.worker(tracing=tracer).run_once() == ["succeeded"]
+    [(name, decided)] = run_events()
+    assert name == "mana_ai.approval_decided"
+    assert decided["mana_ai.approval.request_id"] == request["id"]
+    assert decided["mana_ai.approval.status"] == "approved"
+    assert "execute_tool notes_delete" in traced.spans()
+
+
 @pytest.mark.parametrize(
     ("opt_in", "latest"),
     [

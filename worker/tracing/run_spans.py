@@ -15,7 +15,10 @@ mission, iteration and attempt as ``mana_ai.*``, the iteration as
 ``gen_ai.conversation.id``), and when it ends the rounds, the stop reason, the tokens of its
 requests and, on failure, ``error.type`` (the stop reason, or the exception's class: a run
 cancelled by shutdown or a lost lease is ``CancelledError``) with an ``ERROR`` status.
-Groups of reads that ran side by side are events on it (``mana_ai.reads_overlapped``).
+Groups of reads that ran side by side are events on it (``mana_ai.reads_overlapped``), and so
+are a call parked for a person's approval (``mana_ai.approval_requested``: its tool, round and
+position; the run then stops ``awaiting_approval``) and, in the attempt that goes on, the
+decision it found (``mana_ai.approval_decided``, with the request's id and status).
 
 ``execute_tool`` spans are made when the call's outcome is known, back-dated by the call's own
 duration (checks, gate and handler; not the wait for a slot). They carry the policy gate's
@@ -61,6 +64,7 @@ from planner import (
     RunStopped,
     TokenUsage,
 )
+from planner.events import ApprovalDecided, ApprovalRequested
 from planner.replies import FAILED_STOP_REASONS
 from worker.tracing import content
 from worker.tracing.setup import Tracing
@@ -217,6 +221,29 @@ class RunSpans:
         elif kind is RunStopped:
             assert isinstance(event, RunStopped)
             self.stopped = event
+        elif kind is ApprovalRequested:
+            assert isinstance(event, ApprovalRequested)
+            self.span.add_event(
+                "mana_ai.approval_requested",
+                {
+                    "gen_ai.tool.name": event.call.name[:MAX_ATTRIBUTE_CHARS],
+                    "mana_ai.round": event.round,
+                    "mana_ai.tool.position": event.position,
+                },
+            )
+        elif kind is ApprovalDecided:
+            assert isinstance(event, ApprovalDecided)
+            approval = event.approval
+            self.span.add_event(
+                "mana_ai.approval_decided",
+                {
+                    "gen_ai.tool.name": event.call.name[:MAX_ATTRIBUTE_CHARS],
+                    "mana_ai.round": event.round,
+                    "mana_ai.tool.position": event.position,
+                    "mana_ai.approval.request_id": approval.request_id,
+                    "mana_ai.approval.status": str(approval.status),
+                },
+            )
 
     def take_request(self) -> RequestSent | None:
         """The request about to go out (for its chat span), once."""
