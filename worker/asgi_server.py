@@ -14,10 +14,45 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["GRACE_S", "AsgiServer"]
+__all__ = ["GRACE_S", "AsgiServer", "HttpMiddleware", "ResponseWatch"]
 
 GRACE_S = 5
 """Seconds open requests get to finish once the server is asked to stop."""
+
+
+class HttpMiddleware:
+    """Base of a pure ASGI middleware around ``app`` that acts on HTTP requests only
+    (``handle``); lifespan and other scopes pass through untouched."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        """One HTTP request (override)."""
+        await self.app(scope, receive, send)
+
+
+class ResponseWatch:
+    """An ASGI ``send`` that passes every message on and notes whether the response began
+    (``started``) and its ``status`` (500 until then): what a middleware needs to know whether
+    it may still answer an exception itself."""
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+        self.started = False
+        self.status = 500
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.status = message["status"]
+        await self.send(message)
 
 
 class AsgiServer:

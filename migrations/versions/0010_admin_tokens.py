@@ -5,7 +5,8 @@ Revises: 0009
 Create Date: 2026-12-02
 
 * ``admin_tokens``: bearer tokens of `mana-ai serve` (`mana-ai admin token create NAME`),
-  stored as their SHA-256 only; ``read_only`` tokens change nothing; a revoked one stays.
+  stored as their SHA-256 only; ``read_only`` tokens change nothing; a revoked one stays. Two
+  live tokens never share a name (it is who decides, in the approvals' record).
 * ``admin_sessions``: a browser signed in to the console with a token; only the SHA-256 of the
   session id its cookie holds is stored; ended by sign-out, expiry, or its token's revocation.
 """
@@ -49,6 +50,13 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_admin_tokens")),
         sa.UniqueConstraint("token_hash", name=op.f("uq_admin_tokens_token_hash")),
     )
+    op.create_index(
+        "uq_admin_tokens_live_name",
+        "admin_tokens",
+        ["name"],
+        unique=True,
+        postgresql_where=sa.text("revoked_at IS NULL"),
+    )
     op.create_table(
         "admin_sessions",
         sa.Column("id", sa.BigInteger(), sa.Identity(), nullable=False),
@@ -82,4 +90,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(op.f("ix_admin_sessions_token_id"), table_name="admin_sessions")
     op.drop_table("admin_sessions")
+    op.drop_index("uq_admin_tokens_live_name", table_name="admin_tokens")
     op.drop_table("admin_tokens")

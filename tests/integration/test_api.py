@@ -182,16 +182,23 @@ async def test_iterations_replay_rerun_and_paging(db: AsyncEngine, database_url:
         assert (await client.get("/api/v1/policy/report?since=forever")).status_code == 400
 
 
-async def test_approvals_are_decided_once_over_the_api(db: AsyncEngine, database_url: str) -> None:
+async def parked_over_the_api(db: AsyncEngine, client: Any) -> dict[str, Any]:
+    """An agent and a mission made over the API, whose run a worker parks on a note's delete;
+    the pending request."""
     note_id = await a_note(db)
+    await client.post("/api/v1/agents", json={"name": "a1", "owner": "u1"})
+    await client.post(
+        "/api/v1/missions", json={"agent": "a1", "objective": "tidy", "due_now": True}
+    )
+    worker = make_worker(db, FunctionChatModel(Model(note_id)), policy=asking(db))
+    assert await worker.run_once() == ["awaiting_approval"]
+    [pending] = (await client.get("/api/v1/approvals?status=pending")).json()["approvals"]
+    return dict(pending)
+
+
+async def test_approvals_are_decided_once_over_the_api(db: AsyncEngine, database_url: str) -> None:
     async with api_client(db, database_url, bearer=await token(db, "ops")) as client:
-        await client.post("/api/v1/agents", json={"name": "a1", "owner": "u1"})
-        await client.post(
-            "/api/v1/missions", json={"agent": "a1", "objective": "tidy", "due_now": True}
-        )
-        worker = make_worker(db, FunctionChatModel(Model(note_id)), policy=asking(db))
-        assert await worker.run_once() == ["awaiting_approval"]
-        [pending] = (await client.get("/api/v1/approvals?status=pending")).json()["approvals"]
+        pending = await parked_over_the_api(db, client)
         listed = (await client.get("/api/v1/missions")).json()["missions"]
         assert listed[0]["awaiting_approval"] == pending["id"]
         wrong = await client.post(

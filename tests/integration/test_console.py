@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,7 +31,7 @@ async def signed_in(client: httpx.AsyncClient, value: str) -> str:
     )
     assert response.status_code == 303 and response.headers["location"] == "/"
     cookie = response.headers["set-cookie"]
-    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/" in cookie
     page = await client.get("/")
     match = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.text)
     assert match, page.text
@@ -109,7 +110,7 @@ async def test_a_read_only_session_sees_no_buttons_and_cannot_decide(
         assert refused.status_code == 403 and "read-only" in refused.text
 
 
-async def test_an_htmx_decision_answers_its_row_and_says_who_decided_first(
+async def test_a_decision_answers_its_row_says_who_decided_first_and_why_it_failed(
     db: AsyncEngine, database_url: str
 ) -> None:
     await parked_request(db)
@@ -123,6 +124,17 @@ async def test_an_htmx_decision_answers_its_row_and_says_who_decided_first(
         assert "denied by ops" in row.text
         late = await client.post("/approvals/1/approve", data={"csrf": csrf}, headers=headers)
         assert "was denied by ops" in late.text and 'role="alert"' in late.text
+        # without JavaScript: the inbox again, saying why at the row
+        plain = await client.post(
+            "/approvals/1/approve", data={"csrf": csrf}, headers={"Origin": BASE}
+        )
+        assert plain.status_code == 409 and "was denied by ops" in plain.text
+        # a button whose request fails (a session ended elsewhere): said at the top
+        ended = await client.post("/approvals/1/approve", data={"csrf": "0" * 64}, headers=headers)
+        assert ended.status_code == 403 and ended.headers["hx-retarget"] == "#flash"
+        assert ended.text.startswith('<p class="error" role="alert">403:')
+        page = await client.get("/approvals")
+        assert '"responseHandling"' in page.text  # htmx swaps 4xx/5xx answers too
 
 
 async def test_stored_text_never_becomes_markup(db: AsyncEngine, database_url: str) -> None:
@@ -179,3 +191,72 @@ async def test_a_request_whose_arguments_were_edited_is_flagged_and_cannot_be_ap
             headers={"Authorization": f"Bearer {await token(db, 'reader', read_only=True)}"},
         )
         assert api.json()["arguments_intact"] is False
+
+
+async def test_behind_a_proxy_the_console_url_is_this_origin(
+    db: AsyncEngine, database_url: str
+) -> None:
+    public = "https://mana.example.com"
+    value = await token(db)
+    async with api_client(db, database_url, console_url=public) as client:
+        # the proxy passed neither the host nor the scheme on: the app sees testserver, http
+        signed = await client.post("/login", data={"token": value}, headers={"Origin": public})
+        assert signed.status_code == 303
+        assert "Secure" in signed.headers["set-cookie"]  # the public address is https
+        elsewhere = await client.post(
+            "/login", data={"token": value}, headers={"Origin": "https://mana.example.org"}
+        )
+        assert elsewhere.status_code == 403 and "MANA_AI_CONSOLE_URL" in elsewhere.text
+
+
+async def test_mission_buttons_say_what_they_did(db: AsyncEngine, database_url: str) -> None:
+    mission_id = await add_mission(db, cron="0 9 * * *", objective="Tidy.")
+    async with api_client(db, database_url) as client:
+        csrf = await signed_in(client, await token(db))
+        headers = {"Origin": BASE, "Referer": f"{BASE}/missions/{mission_id}"}
+        for action, said in (
+            ("pause", "Paused: no run starts"),
+            ("pause", "Nothing changed"),
+            ("resume", "Resumed."),
+            ("run", "Made due now"),
+        ):
+            done = await client.post(
+                f"/missions/{mission_id}/{action}", data={"csrf": csrf}, headers=headers
+            )
+            assert done.status_code == 303, action
+            page = await client.get(done.headers["location"])
+            assert said in page.text, action
+        made_up = await client.get(f"/missions/{mission_id}?done=<b>phish</b>")
+        assert "phish" not in made_up.text  # only the console's own texts
+
+
+@pytest.mark.parametrize("path", ["/missions/%C2%B2", "/missions/%D9%A1", "/iterations/+1"])
+async def test_ids_of_other_scripts_are_no_page(
+    db: AsyncEngine, database_url: str, path: str
+) -> None:
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+        assert (await client.get(path)).status_code == 404
+        since = await client.get("/policy?since=garbage")
+        assert since.status_code == 400 and "since" in since.text
+
+
+async def test_a_sign_in_deletes_sessions_ended_a_day_ago(
+    db: AsyncEngine, database_url: str
+) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import func
+
+    from worker.store.tables import admin_sessions
+
+    value = await token(db)
+    async with api_client(db, database_url) as client:
+        await signed_in(client, value)
+    async with db.begin() as conn:
+        await conn.execute(update(admin_sessions).values(expires_at=func.now() - timedelta(days=2)))
+    async with api_client(db, database_url) as client:
+        await signed_in(client, value)
+    async with db.connect() as conn:
+        left = (await conn.execute(select(func.count()).select_from(admin_sessions))).scalar_one()
+    assert left == 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 __all__ = [
     "INT32_MAX",
@@ -81,19 +81,27 @@ def _whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,40}", re.ASCII)
+"""A whole number as people write it: ASCII digits, an optional sign (spaces around it are
+trimmed); no underscores or other scripts' digits (both of which ``int`` takes: ``int('٣_0')``
+is 30), at most 40 digits (every bound here has fewer)."""
+
+
 def _ascii_int(text: str) -> int:
-    """``int(text)`` of ASCII digits only (``int`` also reads other scripts' digits)."""
-    if not text.isascii():
+    """``int(text)`` of ``_WHOLE_NUMBER`` only. Raises ValueError for anything else."""
+    text = text.strip(" \t")
+    if _WHOLE_NUMBER.fullmatch(text) is None:
         raise ValueError(text)
     return int(text)
 
 
 def row_id(text: str) -> int:
-    """A database id: 1 to 2**63 - 1, in ASCII digits (``int`` would take ``'٣'`` for 3)."""
+    """A database id: 1 to 2**63 - 1, in ASCII digits only (``int`` would also take
+    ``'٣'``, ``' 3'``, ``'+3'`` or ``'0_3'`` for 3)."""
     try:
-        if not text.isascii():
+        if not text.isdigit():  # no sign, space or underscore; other scripts: below
             raise ValueError(text)
-        value = int(text)
+        value = _ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a numeric id, got {text!r}") from None
     if not 1 <= value <= MAX_ID:
@@ -111,7 +119,8 @@ def iteration_ref(text: str) -> int | None:
 
 
 def aware_datetime(text: str) -> datetime:
-    """An ISO 8601 time with a UTC offset."""
+    """An ISO 8601 time with a UTC offset, as UTC (a time whose UTC falls past year 9999, the
+    last one Python and the database both hold, is refused)."""
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
@@ -120,10 +129,15 @@ def aware_datetime(text: str) -> datetime:
         ) from None
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset; add one, e.g. +00:00")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range (times run to 9999-12-31 UTC)"
+        ) from None
 
 
-_SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhms])\s*$", re.IGNORECASE)
+_SINCE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([dhms])\s*$", re.IGNORECASE | re.ASCII)
 _MAX_SINCE = timedelta(days=3650)
 
 

@@ -19,10 +19,19 @@ traceback, and nothing about another user's data leaks through an error.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,6 +48,7 @@ from worker.api import console, v1
 from worker.api.auth import Forbidden, Unauthorized
 from worker.api.openapi import openapi_document
 from worker.api.services import Services
+from worker.asgi_server import HttpMiddleware, ResponseWatch
 from worker.errors import ConflictError, ManaAIError, NotFoundError, UsageError
 from worker.mcp.serve_health import DatabaseHealth, ping_database
 from worker.schedule import ScheduleError
@@ -63,16 +73,10 @@ _SECURITY_HEADERS = [
 ]
 
 
-class SecurityHeaders:
+class SecurityHeaders(HttpMiddleware):
     """Adds the module docstring's headers to every HTTP response."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -82,18 +86,15 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """Answers 413 to a request whose body is larger than ``max_bytes``: at once when its
     ``Content-Length`` says so, else as soon as what it streams passes the limit."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
@@ -104,7 +105,6 @@ class BodyLimit:
                     await _too_large(self.max_bytes, scope, send)
                     return
         seen = 0
-        started = False
 
         async def counted() -> Message:
             nonlocal seen
@@ -115,16 +115,28 @@ class BodyLimit:
                     raise _TooLarge
             return message
 
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        watch = ResponseWatch(send)
         try:
-            await self.app(scope, counted, tracking)
+            await self.app(scope, counted, watch)
         except _TooLarge:
-            if not started:
+            if not watch.started:
                 await _too_large(self.max_bytes, scope, send)
+
+
+class Errors(HttpMiddleware):
+    """Answers an exception no handler took (a bug) as the module docstring says, logged with
+    its traceback, instead of letting it reach the server (which would log it again and drop
+    the keep-alive connection). One raised after the response started is re-raised."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = ResponseWatch(send)
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            if watch.started or isinstance(exc, _TooLarge):
+                raise
+            response = await _handle(Request(scope), exc)
+            await response(scope, _no_body, send)
 
 
 class _TooLarge(Exception):
@@ -141,7 +153,7 @@ async def _no_body() -> Message:
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
+    return v1.VisibleJSONResponse(
         {"error": {"status": status, "message": message}}, status_code=status, headers=headers
     )
 
@@ -167,7 +179,10 @@ def _status_of(exc: Exception) -> int:
 async def _handle(request: Request, exc: Exception) -> Response:
     """Every error as the module docstring says: JSON under ``/api``, a page elsewhere."""
     status = _status_of(exc)
-    if status == 500:  # a bug: the server error middleware logs its traceback after this
+    if status == 500:  # a bug, or the database refused what it was sent: log it whole
+        logger.error(
+            "%s %s failed: %s", request.method, request.url.path, describe_error(exc), exc_info=exc
+        )
         message = "mana-ai failed to answer this request (the server's log says why)"
     elif status == 503:
         logger.warning("request %s failed: the database: %s", request.url.path, describe_error(exc))
@@ -179,9 +194,15 @@ async def _handle(request: Request, exc: Exception) -> Response:
     headers = {"Retry-After": "5"} if status == 503 else None
     if status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, HTTPException) and exc.headers:  # 405's Allow (RFC 9110 15.5.6)
+        headers = {**(headers or {}), **exc.headers}
     if request.url.path.startswith("/api/"):
         return _error(status, message, headers)
     env = request.app.state.templates
+    if request.headers.get("hx-request") == "true":  # a console button: say it at the top
+        fragment = env.get_template("error_notice.html").render(status=status, message=message)
+        headers = {**(headers or {}), "HX-Retarget": "#flash", "HX-Reswap": "innerHTML"}
+        return HTMLResponse(fragment, status_code=status, headers=headers)
     html = env.get_template("error.html").render(status=status, message=message, request=request)
     return HTMLResponse(html, status_code=status, headers=headers)
 
@@ -196,8 +217,48 @@ def _healthz(health: DatabaseHealth) -> Callable[[Request], Any]:
     return healthz
 
 
+SERVE_REGISTRY = CollectorRegistry()
+"""What ``/metrics`` of `mana-ai serve` exports: its process (CPU, memory, open files, GC)
+and its requests; not the workers' mission figures, which would read 0 here."""
+ProcessCollector(registry=SERVE_REGISTRY)
+PlatformCollector(registry=SERVE_REGISTRY)
+GCCollector(registry=SERVE_REGISTRY)
+API_REQUESTS = Counter(
+    "mana_ai_api_requests",
+    "Requests `mana-ai serve` answered, by method, route template (/api/v1/missions/{id}; "
+    "'other' for no route) and status code.",
+    ["method", "route", "status"],
+    registry=SERVE_REGISTRY,
+)
+API_REQUEST_SECONDS = Histogram(
+    "mana_ai_api_request_duration_seconds",
+    "Seconds from a request's arrival to the end of its answer, by route template.",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=SERVE_REGISTRY,
+)
+
+
+class RequestMetrics(HttpMiddleware):
+    """Counts and times every HTTP request (``API_REQUESTS``, ``API_REQUEST_SECONDS``) by its
+    route's template, so ids do not make a series each."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        watch = ResponseWatch(send)
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "other"
+            if template.startswith("/static"):
+                template = "/static"
+            API_REQUESTS.labels(scope["method"], template, str(watch.status)).inc()
+            API_REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)
+
+
 async def _metrics(request: Request) -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(SERVE_REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _openapi(request: Request) -> Response:
@@ -233,8 +294,10 @@ def build_app(
             *console.routes(),
         ],
         middleware=[
+            Middleware(RequestMetrics),
             Middleware(SecurityHeaders),
             Middleware(BodyLimit, max_bytes=settings.api_max_body_bytes),
+            Middleware(Errors),
         ],
         exception_handlers={
             404: _not_found,
@@ -242,7 +305,6 @@ def build_app(
             ManaAIError: _handle,
             SQLAlchemyError: _handle,
             OSError: _handle,
-            Exception: _handle,
         },
     )
     app.state.services = Services(settings=settings, engine=engine, known_tools=known_tools)

@@ -31,6 +31,7 @@ __all__ = [
     "bearer_principal",
     "check_csrf",
     "check_origin",
+    "public_origin",
     "session_principal",
 ]
 
@@ -72,13 +73,25 @@ async def session_principal(request: Request, tokens: AdminTokenStore) -> AdminP
     return await tokens.session_principal(session_id)
 
 
+def public_origin(request: Request) -> str | None:
+    """The origin of ``MANA_AI_CONSOLE_URL`` (``https://mana.example.com``), the console's
+    address as people reach it through a proxy; ``None`` when it is not set."""
+    url = request.app.state.services.settings.console_url
+    if not url:
+        return None
+    parts = urlsplit(str(url))
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
 def check_origin(request: Request) -> None:
-    """The request comes from this server's own origin (``Origin``, else ``Referer``).
+    """The request comes from this server's own origin (``Origin``, else ``Referer``): the one
+    it was addressed to, or ``MANA_AI_CONSOLE_URL``'s (behind a proxy that does not pass the
+    scheme and host on, the browser's origin is the proxy's).
 
     Raises:
         Forbidden: it names another origin, or neither header is there.
     """
-    own = f"{request.url.scheme}://{request.url.netloc}"
+    own = {f"{request.url.scheme}://{request.url.netloc}".lower(), public_origin(request)}
     origin = request.headers.get("origin")
     if origin is None or origin == "null":
         referer = request.headers.get("referer")
@@ -86,8 +99,11 @@ def check_origin(request: Request) -> None:
             raise Forbidden("this request did not say where it comes from (no Origin)")
         parts = urlsplit(referer)
         origin = f"{parts.scheme}://{parts.netloc}"
-    if origin != own:
-        raise Forbidden("this request comes from another site")
+    if origin.lower() not in own:
+        raise Forbidden(
+            "this request comes from another site (behind a proxy, set MANA_AI_CONSOLE_URL "
+            "to the address people use)"
+        )
 
 
 async def check_csrf(request: Request) -> None:

@@ -105,9 +105,9 @@ class MissionBody(_Body):
 
 
 class DecisionBody(_Body):
-    """A decision on an approval request: who (default: the token's name) and why."""
+    """A decision on an approval request, and why. Who decides is the token's name, never a
+    field of the body (a token cannot decide in another's name)."""
 
-    by: str | None = Field(default=None, description="who decides (default: the token's name)")
     note: str | None = Field(default=None, description="approve: a note kept with it")
     reason: str | None = Field(default=None, description="deny: why (the model reads it)")
 
@@ -124,14 +124,18 @@ async def read_body(request: Request, model: type[M]) -> M:
     """The request's JSON body as ``model`` (an empty body reads as ``{}``).
 
     Raises:
-        UsageError: malformed JSON, not an object, an unknown field, or a value of the wrong
-            type (the message names the field and the position in the JSON).
+        UsageError: malformed JSON (a key twice, a number of more than 4300 digits, arrays or
+            objects nested past Python's recursion limit included), not an object, an unknown
+            field, or a value of the wrong type (the message names the field and the position
+            in the JSON).
     """
     raw = await request.body()
     try:
-        data: Any = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"the body is not JSON: {exc}") from None
+        data: Any = json.loads(raw, object_pairs_hook=_unique_keys) if raw.strip() else {}
+    except RecursionError:
+        raise UsageError("the body is not JSON this server reads: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past its limit
+        raise UsageError(f"the body is not JSON this server reads: {exc}") from None
     if not isinstance(data, dict):
         raise UsageError(f"the body must be a JSON object, not {type(data).__name__}")
     try:
@@ -142,6 +146,17 @@ async def read_body(request: Request, model: type[M]) -> M:
         message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise UsageError(f"{where}: {message}{more}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys differ (``json.loads``' ``object_pairs_hook``): a key given
+    twice is refused rather than the last one silently winning."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"the key {key!r} is given twice")
+        data[key] = value
+    return data
 
 
 def parsed(value: Any, rule: Callable[[str], T], field: str) -> T:

@@ -17,6 +17,7 @@ as escapes (``worker.terminal_text.visible``: a bidi override cannot reorder wha
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -32,15 +33,17 @@ from starlette.staticfiles import StaticFiles
 
 from worker.admin import missions as mission_ops
 from worker.admin.approvals import decide
-from worker.admin.values import parse_since
+from worker.admin.values import parse_since, row_id
 from worker.admin.verdict import verdict
 from worker.api.auth import (
     SESSION_COOKIE,
     Forbidden,
     check_csrf,
     check_origin,
+    public_origin,
     session_principal,
 )
+from worker.api.bodies import parsed
 from worker.api.services import Services
 from worker.api.timeline import timeline
 from worker.errors import ManaAIError, NotFoundError
@@ -100,9 +103,23 @@ def templates() -> Environment:
 Page = Callable[[Request, Services, AdminPrincipal], Awaitable[Response]]
 
 
+FLASHES = {
+    "run": "Made due now: a worker starts it at once when it listens for wake-ups, else at its "
+    "next tick.",
+    "pause": "Paused: no run starts until it is resumed.",
+    "resume": "Resumed.",
+    "unchanged": "Nothing changed: it already was so.",
+    "parked": "Its run waits for an approval; deciding it is what makes the run go on.",
+    "deadline": "Resumed, but its deadline has passed: the next tick completes it without a run.",
+}
+"""What a page says after a button did something (``?done=KEY``): fixed texts only, so a link
+cannot make the console say something of its own."""
+
+
 def _render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
     env: Environment = request.app.state.templates
     session_id = request.cookies.get(SESSION_COOKIE, "")
+    context.setdefault("flash", FLASHES.get(request.query_params.get("done", "")))
     html = env.get_template(name).render(
         request=request,
         csrf=csrf_token(session_id) if session_id else "",
@@ -140,11 +157,14 @@ def _is_htmx(request: Request) -> bool:
     return request.headers.get("hx-request") == "true"
 
 
-def _back(request: Request, fallback: str) -> RedirectResponse:
-    """303 to the page the form was on (this origin's path only), else ``fallback``."""
+def _back(request: Request, fallback: str, done: str | None = None) -> RedirectResponse:
+    """303 to the page the form was on (this origin's path only), else ``fallback``; with
+    ``done`` (a key of ``FLASHES``), that page says what happened."""
     referer = urlsplit(request.headers.get("referer", ""))
     own = request.url.netloc
     target = referer.path if referer.netloc == own and referer.path.startswith("/") else fallback
+    if done is not None:
+        target += f"?done={done}"
     return RedirectResponse(target, status_code=303)
 
 
@@ -178,8 +198,10 @@ async def login(request: Request) -> Response:
         session_id,
         max_age=int(services.session_ttl.total_seconds()),
         httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
+        # lax: a link from elsewhere (an approval notice in chat) opens signed in; forms
+        # still need the CSRF token and this origin
+        samesite="lax",
+        secure=request.url.scheme == "https" or (public_origin(request) or "").startswith("https:"),
         path="/",
     )
     return response
@@ -223,10 +245,20 @@ async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Re
     return _render(request, "mission.html", who=who, mission=mission, iterations=iterations)
 
 
-def _course(operation: Callable[[Any, int], Awaitable[mission_ops.Course]]) -> Page:
+def _course(operation: Callable[[Any, int], Awaitable[mission_ops.Course]], done: str) -> Page:
+    """The button of ``operation``; the page it goes back to says what happened (``done``,
+    or that nothing changed, or that a parked run waits for its approval)."""
+
     async def act(request: Request, s: Services, who: AdminPrincipal) -> Response:
-        await operation(s.admin, _int(request.path_params["id"]))
-        return _back(request, f"/missions/{request.path_params['id']}")
+        course = await operation(s.admin, _int(request.path_params["id"]))
+        said = done
+        if course.note is not None and course.note.startswith("parked run"):
+            said = "parked"
+        elif course.note == "deadline passed":
+            said = "deadline"
+        elif not course.changed:
+            said = "unchanged"
+        return _back(request, f"/missions/{request.path_params['id']}", said)
 
     return act
 
@@ -271,10 +303,25 @@ async def _iteration(
     )
 
 
-async def approvals_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
+async def approvals_page(
+    request: Request,
+    s: Services,
+    who: AdminPrincipal,
+    errors: dict[int, str] | None = None,
+) -> Response:
+    """The inbox; ``errors`` by request id shows why a decision was refused at its row (the
+    page is then answered 409)."""
     pending = await s.approvals.list_requests(status="pending", limit=200)
     recent = [r for r in await s.approvals.list_requests(limit=100) if r["status"] != "pending"]
-    return _render(request, "approvals.html", who=who, pending=pending, recent=recent)
+    return _render(
+        request,
+        "approvals.html",
+        status=409 if errors else 200,
+        who=who,
+        pending=pending,
+        recent=recent,
+        errors=errors or {},
+    )
 
 
 def _decision(approve: bool) -> Page:
@@ -300,13 +347,15 @@ def _decision(approve: bool) -> Page:
         if _is_htmx(request):
             row = await s.approvals.get(request_id)
             return _render(request, "approval_row.html", who=who, a=row, error=error)
+        if error is not None:  # without JavaScript: the inbox, saying so at the row
+            return await approvals_page(request, s, who, errors={request_id: error})
         return _back(request, "/approvals")
 
     return act
 
 
 async def policy_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
-    since = parse_since(request.query_params.get("since", "7d"))
+    since = parsed(request.query_params.get("since", "7d"), parse_since, "since")
     report = await s.policy.report(since=since)
     days = _every_day(await s.policy.daily_would_deny(since=since), report.since)
     peak = max((d["calls"] for d in days), default=0)
@@ -333,9 +382,11 @@ def _every_day(days: list[dict[str, Any]], since: datetime) -> list[dict[str, An
 
 
 def _int(text: str) -> int:
-    if not text.isdigit() or len(text) > 18:
-        raise NotFoundError(f"no such page: {text!r} is not an id")
-    return int(text)
+    """An id of the path (``worker.admin.values.row_id``'s rule); anything else is no page."""
+    try:
+        return row_id(text)
+    except argparse.ArgumentTypeError:
+        raise NotFoundError(f"no such page: {text!r} is not an id") from None
 
 
 def routes() -> list[Route | Mount]:
@@ -347,16 +398,18 @@ def routes() -> list[Route | Mount]:
         Route("/", _page(missions_page), methods=["GET"]),
         Route("/missions/{id}", _page(mission_page), methods=["GET"]),
         Route(
-            "/missions/{id}/run", _page(_course(mission_ops.run_now), write=True), methods=["POST"]
+            "/missions/{id}/run",
+            _page(_course(mission_ops.run_now, "run"), write=True),
+            methods=["POST"],
         ),
         Route(
             "/missions/{id}/pause",
-            _page(_course(mission_ops.pause_mission), write=True),
+            _page(_course(mission_ops.pause_mission, "pause"), write=True),
             methods=["POST"],
         ),
         Route(
             "/missions/{id}/resume",
-            _page(_course(mission_ops.resume_mission), write=True),
+            _page(_course(mission_ops.resume_mission, "resume"), write=True),
             methods=["POST"],
         ),
         Route("/iterations/{id}", _page(iteration_page), methods=["GET"]),

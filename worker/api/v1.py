@@ -41,8 +41,10 @@ from worker.api.bodies import (
 )
 from worker.api.services import Services
 from worker.errors import UsageError
+from worker.names import checked_name
 from worker.store.admin_tokens import AdminPrincipal
 from worker.store.stored import jsonable
+from worker.terminal_text import visible_json
 
 __all__ = ["ENDPOINTS", "Endpoint", "routes"]
 
@@ -66,8 +68,17 @@ class Endpoint:
     status: int = 200
 
 
+class VisibleJSONResponse(JSONResponse):
+    """JSON whose strings show every hidden character (bidi overrides, ESC, zero-width) as a
+    ``\\u`` escape (``worker.terminal_text.visible_json``): it parses to the same data, and
+    ``curl`` in a terminal shows the text as stored instead of reordering or restyling it."""
+
+    def render(self, content: Any) -> bytes:
+        return visible_json(content, separators=(",", ":")).encode()
+
+
 def _json(data: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(jsonable(data), status_code=status)
+    return VisibleJSONResponse(jsonable(data), status_code=status)
 
 
 def _id(request: Request, name: str = "id") -> int:
@@ -140,7 +151,7 @@ async def change_agent(request: Request, s: Services, who: AdminPrincipal) -> An
         raise UsageError("max_rounds: must be a number of rounds (it has no default to go back to)")
     agent, _ = await agent_ops.change_agent(
         s.admin,
-        request.path_params["name"],
+        checked_name(request.path_params["name"], "the agent name"),
         agent_ops.AgentChanges(values=values),
         s.known_tools,
         lambda f: "the agent name" if f == "agent" else f,
@@ -157,6 +168,8 @@ async def list_missions(request: Request, s: Services, who: AdminPrincipal) -> A
     size, before = _page(request, 100)
     status = _choice(request, "status", MISSION_STATUSES)
     agent = request.query_params.get("agent")
+    if agent is not None:
+        agent = checked_name(agent, "agent:")
     rows = await s.admin.list_missions(
         status=status, agent=agent, limit=size, before_id=before, last_run=True
     )
@@ -253,9 +266,10 @@ APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
 
 
 async def list_approvals(request: Request, s: Services, who: AdminPrincipal) -> Any:
-    size, _ = _page(request, 100)
+    size, before = _page(request, 100)
     status = _choice(request, "status", APPROVAL_STATUSES)
-    return {"approvals": await s.approvals.list_requests(status=status, limit=size)}
+    rows = await s.approvals.list_requests(status=status, limit=size, before_id=before)
+    return _paged("approvals", rows, size)
 
 
 async def get_approval(request: Request, s: Services, who: AdminPrincipal) -> Any:
@@ -273,7 +287,7 @@ def _decision(approve: bool) -> Handler:
             s.approvals,
             _id(request),
             approve=approve,
-            by=body.by if body.by is not None else who.name,
+            by=who.name,
             note=body.note if approve else body.reason,
             labels=lambda f: f if f == "by" else ("note" if approve else "reason"),
         )
@@ -354,7 +368,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "GET", "/approvals", list_approvals, "List approval requests.", "approvals",
-        query=(("status", "pending | approved | denied | expired"), PAGING[0]),
+        query=(("status", "pending | approved | denied | expired"), *PAGING),
     ),
     Endpoint("GET", "/approvals/{id}", get_approval, "Show an approval request.", "approvals"),
     Endpoint(

@@ -84,36 +84,14 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncio  # (loaded by asyncio.run already; `--help` does without it)
 
-    from worker.cli.stores import announce_database
-    from worker.daemon.app import check_policy_settings, wait_for_database
+    from worker.cli.stores import announce_database, database_answers
+    from worker.daemon.app import check_policy_settings
     from worker.daemon.scheduler import serve
     from worker.tools import builtin_tool_catalog
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
     announce_database(settings)
-    # a worker started during an outage rides it out as a running one does (up to a minute);
-    # SIGTERM / SIGINT meanwhile end it with status 0, as they end a running worker
-    loop = asyncio.get_running_loop()
-    waiting = asyncio.ensure_future(wait_for_database(settings))
-    stopped = False
-
-    def stop() -> None:
-        nonlocal stopped
-        stopped = True
-        waiting.cancel()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    try:
-        await waiting
-    except asyncio.CancelledError:
-        if not stopped:
-            raise
-        print("mana-ai: stopped before the database answered", file=sys.stderr)
+    if not await database_answers(settings):
         return 0
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
     return await serve(settings)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import UsageError, checked_name, group, json_flag, row_id
 from worker.cli.output import emit, print_json, table
-from worker.errors import ManaAIError
+from worker.errors import SettingsError
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
@@ -117,9 +117,10 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         try:
             server = McpHttpServer(app, settings.mcp_host, settings.mcp_port)
         except OSError as exc:
-            raise ManaAIError(
-                f"cannot listen on {settings.mcp_host}:{settings.mcp_port} "
-                f"({exc.strerror or exc}); set MANA_AI_MCP_HOST / MANA_AI_MCP_PORT"
+            raise SettingsError(
+                f"MANA_AI_MCP_HOST / MANA_AI_MCP_PORT: cannot listen on "
+                f"{settings.mcp_host}:{settings.mcp_port} ({exc.strerror or exc}); set another "
+                "address or port (0 picks a free one)"
             ) from None
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for
         # the handlers it found: these, so the command ends with status 0 as `worker` does.

@@ -7,7 +7,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from worker.errors import ManaAIError
+from worker.errors import SettingsError
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -23,7 +23,13 @@ def register(commands: Any) -> None:
         description="Serve the JSON API under /api/v1 (OpenAPI at /api/v1/openapi.json) and "
         "the web console under / on http://MANA_AI_API_HOST:MANA_AI_API_PORT, with /healthz "
         "and /metrics. Every API request needs 'Authorization: Bearer TOKEN' and the console "
-        "a sign-in with a token (`mana-ai admin token create NAME`). Runs until SIGTERM/SIGINT.",
+        "a sign-in with a token (`mana-ai admin token create NAME`). It never runs missions "
+        "(a worker does). Settings: MANA_AI_API_HOST (default 127.0.0.1), MANA_AI_API_PORT "
+        "(8080; 0 picks one), MANA_AI_API_SESSION_TTL_S (console sign-ins, 43200), "
+        "MANA_AI_API_MAX_BODY_BYTES (1048576), MANA_AI_CONSOLE_URL (the address people use, "
+        "behind a proxy), and MANA_AI_DATABASE_URL (unset: the embedded PostgreSQL; a database "
+        "of your own needs `mana-ai db upgrade` first). A database that does not answer yet "
+        "is waited for up to a minute. Runs until SIGTERM/SIGINT.",
     )
     serve.set_defaults(command_fn=_serve, verbose_logs=True)
 
@@ -33,10 +39,12 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from worker.api.app import build_app
     from worker.asgi_server import AsgiServer
-    from worker.cli.stores import database
+    from worker.cli.stores import database, database_answers
     from worker.tools import builtin_tool_catalog
 
     catalog = builtin_tool_catalog()
+    if not await database_answers(settings):  # started before its database: wait for it
+        return 0
     async with database(settings) as engine:
         app = build_app(
             engine,
@@ -47,9 +55,10 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         try:
             server = AsgiServer(app, settings.api_host, settings.api_port)
         except OSError as exc:
-            raise ManaAIError(
-                f"cannot listen on {settings.api_host}:{settings.api_port} "
-                f"({exc.strerror or exc}); set MANA_AI_API_HOST / MANA_AI_API_PORT"
+            raise SettingsError(
+                f"MANA_AI_API_HOST / MANA_AI_API_PORT: cannot listen on "
+                f"{settings.api_host}:{settings.api_port} ({exc.strerror or exc}); set "
+                "another address or port (0 picks a free one)"
             ) from None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

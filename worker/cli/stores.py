@@ -80,6 +80,44 @@ async def database(
         yield engine
 
 
+async def database_answers(settings: Settings) -> bool:
+    """Wait until the configured database answers (``worker.daemon.app.wait_for_database``:
+    a daemon started during an outage, or before its database, rides it out for up to a
+    minute, a log line per attempt); False when SIGTERM / SIGINT came first (said on stderr:
+    the daemon then ends with status 0, as a running one does).
+
+    Raises:
+        DatabaseError: still unreachable after the wait, or refused for good.
+    """
+    import asyncio
+    import signal
+
+    from worker.daemon.app import wait_for_database
+
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(wait_for_database(settings))
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        waiting.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+        print("mana-ai: stopped before the database answered", file=sys.stderr)
+        return False
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return True
+
+
 @asynccontextmanager
 async def served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, McpStore]]:
     """What ``mcp serve`` serves (``worker.daemon.app.open_served_tools``) on the database, which is

@@ -26,8 +26,9 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from worker.asgi_server import HttpMiddleware, ResponseWatch
 from worker.store.transient import describe_error, is_transient
 
 __all__ = [
@@ -128,29 +129,17 @@ def _root(exc: BaseException) -> BaseException:
     return exc
 
 
-class DatabaseFaults:
+class DatabaseFaults(HttpMiddleware):
     """ASGI middleware: a request whose handling raised a transient database failure
     (``worker.store.transient.is_transient``) before its answer started gets 503 with a JSON-RPC
     error and ``Retry-After``, and the log one warning line (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def sending(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = ResponseWatch(send)
         try:
-            await self.app(scope, receive, sending)
+            await self.app(scope, receive, watch)
         except Exception as exc:
-            if started or not is_transient(exc):
+            if watch.started or not is_transient(exc):
                 raise
             logger.warning(
                 "MCP request %s %s answered 503: the database is unavailable (%s)",

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, or_, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.errors import NotFoundError
+from worker.errors import ConflictError, NotFoundError
 from worker.store.mcp_tokens import hash_token
 from worker.store.tables import admin_sessions, admin_tokens
 
@@ -32,6 +33,9 @@ __all__ = ["ADMIN_TOKEN_PREFIX", "AdminPrincipal", "AdminTokenStore", "csrf_toke
 
 ADMIN_TOKEN_PREFIX = "mana_admin_"
 """Every admin token starts with it (secret scanners, logs)."""
+
+ENDED_SESSIONS_KEPT = timedelta(days=1)
+"""How long an ended or expired console session is kept before a sign-in deletes it."""
 
 _TOKEN_COLUMNS = (
     admin_tokens.c.id,
@@ -71,16 +75,29 @@ class AdminTokenStore:
         self, name: str, *, read_only: bool = False
     ) -> tuple[dict[str, Any], str]:
         """A new token for ``name``: ``(its row without the hash, the token)``. The token is
-        not stored and cannot be shown again."""
+        not stored and cannot be shown again.
+
+        Raises:
+            ConflictError: a live (not revoked) token has that name already: the name is who
+                decides, so two live tokens never share one (index
+                ``uq_admin_tokens_live_name``).
+        """
         token = ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
         stmt = (
-            insert(admin_tokens)
+            pg_insert(admin_tokens)
             .values(name=name, read_only=read_only, token_hash=hash_token(token))
+            .on_conflict_do_nothing(index_elements=["name"], index_where=text("revoked_at IS NULL"))
             .returning(*_TOKEN_COLUMNS)
         )
         async with self.engine.begin() as conn:
-            row = dict((await conn.execute(stmt)).mappings().one())
-        return row, token
+            row = (await conn.execute(stmt)).mappings().first()
+        if row is None:
+            raise ConflictError(
+                f"a live admin token is named {name!r} already (a name is who decides, so it "
+                "is one person's); pick another name, or revoke that token first "
+                "(`mana-ai admin token list`)"
+            )
+        return dict(row), token
 
     async def list_tokens(self) -> list[dict[str, Any]]:
         """Every token (revoked ones too, never a hash), oldest first."""
@@ -133,7 +150,9 @@ class AdminTokenStore:
         self, token: str, *, ttl: timedelta
     ) -> tuple[AdminPrincipal, str] | None:
         """Sign in with ``token``: a new session of ``ttl`` and its id (for the cookie), or
-        ``None`` when the token is not live."""
+        ``None`` when the token is not live. Sessions that ended or expired more than
+        ``ENDED_SESSIONS_KEPT`` ago are deleted on the way (a sign-in is rare; nothing else
+        needs them)."""
         principal = await self.principal(token)
         if principal is None:
             return None
@@ -143,7 +162,13 @@ class AdminTokenStore:
             token_id=principal.token_id,
             expires_at=func.now() + ttl,
         )
+        over = func.now() - ENDED_SESSIONS_KEPT
+        sessions = admin_sessions.c
+        purge = delete(admin_sessions).where(
+            or_(sessions.expires_at < over, sessions.ended_at < over)
+        )
         async with self.engine.begin() as conn:
+            await conn.execute(purge)
             await conn.execute(stmt)
         return principal, session_id
 

@@ -108,9 +108,14 @@ class ApprovalStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def list_requests(self, *, status: str | None = None, limit: int = 100) -> list[Row]:
-        """Requests newest first, all or those of ``status`` (as it stands now)."""
+    async def list_requests(
+        self, *, status: str | None = None, limit: int = 100, before_id: int | None = None
+    ) -> list[Row]:
+        """Requests newest first, all or those of ``status`` (as it stands now), at most
+        ``limit``, only those with an id below ``before_id`` when given (the next page)."""
         stmt = _selected().order_by(_r.id.desc()).limit(limit)
+        if before_id is not None:
+            stmt = stmt.where(_r.id < before_id)
         if status == "pending":
             stmt = stmt.where(_r.status == "pending", _r.expires_at > func.now())
         elif status == "expired":

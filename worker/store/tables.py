@@ -484,6 +484,13 @@ admin_tokens = Table(
     _timestamp("created_at", default_now=True),
     _timestamp("revoked_at", nullable=True),
     _timestamp("last_used_at", nullable=True),
+    # a live token's name is who decides (approvals): two never share one
+    Index(
+        "uq_admin_tokens_live_name",
+        "name",
+        unique=True,
+        postgresql_where=text("revoked_at IS NULL"),
+    ),
 )
 
 # Console sessions: a browser signed in with an admin token keeps an HttpOnly cookie holding a
