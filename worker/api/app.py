@@ -212,7 +212,11 @@ def _healthz(health: DatabaseHealth) -> Callable[[Request], Any]:
         problem = await health.problem()
         if problem is None:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unavailable", "error": problem}, status_code=503)
+        return JSONResponse(
+            {"status": "unavailable", "error": problem},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
 
     return healthz
 
