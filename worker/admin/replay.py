@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import ManaAIError
-from worker.store.approvals import decided_text
 from worker.store.stored import (
     StoredApproval,
     StoredCompaction,
     StoredInvocation,
     StoredIteration,
+    decided_text,
 )
 from worker.terminal_text import visible
 

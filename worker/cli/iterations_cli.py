@@ -8,14 +8,6 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from worker.admin.replay import (
-    ReplayError,
-    approval_text,
-    checked_iteration,
-    is_summary,
-    message_label,
-    policy_text,
-)
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
@@ -77,6 +69,8 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.admin.replay import ReplayError, approval_text, checked_iteration, policy_text
+
     async with admin_store(settings) as admin:
         it = await admin.get_iteration(await admin.iteration_id_or_latest(args.id))
     if args.json:
@@ -239,6 +233,8 @@ def _final_answer(messages: list[dict[str, Any]]) -> str | None:
 def _known_text(iteration: StoredIteration) -> str:
     """What the model was told: the objective and system prompt, tool results and errors
     (every call's, folded ones included; not a compaction's summary, which a model wrote)."""
+    from worker.admin.replay import is_summary
+
     texts = [
         str(m.get("content") or "")
         for m in iteration.get("messages") or []
@@ -268,6 +264,8 @@ def _print_log(
     under its header (they were never part of the stored log), and a line where a takeover
     resumed the run. A compacted log's rounds are numbered after the ``folded_rounds`` its
     summary stands for (those rounds, and their reminders, are ``mana-ai replay``'s)."""
+    from worker.admin.replay import is_summary, message_label
+
     print("\nmessage log (reminders: sent with that round's request only, not in the log):")
     by_round: dict[int, list[dict[str, Any]]] = {}
     for reminder in reminders:

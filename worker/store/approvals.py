@@ -14,8 +14,6 @@ due at once (the claim skips a mission only while its request is pending and une
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, func, select, text, update
@@ -26,6 +24,7 @@ from planner.approvals import ApprovalStatus
 from worker.errors import ConflictError, NotFoundError
 from worker.store.approval_status import current_status, lapsed_or_expired
 from worker.store.base import ApprovalRequestRow
+from worker.store.stored import decided_text
 from worker.store.tables import (
     DUE_CHANNEL,
     agents,
@@ -75,24 +74,6 @@ def _selected() -> Any:
 
 def _missing(request_id: int) -> str:
     return f"no approval request with id {request_id} (see `mana-ai approvals list`)"
-
-
-def decided_text(row: Mapping[str, Any]) -> str:
-    """How a request stands, in words: ``pending until 2026-…``, ``approved by alice at …:
-    note``, ``denied by bob at …: reason``, ``expired at … (nobody decided in time)``."""
-    status = row.get("status")
-    if status == "pending":
-        return f"pending until {_iso(row.get('expires_at'))}"
-    if status == "expired":
-        at = row.get("decided_at") or row.get("expires_at")
-        note = row.get("decision_note") or "nobody decided in time"
-        return f"expired at {_iso(at)} ({note})"
-    text_ = f"{status} by {row.get('decided_by') or 'someone'} at {_iso(row.get('decided_at'))}"
-    return f"{text_}: {row['decision_note']}" if row.get("decision_note") else text_
-
-
-def _iso(value: Any) -> str:
-    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
 
 
 class ApprovalStore:

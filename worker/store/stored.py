@@ -11,6 +11,7 @@ optional (``total=False``) because replay also reads rows written by older relea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -20,6 +21,7 @@ __all__ = [
     "StoredCompaction",
     "StoredInvocation",
     "StoredIteration",
+    "decided_text",
 ]
 
 
@@ -135,3 +137,21 @@ class StoredIteration(TypedDict, total=False):
     tool_invocations: list[StoredInvocation]
     compactions: list[StoredCompaction]
     approvals: list[StoredApproval]
+
+
+def decided_text(row: Mapping[str, Any]) -> str:
+    """How a request stands, in words: ``pending until 2026-…``, ``approved by alice at …:
+    note``, ``denied by bob at …: reason``, ``expired at … (nobody decided in time)``."""
+    status = row.get("status")
+    if status == "pending":
+        return f"pending until {_iso(row.get('expires_at'))}"
+    if status == "expired":
+        at = row.get("decided_at") or row.get("expires_at")
+        note = row.get("decision_note") or "nobody decided in time"
+        return f"expired at {_iso(at)} ({note})"
+    text_ = f"{status} by {row.get('decided_by') or 'someone'} at {_iso(row.get('decided_at'))}"
+    return f"{text_}: {row['decision_note']}" if row.get("decision_note") else text_
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
