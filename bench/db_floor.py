@@ -29,8 +29,9 @@ Each side runs a warm-up mission first (not counted). A measurement runs in its 
 the sides alternate (floor first in odd runs, mana-ai first in even ones), so that a machine
 shared with other work slows them alike. Figures: missions per second (wall time from the
 first claim to the last finish), worker CPU per mission (``time.process_time`` of the
-process over the same window: the client side only, PostgreSQL runs elsewhere), and the
-ratio mana-ai / floor of each run's pair and over the medians.
+process over the same window), server CPU per mission (the PostgreSQL backends of the
+database, from ``/proc``: the server must run on this machine, else 0), and the ratio
+mana-ai / floor of missions per second, of each run's pair and of the medians.
 """
 
 from __future__ import annotations
@@ -220,7 +221,10 @@ async def floor_payload(url: str) -> dict[str, Any]:
     }
 
 
-async def run_floor(url: str, count: int, concurrency: int, pool_size: int) -> float:
+async def run_floor(
+    url: str, count: int, concurrency: int, pool_size: int
+) -> tuple[float, dict[int, float]]:
+    """The floor's run: its seconds, and its backends' CPU at the end (``backend_cpu``)."""
     payload = await floor_payload(url)
     dsn = url.replace("postgresql+asyncpg://", "postgresql://", 1)
     pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size)
@@ -256,11 +260,39 @@ async def run_floor(url: str, count: int, concurrency: int, pool_size: int) -> f
         started = time.perf_counter()
         await asyncio.gather(*(one_task() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+        after = await backend_cpu(url)
     finally:
         await pool.close()
     if done != count:
         raise SystemExit(f"the floor finished {done} missions, not {count}")
-    return elapsed
+    return elapsed, after
+
+
+async def backend_cpu(url: str) -> dict[int, float]:
+    """CPU seconds (user + system) so far of each PostgreSQL backend connected to ``url``'s
+    database but the one asking (read from ``/proc``: the server runs on this machine)."""
+    dsn = url.replace("postgresql+asyncpg://", "postgresql://", 1)
+    conn = await asyncpg.connect(dsn)
+    try:
+        pids = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    return await asyncio.to_thread(_proc_cpu, [pid for (pid,) in pids])
+
+
+def _proc_cpu(pids: list[int]) -> dict[int, float]:
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # another machine's server, or the backend ended
+            continue
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / ticks
+    return cpu
 
 
 async def measure(side: str, server_url: str, count: int, concurrency: int, pool: int) -> None:
@@ -277,16 +309,25 @@ async def measure(side: str, server_url: str, count: int, concurrency: int, pool
         try:
             await run_mana_ai(worker, stored, 1)
             await add_missions(url, count, now - timedelta(seconds=1))
-            cpu = time.process_time()
             if side == "floor":
                 await worker_engine.dispose()
-                elapsed = await run_floor(url, count, concurrency, pool)
+            before = await backend_cpu(url)
+            cpu = time.process_time()
+            if side == "floor":
+                elapsed, after = await run_floor(url, count, concurrency, pool)
             else:
                 elapsed = await run_mana_ai(worker, stored, count)
+                after = await backend_cpu(url)
             cpu = time.process_time() - cpu
+            server = sum(max(0.0, t - before.get(pid, 0.0)) for pid, t in after.items())
         finally:
             await worker_engine.dispose()
-    print(json.dumps({"missions_per_s": count / elapsed, "cpu_ms_per_mission": 1000 * cpu / count}))
+    figures = {
+        "missions_per_s": count / elapsed,
+        "cpu_ms_per_mission": 1000 * cpu / count,
+        "server_cpu_ms_per_mission": 1000 * server / count,
+    }
+    print(json.dumps(figures))
 
 
 def main() -> None:
@@ -320,9 +361,11 @@ def main() -> None:
                 floor, ours = figures["floor"][-1], figures["mana-ai"][-1]
                 print(
                     f"concurrency {concurrency:3} run {run + 1}: floor "
-                    f"{floor['missions_per_s']:6.0f}/s {floor['cpu_ms_per_mission']:.2f} ms CPU; "
+                    f"{floor['missions_per_s']:6.0f}/s {floor['cpu_ms_per_mission']:.2f} ms CPU "
+                    f"(server {floor['server_cpu_ms_per_mission']:.2f}); "
                     f"mana-ai {ours['missions_per_s']:6.0f}/s "
-                    f"{ours['cpu_ms_per_mission']:.2f} ms CPU; ratio "
+                    f"{ours['cpu_ms_per_mission']:.2f} ms CPU "
+                    f"(server {ours['server_cpu_ms_per_mission']:.2f}); ratio "
                     f"{ours['missions_per_s'] / floor['missions_per_s']:.2f}",
                     flush=True,
                 )
@@ -356,9 +399,11 @@ def summary(concurrency: int, figures: dict[str, list[dict[str, float]]]) -> str
     ]
     return (
         f"concurrency {concurrency:3}: floor {span('floor', 'missions_per_s', 0)}/s "
-        f"({span('floor', 'cpu_ms_per_mission', 2)} ms CPU), mana-ai "
+        f"({span('floor', 'cpu_ms_per_mission', 2)} ms worker CPU, "
+        f"{span('floor', 'server_cpu_ms_per_mission', 2)} ms server CPU), mana-ai "
         f"{span('mana-ai', 'missions_per_s', 0)}/s ({span('mana-ai', 'cpu_ms_per_mission', 2)} "
-        f"ms CPU); ratio per run {min(ratios):.2f}-{max(ratios):.2f}, of the medians "
+        f"ms worker CPU, {span('mana-ai', 'server_cpu_ms_per_mission', 2)} ms server CPU); "
+        f"ratio per run {min(ratios):.2f}-{max(ratios):.2f}, of the medians "
         f"{median('mana-ai', 'missions_per_s') / median('floor', 'missions_per_s'):.2f}"
     )
 
