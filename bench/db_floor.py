@@ -23,7 +23,9 @@ no planner loop, no tool run, no statement built, no JSON encoded per mission.
 **mana-ai** (``--side mana-ai``): one worker as ``bench/tick_throughput.py --direct`` wires
 it (the real tick, runner, planner loop, stores and ``clock_now``; an instant in-process LLM,
 two rounds; the policy gate off), claiming as the daemon does (a tick, then a wake-up
-whenever a slot frees), until every mission's iteration is stored.
+whenever a slot frees), until every mission's iteration is stored; its garbage collector
+set as the daemon sets it once started (``worker.daemon.heap.settled_heap``; CPython's
+defaults with ``--default-gc``).
 
 Each side runs a warm-up mission first (not counted). A measurement runs in its own process;
 the sides alternate (floor first in odd runs, mana-ai first in even ones), so that a machine
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -56,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
 from planner.testing import FunctionChatModel
+from worker.daemon.heap import settled_heap
 from worker.daemon.tick import Worker
 from worker.run.runner import MissionRunner
 from worker.store.engine import create_engine
@@ -295,7 +299,9 @@ def _proc_cpu(pids: list[int]) -> dict[int, float]:
     return cpu
 
 
-async def measure(side: str, server_url: str, count: int, concurrency: int, pool: int) -> None:
+async def measure(
+    side: str, server_url: str, count: int, concurrency: int, pool: int, default_gc: bool
+) -> None:
     """One measurement in a fresh database; prints one JSON line."""
     async with throwaway_database(server_url) as url:
         engine = create_engine(url, pool_size=1, max_overflow=0)
@@ -316,7 +322,8 @@ async def measure(side: str, server_url: str, count: int, concurrency: int, pool
             if side == "floor":
                 elapsed, after = await run_floor(url, count, concurrency, pool)
             else:
-                elapsed = await run_mana_ai(worker, stored, count)
+                with contextlib.nullcontext() if default_gc else settled_heap():
+                    elapsed = await run_mana_ai(worker, stored, count)
                 after = await backend_cpu(url)
             cpu = time.process_time() - cpu
             server = sum(max(0.0, t - before.get(pid, 0.0)) for pid, t in after.items())
@@ -341,11 +348,26 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=at_least(1), default=3, help="pairs per concurrency")
     parser.add_argument("--pool", type=at_least(1), default=10, help="database connections")
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="run mana-ai with CPython's default garbage collection, not as the daemon runs "
+        "it (worker.daemon.heap.settled_heap)",
+    )
     parser.add_argument("--side", choices=("floor", "mana-ai"), help=argparse.SUPPRESS)
     parser.add_argument("--server", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:  # one measurement, in this process (the parent runs these)
-        asyncio.run(measure(args.side, args.server, args.missions, args.concurrency[0], args.pool))
+        asyncio.run(
+            measure(
+                args.side,
+                args.server,
+                args.missions,
+                args.concurrency[0],
+                args.pool,
+                args.default_gc,
+            )
+        )
         return
     with database_server() as (server_url, where):
         print(f"database              {where}")
@@ -355,9 +377,7 @@ def main() -> None:
             for run in range(args.runs):
                 order = ("floor", "mana-ai") if run % 2 == 0 else ("mana-ai", "floor")
                 for side in order:
-                    figures[side].append(
-                        one_process(side, server_url, args.missions, concurrency, args.pool)
-                    )
+                    figures[side].append(one_process(side, server_url, args, concurrency))
                 floor, ours = figures["floor"][-1], figures["mana-ai"][-1]
                 print(
                     f"concurrency {concurrency:3} run {run + 1}: floor "
@@ -373,11 +393,12 @@ def main() -> None:
 
 
 def one_process(
-    side: str, server: str, count: int, concurrency: int, pool: int
+    side: str, server: str, args: argparse.Namespace, concurrency: int
 ) -> dict[str, float]:
     """One measurement in a fresh process (``--side``); its figures."""
     argv = [sys.executable, __file__, "--side", side, "--server", server]
-    argv += ["--missions", str(count), "--concurrency", str(concurrency), "--pool", str(pool)]
+    argv += ["--missions", str(args.missions), "--concurrency", str(concurrency)]
+    argv += ["--pool", str(args.pool), *(["--default-gc"] if args.default_gc else [])]
     done = subprocess.run(argv, capture_output=True, text=True, env=os.environ, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{side} failed: {done.stderr[-3000:]}")
