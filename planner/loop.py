@@ -434,7 +434,8 @@ async def run_planner_loop(
                 return await exhausted(
                     round_no, "and with this round's reminders the request would not fit"
                 )
-        request = CompletionRequest(
+        # the loop's own values, already of the request's types: not validated again
+        request = CompletionRequest.model_construct(
             messages=[*log.messages, *sent_messages], tools=openai_tools, model=inp.model
         )
         sent_event = RequestSent(
