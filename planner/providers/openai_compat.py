@@ -318,6 +318,43 @@ class OpenAICompatibleChatModel:
                 billed = billed + exc.usage
                 raise
 
+        # The first attempt on its own (nearly every request): tenacity's set-up per call (its
+        # objects, inspect's look at the attempt) cost more CPU than parsing the answer.
+        # After a retryable failure tenacity takes over, that failure its attempt 1.
+        first: _Retryable | None = None
+        try:
+            reply: CompletionResponse = await attempt()
+        except _Retryable as exc:
+            first = exc
+        except LLMError as exc:
+            exc.usage = billed
+            raise
+        if first is not None:
+            try:
+                reply = await self._retry(attempt, first)
+            except _Retryable as exc:
+                error = self._final_error(exc, attempts)
+                error.usage = billed
+                raise error from exc.exc
+            except LLMError as exc:
+                exc.usage = billed
+                raise
+        return reply.model_copy(update={"usage": reply.usage + billed, "endpoint": self.name})
+
+    async def _retry(
+        self, attempt: Callable[[], Awaitable[CompletionResponse]], first: _Retryable
+    ) -> CompletionResponse:
+        """The attempts after a first that failed with ``first``, as tenacity runs them (the
+        module docstring's waits; ``first`` counts as attempt 1)."""
+        failed: _Retryable | None = first
+
+        async def again() -> CompletionResponse:
+            nonlocal failed
+            if failed is not None:
+                exc, failed = failed, None
+                raise exc
+            return await attempt()
+
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=self._wait,
@@ -326,16 +363,7 @@ class OpenAICompatibleChatModel:
             before_sleep=self._before_sleep,
             reraise=True,
         )
-        try:
-            reply: CompletionResponse = await retrying(attempt)
-        except _Retryable as exc:
-            error = self._final_error(exc, attempts)
-            error.usage = billed
-            raise error from exc.exc
-        except LLMError as exc:
-            exc.usage = billed
-            raise
-        return reply.model_copy(update={"usage": reply.usage + billed, "endpoint": self.name})
+        return await retrying(again)
 
     def request_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (public so callers can log or inspect it).
