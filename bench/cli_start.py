@@ -13,7 +13,8 @@ every command once, in turn, so that a machine shared with other work slows them
 figures are the median and the range over ``--runs`` rounds: wall seconds (``time.monotonic``
 around the process) and CPU seconds of the child (user + system, ``resource.getrusage``); then
 each command's peak RSS in MiB, from one more run. The ratio printed is each command's median
-wall to the floor's.
+wall to the floor's; with ``--compare DIR``, also each command's to the same command of the
+source tree in DIR.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ def main() -> None:
     parser.add_argument(
         "--mana-ai", default=str(ROOT / ".venv" / "bin" / "mana-ai"), help="the command"
     )
+    parser.add_argument(
+        "--compare",
+        metavar="DIR",
+        help="also time the same commands of the source tree in DIR (e.g. an older commit "
+        "unpacked with git archive), run by the same interpreter, alternating with these",
+    )
     args = parser.parse_args()
     python = str(Path(args.mana_ai).parent / "python")
     with database_server() as (server_url, where):
@@ -84,12 +91,16 @@ async def run(args: argparse.Namespace, python: str, server_url: str, where: str
         env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
         env["MANA_AI_DATABASE_URL"] = url.replace("postgresql+asyncpg://", "postgresql://", 1)
         await asyncio.to_thread(prepare, url, args.mana_ai, env)
-        commands = {
-            "python -c pass": [python, "-c", "pass"],
-            "mana-ai --version": [args.mana_ai, "--version"],
-            "mana-ai --help": [args.mana_ai, "--help"],
-            "mana-ai agents list": [args.mana_ai, "agents", "list"],
-        }
+        commands = {"python -c pass": [python, "-c", "pass"]}
+        for words in (["--version"], ["--help"], ["agents", "list"]):
+            commands[f"mana-ai {' '.join(words)}"] = [args.mana_ai, *words]
+            if args.compare:
+                # what the console script runs, with DIR first on the path
+                script = (
+                    f"import sys; sys.path.insert(0, {args.compare!r}); "
+                    "from worker.cli import main; sys.exit(main())"
+                )
+                commands[f"{args.compare}: {' '.join(words)}"] = [python, "-c", script, *words]
         figures: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for _ in range(args.runs):
             for name, argv in commands.items():
@@ -99,15 +110,23 @@ async def run(args: argparse.Namespace, python: str, server_url: str, where: str
             for name, argv in commands.items()
         }
     floor = statistics.median(w for w, _ in figures["python -c pass"])
-    print(f"database              {where}")
-    print(f"runs                  {args.runs} (commands alternating)")
+    medians = {name: statistics.median(w for w, _ in runs) for name, runs in figures.items()}
+    cpu = {name: statistics.median(c for _, c in runs) for name, runs in figures.items()}
+    print(f"{'database':32} {where}")
+    print(f"{'runs':32} {args.runs} (commands alternating)")
     for name, runs in figures.items():
         wall = [w for w, _ in runs]
         cpu = [c for _, c in runs]
         print(
-            f"{name:22}wall {summary(wall, ' s')}; CPU {summary(cpu, ' s')}; "
+            f"{name:32} wall {summary(wall, ' s')}; CPU {summary(cpu, ' s')}; "
             f"peak RSS {rss[name]:.0f} MiB; {statistics.median(wall) / floor:.1f}x the floor"
         )
+    if args.compare:
+        for words in ("--version", "--help", "agents list"):
+            ours, theirs = medians[f"mana-ai {words}"], medians[f"{args.compare}: {words}"]
+            print(
+                f"{words:22}median wall {ours:.3f} s against {theirs:.3f} s: {ours / theirs:.2f}x"
+            )
 
 
 def peak_rss_mib(argv: list[str], env: dict[str, str]) -> float:
