@@ -33,7 +33,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.store.engine import _connection_broken, behind_pgbouncer, run_statement
+from worker.store.engine import behind_pgbouncer, connection_broken, run_statement
 from worker.store.transient import describe_error
 
 __all__ = ["PreparedStatement", "prepared", "run_prepared"]
@@ -154,7 +154,7 @@ async def run_prepared(
     try:
         return await _fetch(engine, statement, arguments)
     except DBAPIError as exc:
-        if not _connection_broken(exc):
+        if not connection_broken(exc):
             raise
         logger.warning(
             "database connection lost (%s); running the statement again on another",
@@ -176,7 +176,7 @@ async def _fetch(
             wrapped = _as_dbapi_error(conn, fairy.dbapi_connection, error, statement, arguments)
             if wrapped is None:
                 raise
-            if _connection_broken(wrapped) and not conn.invalidated:
+            if connection_broken(wrapped) and not conn.invalidated:
                 await conn.invalidate()  # never back into the pool
             raise wrapped from wrapped.orig
 
