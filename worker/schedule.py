@@ -318,4 +318,18 @@ def next_run_after(expr: str, timezone: str, after: datetime) -> datetime | None
         ScheduleError: see ``cron_schedule``.
         ValueError: ``after`` is naive.
     """
+    if after.tzinfo is not None:
+        # Runs fall on whole minutes of the wall clock, so the first run after the minute that
+        # holds ``after`` is the answer whenever it lies past ``after`` (no run can fall
+        # between them); that answer is the same for every ``after`` of that minute, and of
+        # every mission on the same schedule: cached.
+        minute = after.astimezone(UTC).replace(second=0, microsecond=0)
+        first = _first_run_after_minute(expr, timezone, minute)
+        if first is None or first > after:
+            return first
     return cron_schedule(expr, timezone).next_after(after)
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_run_after_minute(expr: str, timezone: str, minute: datetime) -> datetime | None:
+    return cron_schedule(expr, timezone).next_after(minute)

@@ -19,14 +19,14 @@ seconds. When the answer carries ``Retry-After`` (delta-seconds or an HTTP-date,
 §10.2.3) that delay is used instead, capped at ``backoff_max_s``. Any other error fails at
 once. Usage reported by failed attempts is added to the request's usage (it may be billed).
 
-Transport failures: httpx's own transport errors (connect, read, write, protocol) and
-timeouts are connection failures, retried. The aiohttp pool under httpx (``httpx-aiohttp``)
-raises some of aiohttp's errors unmapped, and a peer can provoke them: an answer aiohttp's
-parser refuses (a header over 8190 bytes, 100,000 headers) is an unusable answer, an
-``LLMResponseError`` at once (not retried: the endpoint would answer the same), and any
-other failure of the HTTP stack is one too, named by its type (``unusable_answer``); so each
-becomes an ``LLMError`` that the fallback endpoint and the iteration's error handle like any
-other, never an exception of the HTTP stack.
+Transport failures: aiohttp's connection errors (refused, reset, the server hung up, a body
+cut off) and timeouts, and httpx's own transport errors when an httpx transport is given
+(tests), are connection failures, retried. An answer aiohttp's parser refuses (a header
+over 8190 bytes, 100,000 headers) is an unusable answer, an ``LLMResponseError`` at once
+(not retried: the endpoint would answer the same), and any other failure of the HTTP stack
+is one too, named by its type (``unusable_answer``); so each becomes an ``LLMError`` that
+the fallback endpoint and the iteration's error handle like any other, never an exception of
+the HTTP stack.
 
 Size: the body is read as it arrives and held to ``max_response_bytes`` decoded bytes
 (``planner.providers.response_body``: gzip and deflate are decoded with bounded output, a
@@ -39,18 +39,20 @@ The body of a non-2xx answer is read only for an excerpt: its first ``ERROR_BODY
 from __future__ import annotations
 
 import asyncio
+import base64
+import codecs
 import email.utils
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, Collection
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 import httpx
-from httpx_aiohttp import HttpxAiohttpClient
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -73,6 +75,7 @@ from planner.providers.openai_reply import (
 from planner.providers.openai_request import wire_messages
 from planner.providers.response_body import (
     ACCEPT_ENCODING,
+    Answer,
     BodyNotDecodable,
     BodyTooLarge,
     read_body,
@@ -97,13 +100,15 @@ _RETRYABLE_STATUS = frozenset({408, 429})
 """Non-5xx statuses worth retrying: Request Timeout and Too Many Requests (RFC 9110, RFC 6585)."""
 
 
-AIOHTTP_TRANSPORT = "httpx_aiohttp.HttpxAiohttpClient"
-"""Requests to an endpoint go through httpx's API (timeouts, errors, tests' MockTransport) on
-aiohttp's connection pool (``httpx-aiohttp``, the transport openai-python offers as
-``DefaultAioHttpClient``). httpcore's own pool costs about 1.7 ms of CPU per request on the
-2-core CI machine and scans every connection for every request it assigns
-(encode/httpcore#1035); aiohttp's about 0.45 ms, whatever the number of connections. At
-hundreds of missions in flight that is most of a worker's CPU (bench/concurrency.py)."""
+AIOHTTP_TRANSPORT = "aiohttp.ClientSession"
+"""Requests to an endpoint go straight through aiohttp's client and its connection pool (one
+``ClientSession`` per model, made at the first request). httpcore's own pool cost about 1.7
+ms of CPU per request on the 2-core CI machine and scans every connection for every request
+it assigns (encode/httpcore#1035); aiohttp's about 0.45 ms, whatever the number of
+connections. httpx's API on top of aiohttp's pool (``httpx-aiohttp``, as before) cost both:
+its request, header and response objects were a third of the request path's CPU
+(bench/concurrency.py). httpx stays for what it is given as ``transport`` (tests'
+``MockTransport``)."""
 
 
 class OpenAICompatibleChatModel:
@@ -126,7 +131,8 @@ class OpenAICompatibleChatModel:
         backoff_max_s: cap on any single wait, ``Retry-After`` included, in seconds (default 30).
         sleep: ``async (seconds) -> None`` used between attempts (default ``asyncio.sleep``);
             tests inject a recorder.
-        transport: an httpx transport (e.g. ``httpx.MockTransport``) instead of the network.
+        transport: an httpx transport (e.g. ``httpx.MockTransport``) instead of the network
+            (requests then go through httpx's client; without one, through aiohttp's).
         on_retry: called as ``on_retry(attempt, reason)`` before each retry, where ``attempt`` is
             the 1-based number of the attempt that just failed and ``reason`` is ``http_<status>``
             (for an error inside a 2xx body too), ``timeout`` or ``connection`` (a small, fixed
@@ -204,6 +210,7 @@ class OpenAICompatibleChatModel:
         # credentials in the URL go as Basic auth, not in the URL sent (aiohttp refuses both)
         self._url = httpx.URL(self.url)
         auth = None
+        self._url_user, self._url_password = self._url.username, self._url.password
         if self._url.userinfo:
             auth = httpx.BasicAuth(self._url.username, self._url.password)
             self._url = self._url.copy_with(userinfo=b"")
@@ -233,16 +240,27 @@ class OpenAICompatibleChatModel:
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         timeout = httpx.Timeout(timeout_s)
-        self._client: httpx.AsyncClient
-        if transport is None:
-            # httpx's API over aiohttp's connection pool (see AIOHTTP_TRANSPORT)
-            self._client = HttpxAiohttpClient(
-                headers=headers, timeout=timeout, limits=limits, auth=auth
-            )
-        else:
+        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        if transport is not None:
             self._client = httpx.AsyncClient(
                 headers=headers, timeout=timeout, limits=limits, transport=transport, auth=auth
             )
+        # aiohttp's client (AIOHTTP_TRANSPORT), its session made at the first request (in
+        # the event loop that uses it); what httpx's client did by default, set once here
+        self._max_connections = max_connections
+        self._aio_url = str(self._url)
+        self._aio_headers = {**headers, **_JSON_CONTENT}
+        if auth is not None:  # as httpx.BasicAuth sends it (over a Bearer key, as there)
+            userpass = f"{self._url_user}:{self._url_password}".encode()
+            self._aio_headers["Authorization"] = "Basic " + base64.b64encode(userpass).decode()
+        # the environment's proxy for the endpoint (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY), read
+        # once as httpx reads it (aiohttp's trust_env would look it up in a thread per request)
+        self._aio_proxy = _env_proxy(self._url.scheme, self._url.host)
+        # connect, each read and the wait for a pooled connection, as httpx.Timeout(timeout_s)
+        self._aio_timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeout_s, sock_connect=timeout_s, sock_read=timeout_s
+        )
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         """Send one chat completion request, retrying as described in the module docstring.
@@ -269,7 +287,7 @@ class OpenAICompatibleChatModel:
                 raise LLMResponseError(
                     f"LLM endpoint {self.shown_url} sent a body that could not be decoded: {exc}"
                 ) from None
-            except (TimeoutError, httpx.TransportError) as exc:
+            except (TimeoutError, httpx.TransportError, aiohttp.ClientPayloadError) as exc:
                 cause = _transport_cause(exc)
                 timed_out = isinstance(cause, TimeoutError) or (
                     cause is exc and isinstance(exc, httpx.TimeoutException)
@@ -318,6 +336,43 @@ class OpenAICompatibleChatModel:
                 billed = billed + exc.usage
                 raise
 
+        # The first attempt on its own (nearly every request): tenacity's set-up per call (its
+        # objects, inspect's look at the attempt) cost more CPU than parsing the answer.
+        # After a retryable failure tenacity takes over, that failure its attempt 1.
+        first: _Retryable | None = None
+        try:
+            reply: CompletionResponse = await attempt()
+        except _Retryable as exc:
+            first = exc
+        except LLMError as exc:
+            exc.usage = billed
+            raise
+        if first is not None:
+            try:
+                reply = await self._retry(attempt, first)
+            except _Retryable as exc:
+                error = self._final_error(exc, attempts)
+                error.usage = billed
+                raise error from exc.exc
+            except LLMError as exc:
+                exc.usage = billed
+                raise
+        return reply.model_copy(update={"usage": reply.usage + billed, "endpoint": self.name})
+
+    async def _retry(
+        self, attempt: Callable[[], Awaitable[CompletionResponse]], first: _Retryable
+    ) -> CompletionResponse:
+        """The attempts after a first that failed with ``first``, as tenacity runs them (the
+        module docstring's waits; ``first`` counts as attempt 1)."""
+        failed: _Retryable | None = first
+
+        async def again() -> CompletionResponse:
+            nonlocal failed
+            if failed is not None:
+                exc, failed = failed, None
+                raise exc
+            return await attempt()
+
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=self._wait,
@@ -326,16 +381,7 @@ class OpenAICompatibleChatModel:
             before_sleep=self._before_sleep,
             reraise=True,
         )
-        try:
-            reply: CompletionResponse = await retrying(attempt)
-        except _Retryable as exc:
-            error = self._final_error(exc, attempts)
-            error.usage = billed
-            raise error from exc.exc
-        except LLMError as exc:
-            exc.usage = billed
-            raise
-        return reply.model_copy(update={"usage": reply.usage + billed, "endpoint": self.name})
+        return await retrying(again)
 
     def request_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (public so callers can log or inspect it).
@@ -374,20 +420,35 @@ class OpenAICompatibleChatModel:
         )
         return {**tool, "function": {**function, "parameters": parameters}}
 
-    async def _post(self, payload: bytes) -> tuple[httpx.Response, bytes]:
+    async def _post(self, payload: bytes) -> tuple[Answer, bytes]:
         """Send ``payload``; the answer and its body, read within the caps (module docstring).
 
         Raises:
             BodyTooLarge, BodyNotDecodable: a 2xx body, see ``read_body``; the connection is
                 dropped. (A non-2xx body that does not decode is taken as empty.)
-            httpx.TransportError: connecting, sending or reading failed.
+            aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError,
+                httpx.TransportError: connecting, sending or reading failed.
             Exception: what else the HTTP stack raised (``unusable_answer`` judges it).
         """
-        # an httpx.URL, parsed once: a str would be parsed and quoted again on every request
-        request = self._client.build_request(
-            "POST", self._url, content=payload, headers=_JSON_CONTENT
-        )
-        response = await self._client.send(request, stream=True)
+        response: Answer
+        if self._client is None:
+            session = self._session or self._open_session()
+            response = AiohttpAnswer(
+                await session.post(
+                    self._aio_url,
+                    data=payload,
+                    headers=self._aio_headers,
+                    proxy=self._aio_proxy,
+                    allow_redirects=False,
+                    timeout=self._aio_timeout,
+                )
+            )
+        else:
+            # an httpx.URL, parsed once: a str would be parsed and quoted again per request
+            request = self._client.build_request(
+                "POST", self._url, content=payload, headers=_JSON_CONTENT
+            )
+            response = await self._client.send(request, stream=True)
         try:
             if response.is_success:
                 content = await read_body(response, limit_bytes=self.max_response_bytes)
@@ -401,9 +462,25 @@ class OpenAICompatibleChatModel:
             await response.aclose()
         return response, content
 
+    def _open_session(self) -> aiohttp.ClientSession:
+        """aiohttp's session (its pool of at most ``max_connections``, every one kept open for
+        the next rounds' requests: httpx.Limits' 5 s keep-alive), made in the running loop;
+        certificates verified as httpx verifies them (its default SSL context); bodies left
+        compressed (``read_body`` decodes them with bounded output)."""
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            keepalive_timeout=_KEEPALIVE_S,
+            ssl=httpx.create_ssl_context(),
+        )
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
+
     async def aclose(self) -> None:
         """Close the connection pool. The model must not be used afterwards."""
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -532,12 +609,62 @@ def _attempts(n: int) -> str:
     return f"after {n} attempt{'s' if n != 1 else ''}"
 
 
-def _head(response: httpx.Response, content: bytes) -> str:
+def _env_proxy(scheme: str, host: str) -> str | None:
+    """The proxy the environment names for ``scheme``://``host`` (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, ``ALL_PROXY``; none when ``NO_PROXY`` covers the host), as httpx's
+    ``trust_env`` reads it."""
+    proxies = urllib.request.getproxies_environment()
+    # NO_PROXY, as urllib.request reads it (a function typeshed does not list)
+    if urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
+        return None
+    return proxies.get(scheme) or proxies.get("all") or None
+
+
+_KEEPALIVE_S = 5.0
+"""Seconds an idle pooled connection is kept open (httpx.Limits' ``keepalive_expiry``)."""
+
+
+class AiohttpAnswer:
+    """An aiohttp ``ClientResponse`` under the names the client reads (``Answer``): status,
+    reason, headers (case-insensitive ``get``), the charset (``utf-8`` when it names none or
+    one Python does not know, as httpx's ``encoding``), the raw body in chunks as they
+    arrive; ``aclose`` releases it (a body not read to its end drops the connection)."""
+
+    CHUNK_BYTES = 16 * 1024
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status_code = response.status
+        self.reason_phrase = response.reason or ""
+        self.is_success = 200 <= response.status < 300
+        self.headers = response.headers
+        self.is_stream_consumed = False
+        self.content = b""
+
+    @property
+    def encoding(self) -> str:
+        charset = self._response.charset
+        if charset:
+            try:
+                return codecs.lookup(charset).name
+            except LookupError:
+                pass
+        return "utf-8"
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        async for chunk in self._response.content.iter_chunked(self.CHUNK_BYTES):
+            yield chunk
+
+    async def aclose(self) -> None:
+        self._response.release()
+
+
+def _head(response: Answer, content: bytes) -> str:
     """The first ``EXCERPT_CHARS`` characters of a body (4 bytes hold any character)."""
     return body_text(response, content[: 4 * EXCERPT_CHARS])[:EXCERPT_CHARS]
 
 
-def _status_text(response: httpx.Response) -> str:
+def _status_text(response: Answer) -> str:
     return f"{response.status_code} {response.reason_phrase}".strip()
 
 

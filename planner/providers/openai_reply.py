@@ -35,11 +35,10 @@ import re
 import uuid
 from typing import Any
 
-import httpx
-
 from planner.errors import LLMResponseError, PlannerError
 from planner.llm import CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
+from planner.providers.response_body import Answer
 from planner.providers.tool_arguments import decode_arguments
 
 __all__ = [
@@ -141,7 +140,7 @@ def normalize_finish_reason(raw: Any) -> str | None:
 
 
 def parse_chat_completion(
-    response: httpx.Response, body: bytes, *, url: str, prompt_tokens_estimate: int = 0
+    response: Answer, body: bytes, *, url: str, prompt_tokens_estimate: int = 0
 ) -> CompletionResponse:
     """Turn a 2xx chat completion answer into a CompletionResponse (see the module docstring).
 
@@ -224,7 +223,7 @@ def _short_text(value: Any) -> str | None:
     return value[:200] if isinstance(value, str) and value else None
 
 
-def body_text(response: httpx.Response, body: bytes) -> str:
+def body_text(response: Answer, body: bytes) -> str:
     """``body`` as text, in the charset the answer names (else UTF-8), undecodable bytes
     replaced: what httpx's ``response.text`` gives for it (``encoding`` is always a known
     codec)."""
@@ -232,7 +231,7 @@ def body_text(response: httpx.Response, body: bytes) -> str:
 
 
 def _unusable(
-    response: httpx.Response, body: bytes, url: str, what: str, usage: TokenUsage
+    response: Answer, body: bytes, url: str, what: str, usage: TokenUsage
 ) -> LLMResponseError:
     return LLMResponseError(
         f"LLM endpoint {url} answered {response.status_code} with {what}: "

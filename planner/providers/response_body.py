@@ -16,12 +16,12 @@ another one is refused (``BodyNotDecodable``), as httpx would need a decoder it 
 from __future__ import annotations
 
 import zlib
-
-import httpx
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from planner.errors import PlannerError
 
-__all__ = ["ACCEPT_ENCODING", "BodyNotDecodable", "BodyTooLarge", "read_body"]
+__all__ = ["ACCEPT_ENCODING", "Answer", "BodyNotDecodable", "BodyTooLarge", "read_body"]
 
 ACCEPT_ENCODING = "gzip, deflate"
 """The ``Accept-Encoding`` to send: the codings ``read_body`` decodes with bounded output."""
@@ -50,7 +50,38 @@ class BodyNotDecodable(PlannerError):
     """The body is in a ``Content-Encoding`` that was not asked for, or does not decode."""
 
 
-async def read_body(response: httpx.Response, *, limit_bytes: int, truncate: bool = False) -> bytes:
+class Answer(Protocol):
+    """What is read of an HTTP answer, from httpx's client or aiohttp's: httpx's ``Response``
+    names (an ``httpx.Response`` is one; ``read_body`` and ``parse_chat_completion`` read
+    these)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    @property
+    def is_success(self) -> bool: ...
+
+    @property
+    def headers(self) -> Any: ...
+
+    @property
+    def encoding(self) -> str | None: ...
+
+    @property
+    def is_stream_consumed(self) -> bool: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def read_body(response: Answer, *, limit_bytes: int, truncate: bool = False) -> bytes:
     """The decoded body of ``response`` (opened with ``stream=True``), at most ``limit_bytes``.
 
     Args:
@@ -133,7 +164,7 @@ class _Inflate:
 
 
 async def _read(
-    response: httpx.Response, decoder: _Plain | _Inflate, limit_bytes: int, truncate: bool
+    response: Answer, decoder: _Plain | _Inflate, limit_bytes: int, truncate: bool
 ) -> bytes:
     chunks: list[bytes] = []
     room = limit_bytes  # decoded bytes that may still come

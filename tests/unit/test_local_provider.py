@@ -404,8 +404,8 @@ async def test_the_quick_start_mission_answers_the_time_the_clock_returned(
 ) -> None:
     """README's demo (an agent with only clock_now) with the real model: the answer is the
     time the tool returned, no figure made up (what the verdict line checks)."""
+    from worker.admin.verdict import unsupported_figures
     from worker.cli.agents_cli import DEFAULT_SYSTEM_PROMPT
-    from worker.cli.iterations_cli import unsupported_figures
     from worker.tools import clock_tools
 
     result = await run_planner_loop(

@@ -429,8 +429,8 @@ def test_the_cap_must_be_positive() -> None:
 
 
 def _unparseable_answer(message: str) -> Exception:
-    """What aiohttp's client raises for an answer its HTTP parser refuses, unmapped by
-    httpx-aiohttp (the request's headers, with the API key, ride on it)."""
+    """What aiohttp's client raises for an answer its HTTP parser refuses (the request's
+    headers, with the API key, ride on it)."""
     import aiohttp
     from multidict import CIMultiDict, CIMultiDictProxy
     from yarl import URL
@@ -505,3 +505,29 @@ async def test_any_other_failure_of_the_http_stack_is_an_llm_error_naming_it(
     assert message.endswith("(after 1 attempt; not retried)")
     assert "sk-secret" not in message
     assert len(rec.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "url", "proxy"),
+    [
+        ({}, "http://llm.example/v1", None),
+        ({"HTTP_PROXY": "http://proxy:3128"}, "http://llm.example/v1", "http://proxy:3128"),
+        ({"HTTP_PROXY": "http://proxy:3128"}, "https://llm.example/v1", None),
+        ({"HTTPS_PROXY": "http://proxy:3128"}, "https://llm.example/v1", "http://proxy:3128"),
+        ({"ALL_PROXY": "http://proxy:3128"}, "https://llm.example/v1", "http://proxy:3128"),
+        (
+            {"HTTP_PROXY": "http://proxy:3128", "NO_PROXY": "llm.example"},
+            "http://llm.example/v1",
+            None,
+        ),
+    ],
+)
+def test_the_environments_proxy_is_read_once_as_httpx_reads_it(
+    env: dict[str, str], url: str, proxy: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert OpenAICompatibleChatModel(base_url=url)._aio_proxy == proxy

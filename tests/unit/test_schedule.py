@@ -154,3 +154,26 @@ def test_day_of_month_and_day_of_week_follow_crontab(
         runs.append(found.strftime("%Y-%m-%dT%H:%M"))
         moment = found
     assert runs == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "zone", "minute"),
+    [
+        ("*/5 * * * *", "UTC", datetime(2026, 3, 1, 12, 5, tzinfo=UTC)),
+        ("0 * * * *", "Europe/Berlin", datetime(2026, 3, 29, 0, 59, tzinfo=UTC)),  # DST
+        ("30 2 * * *", "America/New_York", datetime(2026, 11, 1, 6, 30, tzinfo=UTC)),
+        # a zone whose offset had seconds then (+00:19:32): runs fall between UTC minutes
+        ("* * * * *", "Europe/Amsterdam", datetime(1930, 6, 1, 11, 40, tzinfo=UTC)),
+    ],
+)
+def test_the_cached_minute_gives_what_the_schedule_says_for_every_second_of_it(
+    expr: str, zone: str, minute: datetime
+) -> None:
+    from worker.schedule import cron_schedule
+
+    for second in (0, 1, 27, 28, 29, 59):
+        for micro in (0, 999_999):
+            after = minute.replace(second=second, microsecond=micro)
+            assert next_run_after(expr, zone, after) == cron_schedule(expr, zone).next_after(
+                after
+            ), after

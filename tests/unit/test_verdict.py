@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.cli.iterations_cli import unsupported_figures, verdict
+from worker.admin.verdict import unsupported_figures, verdict
 
 CLOCK = {
     "now": "2026-11-29T23:29:59+00:00",

@@ -4,7 +4,6 @@ policy mode."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from worker.admin.agents import (
@@ -182,6 +181,8 @@ def _mcp_servers(args: argparse.Namespace) -> list[McpServerConfig]:
     """The servers of ``--mcp`` with their ``--mcp-header``, ``--mcp-env`` and
     ``--mcp-required`` (which must name a server of this command). Errors never echo a
     header or variable value."""
+    import dataclasses
+
     from worker.mcp.config import parse_env_option, parse_header_option, parse_server_option
 
     servers: dict[str, McpServerConfig] = {}

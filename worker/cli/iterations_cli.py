@@ -7,16 +7,6 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from worker.admin.replay import (
-    ReplayError,
-    after_approval,
-    approval_text,
-    checked_iteration,
-    is_summary,
-    message_label,
-    policy_text,
-)
-from worker.admin.verdict import unsupported_figures, verdict
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store
@@ -26,7 +16,7 @@ from worker.terminal_text import visible, visible_line
 if TYPE_CHECKING:
     from worker.settings import Settings
 
-__all__ = ["register", "unsupported_figures", "verdict"]  # (the last two: worker.admin.verdict)
+__all__ = ["register"]
 
 
 def register(commands: Any) -> None:
@@ -78,6 +68,9 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.admin.replay import ReplayError, approval_text, checked_iteration, policy_text
+    from worker.admin.verdict import verdict
+
     async with admin_store(settings) as admin:
         it = await admin.get_iteration(await admin.iteration_id_or_latest(args.id))
     if args.json:
@@ -153,6 +146,8 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _attempt_text(attempt: StoredAttempt) -> str:
+    from worker.admin.replay import after_approval
+
     text = f"{attempt.get('attempt')} by {attempt.get('worker_id')}"
     resumed = attempt.get("resumed_after_round")
     if resumed is not None:
@@ -173,6 +168,8 @@ def _print_log(
     under its header (they were never part of the stored log), and a line where a takeover
     resumed the run. A compacted log's rounds are numbered after the ``folded_rounds`` its
     summary stands for (those rounds, and their reminders, are ``mana-ai replay``'s)."""
+    from worker.admin.replay import after_approval, is_summary, message_label
+
     print("\nmessage log (reminders: sent with that round's request only, not in the log):")
     by_round: dict[int, list[dict[str, Any]]] = {}
     for reminder in reminders:

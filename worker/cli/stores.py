@@ -14,8 +14,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.data_dir import USER_DATA_DIR
-
 if TYPE_CHECKING:
     # imported when a command runs, so that `--help` stays quick
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -53,6 +51,8 @@ def announce_database(settings: Settings) -> None:
         f"mana-ai: MANA_AI_DATABASE_URL is not set: using the embedded PostgreSQL in {pgdata}",
         file=sys.stderr,
     )
+    from worker.data_dir import USER_DATA_DIR
+
     old = Path(USER_DATA_DIR).expanduser()
     if "data_dir" not in settings.model_fields_set and old != settings.data_dir:
         if (old / "pgdata" / "PG_VERSION").exists():

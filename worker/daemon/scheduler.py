@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner import ChatModel
 from worker import metrics
 from worker.daemon.app import open_app
+from worker.daemon.heap import settled_heap
 from worker.daemon.wakeup import WakeUpListener, off_reason
 from worker.errors import SettingsError
 from worker.metrics import MetricsServer
@@ -88,26 +89,27 @@ async def serve(
                     _approval_stats(ApprovalStore(app.engine)), name="approval stats"
                 )
             ticking = asyncio.create_task(app.worker.run(settings.tick_interval_s), name="tick")
-            logger.info(
-                "worker %s ticking every %g s, up to %d mission(s) at once",
-                settings.worker_id,
-                settings.tick_interval_s,
-                settings.max_concurrent_missions,
-                extra={"worker_id": settings.worker_id},
-            )
-            try:
-                await stop.wait()
-            finally:
-                logger.info("shutting down: no new claims")
-                app.worker.stop()  # the tick loop ends after the tick in flight, if any
-                for task in (listening, stats):  # UNLISTEN; connections back to the pool
-                    if task is not None:
-                        task.cancel()
-                        await asyncio.gather(task, return_exceptions=True)
-                await app.worker.drain(settings.shutdown_grace_s, hurry)
-                if metrics_server is not None:
-                    metrics_server.stop()
-                await ticking  # returned by now; raises what a bug in the loop raised
+            with settled_heap():  # start-up done: see worker.daemon.heap
+                logger.info(
+                    "worker %s ticking every %g s, up to %d mission(s) at once",
+                    settings.worker_id,
+                    settings.tick_interval_s,
+                    settings.max_concurrent_missions,
+                    extra={"worker_id": settings.worker_id},
+                )
+                try:
+                    await stop.wait()
+                finally:
+                    logger.info("shutting down: no new claims")
+                    app.worker.stop()  # the tick loop ends after the tick in flight, if any
+                    for task in (listening, stats):  # UNLISTEN; connections back to the pool
+                        if task is not None:
+                            task.cancel()
+                            await asyncio.gather(task, return_exceptions=True)
+                    await app.worker.drain(settings.shutdown_grace_s, hurry)
+                    if metrics_server is not None:
+                        metrics_server.stop()
+                    await ticking  # returned by now; raises what a bug in the loop raised
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -117,6 +117,10 @@ SHUTDOWN_STORE_S = 5.0
 """Seconds a run interrupted by shutdown keeps trying to store its interruption; past it the
 mission is left to whoever claims it once its lease expires (the takeover resumes it)."""
 
+_TIMED_SPECS = 1024
+"""Specs ``MissionRunner._offered`` keeps with the worker's timeout (the built-in tools are a
+handful; a ``tools_for`` that makes new specs per mission clears the cache now and then)."""
+
 BUDGET_WINDOW = timedelta(hours=24)
 """An agent's ``max_tokens_per_day`` is checked against its iterations of the last 24 hours
 (a rolling window), before each run; a run that starts under budget may end over it."""
@@ -192,6 +196,7 @@ class MissionRunner:
         self.tool_sources = tool_sources
         self.tracing = tracing
         self.leases = LeaseKeeper(store, worker_id=worker_id, lease=lease)
+        self._timed: dict[int, tuple[ToolSpec, ToolSpec]] = {}
 
     async def run(self, mission: ClaimedMission) -> RunOutcome:
         """Run ``mission`` once and store the result. Never raises except on cancellation
@@ -585,7 +590,7 @@ class MissionRunner:
                 ),
             )
             gate = MissionGate(rules, journal) if rules is not None else None
-        tools = [self._with_timeout(t) for t in self.tools_for(mission)]
+        tools = self._offered(mission)
         async with contextlib.AsyncExitStack() as sources:  # MCP sessions: this run only
             opened = await self._open_tool_sources(mission, sources, tools, run.source_problems)
             tools += [self._with_timeout(t) for t in opened]
@@ -641,6 +646,21 @@ class MissionRunner:
         if spec.timeout_s is not None:
             return spec
         return dataclasses.replace(spec, timeout_s=self.tool_timeout_s)
+
+    def _offered(self, mission: ClaimedMission) -> list[ToolSpec]:
+        """``tools_for(mission)`` with the worker's tool timeout, each spec made once per
+        spec ``tools_for`` returns (a spec checks its schema when made, and compiles its
+        validator on first use: per mission, that was a third of the runner's own CPU). The
+        specs are kept by identity with the spec they came from, at most ``_TIMED_SPECS``."""
+        offered = []
+        for spec in self.tools_for(mission):
+            kept = self._timed.get(id(spec))
+            if kept is None or kept[0] is not spec:
+                if len(self._timed) >= _TIMED_SPECS:
+                    self._timed.clear()
+                kept = self._timed[id(spec)] = (spec, self._with_timeout(spec))
+            offered.append(kept[1])
+        return offered
 
     async def _open_tool_sources(
         self,

@@ -15,6 +15,7 @@ like an interrupted one once its request was decided or expired.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -33,7 +34,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import RowMapping
 
 from worker.store.agent_servers import McpServerConfig
 from worker.store.base import ClaimedMission, StartedIteration
@@ -132,7 +132,7 @@ def claim_statement() -> Any:
     ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
 
 
-def claimed_mission(r: RowMapping) -> ClaimedMission:
+def claimed_mission(r: Mapping[str, Any]) -> ClaimedMission:
     """The ClaimedMission of one row of ``claim_statement``."""
     iteration = None
     if r["iteration_id"] is not None:
@@ -163,7 +163,7 @@ def claimed_mission(r: RowMapping) -> ClaimedMission:
     )
 
 
-def _started(row: RowMapping, iteration_id: int) -> StartedIteration:
+def _started(row: Mapping[str, Any], iteration_id: int) -> StartedIteration:
     """The StartedIteration of an iteration row returned by ``_start_iteration_statement``."""
     return StartedIteration(
         id=iteration_id,

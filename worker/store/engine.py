@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "behind_pgbouncer",
     "check_connection",
+    "connection_broken",
     "create_engine",
     "resolve_database_url",
     "run_statement",
@@ -163,7 +164,7 @@ async def run_statement(
     try:
         return await _run_statement_once(engine, stmt, params)
     except DBAPIError as exc:
-        if not _connection_broken(exc):
+        if not connection_broken(exc):
             raise
         logger.warning(
             "database connection lost (%s); running the statement again on another",
@@ -183,7 +184,7 @@ async def _run_statement_once(
             async with conn.begin():
                 return _rows(await conn.execute(stmt, params))
         except DBAPIError as exc:
-            if _connection_broken(exc) and not conn.invalidated:
+            if connection_broken(exc) and not conn.invalidated:
                 await conn.invalidate()  # never back into the pool
             raise
 
@@ -193,7 +194,7 @@ def _rows(result: CursorResult[Any]) -> list[RowMapping]:
     return list(result.mappings().all()) if result.returns_rows else []
 
 
-def _connection_broken(exc: DBAPIError) -> bool:
+def connection_broken(exc: DBAPIError) -> bool:
     """Whether ``exc`` says the connection is unusable rather than the statement wrong:
     SQLAlchemy's disconnect detection, asyncpg's interface errors (``connection is closed``)
     and its client state errors (``cannot switch to state …; another operation is in

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -49,6 +49,7 @@ from worker.store.base import (
 )
 from worker.store.claim import claim_statement, claimed_mission
 from worker.store.engine import run_statement
+from worker.store.prepared import run_prepared
 from worker.store.round_writes import APPROVAL_KEYS, MissionWrite, round_write_statement
 from worker.store.tables import (
     approval_requests,
@@ -103,7 +104,8 @@ class PostgresMissionStore:
         """
         if limit < 1:
             return []
-        rows = await self._run_one(
+        rows = await run_prepared(
+            self.engine,
             claim_statement(),
             {
                 "p_worker_id": worker_id,
@@ -438,7 +440,7 @@ class PostgresMissionStore:
         reserve: bool = False,
         approval: bool = False,
         end_parked: bool = False,
-    ) -> RowMapping:
+    ) -> Mapping[str, Any]:
         """Run the ``round_write_statement`` of this shape; its one row."""
         params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
         new: list[dict[str, Any]] = []
@@ -473,7 +475,7 @@ class PostgresMissionStore:
             approval=approval,
             end_parked=end_parked,
         )
-        [written] = await self._run_one(stmt, params)
+        [written] = await run_prepared(self.engine, stmt, params)
         return written
 
 
@@ -489,7 +491,7 @@ def _outcome_checkpoint(outcome: IterationOutcome) -> RoundCheckpoint:
     )
 
 
-def _new_ids(written: RowMapping) -> dict[tuple[int, int], int]:
+def _new_ids(written: Mapping[str, Any]) -> dict[tuple[int, int], int]:
     """The ids of the calls' rows the statement inserted or found, by ``(round, position)``
     (its ``calls``: ``[[round, position, id], ...]``)."""
     return {(int(r), int(p)): int(i) for r, p, i in written.get("calls") or ()}

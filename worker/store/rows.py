@@ -105,9 +105,41 @@ def json_safe(value: Any) -> Any:
     replaced by U+FFFD, NaN and infinities stored as text, and a value that cannot be
     encoded (nested too deeply, circular) replaced by a note saying so. Never raises."""
     try:
+        return _plain_json(value)
+    except (_NotPlain, RecursionError):
+        pass  # not plain JSON data: through the encoder (same result, three times the work)
+    try:
         return _storable(json.loads(json.dumps(value, default=str)))
     except (RecursionError, ValueError, TypeError) as exc:
         return f"(not stored: cannot be encoded as JSON: {type(exc).__name__})"
+
+
+class _NotPlain(Exception):
+    """A value ``_plain_json`` leaves to the encoder."""
+
+
+def _plain_json(value: Any) -> Any:
+    """``json_safe`` of plain JSON data (``dict`` with ``str`` keys, ``list``, ``str``,
+    ``int``, ``float``, ``bool``, ``None``, exactly those types) without encoding it: what the
+    encoder's round trip would give. Raises ``_NotPlain`` for anything else (a tuple, an enum,
+    a key that is not a string, another type), and RecursionError when nested too deeply."""
+    kind = type(value)
+    if kind is str:
+        return _UNSTORABLE.sub("\ufffd", value)
+    if value is None or kind is int or kind is bool:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else str(value)
+    if kind is dict:
+        plain = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            plain[_UNSTORABLE.sub("\ufffd", key)] = _plain_json(item)
+        return plain
+    if kind is list:
+        return [_plain_json(item) for item in value]
+    raise _NotPlain
 
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")

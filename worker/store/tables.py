@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from planner.approvals import ApprovalStatus
-from planner.policy import DestructivePolicy, PolicyMode
+from planner.policy_modes import DestructivePolicy, PolicyMode
 from worker.store.statuses import CallOutcome, IterationStatus, MissionStatus
 
 __all__ = [

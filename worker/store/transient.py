@@ -157,6 +157,14 @@ async def retry_transient(
         when the deadline or ``stop`` ends the retries. The first attempt always runs, even
         past the deadline.
     """
+    # The first attempt on its own: it nearly always succeeds, and tenacity's set-up (its
+    # objects, and inspect's look at the operation) costs more than the statement's own CPU.
+    try:
+        return await operation()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        first: BaseException | None = exc
     stops = [stop_before_delay(max(0.0, deadline - time.monotonic()))]
     if stop is not None:
         stops.append(stop_when_event_set(_Stop(stop)))  # type: ignore[arg-type]
@@ -182,6 +190,10 @@ async def retry_transient(
     )
 
     async def attempt() -> T:  # tenacity awaits only what it sees is a coroutine function
+        nonlocal first
+        if first is not None:  # the failed first attempt, as tenacity's attempt 1
+            failed, first = first, None
+            raise failed
         return await operation()
 
     return await retrying(attempt)

@@ -1,0 +1,212 @@
+"""The hot statements (the claim, a round's write, the finish) compiled once and run on the
+pooled asyncpg connection itself: per run, no statement compiled or looked up, no parameter
+processed by SQLAlchemy's execution layer, no result row wrapped.
+
+SQLAlchemy builds a statement (``worker.store.claim``, ``worker.store.round_writes``, each
+cached per shape) and compiles it once per dialect here (``PreparedStatement``): its text for
+asyncpg (``$1`` … placeholders), the order its parameters go in, each one's bind processor
+(JSONB: encoded to text, once), and its constant parameters written into the text as literals
+(``status = 'active'``: PostgreSQL's generic plan for the statement can then use the partial
+indexes whose predicates name them). ``run_prepared`` runs it: a connection from the engine's
+pool (its checkout and ping rules unchanged), ``fetch`` on the asyncpg connection under it, in
+autocommit (one round trip), the connection back to the pool.
+
+Errors are SQLAlchemy's, as ``worker.store.engine.run_statement`` raises them: asyncpg's
+errors are translated by SQLAlchemy's asyncpg adapter and wrapped in ``DBAPIError`` (with
+``connection_invalidated`` when SQLAlchemy's dialect calls it a disconnect; the connection is
+then invalidated, never back into the pool, and the statement runs once more on another).
+Behind PgBouncer in transaction mode (``behind_pgbouncer``), statements run through
+``run_statement`` instead (its unique prepared-statement names and BEGIN/COMMIT).
+
+Rows are asyncpg ``Record``s: read by column name (``row["owned"]``, ``row.get("calls")``),
+JSONB decoded (SQLAlchemy's codec on the connection), as ``RowMapping``s are read.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from worker.store.engine import behind_pgbouncer, connection_broken, run_statement
+from worker.store.transient import describe_error
+
+__all__ = ["PreparedStatement", "prepared", "run_prepared"]
+
+logger = logging.getLogger(__name__)
+
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+class PreparedStatement:
+    """``stmt`` compiled once for ``dialect`` (asyncpg's): ``text`` with ``$n`` placeholders,
+    ``names`` (the parameter each ``$n`` takes, in order) and their bind processors.
+
+    Constant parameters (the values SQLAlchemy binds for literals in the statement: strings,
+    integers, booleans) are written into ``text`` as SQL literals; the parameters a caller
+    binds (``bindparam("p_…")`` without a value) stay placeholders, renumbered.
+
+    Raises:
+        ValueError: at construction, for a statement whose parameters are not positional or
+            that has a parameter to expand at run time (``IN`` of a list a caller binds).
+    """
+
+    def __init__(self, stmt: Any, dialect: Dialect) -> None:
+        compiled = stmt.compile(dialect=dialect)
+        positions = compiled.positiontup
+        if positions is None:
+            raise ValueError(f"{dialect.name}: only positional parameters are supported")
+        self.statement = stmt
+        names: list[str] = []
+        numbers: dict[str, int] = {}
+        replacement: dict[int, str] = {}
+        expanded: dict[str, str] = {}
+        placeholder = 0
+        for name in positions:
+            bind = compiled.binds[name]
+            if bind.expanding:  # IN of a constant list: its values as literals, no number
+                values = [_literal(v) for v in bind.value or ()]
+                if bind.required or not values or None in values:
+                    raise ValueError(f"parameter {name} expands at run time (IN of a list)")
+                expanded[name] = ", ".join(v for v in values if v is not None)
+                continue
+            placeholder += 1
+            literal = None if bind.required else _literal(bind.value)
+            if literal is not None:
+                replacement[placeholder] = literal
+                continue
+            if name not in numbers:
+                names.append(name)
+                numbers[name] = len(names)
+            replacement[placeholder] = f"${numbers[name]}"
+        text = _PLACEHOLDER.sub(lambda m: replacement[int(m.group(1))], str(compiled))
+        for name, listed in expanded.items():
+            text = text.replace(f"__[POSTCOMPILE_{name}]", listed)
+        self.text: str = text
+        self.names: tuple[str, ...] = tuple(names)
+        self._processors = tuple(
+            compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+            for name in names
+        )
+        self._defaults = {
+            name: compiled.binds[name].value for name in names if not compiled.binds[name].required
+        }
+
+    def arguments(self, params: Mapping[str, Any]) -> list[Any]:
+        """The driver's arguments for ``params`` (by name), processed as SQLAlchemy would
+        (JSON encoded, …).
+
+        Raises:
+            KeyError: a parameter the statement needs is not in ``params``.
+        """
+        arguments = []
+        for name, process in zip(self.names, self._processors, strict=True):
+            value = params[name] if name in params else self._defaults[name]
+            arguments.append(process(value) if process is not None else value)
+        return arguments
+
+
+def _literal(value: Any) -> str | None:
+    """``value`` as a SQL literal (a string, an integer, a boolean), else ``None``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and "\x00" not in value:
+        return "'" + value.replace("'", "''") + "'"
+    return None
+
+
+_compiled: dict[tuple[int, str], PreparedStatement] = {}
+
+
+def prepared(stmt: Any, dialect: Dialect) -> PreparedStatement:
+    """``stmt`` compiled for ``dialect``, once per statement object: for statements built
+    once and kept (``functools.cache``), never for one built per call (it would be kept for
+    ever)."""
+    key = (id(stmt), dialect.name + "+" + str(dialect.driver))
+    found = _compiled.get(key)
+    if found is None or found.statement is not stmt:
+        found = _compiled[key] = PreparedStatement(stmt, dialect)
+    return found
+
+
+async def run_prepared(
+    engine: AsyncEngine, stmt: Any, params: Mapping[str, Any]
+) -> Sequence[Mapping[str, Any]]:
+    """Run ``stmt`` (built once and kept: see ``prepared``) with ``params`` on its own and
+    return its rows; what ``run_statement`` does, without SQLAlchemy's execution layer.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database failed or refused it (a broken connection:
+            after the second try, on another connection).
+        TimeoutError, OSError: as ``run_statement`` raises them.
+    """
+    if behind_pgbouncer(engine):
+        return cast(Sequence[Mapping[str, Any]], await run_statement(engine, stmt, dict(params)))
+    statement = prepared(stmt, engine.dialect)
+    arguments = statement.arguments(params)
+    try:
+        return await _fetch(engine, statement, arguments)
+    except DBAPIError as exc:
+        if not connection_broken(exc):
+            raise
+        logger.warning(
+            "database connection lost (%s); running the statement again on another",
+            describe_error(exc),
+        )
+        return await _fetch(engine, statement, arguments)
+
+
+async def _fetch(
+    engine: AsyncEngine, statement: PreparedStatement, arguments: list[Any]
+) -> Sequence[Mapping[str, Any]]:
+    async with engine.connect() as conn:
+        fairy = await conn.get_raw_connection()
+        driver: Any = fairy.driver_connection
+        try:
+            rows: Sequence[Mapping[str, Any]] = await driver.fetch(statement.text, *arguments)
+            return rows
+        except Exception as error:
+            wrapped = _as_dbapi_error(conn, fairy.dbapi_connection, error, statement, arguments)
+            if wrapped is None:
+                raise
+            if connection_broken(wrapped) and not conn.invalidated:
+                await conn.invalidate()  # never back into the pool
+            raise wrapped from wrapped.orig
+
+
+def _as_dbapi_error(
+    conn: AsyncConnection,
+    adapter: Any,
+    error: Exception,
+    statement: PreparedStatement,
+    arguments: list[Any],
+) -> DBAPIError | None:
+    """``error`` as SQLAlchemy raises it for a statement: translated by its asyncpg adapter
+    into the driver's DB-API error and wrapped in ``DBAPIError`` (``connection_invalidated``
+    when the dialect calls it a disconnect); ``None`` for an error SQLAlchemy passes through
+    as it is (a timeout, a cancellation)."""
+    dialect = conn.dialect
+    try:
+        adapter._handle_exception(error)
+    except Exception as translated:
+        dbapi_error = dialect.loaded_dbapi.Error
+        if not isinstance(translated, dbapi_error):
+            return None
+        invalidated = dialect.is_disconnect(translated, adapter, None)
+        wrapped = DBAPIError.instance(
+            statement.text,
+            tuple(arguments),
+            translated,
+            dbapi_error,
+            connection_invalidated=invalidated,
+            dialect=dialect,
+        )
+        return wrapped if isinstance(wrapped, DBAPIError) else None
+    return None
