@@ -14,10 +14,22 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["GRACE_S", "AsgiServer", "HttpMiddleware", "ResponseWatch"]
+from worker.errors import SettingsError
+
+__all__ = ["GRACE_S", "AsgiServer", "HttpMiddleware", "ResponseWatch", "cannot_listen"]
 
 GRACE_S = 5
 """Seconds open requests get to finish once the server is asked to stop."""
+
+
+def cannot_listen(exc: OSError, host: str, port: int, prefix: str) -> SettingsError:
+    """The settings error of an address the server could not bind (``exc``), naming the
+    variables ``{prefix}_HOST`` / ``{prefix}_PORT`` (``MANA_AI_API``): exit status 2, as any
+    invalid setting."""
+    return SettingsError(
+        f"{prefix}_HOST / {prefix}_PORT: cannot listen on {host}:{port} "
+        f"({exc.strerror or exc}); set another address or port (0 picks a free one)"
+    )
 
 
 class HttpMiddleware:
@@ -96,6 +108,10 @@ class AsgiServer:
             await self._server.serve(sockets=[self._socket])
         finally:
             self._socket.close()
+
+    def close(self) -> None:
+        """Close the socket of a server that will not ``serve()``."""
+        self._socket.close()
 
     def stop(self) -> None:
         """Ask ``serve()`` to finish (open requests get ``GRACE_S`` seconds)."""

@@ -6,7 +6,8 @@ Create Date: 2026-12-02
 
 * ``admin_tokens``: bearer tokens of `mana-ai serve` (`mana-ai admin token create NAME`),
   stored as their SHA-256 only; ``read_only`` tokens change nothing; a revoked one stays. Two
-  live tokens never share a name (it is who decides, in the approvals' record).
+  live tokens never share a name, compared NFKC and case-folded (``name_key``): the name is
+  who decides, in the approvals' record.
 * ``admin_sessions``: a browser signed in to the console with a token; only the SHA-256 of the
   session id its cookie holds is stored; ended by sign-out, expiry, or its token's revocation.
 """
@@ -33,6 +34,12 @@ def upgrade() -> None:
             comment="who holds it; kept with what it decides",
         ),
         sa.Column(
+            "name_key",
+            sa.Text(),
+            nullable=False,
+            comment="the name compared: NFKC, case-folded (Alice and ALICE are one name)",
+        ),
+        sa.Column(
             "token_hash",
             sa.Text(),
             nullable=False,
@@ -53,7 +60,7 @@ def upgrade() -> None:
     op.create_index(
         "uq_admin_tokens_live_name",
         "admin_tokens",
-        ["name"],
+        ["name_key"],
         unique=True,
         postgresql_where=sa.text("revoked_at IS NULL"),
     )

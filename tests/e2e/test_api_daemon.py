@@ -85,3 +85,24 @@ async def test_a_script_runs_a_mission_over_http_and_a_revoked_token_changes_not
     async with db.connect() as conn:
         status = (await conn.execute(select(missions.c.status))).scalar_one()
     assert status == "active"  # the revoked token's pause changed nothing
+
+
+async def test_serve_on_a_port_in_use_is_a_settings_error_at_once_even_without_its_database() -> (
+    None
+):
+    import socket
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = env_for(
+            "postgresql://mana@127.0.0.1:9/mana",  # nothing listens there: it would wait
+            "http://127.0.0.1:9/v1",
+            MANA_AI_API_PORT=str(port),
+        )
+        started = time.monotonic()
+        code, _, err = await run_cli(env, "serve")
+    assert code == 2 and "MANA_AI_API_PORT: cannot listen on" in err
+    assert time.monotonic() - started < 30  # not after the minute's wait for the database

@@ -27,6 +27,8 @@ from tests.integration.worker_harness import make_worker, policy_setup
 from worker.asgi_server import AsgiServer
 from worker.run.compaction_setup import CompactionSetup
 from worker.store.admin import AdminStore
+from worker.store.admin_tokens import AdminTokenStore
+from worker.store.approvals import ApprovalStore
 from worker.tools import builtin_tools
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -223,6 +225,40 @@ async def test_approve_a_request_in_the_inbox_and_see_the_mission_resume(
     text = await page.inner_text("main")
     assert "completed" in text and "succeeded" in text
     assert page.dialogs == [] and page.failures == []
+
+
+async def test_a_click_that_fails_says_why_at_the_top(
+    db: AsyncEngine, database_url: str, browser: Any
+) -> None:
+    """A session revoked behind the page: the server's 403 is shown; the server gone: the
+    console says it could not reach it (never a button that silently does nothing)."""
+    note_id = await a_note(db)
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="tidy", owner_user_id="u1", system_prompt="Be tidy.")
+    await admin.add_mission(
+        agent_id=agent["id"], objective="Delete.", cron=None, timezone="UTC", next_run_at="now"
+    )
+    worker = make_worker(db, FunctionChatModel(Model(note_id)), policy=asking(db))
+    assert await worker.run_once() == ["awaiting_approval"]
+    served = AsgiServer(app_for(db, database_url), "127.0.0.1", 0)
+    task = asyncio.create_task(served.serve())
+    while not served.started:  # noqa: ASYNC110 - uvicorn has no started event
+        await asyncio.sleep(0.01)
+    page = await page_of(browser)
+    await sign_in(page, served.base_url, await token(db, "ops"))
+    await page.goto(f"{served.base_url}/approvals")
+    tokens = AdminTokenStore(db)
+    [row] = await tokens.list_tokens()
+    await tokens.revoke_token(row["id"])
+    await page.locator("button", has_text="Approve").first.click()
+    await page.wait_for_selector("#flash >> text=not signed in")
+    served.stop()
+    await task
+    await page.locator("button", has_text="Deny").first.click()
+    await page.wait_for_selector("#flash >> text=could not reach the server")
+    assert "not signed in" not in await page.inner_text("#flash")  # the old notice is gone
+    [request] = await ApprovalStore(db).list_requests()
+    assert request["status"] == "pending"  # neither click decided anything
 
 
 async def test_stored_scripts_never_run_in_the_page(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.integration.api_harness import api_client, token
+from tests.integration.api_harness import BASE, api_client, token
 from tests.integration.test_api import parked_over_the_api
 from worker.errors import ConflictError
 from worker.store.admin_tokens import AdminTokenStore
@@ -162,3 +162,106 @@ async def test_serve_metrics_are_its_own(db: AsyncEngine, database_url: str) -> 
     )
     assert "mana_ai_api_request_duration_seconds_bucket" in text
     assert "mana_ai_missions_claimed" not in text  # the workers' figures are theirs
+
+
+async def test_the_last_representable_time_is_refused_before_it_becomes_infinity(
+    db: AsyncEngine, database_url: str
+) -> None:
+    async with api_client(db, database_url, bearer=await token(db)) as client:
+        await client.post("/api/v1/agents", json=AGENT)
+        for value in ("9999-12-31T23:59:59.999999+00:00", "9999-06-01T00:00:00+00:00"):
+            response = await client.post(
+                "/api/v1/missions",
+                json={"agent": "a1", "objective": "x", "cron": "*/5 * * * *", "deadline": value},
+            )
+            assert response.status_code == 400 and "out of range" in error(response), value
+
+
+async def test_names_that_read_the_same_are_one_token_name(db: AsyncEngine) -> None:
+    tokens = AdminTokenStore(db)
+    await tokens.create_token("Alice")
+    for same in ("alice", "ALICE", "\uff41lice"):  # fullwidth a
+        with pytest.raises(ConflictError):
+            await tokens.create_token(same)
+    await tokens.create_token("al\u00e9")  # é precomposed
+    with pytest.raises(ConflictError):
+        await tokens.create_token("ale\u0301")  # e and a combining acute
+
+
+async def test_made_up_methods_and_vanished_clients_do_not_grow_or_alarm_the_metrics(
+    db: AsyncEngine, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.integration.api_harness import app_for
+
+    app = app_for(db, database_url)
+    async with api_client(db, database_url) as client:
+        for n in range(3):
+            await client.request(f"Q{n}Z", "/x")
+    sent: list[dict[str, Any]] = []
+
+    async def gone() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/login",
+        "raw_path": b"/login",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"origin", b"http://testserver"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"content-length", b"100"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    with caplog.at_level(logging.ERROR, logger="worker.api.app"):
+        await app(scope, gone, send)
+    assert sent == [] and "failed" not in caplog.text  # nobody to answer; nothing wrong
+    async with api_client(db, database_url) as client:
+        text = (await client.get("/metrics")).text
+    assert 'method="other"' in text and "Q0Z" not in text
+    assert 'route="/login",status="499"' in text
+
+
+async def test_the_public_address_may_name_its_default_port(
+    db: AsyncEngine, database_url: str
+) -> None:
+    value = await token(db)
+    async with api_client(db, database_url, console_url="https://mana.example.com:443") as client:
+        signed = await client.post(
+            "/login", data={"token": value}, headers={"Origin": "https://mana.example.com"}
+        )
+        assert signed.status_code == 303
+        wrong = await client.delete("/login")
+        assert wrong.status_code == 405 and set(wrong.headers["allow"].split(", ")) >= {
+            "GET",
+            "POST",
+        }
+        slash = await client.get("/approvals/", headers={"Host": "evil.example"})
+        assert slash.status_code == 404  # no redirect built from the client's Host
+
+
+async def test_going_back_never_leaves_for_another_site(db: AsyncEngine, database_url: str) -> None:
+    from tests.integration.test_console import signed_in
+    from tests.integration.worker_harness import add_mission
+
+    mission_id = await add_mission(db, cron="0 9 * * *", objective="Tidy.")
+    async with api_client(db, database_url) as client:
+        csrf = await signed_in(client, await token(db))
+        back = await client.post(
+            f"/missions/{mission_id}/pause",
+            data={"csrf": csrf},
+            headers={"Origin": BASE, "Referer": f"{BASE}//evil.example/x"},
+        )
+    assert back.status_code == 303
+    assert back.headers["location"] == f"/missions/{mission_id}?done=pause"

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 __all__ = [
     "INT32_MAX",
+    "LATEST_TIME",
     "MAX_ID",
     "MAX_LIMIT",
     "MAX_ROUNDS",
@@ -118,9 +119,14 @@ def iteration_ref(text: str) -> int | None:
     return row_id(text)
 
 
+LATEST_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+"""Times given to mana-ai end before this (UTC): Python's last datetime, 9999-12-31
+23:59:59.999999, is PostgreSQL's ``infinity`` to asyncpg (it reads back without an offset),
+and a time near it cannot be shown in a timezone west of UTC."""
+
+
 def aware_datetime(text: str) -> datetime:
-    """An ISO 8601 time with a UTC offset, as UTC (a time whose UTC falls past year 9999, the
-    last one Python and the database both hold, is refused)."""
+    """An ISO 8601 time with a UTC offset, as UTC, before ``LATEST_TIME``."""
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
@@ -130,11 +136,12 @@ def aware_datetime(text: str) -> datetime:
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset; add one, e.g. +00:00")
     try:
-        return value.astimezone(UTC)
+        value = value.astimezone(UTC)
     except OverflowError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is out of range (times run to 9999-12-31 UTC)"
-        ) from None
+        value = LATEST_TIME
+    if value >= LATEST_TIME:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range (times run to 9998-12-31 UTC)")
+    return value
 
 
 _SINCE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([dhms])\s*$", re.IGNORECASE | re.ASCII)

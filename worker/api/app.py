@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -132,6 +132,8 @@ class Errors(HttpMiddleware):
         watch = ResponseWatch(send)
         try:
             await self.app(scope, receive, watch)
+        except ClientDisconnect:  # nobody to answer, nothing wrong here
+            logger.debug("%s %s: the client went away", scope["method"], scope["path"])
         except Exception as exc:
             if watch.started or isinstance(exc, _TooLarge):
                 raise
@@ -229,8 +231,9 @@ PlatformCollector(registry=SERVE_REGISTRY)
 GCCollector(registry=SERVE_REGISTRY)
 API_REQUESTS = Counter(
     "mana_ai_api_requests",
-    "Requests `mana-ai serve` answered, by method, route template (/api/v1/missions/{id}; "
-    "'other' for no route) and status code.",
+    "Requests `mana-ai serve` answered, by method ('other' for a method it does not serve), "
+    "route template (/api/v1/missions/{id}; 'other' for no route) and status code (499: the "
+    "client went away before the answer).",
     ["method", "route", "status"],
     registry=SERVE_REGISTRY,
 )
@@ -241,6 +244,11 @@ API_REQUEST_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=SERVE_REGISTRY,
 )
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods counted by name; any other is ``other`` (a client picks the method: named as it
+is, each made-up one would be a new series)."""
 
 
 class RequestMetrics(HttpMiddleware):
@@ -257,7 +265,10 @@ class RequestMetrics(HttpMiddleware):
             template = getattr(route, "path", None) or "other"
             if template.startswith("/static"):
                 template = "/static"
-            API_REQUESTS.labels(scope["method"], template, str(watch.status)).inc()
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            # no answer started: the client went away first (nginx's 499)
+            status = str(watch.status) if watch.started else "499"
+            API_REQUESTS.labels(method, template, status).inc()
             API_REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)
 
 
@@ -311,6 +322,7 @@ def build_app(
             OSError: _handle,
         },
     )
+    app.router.redirect_slashes = False  # its redirect is built from the client's Host
     app.state.services = Services(settings=settings, engine=engine, known_tools=known_tools)
     app.state.templates = console.templates()
     app.state.hints = hints

@@ -4,10 +4,11 @@
   console's cookie, so no page of another site can make a browser call it). No token, or a
   revoked or unknown one: 401. A ``read_only`` token asking to change something: 403.
 * The console signs in once with a token (``POST /login``) and keeps a session cookie
-  (``SESSION_COOKIE``: HttpOnly, SameSite=Strict, ``Secure`` over HTTPS) holding a random id of
-  which only a hash is stored. Every state-changing console request must carry the session's
-  CSRF token (form field ``csrf`` or header ``X-CSRF-Token``) and come from this origin
-  (``Origin``, else ``Referer``): a request without them is refused (403) whatever its cookie.
+  (``SESSION_COOKIE``: HttpOnly, SameSite=Lax, ``Secure`` over HTTPS or behind an https
+  ``MANA_AI_CONSOLE_URL``) holding a random id of which only a hash is stored. Every
+  state-changing console request must carry the session's CSRF token (form field ``csrf`` or
+  header ``X-CSRF-Token``) and come from this origin (``Origin``, else ``Referer``; or
+  ``MANA_AI_CONSOLE_URL``'s): a request without them is refused (403) whatever its cookie.
 
 Errors never tell whether a token exists, is revoked or belongs to someone else: they say
 that the request is not signed in, or not allowed.
@@ -80,7 +81,20 @@ def public_origin(request: Request) -> str | None:
     if not url:
         return None
     parts = urlsplit(str(url))
-    return f"{parts.scheme}://{parts.netloc}".lower()
+    return _origin(parts.scheme, parts.netloc)
+
+
+_DEFAULT_PORTS = {"http": ":80", "https": ":443"}
+
+
+def _origin(scheme: str, netloc: str) -> str:
+    """An origin as browsers send it (RFC 6454): lower case, without the scheme's default
+    port (``https://mana.example.com:443`` is ``https://mana.example.com``)."""
+    scheme, netloc = scheme.lower(), netloc.lower()
+    default = _DEFAULT_PORTS.get(scheme)
+    if default is not None and netloc.endswith(default):
+        netloc = netloc.removesuffix(default)
+    return f"{scheme}://{netloc}"
 
 
 def check_origin(request: Request) -> None:
@@ -91,7 +105,7 @@ def check_origin(request: Request) -> None:
     Raises:
         Forbidden: it names another origin, or neither header is there.
     """
-    own = {f"{request.url.scheme}://{request.url.netloc}".lower(), public_origin(request)}
+    own = {_origin(request.url.scheme, request.url.netloc), public_origin(request)}
     origin = request.headers.get("origin")
     if origin is None or origin == "null":
         referer = request.headers.get("referer")
@@ -99,7 +113,8 @@ def check_origin(request: Request) -> None:
             raise Forbidden("this request did not say where it comes from (no Origin)")
         parts = urlsplit(referer)
         origin = f"{parts.scheme}://{parts.netloc}"
-    if origin.lower() not in own:
+    parts = urlsplit(origin)
+    if _origin(parts.scheme, parts.netloc) not in own:
         raise Forbidden(
             "this request comes from another site (behind a proxy, set MANA_AI_CONSOLE_URL "
             "to the address people use)"

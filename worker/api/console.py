@@ -162,13 +162,21 @@ def _back(request: Request, fallback: str, done: str | None = None) -> RedirectR
     ``done`` (a key of ``FLASHES``), that page says what happened."""
     referer = urlsplit(request.headers.get("referer", ""))
     own = request.url.netloc
-    target = referer.path if referer.netloc == own and referer.path.startswith("/") else fallback
+    path = referer.path
+    same = referer.netloc == own and path.startswith("/") and not path.startswith("//")
+    target = path if same else fallback  # ("//host/x" would be another site)
     if done is not None:
         target += f"?done={done}"
     return RedirectResponse(target, status_code=303)
 
 
 # -- sign-in ------------------------------------------------------------------------------------
+
+
+async def _login(request: Request) -> Response:
+    """``/login``: the sign-in page (GET), signing in (POST); one route, so that a 405 lists
+    both methods."""
+    return await (login(request) if request.method == "POST" else login_form(request))
 
 
 async def login_form(request: Request) -> Response:
@@ -392,8 +400,7 @@ def _int(text: str) -> int:
 def routes() -> list[Route | Mount]:
     """The console's routes, its static files under ``/static``."""
     return [
-        Route("/login", login_form, methods=["GET"]),
-        Route("/login", login, methods=["POST"]),
+        Route("/login", _login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/", _page(missions_page), methods=["GET"]),
         Route("/missions/{id}", _page(mission_page), methods=["GET"]),

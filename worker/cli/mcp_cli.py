@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import UsageError, checked_name, group, json_flag, row_id
 from worker.cli.output import emit, print_json, table
-from worker.errors import SettingsError
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
@@ -111,17 +110,14 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         import asyncio  # (loaded by asyncio.run already; `--help` does without it)
 
+        from worker.asgi_server import cannot_listen
         from worker.mcp.server import McpHttpServer, build_http_app
 
         app = build_http_app(served, store, host=settings.mcp_host)
         try:
             server = McpHttpServer(app, settings.mcp_host, settings.mcp_port)
         except OSError as exc:
-            raise SettingsError(
-                f"MANA_AI_MCP_HOST / MANA_AI_MCP_PORT: cannot listen on "
-                f"{settings.mcp_host}:{settings.mcp_port} ({exc.strerror or exc}); set another "
-                "address or port (0 picks a free one)"
-            ) from None
+            raise cannot_listen(exc, settings.mcp_host, settings.mcp_port, "MANA_AI_MCP") from None
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for
         # the handlers it found: these, so the command ends with status 0 as `worker` does.
         # Installed before the line below, which tells a supervisor it may stop the server.

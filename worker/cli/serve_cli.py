@@ -7,8 +7,6 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from worker.errors import SettingsError
-
 if TYPE_CHECKING:
     from worker.settings import Settings
 
@@ -34,32 +32,40 @@ def register(commands: Any) -> None:
     serve.set_defaults(command_fn=_serve, verbose_logs=True)
 
 
+class _AppLater:
+    """The ASGI app the server is bound with before the app exists (it needs the database);
+    set ``app`` before serving."""
+
+    app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio  # (loaded by asyncio.run already; `--help` does without it)
 
     from worker.api.app import build_app
-    from worker.asgi_server import AsgiServer
+    from worker.asgi_server import AsgiServer, cannot_listen
     from worker.cli.stores import database, database_answers
     from worker.tools import builtin_tool_catalog
 
     catalog = builtin_tool_catalog()
+    app = _AppLater()
+    try:  # bound first: an address it cannot have is a settings error at once (exit 2)
+        server = AsgiServer(app, settings.api_host, settings.api_port)
+    except OSError as exc:
+        raise cannot_listen(exc, settings.api_host, settings.api_port, "MANA_AI_API") from None
     if not await database_answers(settings):  # started before its database: wait for it
+        server.close()
         return 0
     async with database(settings) as engine:
-        app = build_app(
+        app.app = build_app(
             engine,
             settings,
             known_tools=[t.name for t in catalog],
             hints={t.name: t.policy_hint for t in catalog},
         )
-        try:
-            server = AsgiServer(app, settings.api_host, settings.api_port)
-        except OSError as exc:
-            raise SettingsError(
-                f"MANA_AI_API_HOST / MANA_AI_API_PORT: cannot listen on "
-                f"{settings.api_host}:{settings.api_port} ({exc.strerror or exc}); set "
-                "another address or port (0 picks a free one)"
-            ) from None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stop)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -29,7 +30,7 @@ from worker.errors import ConflictError, NotFoundError
 from worker.store.mcp_tokens import hash_token
 from worker.store.tables import admin_sessions, admin_tokens
 
-__all__ = ["ADMIN_TOKEN_PREFIX", "AdminPrincipal", "AdminTokenStore", "csrf_token"]
+__all__ = ["ADMIN_TOKEN_PREFIX", "AdminPrincipal", "AdminTokenStore", "csrf_token", "name_key"]
 
 ADMIN_TOKEN_PREFIX = "mana_admin_"
 """Every admin token starts with it (secret scanners, logs)."""
@@ -64,6 +65,14 @@ def csrf_token(session_id: str) -> str:
     return hmac.new(session_id.encode(), b"mana-ai csrf", hashlib.sha256).hexdigest()
 
 
+def name_key(name: str) -> str:
+    """What two token names are compared by: NFKC (fullwidth ``U+FF41`` is ``a``; ``é``
+    precomposed is ``e`` with a combining accent) and case-folded (``ALICE`` is ``alice``).
+    Look-alikes from other scripts (Cyrillic ``U+0430``) stay apart: operators make tokens and
+    pick their names."""
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
 class AdminTokenStore:
     """``admin_tokens`` and ``admin_sessions`` over one engine (see the module docstring);
     every method is one short transaction."""
@@ -78,15 +87,23 @@ class AdminTokenStore:
         not stored and cannot be shown again.
 
         Raises:
-            ConflictError: a live (not revoked) token has that name already: the name is who
-                decides, so two live tokens never share one (index
-                ``uq_admin_tokens_live_name``).
+            ConflictError: a live (not revoked) token has that name already, compared as
+                ``name_key`` compares (``Alice`` is ``alice``): the name is who decides, so two
+                live tokens never share one (index ``uq_admin_tokens_live_name``).
         """
         token = ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        name = unicodedata.normalize("NFC", name)
         stmt = (
             pg_insert(admin_tokens)
-            .values(name=name, read_only=read_only, token_hash=hash_token(token))
-            .on_conflict_do_nothing(index_elements=["name"], index_where=text("revoked_at IS NULL"))
+            .values(
+                name=name,
+                name_key=name_key(name),
+                read_only=read_only,
+                token_hash=hash_token(token),
+            )
+            .on_conflict_do_nothing(
+                index_elements=["name_key"], index_where=text("revoked_at IS NULL")
+            )
             .returning(*_TOKEN_COLUMNS)
         )
         async with self.engine.begin() as conn:

@@ -474,6 +474,12 @@ admin_tokens = Table(
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("name", Text, nullable=False, comment="who holds it; kept with what it decides"),
     Column(
+        "name_key",
+        Text,
+        nullable=False,
+        comment="the name compared: NFKC, case-folded (Alice and ALICE are one name)",
+    ),
+    Column(
         "token_hash",
         Text,
         nullable=False,
@@ -487,7 +493,7 @@ admin_tokens = Table(
     # a live token's name is who decides (approvals): two never share one
     Index(
         "uq_admin_tokens_live_name",
-        "name",
+        "name_key",
         unique=True,
         postgresql_where=text("revoked_at IS NULL"),
     ),
