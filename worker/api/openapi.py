@@ -35,6 +35,20 @@ _ERRORS = {
     "503": "the database does not answer; try again",
 }
 
+_REPLAY_ERROR = "the iteration cannot be replayed (its stored log and archive do not fit)"
+
+_INTEGER_PARAMETERS = {
+    "id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "before": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "mission": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 10_000},
+}
+"""Parameters that are whole numbers in ASCII digits (``worker.admin.values``' rules)."""
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return _INTEGER_PARAMETERS.get(name, {"type": "string"})
+
 
 @cache
 def openapi_document() -> dict[str, Any]:
@@ -61,18 +75,21 @@ def openapi_document() -> dict[str, Any]:
                             "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
                         },
                     }
-                    for code, why in _ERRORS.items()
+                    for code, why in {
+                        **_ERRORS,
+                        **({"422": _REPLAY_ERROR} if "/iterations/{id}/" in endpoint.path else {}),
+                    }.items()
                     if code != "403" or endpoint.write
                 },
             },
         }
         parameters = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": name, "in": "path", "required": True, "schema": _schema(name)}
             for name in re.findall(r"\{(\w+)\}", endpoint.path)
         ]
         parameters += [
             {"name": name, "in": "query", "required": False, "description": about,
-             "schema": {"type": "string"}}
+             "schema": _schema(name)}
             for name, about in endpoint.query
         ]  # fmt: skip
         if parameters:
