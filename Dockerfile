@@ -31,6 +31,7 @@ ENV MANA_AI_DATA_DIR=/home/mana/data \
     MANA_AI_LOG_FORMAT=json \
     PYTHONUNBUFFERED=1
 EXPOSE 9464 8765
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('MANA_AI_METRICS_PORT', '9464'))" || exit 1
+# worker, serve or mcp serve: the first /healthz that answers decides (worker/healthcheck.py)
+HEALTHCHECK --interval=30s --timeout=5s CMD python -m worker.healthcheck
 ENTRYPOINT ["mana-ai"]
 CMD ["worker"]

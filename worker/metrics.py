@@ -2,10 +2,12 @@
 
 Names follow the Prometheus naming guide (``mana_ai_`` prefix, base units, ``_total`` for
 counters, ``_seconds`` for durations). Label values are bounded: outcomes are fixed words,
-``tool`` is a registered tool name and ``model`` a model name an operator configured (an
-agent's ``--model``, ``MANA_AI_LLM_MODEL``, ``MANA_AI_COMPACT_MODEL``), never one a reply
-named. ``deploy/grafana/mana-ai.json`` and ``deploy/prometheus/`` read these names: a
-renamed metric or label breaks them (their live test says which).
+``tool`` is a built-in tool's name or ``SERVER__*`` for any tool of an MCP server an operator
+configured (``tool_label``: a server lists what names it likes), and ``model`` a model name
+an operator configured (an agent's ``--model``, ``MANA_AI_LLM_MODEL``,
+``MANA_AI_COMPACT_MODEL``), never one a reply named. ``deploy/grafana/mana-ai.json`` and
+``deploy/prometheus/`` read these names: a renamed metric or label breaks them (their live
+test says which).
 """
 
 from __future__ import annotations
@@ -127,6 +129,16 @@ TOOL_CALLS = Counter(
     "Tool calls by tool and outcome (ok, error, denied).",
     ["tool", "outcome"],
 )
+
+
+def tool_label(name: str) -> str:
+    """The ``tool`` label of tool ``name``: the name of a built-in tool, ``SERVER__*`` for a
+    tool of MCP server ``SERVER`` (its tools are namespaced ``SERVER__TOOL``; the server picks
+    the ``TOOL`` part, and each new one would be new series)."""
+    server, separator, _ = name.partition("__")  # worker.mcp.config.NAMESPACE_SEPARATOR
+    return f"{server}__*" if separator else name
+
+
 TOOL_DURATION = Histogram(
     "mana_ai_tool_duration_seconds",
     "Wall time of one tool call that ran (policy gate included), by tool.",

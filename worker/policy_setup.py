@@ -79,7 +79,7 @@ def decision_observer(consumer: str) -> DecisionObserver:
             decision.mode or "unknown",
         ).inc()
         if INJECTION_MARKER in decision.flags:
-            metrics.POLICY_INJECTION_FLAGS.labels(tool=spec.name).inc()
+            metrics.POLICY_INJECTION_FLAGS.labels(tool=metrics.tool_label(spec.name)).inc()
             logger.warning(
                 "injection marker(s) %s in the arguments of %s (call %s, user %s): flagged, "
                 "not blocked",

@@ -137,11 +137,12 @@ ROWS = (
                 "Per worker; past the dashed limit (3 x MANA_AI_TICK_INTERVAL_S + 30) /healthz "
                 "answers 503 and ManaAiTickStalled fires.",
                 (
-                    Query(
-                        "max by (instance) (time() - mana_ai_last_ok_tick_timestamp_seconds)",
+                    Query(  # a stale-after of 0 is a process that does not tick (mcp serve)
+                        "max by (instance) (time() - mana_ai_last_ok_tick_timestamp_seconds "
+                        "and mana_ai_tick_stale_after_seconds > 0)",
                         "{{instance}}",
                     ),
-                    Query("max(mana_ai_tick_stale_after_seconds)", "limit"),
+                    Query("max(mana_ai_tick_stale_after_seconds > 0)", "limit"),
                 ),
                 unit="s",
             ),
@@ -266,13 +267,20 @@ ROWS = (
             Panel(
                 "Would-be deny share, 7 days",
                 "Log-only decisions over the last week that enforce would have denied: switch "
-                "MANA_AI_POLICY_MODE to enforce when it stays under 1 %.",
+                "MANA_AI_POLICY_MODE to enforce when it stays under 1 %. Beside it, the share "
+                "enforce would hold for a person's approval (MANA_AI_POLICY_DESTRUCTIVE=ask).",
                 (
                     Query(
                         "(sum(increase(mana_ai_policy_decisions_total"
                         '{mode="log-only", decision="deny"}[7d])) or vector(0)) / '
                         'sum(increase(mana_ai_policy_decisions_total{mode="log-only"}[7d]))',
                         "would-be deny share",
+                    ),
+                    Query(
+                        "(sum(increase(mana_ai_policy_decisions_total"
+                        '{mode="log-only", decision="ask"}[7d])) or vector(0)) / '
+                        'sum(increase(mana_ai_policy_decisions_total{mode="log-only"}[7d]))',
+                        "would-be approval share",
                     ),
                 ),
                 unit="percentunit",

@@ -241,11 +241,75 @@ def test_the_latest_conventions_are_an_opt_in(opt_in: str | None, latest: bool) 
         ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "http/protobuf only"),
         ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
         ({"OTEL_METRICS_EXPORTER": "prometheus"}, "OTEL_METRICS_EXPORTER"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "not a url"}, "OTEL_EXPORTER_OTLP_ENDPOINT: expected"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "ftp://c/x"}, "an http\\(s\\) URL"),
+        ({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "abc"}, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"),
+        ({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "-5"}, "whole number >= 1"),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, "OTEL_BSP_MAX_QUEUE_SIZE=0"),
+        ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"}, "refused its settings"),
     ],
 )
-def test_what_cannot_export_is_a_settings_error(environ: dict[str, str], message: str) -> None:
+def test_what_cannot_export_is_a_settings_error(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], message: str
+) -> None:
+    for name, value in environ.items():  # the SDK reads its own variables too
+        monkeypatch.setenv(name, value)
     with pytest.raises(SettingsError, match=message):
         open_tracing(worker_id="w", capture_content=False, environ=environ)
+
+
+def test_with_only_a_traces_endpoint_no_metrics_go_to_a_default_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    environ = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"}
+    tracing = open_tracing(worker_id="w", capture_content=False, environ=environ)
+    try:
+        assert tracing.operation_duration is None and tracing.token_usage is None
+    finally:
+        assert tracing.shutdown(timeout_s=5)
+
+
+def test_a_collector_that_never_answers_holds_the_exit_for_the_timeout_only() -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Stuck:
+        def shutdown(self) -> None:
+            release.wait(30)
+
+    traced = Traced(conventions.DEFAULT, capture_content=False)
+    traced.tracing._tracer_provider = Stuck()
+    started = time.monotonic()
+    assert traced.tracing.shutdown(timeout_s=0.2) is False
+    assert time.monotonic() - started < 5
+    release.set()
+
+
+async def test_captured_content_is_cut_and_hostile_names_are_escaped() -> None:
+    from opentelemetry.sdk.trace import SpanLimits
+
+    traced = Traced(conventions.DEFAULT, capture_content=True)
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attribute_length=100))
+    provider.add_span_processor(SimpleSpanProcessor(traced.exporter))
+    traced.tracing.tracer = provider.get_tracer("test")
+    traced.tracing.text_limit = 100
+    long = "x" * 5000
+    llm = ScriptedChatModel(
+        [
+            tool_calls(("echo", {"text": long}), ("ghost\u202e\x1b[31m", {})),
+            final_answer("done"),
+        ]
+    )
+    assert await run_mission(traced, llm) == ["succeeded"]
+    spans = traced.exporter.get_finished_spans()
+    echo = next(s for s in spans if s.name == "execute_tool echo")
+    assert len(str((echo.attributes or {})["gen_ai.tool.call.arguments"])) == 100
+    ghost = next(s for s in spans if s.name == "execute_tool")
+    name = str((ghost.attributes or {})["gen_ai.tool.name"])
+    assert "\u202e" not in name and "\x1b" not in name and "\\u202e" in name
+    assert len(ghost.status.description or "") <= 101
 
 
 @pytest.mark.parametrize(

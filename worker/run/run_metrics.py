@@ -40,7 +40,7 @@ class RunMetrics:
         if isinstance(event, CallFinished):
             executed = event.executed
             if executed.ran and not event.settled:  # a known tool: the label is bounded
-                metrics.TOOL_DURATION.labels(tool=executed.call.name).observe(
+                metrics.TOOL_DURATION.labels(tool=metrics.tool_label(executed.call.name)).observe(
                     executed.duration_ms / 1000
                 )
         elif isinstance(event, RequestSent):

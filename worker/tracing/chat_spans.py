@@ -82,6 +82,7 @@ class TracedChatModel:
         self.duration = tracing.operation_duration
         self.token_usage = tracing.token_usage
         self.capture_content = tracing.capture_content
+        self.clipped = tracing.clipped
         self.provider_attribute = tracing.conventions.provider_attribute
         self.provider = provider
         self.endpoints = dict(endpoints or {})
@@ -133,7 +134,8 @@ class TracedChatModel:
             if isinstance(exc, LLMError):
                 self._usage(span, common, exc.usage.prompt_tokens, exc.usage.completion_tokens)
             span.set_attribute("error.type", error_type)
-            span.set_status(Status(StatusCode.ERROR, str(exc) if self.capture_content else None))
+            described = self.clipped(str(exc)) if self.capture_content else None
+            span.set_status(Status(StatusCode.ERROR, described))
             span.end()
             if self.duration is not None:
                 elapsed_s = time.perf_counter() - started

@@ -66,6 +66,7 @@ from planner import (
 )
 from planner.events import ApprovalDecided, ApprovalRequested
 from planner.replies import FAILED_STOP_REASONS
+from worker.terminal_text import visible_line
 from worker.tracing import content
 from worker.tracing.setup import Tracing
 
@@ -135,7 +136,7 @@ class RunSpans:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             self.provider_attribute: provider,
-            "gen_ai.agent.name": mission.agent_name,
+            "gen_ai.agent.name": visible_line(mission.agent_name),
             "gen_ai.agent.id": str(mission.agent_id),
             "gen_ai.conversation.id": str(iteration.id),
             "enduser.id": mission.owner_user_id,
@@ -148,7 +149,7 @@ class RunSpans:
             attributes["gen_ai.request.model"] = model
         kind = SpanKind.INTERNAL if tracing.conventions.invoke_agent_internal else SpanKind.CLIENT
         self.span = self.tracer.start_span(
-            f"invoke_agent {mission.agent_name}", kind=kind, attributes=attributes
+            f"invoke_agent {visible_line(mission.agent_name)}", kind=kind, attributes=attributes
         )
         self.context = trace.set_span_in_context(self.span)
         self.usage = TokenUsage()
@@ -226,7 +227,7 @@ class RunSpans:
             self.span.add_event(
                 "mana_ai.approval_requested",
                 {
-                    "gen_ai.tool.name": event.call.name[:MAX_ATTRIBUTE_CHARS],
+                    "gen_ai.tool.name": visible_line(event.call.name[:MAX_ATTRIBUTE_CHARS]),
                     "mana_ai.round": event.round,
                     "mana_ai.tool.position": event.position,
                 },
@@ -237,7 +238,7 @@ class RunSpans:
             self.span.add_event(
                 "mana_ai.approval_decided",
                 {
-                    "gen_ai.tool.name": event.call.name[:MAX_ATTRIBUTE_CHARS],
+                    "gen_ai.tool.name": visible_line(event.call.name[:MAX_ATTRIBUTE_CHARS]),
                     "mana_ai.round": event.round,
                     "mana_ai.tool.position": event.position,
                     "mana_ai.approval.request_id": approval.request_id,
@@ -289,7 +290,8 @@ class RunSpans:
         span.set_attributes(
             {"error.type": error.reason, "mana_ai.compaction.tokens_before": error.tokens_before}
         )
-        span.set_status(Status(StatusCode.ERROR, str(error) if self.capture_content else None))
+        described = self.tracing.clipped(str(error)) if self.capture_content else None
+        span.set_status(Status(StatusCode.ERROR, described))
         span.end()
 
     def _tool_span(self, event: CallFinished) -> None:
@@ -298,11 +300,11 @@ class RunSpans:
         position = (executed.round, executed.index)
         hint = self.hints.pop(position, None)
         known = hint is not None or executed.decision is not None
-        tool = call.name[:MAX_ATTRIBUTE_CHARS]
+        tool = visible_line(call.name[:MAX_ATTRIBUTE_CHARS])  # a model may invent any name
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
-            "gen_ai.tool.call.id": call.id[:MAX_ATTRIBUTE_CHARS],
+            "gen_ai.tool.call.id": visible_line(call.id[:MAX_ATTRIBUTE_CHARS]),
             "gen_ai.tool.type": "function",
             "mana_ai.round": executed.round,
             "mana_ai.tool.position": executed.index,
@@ -336,14 +338,15 @@ class RunSpans:
             start_time=ended - int(executed.duration_ms * 1e6),
         )
         if error_type is not None:
-            described = executed.error if self.capture_content else None
+            error = executed.error or ""
+            described = self.tracing.clipped(error) if self.capture_content else None
             span.set_status(Status(StatusCode.ERROR, described))
         span.end(end_time=ended)
 
     def raised(self, exc: BaseException) -> None:
         """The run ended with ``exc`` (cancelled, interrupted, crashed)."""
         self.span.set_attribute("error.type", type(exc).__name__)
-        described = str(exc) if self.capture_content else None
+        described = self.tracing.clipped(str(exc)) if self.capture_content else None
         self.span.set_status(Status(StatusCode.ERROR, described))
 
     def end(self) -> None:
@@ -365,8 +368,12 @@ class RunSpans:
             )
             if stopped.stop_reason in FAILED_STOP_REASONS:
                 span.set_attribute("error.type", str(stopped.stop_reason))
+                error = stopped.error or ""
                 span.set_status(
-                    Status(StatusCode.ERROR, stopped.error if self.capture_content else None)
+                    Status(
+                        StatusCode.ERROR,
+                        self.tracing.clipped(error) if self.capture_content else None,
+                    )
                 )
             elif self.capture_content and stopped.final_answer is not None:
                 span.set_attribute(

@@ -25,9 +25,11 @@ instrumentation in the process nest under it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from worker.errors import SettingsError
 from worker.tracing.conventions import (
@@ -44,6 +46,23 @@ logger = logging.getLogger(__name__)
 
 INSTRUMENTATION_NAME = "mana-ai"
 """The instrumentation scope of mana-ai's spans and metrics."""
+
+CONTENT_CHARS = 16_384
+"""Characters an attribute keeps at most when ``MANA_AI_OTEL_CAPTURE_CONTENT`` is on and no
+``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` / ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` says
+otherwise: a chat span's prompt is the whole conversation, and uncut, one batch of spans
+passes the exporter's 64 MiB request limit and is dropped whole (spans of other missions
+with it)."""
+
+SHUTDOWN_S = 5.0
+"""Seconds a stopping worker waits for its last spans and metrics to go out."""
+
+_LIMIT_VARIABLES = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+_ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
 
 _EXPORTERS = ("otlp", "console", "none")
 
@@ -67,15 +86,39 @@ class Tracing:
     token_usage: Any
     conventions: Conventions
     capture_content: bool
+    text_limit: int = CONTENT_CHARS
     _tracer_provider: Any = None
     _meter_provider: Any = None
 
-    def shutdown(self) -> None:
-        """Export what is still buffered and stop the exporters (blocks up to the exporters'
-        timeouts when the collector does not answer: call it off the event loop)."""
-        for provider in (self._tracer_provider, self._meter_provider):
-            if provider is not None:
-                provider.shutdown()
+    def clipped(self, text: str) -> str:
+        """``text`` cut to ``text_limit`` characters (span status messages, which the SDK's
+        attribute limit does not cut)."""
+        return text if len(text) <= self.text_limit else text[: self.text_limit] + "…"
+
+    def shutdown(self, timeout_s: float = SHUTDOWN_S) -> bool:
+        """Export what is still buffered and stop the exporters, waiting ``timeout_s`` at most
+        (a collector that does not answer would hold the exit for the exporters' retries):
+        what is not out by then is dropped, and a warning says so. Blocks: call it off the
+        event loop. True when everything went out in time."""
+        done = threading.Event()
+
+        def stop() -> None:
+            try:
+                for provider in (self._tracer_provider, self._meter_provider):
+                    if provider is not None:
+                        provider.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=stop, name="otel-shutdown", daemon=True).start()
+        if done.wait(timeout_s):
+            return True
+        logger.warning(
+            "the trace collector did not take the last spans and metrics within %g s: they are "
+            "dropped (the missions are stored; only their traces are incomplete)",
+            timeout_s,
+        )
+        return False
 
 
 def open_tracing(*, worker_id: str, capture_content: bool, environ: Mapping[str, str]) -> Tracing:
@@ -94,28 +137,60 @@ def open_tracing(*, worker_id: str, capture_content: bool, environ: Mapping[str,
             f"OTEL_EXPORTER_OTLP_PROTOCOL: mana-ai exports over http/protobuf only, got "
             f"{protocol!r} (a collector's OTLP/HTTP port is 4318)"
         )
-    try:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import (
-            ConsoleMetricExporter,
-            PeriodicExportingMetricReader,
-        )
-        from opentelemetry.sdk.resources import (
-            SERVICE_INSTANCE_ID,
-            SERVICE_NAME,
-            SERVICE_VERSION,
-            OTELResourceDetector,
-            Resource,
-        )
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    try:  # (the pipeline imports the names; here: is [otel] installed at all?)
+        import opentelemetry.exporter.otlp.proto.http
+        import opentelemetry.sdk.trace  # noqa: F401
     except ImportError as exc:
         raise SettingsError(
-            f"MANA_AI_OTEL=on needs the OpenTelemetry SDK and its OTLP exporter ({exc.name} is "
-            "missing): pip install 'mana-ai[otel]'"
+            f"tracing (MANA_AI_OTEL=on, or an OTEL_EXPORTER_OTLP_*ENDPOINT set) needs the "
+            f"OpenTelemetry SDK and its OTLP exporter ({exc.name} is missing): pip install "
+            "'mana-ai[otel]', or set MANA_AI_OTEL=off"
         ) from None
+    endpoints = _endpoints(environ)
+    text_limit = _text_limit(environ)
+    try:
+        return _pipeline(
+            worker_id=worker_id,
+            capture_content=capture_content,
+            environ=environ,
+            traces_exporter=traces_exporter,
+            metrics_exporter=metrics_exporter,
+            endpoints=endpoints,
+            text_limit=text_limit,
+        )
+    except (ValueError, TypeError) as exc:  # the SDK refused one of its own variables
+        given = ", ".join(f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("OTEL_"))
+        raise SettingsError(
+            f"the OpenTelemetry SDK refused its settings: {exc} (set: {given or 'none'})"
+        ) from None
+
+
+def _pipeline(
+    *,
+    worker_id: str,
+    capture_content: bool,
+    environ: Mapping[str, str],
+    traces_exporter: str,
+    metrics_exporter: str,
+    endpoints: dict[str, str],
+    text_limit: int | None,
+) -> Tracing:
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.resources import (
+        SERVICE_INSTANCE_ID,
+        SERVICE_NAME,
+        SERVICE_VERSION,
+        OTELResourceDetector,
+        Resource,
+    )
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
     conventions = conventions_for(environ)
     # mana-ai's defaults, then what OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME say over them
@@ -127,13 +202,18 @@ def open_tracing(*, worker_id: str, capture_content: bool, environ: Mapping[str,
         }
     ).merge(OTELResourceDetector().detect())
 
-    tracer_provider = TracerProvider(resource=resource)
+    limit = text_limit if text_limit is not None else CONTENT_CHARS
+    limits = SpanLimits(max_span_attribute_length=limit) if text_limit is None else None
+    tracer_provider = TracerProvider(resource=resource, span_limits=limits)
     if traces_exporter == "otlp":
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     elif traces_exporter == "console":
         tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    if metrics_exporter == "otlp" and "traces" in endpoints and "metrics" not in endpoints:
+        # only a traces endpoint: the metrics would go to localhost:4318 and fail every minute
+        metrics_exporter = "none (no OTLP endpoint for metrics)"
     meter_provider = None
-    if metrics_exporter != "none":
+    if metrics_exporter in ("otlp", "console"):
         exporter = OTLPMetricExporter() if metrics_exporter == "otlp" else ConsoleMetricExporter()
         reader = PeriodicExportingMetricReader(exporter)
         meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
@@ -142,15 +222,23 @@ def open_tracing(*, worker_id: str, capture_content: bool, environ: Mapping[str,
     tracer = tracer_provider.get_tracer(
         INSTRUMENTATION_NAME, package_version(), schema_url=schema_url
     )
+    where = endpoints.get("traces", "http://localhost:4318 (the SDK's default)")
     logger.info(
-        "tracing on: OpenTelemetry GenAI conventions %s, spans to %s, metrics to %s%s",
+        "tracing on: OpenTelemetry GenAI conventions %s, spans to %s%s, metrics to %s%s",
         conventions.version,
         traces_exporter,
+        f" at {where}" if traces_exporter == "otlp" else "",
         metrics_exporter,
-        ", with prompts and tool payloads (MANA_AI_OTEL_CAPTURE_CONTENT)"
+        ", with prompts and tool payloads (MANA_AI_OTEL_CAPTURE_CONTENT, values cut at "
+        f"{limit} characters)"
         if capture_content
         else "",
     )
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        logger.warning(
+            "OTEL_SDK_DISABLED=true: the OpenTelemetry SDK exports nothing, MANA_AI_OTEL=on "
+            "or not; unset one of them"
+        )
     duration = usage = None
     if meter_provider is not None:
         meter = meter_provider.get_meter(
@@ -174,9 +262,54 @@ def open_tracing(*, worker_id: str, capture_content: bool, environ: Mapping[str,
         token_usage=usage,
         conventions=conventions,
         capture_content=capture_content,
+        text_limit=limit,
         _tracer_provider=tracer_provider,
         _meter_provider=meter_provider,
     )
+
+
+def _endpoints(environ: Mapping[str, str]) -> dict[str, str]:
+    """Where spans (``traces``) and metrics (``metrics``) go, by the OTLP variables set: the
+    signal's own variable, else the general one with ``/v1/traces`` or ``/v1/metrics``
+    added (as the SDK does). An endpoint that is not an http(s) URL with a host is a
+    settings error here, rather than a failed export every few seconds.
+
+    Raises:
+        SettingsError: naming the variable and what it holds.
+    """
+    found: dict[str, str] = {}
+    for variable in _ENDPOINT_VARIABLES:
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(
+                f"{variable}: expected an http(s) URL such as http://collector:4318, got {value!r}"
+            )
+        if variable == "OTEL_EXPORTER_OTLP_ENDPOINT":
+            base = value.rstrip("/")
+            found.setdefault("traces", f"{base}/v1/traces")
+            found.setdefault("metrics", f"{base}/v1/metrics")
+        else:
+            found["traces" if "TRACES" in variable else "metrics"] = value
+    return found
+
+
+def _text_limit(environ: Mapping[str, str]) -> int | None:
+    """The attribute length limit the variables set (``None``: neither is set).
+
+    Raises:
+        SettingsError: one is set to anything but a whole number >= 1.
+    """
+    for variable in _LIMIT_VARIABLES:
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        if not value.isascii() or not value.isdigit() or int(value) < 1:
+            raise SettingsError(f"{variable}: expected a whole number >= 1, got {value!r}")
+        return int(value)
+    return None
 
 
 def _exporter_choice(environ: Mapping[str, str], variable: str) -> str:
