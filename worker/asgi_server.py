@@ -109,6 +109,24 @@ class AsgiServer:
         finally:
             self._socket.close()
 
+    async def serve_until_signalled(self, announce: str) -> None:
+        """Serve until SIGTERM or SIGINT (each stops the server gracefully, and the command
+        then ends with status 0 as ``worker`` does), printing ``announce`` on stderr once the
+        handlers are in place: the line tells a supervisor it may stop the server."""
+        import asyncio
+        import signal
+        import sys
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        print(announce, file=sys.stderr, flush=True)
+        try:
+            await self.serve()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
     def close(self) -> None:
         """Close the socket of a server that will not ``serve()``."""
         self._socket.close()

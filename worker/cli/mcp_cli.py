@@ -9,7 +9,6 @@ request with ``Authorization: Bearer TOKEN``), or talks MCP on stdin/stdout with
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +107,6 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             )
             await serve_stdio(served, user=user)
             return 0
-        import asyncio  # (loaded by asyncio.run already; `--help` does without it)
 
         from worker.asgi_server import cannot_listen
         from worker.mcp.server import McpHttpServer, build_http_app
@@ -118,23 +116,10 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             server = McpHttpServer(app, settings.mcp_host, settings.mcp_port)
         except OSError as exc:
             raise cannot_listen(exc, settings.mcp_host, settings.mcp_port, "MANA_AI_MCP") from None
-        # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for
-        # the handlers it found: these, so the command ends with status 0 as `worker` does.
-        # Installed before the line below, which tells a supervisor it may stop the server.
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, server.stop)
-        print(
+        await server.serve_until_signalled(
             f"mana-ai: serving MCP at {server.url} (bearer tokens; policy mode "
-            f"{settings.policy_mode}; scopes: {scopes})",
-            file=sys.stderr,
-            flush=True,
+            f"{settings.policy_mode}; scopes: {scopes})"
         )
-        try:
-            await server.serve()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
     return 0
 
 

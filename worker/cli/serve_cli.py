@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -43,7 +41,6 @@ class _AppLater:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncio  # (loaded by asyncio.run already; `--help` does without it)
 
     from worker.api.app import build_app
     from worker.asgi_server import AsgiServer, cannot_listen
@@ -66,18 +63,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             known_tools=[t.name for t in catalog],
             hints={t.name: t.policy_hint for t in catalog},
         )
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, server.stop)
-        print(
+        await server.serve_until_signalled(
             f"mana-ai: serving the API at {server.base_url}/api/v1 and the console at "
-            f"{server.base_url}/ (admin tokens: `mana-ai admin token create NAME`)",
-            file=sys.stderr,
-            flush=True,
+            f"{server.base_url}/ (admin tokens: `mana-ai admin token create NAME`)"
         )
-        try:
-            await server.serve()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
     return 0
