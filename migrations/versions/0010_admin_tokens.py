@@ -5,9 +5,7 @@ Revises: 0009
 Create Date: 2026-12-02
 
 * ``admin_tokens``: bearer tokens of `mana-ai serve` (`mana-ai admin token create NAME`),
-  stored as their SHA-256 only; ``read_only`` tokens change nothing; a revoked one stays. Two
-  live tokens never share a name, compared NFKC and case-folded (``name_key``): the name is
-  who decides, in the approvals' record.
+  stored as their SHA-256 only; ``read_only`` tokens change nothing; a revoked one stays.
 * ``admin_sessions``: a browser signed in to the console with a token; only the SHA-256 of the
   session id its cookie holds is stored; ended by sign-out, expiry, or its token's revocation.
 """
@@ -34,12 +32,6 @@ def upgrade() -> None:
             comment="who holds it; kept with what it decides",
         ),
         sa.Column(
-            "name_key",
-            sa.Text(),
-            nullable=False,
-            comment="the name compared: NFKC, case-folded (Alice and ALICE are one name)",
-        ),
-        sa.Column(
             "token_hash",
             sa.Text(),
             nullable=False,
@@ -56,13 +48,6 @@ def upgrade() -> None:
         sa.Column("last_used_at", sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_admin_tokens")),
         sa.UniqueConstraint("token_hash", name=op.f("uq_admin_tokens_token_hash")),
-    )
-    op.create_index(
-        "uq_admin_tokens_live_name",
-        "admin_tokens",
-        ["name_key"],
-        unique=True,
-        postgresql_where=sa.text("revoked_at IS NULL"),
     )
     op.create_table(
         "admin_sessions",
@@ -97,5 +82,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(op.f("ix_admin_sessions_token_id"), table_name="admin_sessions")
     op.drop_table("admin_sessions")
-    op.drop_index("uq_admin_tokens_live_name", table_name="admin_tokens")
     op.drop_table("admin_tokens")

@@ -93,7 +93,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0010"
+    assert revision == head_revision() == "0011"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES
@@ -287,3 +287,40 @@ async def test_a_database_a_newer_mana_ai_migrated_is_named_as_such(
         async with open_database(settings, migrate=False):
             pass
     assert "db upgrade" not in str(raised.value)
+
+
+async def test_0011_keys_the_token_names_and_keeps_the_newest_of_live_namesakes(
+    fresh: AsyncEngine,
+) -> None:
+    from alembic import command
+
+    from worker.store.migrate import alembic_config
+
+    def to_0010(connection: Any) -> None:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0010")
+
+    async with fresh.begin() as conn:
+        await conn.run_sync(to_0010)
+        for name, revoked in (("Alice", False), ("ALICE", False), ("alice", True), ("bob", False)):
+            await conn.execute(
+                text(
+                    "INSERT INTO admin_tokens (name, token_hash, revoked_at) VALUES "
+                    "(:name, md5(random()::text), CASE WHEN :revoked THEN now() END)"
+                ),
+                {"name": name, "revoked": revoked},
+            )
+    assert await upgrade_database(fresh) == "0011"
+    async with fresh.connect() as conn:
+        rows = (
+            await conn.execute(
+                text("SELECT name, name_key, revoked_at IS NULL FROM admin_tokens ORDER BY id")
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        ("Alice", "alice", False),  # a newer live "ALICE" keeps the name
+        ("ALICE", "alice", True),
+        ("alice", "alice", False),
+        ("bob", "bob", True),
+    ]

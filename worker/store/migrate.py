@@ -48,7 +48,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0011"
 """The newest revision in ``migrations/versions``: what a command that does not migrate
 checks the database against, without loading alembic and every script. A new revision
 updates it; ``tests/unit/test_migrations_head.py`` fails until it does (it compares it with
