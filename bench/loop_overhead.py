@@ -54,6 +54,20 @@ async def _noop(args: dict[str, Any], ctx: ToolContext) -> dict[str, bool]:
     return {"ok": True}
 
 
+def noop_tools(k: int) -> list[ToolSpec]:
+    """``k`` read tools ``noop_0`` … that do nothing (what the loop costs without the tools)."""
+    return [
+        ToolSpec(
+            name=f"noop_{i}",
+            description="Does nothing.",
+            input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+            policy_hint="read",
+            handler=_noop,
+        )
+        for i in range(k)
+    ]
+
+
 class ReplayModel:
     """Replays ``responses`` (built once, before the clock starts), one per request."""
 
@@ -135,16 +149,7 @@ async def measure(
 ) -> dict[str, float]:
     """Microseconds per round of each configuration (the best of ``repeat`` runs of ``loops``
     loops); ``only``: that configuration alone."""
-    tools = [
-        ToolSpec(
-            name=f"noop_{i}",
-            description="Does nothing.",
-            input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
-            policy_hint="read",
-            handler=_noop,
-        )
-        for i in range(k)
-    ]
+    tools = noop_tools(k)
     responses = script(rounds, k)
     results: dict[str, float] = {}
     for name, extra in configurations().items():

@@ -37,14 +37,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import at_least, otlp_sink
-from bench.loop_overhead import ReplayModel, script
-from planner import PlannerLoopInput, RunEvent, ToolContext, ToolSpec, run_planner_loop
+from bench.loop_overhead import ReplayModel, noop_tools, script
+from planner import PlannerLoopInput, RunEvent, ToolContext, run_planner_loop
 from worker.store.base import ClaimedMission, StartedIteration
 from worker.tracing.hooks import RunTracing, traced_run
-
-
-async def _noop(args: dict[str, Any], ctx: ToolContext) -> dict[str, bool]:
-    return {"ok": True}
 
 
 def _sink(event: RunEvent) -> None:
@@ -91,16 +87,7 @@ def tracing_on(capture_content: bool, metrics: bool) -> tuple[RunTracing, Any, A
 
 
 async def measure(rounds: int, k: int, loops: int, repeat: int) -> dict[str, float]:
-    tools = [
-        ToolSpec(
-            name=f"noop_{i}",
-            description="Does nothing.",
-            input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
-            policy_hint="read",
-            handler=_noop,
-        )
-        for i in range(k)
-    ]
+    tools = noop_tools(k)
     responses = script(rounds, k)
     results: dict[str, float] = {}
     for name in ("off", "spans", "spans + metrics", "+ content"):

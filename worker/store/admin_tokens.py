@@ -26,8 +26,8 @@ from sqlalchemy import delete, func, insert, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.errors import ConflictError, NotFoundError
-from worker.store.mcp_tokens import hash_token
+from worker.errors import ConflictError
+from worker.store.mcp_tokens import hash_token, revoke_token_row
 from worker.store.tables import admin_sessions, admin_tokens
 
 __all__ = ["ADMIN_TOKEN_PREFIX", "AdminPrincipal", "AdminTokenStore", "csrf_token", "name_key"]
@@ -129,23 +129,13 @@ class AdminTokenStore:
         Raises:
             NotFoundError: no token has that id.
         """
-        stmt = (
-            update(admin_tokens)
-            .where(admin_tokens.c.id == token_id, admin_tokens.c.revoked_at.is_(None))
-            .values(revoked_at=func.now())
-            .returning(*_TOKEN_COLUMNS)
+        return await revoke_token_row(
+            self.engine,
+            admin_tokens,
+            _TOKEN_COLUMNS,
+            token_id,
+            f"no admin token with id {token_id} (see `mana-ai admin token list`)",
         )
-        async with self.engine.begin() as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-            if row is not None:
-                return dict(row), True
-            found = await conn.execute(select(*_TOKEN_COLUMNS).where(admin_tokens.c.id == token_id))
-            existing = found.mappings().first()
-        if existing is None:
-            raise NotFoundError(
-                f"no admin token with id {token_id} (see `mana-ai admin token list`)"
-            )
-        return dict(existing), False
 
     async def principal(self, token: str) -> AdminPrincipal | None:
         """The principal of a live ``token`` (and its use stamped), else ``None``."""

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.errors import NotFoundError
@@ -24,7 +25,7 @@ from worker.store.base import ToolInvocationRow
 from worker.store.postgres import invocation_outcome_values
 from worker.store.tables import mcp_tokens, tool_invocations
 
-__all__ = ["TOKEN_PREFIX", "McpPrincipal", "McpStore", "hash_token"]
+__all__ = ["TOKEN_PREFIX", "McpPrincipal", "McpStore", "hash_token", "revoke_token_row"]
 
 TOKEN_PREFIX = "mana_mcp_"
 """Every token starts with it, so a leaked one is recognisable (secret scanners, logs)."""
@@ -36,6 +37,37 @@ _TOKEN_COLUMNS = (
     mcp_tokens.c.created_at,
     mcp_tokens.c.revoked_at,
 )  # never the hash
+
+
+async def revoke_token_row(
+    engine: AsyncEngine,
+    table: Table,
+    columns: Sequence[Any],
+    token_id: int,
+    missing: str,
+) -> tuple[dict[str, Any], bool]:
+    """Set ``revoked_at`` of row ``token_id`` of a token ``table`` (``mcp_tokens``,
+    ``admin_tokens``) unless it is set: ``(its columns, whether it was live until now)``, in
+    one transaction; revoking a revoked token changes nothing.
+
+    Raises:
+        NotFoundError: no row has that id (``missing`` is the message).
+    """
+    key = table.c.id
+    stmt = (
+        update(table)
+        .where(key == token_id, table.c.revoked_at.is_(None))
+        .values(revoked_at=func.now())
+        .returning(*columns)
+    )
+    async with engine.begin() as conn:
+        row = (await conn.execute(stmt)).mappings().first()
+        if row is not None:
+            return dict(row), True
+        existing = (await conn.execute(select(*columns).where(key == token_id))).mappings().first()
+    if existing is None:
+        raise NotFoundError(missing)
+    return dict(existing), False
 
 
 def hash_token(token: str) -> str:
@@ -99,24 +131,13 @@ class McpStore:
         Raises:
             NotFoundError: no token has that id.
         """
-        stmt = (
-            update(mcp_tokens)
-            .where(mcp_tokens.c.id == token_id, mcp_tokens.c.revoked_at.is_(None))
-            .values(revoked_at=func.now())
-            .returning(*_TOKEN_COLUMNS)
+        return await revoke_token_row(
+            self.engine,
+            mcp_tokens,
+            _TOKEN_COLUMNS,
+            token_id,
+            f"no MCP token with id {token_id} (see `mana-ai mcp token list`)",
         )
-        async with self.engine.begin() as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-            if row is not None:
-                return dict(row), True
-            existing = (
-                (await conn.execute(select(*_TOKEN_COLUMNS).where(mcp_tokens.c.id == token_id)))
-                .mappings()
-                .first()
-            )
-        if existing is None:
-            raise NotFoundError(f"no MCP token with id {token_id} (see `mana-ai mcp token list`)")
-        return dict(existing), False
 
     async def record_call(self, principal: McpPrincipal, row: ToolInvocationRow) -> None:
         """Store one MCP client's call (executed, denied or refused) in ``tool_invocations``."""
