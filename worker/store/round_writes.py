@@ -24,6 +24,10 @@ worker's attempt was found (``stored``: a repeated finish), and the ids of the c
 ``[[round, position, id], ...]`` (``calls``).
 
 Rows travel as JSONB arrays unpacked with ``jsonb_to_recordset``; JSON null reads as SQL NULL.
+The planner costs ``jsonb_to_recordset`` at 100 rows whatever it holds, so every stored row is
+reached by key (a correlated lookup per given call, ``id = ANY(ARRAY(...))`` for stored ones),
+never by a join it could answer by reading all of ``tool_invocations``
+(``tests/integration/test_round_write_plans.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from sqlalchemy import (
     Interval,
     Text,
     and_,
+    any_,
     bindparam,
     case,
     column,
@@ -315,7 +320,14 @@ def round_write_statement(
         columns.append(_new_calls(write, owned, may_start).label("calls"))
     if iteration and known_calls:
         data = recordset(tool_invocations, ("id", "attempt", *OUTCOME_KEYS), "p_known_calls")
-        conditions = [tool_invocations.c.id == data.c.id, owned]
+        ids = recordset(tool_invocations, ("id",), "p_known_calls")
+        conditions = [
+            tool_invocations.c.id == data.c.id,
+            # the rows by primary key: joined to the recordset alone, the planner (which costs
+            # jsonb_to_recordset at 100 rows) read the whole table for a few rows
+            tool_invocations.c.id == any_(func.array(select(ids.c.id).scalar_subquery())),
+            owned,
+        ]
         if may_start is not None:  # a stored row (a parked call) becomes started only so
             conditions.append(or_(data.c.outcome != "started", may_start))
         starter = case(
@@ -419,35 +431,49 @@ def _end_parked(write: Callable[[Any], Any], owned: Any, mission_id: Any) -> Non
 def _new_calls(write: Callable[[Any], Any], owned: Any, may_start: Any = None) -> Any:
     """``write`` the insert of ``p_new_calls`` (rows that exist already are left alone; a
     ``started`` row only when ``may_start`` holds, if given); return the scalar subquery of
-    ``[[round, position, id], ...]`` of the new calls' rows, inserted or found."""
+    ``[[round, position, id], ...]`` of the new calls' rows, inserted or found.
+
+    Each given row looks for its stored namesake (same iteration, attempt, round, position)
+    with a correlated subquery, once (the CTE ``given_calls``): PostgreSQL runs it per row on
+    ``ix_tool_invocations_iteration_id``. Written as a join (``NOT EXISTS``), the planner
+    costs ``jsonb_to_recordset`` at its default 100 rows and hashes the whole table instead,
+    a sequential scan of ``tool_invocations`` per statement until the table outgrows that
+    estimate (tens of thousands of rows).
+    """
     calls = tool_invocations
     data = recordset(calls, NEW_CALL_KEYS, "p_new_calls")
-    same = and_(
-        calls.c.iteration_id == data.c.iteration_id,
-        calls.c.attempt == data.c.attempt,
-        calls.c.round == data.c.round,
-        calls.c.position == data.c.position,
+    stored_id = (
+        select(calls.c.id)
+        .where(
+            calls.c.iteration_id == data.c.iteration_id,
+            calls.c.attempt == data.c.attempt,
+            calls.c.round == data.c.round,
+            calls.c.position == data.c.position,
+        )
+        .limit(1)
+        .scalar_subquery()
     )
-    conditions = [owned, ~exists().where(same)]
+    given = select(*(data.c[k] for k in NEW_CALL_KEYS), stored_id.label("stored_id")).cte(
+        "given_calls"
+    )
+    conditions = [owned, given.c.stored_id.is_(None)]
     if may_start is not None:
-        conditions.append(or_(data.c.outcome != "started", may_start))
+        conditions.append(or_(given.c.outcome != "started", may_start))
     inserted = (
         insert(calls)
         .from_select(
             NEW_CALL_KEYS,
             # Rows are numbered in source order: a hash anti-join (PostgreSQL 16+) would
             # otherwise hand them to the insert in hash order.
-            select(*(data.c[k] for k in NEW_CALL_KEYS))
+            select(*(given.c[k] for k in NEW_CALL_KEYS))
             .where(*conditions)
-            .order_by(data.c.round, data.c.position),
+            .order_by(given.c.round, given.c.position),
         )
         .returning(calls.c.round, calls.c.position, calls.c.id)
     )
     inserted = write(inserted)
-    found = (
-        select(calls.c.round, calls.c.position, calls.c.id)
-        .select_from(calls.join(data, same))
-        .where(owned)
+    found = select(given.c.round, given.c.position, given.c.stored_id).where(
+        given.c.stored_id.is_not(None), owned
     )
     both = union_all(select(inserted.c.round, inserted.c.position, inserted.c.id), found).subquery(
         "call_ids"
