@@ -6,7 +6,7 @@ run at all), and what is stored in turn when the database refuses one (``degrade
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -158,25 +158,23 @@ def notice_fields(
     return fields | {"id": request_id, "expires_at": expires_at, "created_at": created_at}
 
 
-def degraded(outcome: IterationOutcome) -> tuple[IterationOutcome, ...]:
+def degraded(outcome: IterationOutcome) -> Iterator[IterationOutcome]:
     """What to store, in turn, when the database refuses ``outcome``: a ``store_failed``
     failure with its message log, reminders and calls but not its archive; then without its
     calls; then without its log (rounds and tokens stay: they count toward the budget); then
-    the failure alone."""
+    the failure alone. Made one at a time, as each is refused (a stored run needs none)."""
     failed = dataclasses.replace(
         outcome,
         status=IterationStatus.FAILED,
         stop_reason=RunnerStopReason.STORE_FAILED,
         archive=(),
     )
+    yield failed
     bare = dataclasses.replace(failed, tool_invocations=())
+    yield bare
     unlogged = dataclasses.replace(bare, messages=[], reminders=[])
-    return (
-        failed,
-        bare,
-        unlogged,
-        dataclasses.replace(unlogged, rounds=0, prompt_tokens=0, completion_tokens=0),
-    )
+    yield unlogged
+    yield dataclasses.replace(unlogged, rounds=0, prompt_tokens=0, completion_tokens=0)
 
 
 def no_run(

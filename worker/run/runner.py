@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -412,7 +413,7 @@ class MissionRunner:
             )
 
         refusal: Exception | None = None
-        for attempt in (outcome, *degraded(outcome)):
+        for attempt in itertools.chain((outcome,), degraded(outcome)):
             if refusal is not None:
                 attempt = dataclasses.replace(
                     attempt,
