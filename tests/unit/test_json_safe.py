@@ -9,6 +9,8 @@ from enum import StrEnum
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.store.rows import _storable, json_safe
 
@@ -49,3 +51,31 @@ def test_plain_or_not_json_safe_stores_what_the_encoder_would(value: Any) -> Non
     stored, expected = json_safe(value), through_the_encoder(value)
     assert json.dumps(stored, allow_nan=False) == json.dumps(expected, allow_nan=False)
     assert type(stored) is type(expected)
+
+
+_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()  # NaN and infinities included
+    | st.text(alphabet=st.characters(codec=None, blacklist_categories=()))  # NUL, surrogates
+    | st.sampled_from([Colour.RED, "\\u0000", "\x00", "\ud83d", "\U0001f600"])
+)
+_structures = st.recursive(
+    _leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(
+            st.text(max_size=3) | st.integers() | st.sampled_from(["\x00"]), inner, max_size=4
+        )
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=3), _structures, max_size=4) | st.lists(_structures))
+def test_any_structure_is_stored_as_the_encoder_would(value: Any) -> None:
+    stored, expected = json_safe(value), through_the_encoder(value)
+    assert json.dumps(stored, allow_nan=False) == json.dumps(expected, allow_nan=False)

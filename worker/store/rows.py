@@ -104,6 +104,16 @@ def json_safe(value: Any) -> Any:
     characters that neither ``text`` nor ``jsonb`` accept (NUL, lone UTF-16 surrogates)
     replaced by U+FFFD, NaN and infinities stored as text, and a value that cannot be
     encoded (nested too deeply, circular) replaced by a note saying so. Never raises."""
+    kind = type(value)
+    if kind is dict or kind is list:  # a structure: encoded and decoded in C, checked once
+        try:
+            text = _ENCODE(value)
+        except (ValueError, TypeError, RecursionError):
+            pass  # NaN, a type JSON lacks, too deep: the walk or the encoder below says
+        else:
+            # the encoder writes NUL as the escape \u0000 and a lone surrogate as it is
+            if "\\u0000" not in text and _UNSTORABLE.search(text) is None:
+                return _DECODE(text)
     try:
         return _plain_json(value)
     except (_NotPlain, RecursionError):
@@ -143,6 +153,10 @@ def _plain_json(value: Any) -> Any:
 
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False).encode
+"""Plain JSON data as text, ``ValueError`` for NaN or an infinity, ``TypeError`` for another
+type; a structure that contains itself raises ``RecursionError``."""
+_DECODE = json.JSONDecoder().decode
 
 
 def _storable(value: Any) -> Any:
