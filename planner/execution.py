@@ -43,7 +43,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -344,11 +345,29 @@ async def _run_segment(
                 if (pending := finish(await run(checked))) is not None:
                     await pending
         return started
+    loop = asyncio.get_running_loop()
     running: set[asyncio.Task[ExecutedCall]] = set()
+    # the tasks that finished, in the order they did (their done callbacks, as asyncio.wait
+    # learns it, without its future and callbacks per task and per wait)
+    finished: list[asyncio.Task[ExecutedCall]] = []
+    waiter: asyncio.Future[None] | None = None
+
+    def on_done(task: asyncio.Task[ExecutedCall]) -> None:
+        finished.append(task)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def collect() -> None:
-        finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        for task in finished:
+        """Wait until a call finished (unless one did), then report every finished one."""
+        nonlocal waiter
+        if not finished:
+            waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                waiter = None
+        while finished:
+            task = finished.pop(0)
             running.discard(task)
             # _run turns every failure into a value
             if (pending := finish(task.result())) is not None:
@@ -365,7 +384,9 @@ async def _run_segment(
                 continue
             while len(running) >= cap:
                 await collect()
-            running.add(asyncio.create_task(run(checked)))
+            task = loop.create_task(run(checked))
+            task.add_done_callback(on_done)
+            running.add(task)
             started += 1
         while running:
             await collect()
@@ -477,12 +498,14 @@ async def _run_handler(
     done: Callable[[Any, str | None], ExecutedCall],
 ) -> ExecutedCall:
     call, spec = ready.call, ready.spec
-    deadline = _Deadline(timeout_s)
+    # the timer is set when the handler first waits: until then nothing can cancel it (the
+    # event loop is not running), and a handler that returns without waiting needs none
+    deadline = _Deadline(timeout_s, armed=False)
     try:
         if executor is not None:
-            result = await executor(call)
+            result = await _awaited(executor(call), deadline)
         else:
-            result = await spec.handler(dict(call.arguments), ctx)
+            result = await _awaited(spec.handler(dict(call.arguments), ctx), deadline)
     except asyncio.CancelledError:
         if deadline.expired_here():
             return done(None, _timeout_error(spec, timeout_s))
@@ -505,25 +528,85 @@ async def _run_handler(
     return done(result, None)
 
 
+@types.coroutine
+def _awaited(awaitable: Awaitable[Any], deadline: _Deadline) -> Generator[Any, Any, Any]:
+    """``await awaitable``, with ``deadline`` armed just before it first waits.
+
+    A coroutine is driven here exactly as ``await`` drives it (PEP 380: values it yields go
+    to the task, values and exceptions the task sends or throws go back to it, ``close`` is
+    passed on); it runs in the task that awaits this, as it would with ``await``. Any other
+    awaitable is awaited with the deadline armed first.
+    """
+    if type(awaitable) is not types.CoroutineType:
+        deadline.arm()
+        return (yield from _await(awaitable).__await__())
+    coro = awaitable
+    try:
+        value = coro.send(None)
+    except StopIteration as stop:  # done without waiting: no timer was needed
+        return stop.value
+    deadline.arm()
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                value = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
 class _Deadline:
-    """Cancel the current task after ``timeout_s`` seconds (``None``: never).
+    """Cancel the current task ``timeout_s`` seconds after this was made (``None``: never).
 
     What ``asyncio.timeout`` does, at a fifth of its cost per call (it runs for every tool
     call): a timer that cancels the task, and on ``CancelledError`` a check whether that timer
     was the cause — and only the cause, so a cancellation of the whole run that arrives too is
-    passed on (the same ``uncancel`` bookkeeping as ``asyncio.timeout``).
+    passed on (the same ``uncancel`` bookkeeping as ``asyncio.timeout``). With
+    ``armed=False`` the timer is set by ``arm`` (for the same moment: ``timeout_s`` after
+    this was made), so that a call that never waits sets none.
     """
 
-    __slots__ = ("_cancelling", "_consumed", "_expired", "_handle", "_task")
+    __slots__ = (
+        "_cancelling",
+        "_consumed",
+        "_expired",
+        "_handle",
+        "_started",
+        "_task",
+        "_timeout_s",
+    )
 
-    def __init__(self, timeout_s: float | None) -> None:
+    def __init__(self, timeout_s: float | None, *, armed: bool = True) -> None:
         self._expired = False
         self._consumed = False
         self._handle: asyncio.TimerHandle | None = None
+        self._timeout_s = timeout_s
         self._task = asyncio.current_task()
         self._cancelling = self._task.cancelling() if self._task is not None else 0
-        if timeout_s is not None and self._task is not None:
-            self._handle = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+        self._started = 0.0
+        if armed:
+            self.arm()
+        elif timeout_s is not None:
+            self._started = time.monotonic()
+
+    def arm(self) -> None:
+        """Set the timer (once; nothing without a timeout or outside a task), for
+        ``timeout_s`` after this deadline was made."""
+        if self._timeout_s is None or self._task is None or self._handle is not None:
+            return
+        delay = self._timeout_s
+        if self._started:
+            delay -= time.monotonic() - self._started
+        self._handle = asyncio.get_running_loop().call_later(delay, self._expire)
 
     def _expire(self) -> None:
         self._expired = True
@@ -546,6 +629,10 @@ class _Deadline:
         if self._expired and not self._consumed and self._task is not None:
             self._consumed = True
             self._task.uncancel()
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def _timeout_error(spec: ToolSpec, timeout_s: float | None) -> str:
