@@ -46,6 +46,7 @@ import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.calls import ExecutedCall, denial_text
@@ -267,6 +268,7 @@ async def execute_round(
         checked = await _check(
             index,
             calls[index],
+            specs[index],
             round=round,
             registry=registry,
             ctx=ctx,
@@ -283,8 +285,8 @@ async def execute_round(
             return None
         return checked
 
-    async def run(ready: _Ready) -> ExecutedCall:
-        return await _run(
+    def run(ready: _Ready) -> Coroutine[Any, Any, ExecutedCall]:
+        return _run(
             ready,
             round=round,
             executor=executor,
@@ -292,8 +294,12 @@ async def execute_round(
             sink=sink,
         )
 
-    hints = [_hint(registry, call) for call in calls]
-    for segment in plan_segments(hints):
+    specs = [registry.get(call.name) for call in calls]  # None: an unknown tool
+    hints = [None if spec is None else spec.policy_hint for spec in specs]
+    segments = (
+        plan_segments(hints) if "write" in hints or "destructive" in hints else _reads(len(hints))
+    )
+    for segment in segments:
         cap = max_parallel_reads if segment.parallel else 1
         ran = await _run_segment(segment.indices, cap, check, run, finish)
         if segment.parallel and cap > 1 and ran > 1 and sink is not None:
@@ -312,9 +318,11 @@ async def execute_round(
     return ExecutedRound(done)
 
 
-def _hint(registry: ToolRegistry, call: ToolCall) -> PolicyHint | None:
-    spec = registry.get(call.name)
-    return None if spec is None else spec.policy_hint
+@lru_cache(maxsize=32)
+def _reads(size: int) -> tuple[Segment, ...]:
+    """``plan_segments`` of ``size`` calls none of which is a write or destructive (made once
+    per size: a round of reads is the common case)."""
+    return tuple(plan_segments(["read"] * size))
 
 
 async def _run_segment(
@@ -412,6 +420,7 @@ class _Parked(NamedTuple):
 async def _check(
     index: int,
     call: ToolCall,
+    spec: ToolSpec | None,
     *,
     round: int,
     registry: ToolRegistry,
@@ -422,15 +431,15 @@ async def _check(
     park: bool = True,
 ) -> ExecutedCall | _Ready | _Parked:
     """The call's error result when it cannot run, ``_Parked`` when it waits for approval,
-    else what it needs to start. The gate sees the call's own context (its idempotency key,
-    for a write; its approval)."""
+    else what it needs to start (``spec``: the registry's tool of that name, ``None`` for an
+    unknown tool). The gate sees the call's own context (its idempotency key, for a write;
+    its approval)."""
     started = time.perf_counter()
 
     def refused(error: str, decision: PolicyDecision | None) -> ExecutedCall:
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         return ExecutedCall(round, call, None, error, decision, elapsed_ms, index)
 
-    spec = registry.get(call.name)
     if spec is None:
         known = ", ".join(registry.names()) or "(none)"
         return refused(f"unknown tool {call.name!r}; available tools: {known}", None)
