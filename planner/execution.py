@@ -354,16 +354,20 @@ async def _run_segment(
                     await pending
         return started
     loop = asyncio.get_running_loop()
-    running: set[asyncio.Task[ExecutedCall]] = set()
-    # the tasks that finished, in the order they did (their done callbacks, as asyncio.wait
-    # learns it, without its future and callbacks per task and per wait)
-    finished: list[asyncio.Task[ExecutedCall]] = []
+    running: dict[int, asyncio.Task[ExecutedCall]] = {}  # by the call's position
+    # the positions of the calls that finished, in the order they did: each task says so as
+    # its last step, and the first wakes this one (what asyncio.wait learns, without its
+    # future and callbacks per task and per wait, nor an event-loop turn for done callbacks)
+    finished: list[int] = []
     waiter: asyncio.Future[None] | None = None
 
-    def on_done(task: asyncio.Task[ExecutedCall]) -> None:
-        finished.append(task)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    async def tracked(ready: _Ready) -> ExecutedCall:
+        try:
+            return await run(ready)
+        finally:  # the task ends with this step: it is done when this one wakes
+            finished.append(ready.position)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     async def collect() -> None:
         """Wait until a call finished (unless one did), then report every finished one."""
@@ -375,8 +379,7 @@ async def _run_segment(
             finally:
                 waiter = None
         while finished:
-            task = finished.pop(0)
-            running.discard(task)
+            task = running.pop(finished.pop(0))
             # _run turns every failure into a value
             if (pending := finish(task.result())) is not None:
                 await pending
@@ -392,18 +395,17 @@ async def _run_segment(
                 continue
             while len(running) >= cap:
                 await collect()
-            task = loop.create_task(run(checked))
-            task.add_done_callback(on_done)
-            running.add(task)
+            running[index] = loop.create_task(tracked(checked))
             started += 1
         while running:
             await collect()
     finally:
-        for task in running:
+        left = list(running.values())
+        for task in left:
             task.cancel()
-        if running:
-            await asyncio.wait(running)
-            for task in running:  # done before the cancellation reached it: it happened
+        if left:
+            await asyncio.wait(left)
+            for task in left:  # done before the cancellation reached it: it happened
                 if not task.cancelled() and task.exception() is None:
                     if (pending := finish(task.result())) is not None:
                         await pending
