@@ -601,8 +601,8 @@ class _Deadline:
         self._consumed = False
         self._handle: asyncio.TimerHandle | None = None
         self._timeout_s = timeout_s
-        self._task = asyncio.current_task()
-        self._cancelling = self._task.cancelling() if self._task is not None else 0
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
         self._started = 0.0
         if armed:
             self.arm()
@@ -611,9 +611,14 @@ class _Deadline:
 
     def arm(self) -> None:
         """Set the timer (once; nothing without a timeout or outside a task), for
-        ``timeout_s`` after this deadline was made."""
-        if self._timeout_s is None or self._task is None or self._handle is not None:
+        ``timeout_s`` after this deadline was made, on the task running now (the one that
+        awaits the call: a call runs in one task from its start to its end)."""
+        if self._timeout_s is None or self._handle is not None:
             return
+        task = self._task = asyncio.current_task()
+        if task is None:
+            return
+        self._cancelling = task.cancelling()
         delay = self._timeout_s
         if self._started:
             delay -= time.monotonic() - self._started
