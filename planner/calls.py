@@ -70,7 +70,12 @@ def tool_result_message(executed: ExecutedCall) -> ChatMessage:
             content = json.dumps(
                 {"error": f"{executed.call.name} returned a result that is not JSON ({exc})"}
             )
-    return ChatMessage(role="tool", content=content, tool_call_id=executed.call.id)
+    # the validator itself, not ChatMessage(...): the same message, without the Python frame
+    # of BaseModel.__init__ (a tool message is made for every call)
+    return _MESSAGE({"role": "tool", "content": content, "tool_call_id": executed.call.id})  # type: ignore[no-any-return]
+
+
+_MESSAGE = ChatMessage.__pydantic_validator__.validate_python
 
 
 _PEOPLES_DECISIONS = frozenset({"approval_denied", "approval_expired"})
