@@ -134,6 +134,8 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
     """
     reply = response.message
     reason = response.finish_reason
+    if reply.tool_calls and reason not in _JUDGED_WITH_CALLS:
+        return _GOES_ON  # the common case: calls to run
     said = f"(finish_reason {reason!r})"
     if reason == "error":
         return Verdict(
@@ -167,6 +169,12 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
         )
     return Verdict(StopReason.FINAL_ANSWER)
 
+
+_JUDGED_WITH_CALLS = frozenset({"error", "content_filter"})
+"""Finish reasons that decide a reply even when it calls tools."""
+
+_GOES_ON = Verdict(None)
+"""The verdict on a reply whose calls run (frozen: one for all)."""
 
 _THINKING = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
 
