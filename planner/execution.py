@@ -514,9 +514,20 @@ async def _run_handler(
     deadline = _Deadline(timeout_s, armed=False)
     try:
         if executor is not None:
-            result = await _awaited(executor(call), deadline)
+            awaitable = executor(call)
         else:
-            result = await _awaited(spec.handler(dict(call.arguments), ctx), deadline)
+            awaitable = spec.handler(dict(call.arguments), ctx)
+        if type(awaitable) is types.CoroutineType:
+            try:
+                first = awaitable.send(None)  # as await starts it
+            except StopIteration as stop:  # done without waiting: no timer was needed
+                result = stop.value
+            else:
+                deadline.arm()
+                result = await _resumed(awaitable, first)
+        else:
+            deadline.arm()
+            result = await awaitable
     except asyncio.CancelledError:
         if deadline.expired_here():
             return done(None, _timeout_error(spec, timeout_s))
@@ -540,23 +551,10 @@ async def _run_handler(
 
 
 @types.coroutine
-def _awaited(awaitable: Awaitable[Any], deadline: _Deadline) -> Generator[Any, Any, Any]:
-    """``await awaitable``, with ``deadline`` armed just before it first waits.
-
-    A coroutine is driven here exactly as ``await`` drives it (PEP 380: values it yields go
-    to the task, values and exceptions the task sends or throws go back to it, ``close`` is
-    passed on); it runs in the task that awaits this, as it would with ``await``. Any other
-    awaitable is awaited with the deadline armed first.
-    """
-    if type(awaitable) is not types.CoroutineType:
-        deadline.arm()
-        return (yield from _await(awaitable).__await__())
-    coro = awaitable
-    try:
-        value = coro.send(None)
-    except StopIteration as stop:  # done without waiting: no timer was needed
-        return stop.value
-    deadline.arm()
+def _resumed(coro: Coroutine[Any, Any, Any], value: Any) -> Generator[Any, Any, Any]:
+    """The rest of ``await coro`` once ``coro`` yielded ``value`` (its first wait): what
+    ``await`` does (PEP 380: values it yields go to the task, values and exceptions the task
+    sends or throws go back to it, ``close`` is passed on), in the task that awaits this."""
     while True:
         try:
             sent = yield value
@@ -645,10 +643,6 @@ class _Deadline:
         if self._expired and not self._consumed and self._task is not None:
             self._consumed = True
             self._task.uncancel()
-
-
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
 
 
 def _timeout_error(spec: ToolSpec, timeout_s: float | None) -> str:

@@ -23,6 +23,7 @@ from planner.policy import (
     PolicyVerdict,
     RateLimit,
     UserPolicySettings,
+    decide_scanned,
     evaluate_policy,
 )
 from planner.tools import ToolContext, ToolSpec
@@ -221,9 +222,11 @@ class RulePolicyGate:
         ):
             return known.decision
         basis = (self.mode, config, self.user_settings, self.destructive)
-        _, decision = self.rules(spec, call, ctx)
-        if decision.reason != POLICY_UNAVAILABLE and not decision.flags:
-            self._decided[spec.name] = _Decided(spec, ctx.user_id, *basis, decision)
+        try:  # the rules, on the scan just made (found nothing)
+            decision = decide_scanned(self._input(spec, call, ctx), (), False, False)
+        except Exception:  # a bug in the rules: ``rules`` reports it
+            return None
+        self._decided[spec.name] = _Decided(spec, ctx.user_id, *basis, decision)
         return decision
 
     def _input(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyInput:
