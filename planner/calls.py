@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from planner.json_text import json_text
 from planner.messages import ChatMessage, ToolCall
 from planner.policy import PolicyDecision
 
@@ -53,28 +54,28 @@ class ExecutedCall:
         return self.error is None
 
 
-_RESULT_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
-"""What ``json.dumps(value, ensure_ascii=False, default=str)`` does, built once: ``dumps`` with
-options builds an encoder on every call, and every tool result goes through it."""
-
-
 def tool_result_message(executed: ExecutedCall) -> ChatMessage:
     """The tool message answering ``executed.call``.
 
     Content is the result as JSON (a ``str`` result is sent as is), or ``{"error": "..."}``.
     """
     if executed.error is not None:
-        content = _RESULT_ENCODER.encode({"error": executed.error})
+        content = json_text({"error": executed.error})
     elif isinstance(executed.result, str):
         content = executed.result
     else:
         try:
-            content = _RESULT_ENCODER.encode(executed.result)
+            content = json_text(executed.result)
         except (ValueError, RecursionError) as exc:  # circular or absurdly deep results
             content = json.dumps(
                 {"error": f"{executed.call.name} returned a result that is not JSON ({exc})"}
             )
-    return ChatMessage(role="tool", content=content, tool_call_id=executed.call.id)
+    # the validator itself, not ChatMessage(...): the same message, without the Python frame
+    # of BaseModel.__init__ (a tool message is made for every call)
+    return _MESSAGE({"role": "tool", "content": content, "tool_call_id": executed.call.id})  # type: ignore[no-any-return]
+
+
+_MESSAGE = ChatMessage.__pydantic_validator__.validate_python
 
 
 _PEOPLES_DECISIONS = frozenset({"approval_denied", "approval_expired"})

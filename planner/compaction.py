@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from planner.errors import LLMError, PlannerError
+from planner.json_text import json_text
 from planner.llm import ChatModel, CompletionRequest
 from planner.messages import ChatMessage, TokenUsage
 from planner.replies import answer_text
@@ -91,13 +92,8 @@ def estimate_message_tokens(message: ChatMessage) -> int:
     """Tokens of one message as sent: its text and tool calls, plus 4 for the framing."""
     size = len(message.content or "")
     for call in message.tool_calls:
-        size += len(call.name) + len(_ARGUMENTS_ENCODER.encode(call.arguments))
+        size += len(call.name) + len(json_text(call.arguments))
     return (size + 3) // 4 + 4
-
-
-_ARGUMENTS_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
-"""``json.dumps(value, ensure_ascii=False, default=str)``, built once (``dumps`` with options
-builds an encoder per call, and the loop estimates every message it appends)."""
 
 
 class CompactionError(PlannerError):

@@ -43,8 +43,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.calls import ExecutedCall, denial_text
@@ -266,6 +268,7 @@ async def execute_round(
         checked = await _check(
             index,
             calls[index],
+            specs[index],
             round=round,
             registry=registry,
             ctx=ctx,
@@ -282,8 +285,8 @@ async def execute_round(
             return None
         return checked
 
-    async def run(ready: _Ready) -> ExecutedCall:
-        return await _run(
+    def run(ready: _Ready) -> Coroutine[Any, Any, ExecutedCall]:
+        return _run(
             ready,
             round=round,
             executor=executor,
@@ -291,8 +294,12 @@ async def execute_round(
             sink=sink,
         )
 
-    hints = [_hint(registry, call) for call in calls]
-    for segment in plan_segments(hints):
+    specs = [registry.get(call.name) for call in calls]  # None: an unknown tool
+    hints = [None if spec is None else spec.policy_hint for spec in specs]
+    segments = (
+        plan_segments(hints) if "write" in hints or "destructive" in hints else _reads(len(hints))
+    )
+    for segment in segments:
         cap = max_parallel_reads if segment.parallel else 1
         ran = await _run_segment(segment.indices, cap, check, run, finish)
         if segment.parallel and cap > 1 and ran > 1 and sink is not None:
@@ -311,9 +318,11 @@ async def execute_round(
     return ExecutedRound(done)
 
 
-def _hint(registry: ToolRegistry, call: ToolCall) -> PolicyHint | None:
-    spec = registry.get(call.name)
-    return None if spec is None else spec.policy_hint
+@lru_cache(maxsize=32)
+def _reads(size: int) -> tuple[Segment, ...]:
+    """``plan_segments`` of ``size`` calls none of which is a write or destructive (made once
+    per size: a round of reads is the common case)."""
+    return tuple(plan_segments(["read"] * size))
 
 
 async def _run_segment(
@@ -344,12 +353,33 @@ async def _run_segment(
                 if (pending := finish(await run(checked))) is not None:
                     await pending
         return started
-    running: set[asyncio.Task[ExecutedCall]] = set()
+    loop = asyncio.get_running_loop()
+    running: dict[int, asyncio.Task[ExecutedCall]] = {}  # by the call's position
+    # the positions of the calls that finished, in the order they did: each task says so as
+    # its last step, and the first wakes this one (what asyncio.wait learns, without its
+    # future and callbacks per task and per wait, nor an event-loop turn for done callbacks)
+    finished: list[int] = []
+    waiter: asyncio.Future[None] | None = None
+
+    async def tracked(ready: _Ready) -> ExecutedCall:
+        try:
+            return await run(ready)
+        finally:  # the task ends with this step: it is done when this one wakes
+            finished.append(ready.position)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     async def collect() -> None:
-        finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        for task in finished:
-            running.discard(task)
+        """Wait until a call finished (unless one did), then report every finished one."""
+        nonlocal waiter
+        if not finished:
+            waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                waiter = None
+        while finished:
+            task = running.pop(finished.pop(0))
             # _run turns every failure into a value
             if (pending := finish(task.result())) is not None:
                 await pending
@@ -365,16 +395,17 @@ async def _run_segment(
                 continue
             while len(running) >= cap:
                 await collect()
-            running.add(asyncio.create_task(run(checked)))
+            running[index] = loop.create_task(tracked(checked))
             started += 1
         while running:
             await collect()
     finally:
-        for task in running:
+        left = list(running.values())
+        for task in left:
             task.cancel()
-        if running:
-            await asyncio.wait(running)
-            for task in running:  # done before the cancellation reached it: it happened
+        if left:
+            await asyncio.wait(left)
+            for task in left:  # done before the cancellation reached it: it happened
                 if not task.cancelled() and task.exception() is None:
                     if (pending := finish(task.result())) is not None:
                         await pending
@@ -391,6 +422,7 @@ class _Parked(NamedTuple):
 async def _check(
     index: int,
     call: ToolCall,
+    spec: ToolSpec | None,
     *,
     round: int,
     registry: ToolRegistry,
@@ -401,15 +433,15 @@ async def _check(
     park: bool = True,
 ) -> ExecutedCall | _Ready | _Parked:
     """The call's error result when it cannot run, ``_Parked`` when it waits for approval,
-    else what it needs to start. The gate sees the call's own context (its idempotency key,
-    for a write; its approval)."""
+    else what it needs to start (``spec``: the registry's tool of that name, ``None`` for an
+    unknown tool). The gate sees the call's own context (its idempotency key, for a write;
+    its approval)."""
     started = time.perf_counter()
 
     def refused(error: str, decision: PolicyDecision | None) -> ExecutedCall:
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         return ExecutedCall(round, call, None, error, decision, elapsed_ms, index)
 
-    spec = registry.get(call.name)
     if spec is None:
         known = ", ".join(registry.names()) or "(none)"
         return refused(f"unknown tool {call.name!r}; available tools: {known}", None)
@@ -477,12 +509,25 @@ async def _run_handler(
     done: Callable[[Any, str | None], ExecutedCall],
 ) -> ExecutedCall:
     call, spec = ready.call, ready.spec
-    deadline = _Deadline(timeout_s)
+    # the timer is set when the handler first waits: until then nothing can cancel it (the
+    # event loop is not running), and a handler that returns without waiting needs none
+    deadline = _Deadline(timeout_s, armed=False)
     try:
         if executor is not None:
-            result = await executor(call)
+            awaitable = executor(call)
         else:
-            result = await spec.handler(dict(call.arguments), ctx)
+            awaitable = spec.handler(dict(call.arguments), ctx)
+        if type(awaitable) is types.CoroutineType:
+            try:
+                first = awaitable.send(None)  # as await starts it
+            except StopIteration as stop:  # done without waiting: no timer was needed
+                result = stop.value
+            else:
+                deadline.arm()
+                result = await _resumed(awaitable, first)
+        else:
+            deadline.arm()
+            result = await awaitable
     except asyncio.CancelledError:
         if deadline.expired_here():
             return done(None, _timeout_error(spec, timeout_s))
@@ -505,25 +550,77 @@ async def _run_handler(
     return done(result, None)
 
 
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, Any], value: Any) -> Generator[Any, Any, Any]:
+    """The rest of ``await coro`` once ``coro`` yielded ``value`` (its first wait): what
+    ``await`` does (PEP 380: values it yields go to the task, values and exceptions the task
+    sends or throws go back to it, ``close`` is passed on), in the task that awaits this."""
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                value = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
 class _Deadline:
-    """Cancel the current task after ``timeout_s`` seconds (``None``: never).
+    """Cancel the current task ``timeout_s`` seconds after this was made (``None``: never).
 
     What ``asyncio.timeout`` does, at a fifth of its cost per call (it runs for every tool
     call): a timer that cancels the task, and on ``CancelledError`` a check whether that timer
     was the cause — and only the cause, so a cancellation of the whole run that arrives too is
-    passed on (the same ``uncancel`` bookkeeping as ``asyncio.timeout``).
+    passed on (the same ``uncancel`` bookkeeping as ``asyncio.timeout``). With
+    ``armed=False`` the timer is set by ``arm`` (for the same moment: ``timeout_s`` after
+    this was made), so that a call that never waits sets none.
     """
 
-    __slots__ = ("_cancelling", "_consumed", "_expired", "_handle", "_task")
+    __slots__ = (
+        "_cancelling",
+        "_consumed",
+        "_expired",
+        "_handle",
+        "_started",
+        "_task",
+        "_timeout_s",
+    )
 
-    def __init__(self, timeout_s: float | None) -> None:
+    def __init__(self, timeout_s: float | None, *, armed: bool = True) -> None:
         self._expired = False
         self._consumed = False
         self._handle: asyncio.TimerHandle | None = None
-        self._task = asyncio.current_task()
-        self._cancelling = self._task.cancelling() if self._task is not None else 0
-        if timeout_s is not None and self._task is not None:
-            self._handle = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+        self._timeout_s = timeout_s
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._started = 0.0
+        if armed:
+            self.arm()
+        elif timeout_s is not None:
+            self._started = time.monotonic()
+
+    def arm(self) -> None:
+        """Set the timer (once; nothing without a timeout or outside a task), for
+        ``timeout_s`` after this deadline was made, on the task running now (the one that
+        awaits the call: a call runs in one task from its start to its end)."""
+        if self._timeout_s is None or self._handle is not None:
+            return
+        task = self._task = asyncio.current_task()
+        if task is None:
+            return
+        self._cancelling = task.cancelling()
+        delay = self._timeout_s
+        if self._started:
+            delay -= time.monotonic() - self._started
+        self._handle = asyncio.get_running_loop().call_later(delay, self._expire)
 
     def _expire(self) -> None:
         self._expired = True

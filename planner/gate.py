@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import NamedTuple, Protocol
 
 from planner.errors import RunInterrupted
+from planner.markers import CompiledMarkers, compile_markers, scan_for_markers
 from planner.messages import ToolCall
 from planner.policy import (
     POLICY_UNAVAILABLE,
@@ -22,6 +23,7 @@ from planner.policy import (
     PolicyVerdict,
     RateLimit,
     UserPolicySettings,
+    decide_scanned,
     evaluate_policy,
 )
 from planner.tools import ToolContext, ToolSpec
@@ -61,6 +63,18 @@ class CallLedger(Protocol):
                 and open in ``log-only``).
         """
         ...
+
+
+class _Decided(NamedTuple):
+    """A decision of the rules and everything it was decided on (``RulePolicyGate._known``)."""
+
+    spec: ToolSpec
+    user_id: str
+    mode: PolicyMode
+    config: PolicyConfig
+    user_settings: UserPolicySettings
+    destructive: DestructivePolicy
+    decision: PolicyDecision
 
 
 DecisionObserver = Callable[[ToolSpec, ToolCall, ToolContext, PolicyDecision], None]
@@ -119,23 +133,29 @@ class RulePolicyGate:
         self.observe = observe
         self.destructive = destructive
         self._limits: dict[str, RateLimit] = {}
+        # per tool name: the rules' decision on a call of it with unflagged arguments and no
+        # approval (see ``_known``), with what it was decided on
+        self._decided: dict[str, _Decided] = {}
+        self._compiled: tuple[tuple[str, ...], CompiledMarkers] | None = None
 
     async def __call__(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision:
         """Decide ``call`` (see the class docstring); never raises except on cancellation and
         ``RunInterrupted`` from the ledger in ``enforce``."""
-        inp, decision = self.rules(spec, call, ctx)
+        inp: PolicyInput | None = None
+        decision = self._known(spec, call, ctx)
+        if decision is None:
+            inp, decision = self.rules(spec, call, ctx)
         if decision.verdict == "allow" and self.mode != "off":
             # The rules that need no counting allow the call: take a rate-limit slot.
+            limit = self._limits.get(spec.name) or self.limit_for(spec)
             try:
                 reservation = await self.ledger.reserve(
-                    user_id=ctx.user_id,
-                    tool=spec.name,
-                    limit=self.limit_for(spec),
-                    consumer=self.consumer,
+                    user_id=ctx.user_id, tool=spec.name, limit=limit, consumer=self.consumer
                 )
             except RunInterrupted:
                 if self.mode == "enforce":
                     raise  # the run stops and resumes; the model is not told "try later"
+                inp = inp or self._input(spec, call, ctx)
                 decision = self._unavailable(inp, decision, "its rate-limit store is unreachable")
                 logger.warning("policy gate unavailable for %s: allowing it (log-only)", spec.name)
             except Exception as exc:
@@ -150,22 +170,68 @@ class RulePolicyGate:
                 )
                 # the model reads the message, not the exception (which may quote SQL or
                 # addresses); the log above has the details
+                inp = inp or self._input(spec, call, ctx)
                 decision = self._unavailable(inp, decision, "its rate-limit store did not answer")
             else:
                 if not reservation.reserved:
-                    decision = self._refused(inp, decision, reservation)
+                    decision = self._refused(
+                        inp or self._input(spec, call, ctx), decision, reservation
+                    )
         if self.observe is not None:
             self.report(spec, call, ctx, decision)
         return decision
 
-    def rules(
-        self, spec: ToolSpec, call: ToolCall, ctx: ToolContext
-    ) -> tuple[PolicyInput, PolicyDecision]:
-        """The input and the decision of the rules that need no counting (a bug in the rules
-        gives a ``policy_unavailable`` decision, never an exception). A caller that counts the
-        call elsewhere (in the same round trip as another write) goes on with ``limit_for``,
-        ``counted`` and ``report``."""
-        inp = PolicyInput(
+    def _known(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyDecision | None:
+        """The rules' decision without running them all, when it is provably the one they
+        gave before, else ``None`` (the caller runs ``rules``).
+
+        ``evaluate_policy`` is pure; for a call without an approval, and with the rate rule
+        left to the ledger, its decision depends on the arguments only through the marker
+        scan's flags. So a call whose arguments raise no flag gets the decision of the first
+        such call of its tool, as long as everything else it depended on is the same: the
+        same ``ToolSpec`` object (frozen), the same user, and the gate's ``mode``, ``config``,
+        ``user_settings`` and ``destructive`` unchanged (the same objects; both settings are
+        frozen). The arguments are scanned every time."""
+        if ctx.approval is not None or self.mode == "off":
+            return None
+        config = self.config
+        markers = config.injection_markers
+        compiled = self._compiled
+        if compiled is None or compiled[0] is not markers:
+            compiled = self._compiled = (markers, compile_markers(markers))
+        try:
+            found, truncated, not_object = scan_for_markers(
+                call.arguments,
+                compiled[1],
+                max_chars=config.max_inspected_chars,
+                max_nodes=config.max_inspected_nodes,
+            )
+        except Exception:  # never expected; the full rules decide (and report a bug)
+            return None
+        if found or truncated or not_object:
+            return None  # a flagged call: the full rules make its decision
+        known = self._decided.get(spec.name)
+        if (
+            known is not None
+            and known.spec is spec
+            and known.user_id == ctx.user_id
+            and known.mode is self.mode
+            and known.config is config
+            and known.user_settings is self.user_settings
+            and known.destructive is self.destructive
+        ):
+            return known.decision
+        basis = (self.mode, config, self.user_settings, self.destructive)
+        try:  # the rules, on the scan just made (found nothing)
+            decision = decide_scanned(self._input(spec, call, ctx), (), False, False)
+        except Exception:  # a bug in the rules: ``rules`` reports it
+            return None
+        self._decided[spec.name] = _Decided(spec, ctx.user_id, *basis, decision)
+        return decision
+
+    def _input(self, spec: ToolSpec, call: ToolCall, ctx: ToolContext) -> PolicyInput:
+        """What the rules look at for ``call`` (the rate rule left to the ledger)."""
+        return PolicyInput(
             spec,
             ctx,
             call.arguments,
@@ -177,6 +243,15 @@ class RulePolicyGate:
             self.destructive,
             ctx.approval,
         )
+
+    def rules(
+        self, spec: ToolSpec, call: ToolCall, ctx: ToolContext
+    ) -> tuple[PolicyInput, PolicyDecision]:
+        """The input and the decision of the rules that need no counting (a bug in the rules
+        gives a ``policy_unavailable`` decision, never an exception). A caller that counts the
+        call elsewhere (in the same round trip as another write) goes on with ``limit_for``,
+        ``counted`` and ``report``."""
+        inp = self._input(spec, call, ctx)
         try:
             return inp, evaluate_policy(inp)
         except Exception:  # a bug in the rules must not crash the loop

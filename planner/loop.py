@@ -23,11 +23,10 @@ and its result is that record's.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 from planner.approvals import Approval
@@ -37,7 +36,6 @@ from planner.compaction import (
     Compactor,
     compact_history,
     estimate_message_tokens,
-    estimate_tokens,
     should_compact,
 )
 from planner.errors import LLMError
@@ -224,10 +222,12 @@ class PlannerLoopResult:
         )
 
 
+@lru_cache(maxsize=256)
 def format_reminder(text: str, role: ReminderRole = "system") -> ChatMessage:
     """A reminder as the message sent with one request: ``<reminder>text</reminder>`` as a
     ``system`` message (default), or a ``user`` message for endpoints whose chat templates
-    refuse a system message after the first (Mistral's, Gemma's)."""
+    refuse a system message after the first (Mistral's, Gemma's). The same text and role give
+    the same (frozen) message: the last 256 are kept, as producers repeat their texts."""
     return ChatMessage(role=role, content=f"<reminder>{text}</reminder>")
 
 
@@ -278,12 +278,13 @@ async def run_planner_loop(
     # what the next request holds (tracked only with a compactor): the tool definitions until
     # the provider reports what it read, then the larger of its count and the estimate, plus
     # estimates of what was appended since
-    context_tokens = estimate_tokens(json.dumps(openai_tools)) if compactor and openai_tools else 0
+    context_tokens = _tools_tokens(registry.specs()) if compactor and openai_tools else 0
 
     def counted(messages: Sequence[ChatMessage]) -> None:
         nonlocal context_tokens
         if compactor is not None:
-            context_tokens += sum(estimate_message_tokens(m) for m in messages)
+            for message in messages:
+                context_tokens += estimate_message_tokens(message)
 
     async def run_calls(
         calls: Sequence[ToolCall],
@@ -369,7 +370,8 @@ async def run_planner_loop(
             ),
         )
 
-    for round_no in range(first_round, inp.max_rounds + 1):
+    channel, max_rounds = inp.reminder_channel, inp.max_rounds
+    for round_no in range(first_round, max_rounds + 1):
         if compactor is not None and should_compact(
             context_tokens, compactor.max_ctx, compactor.threshold
         ):
@@ -416,36 +418,37 @@ async def run_planner_loop(
                     else "more than the whole context, and compacting could not help",
                 )
         reminders: list[Reminder] = []
-        if inp.reminder_channel is not None:
+        if channel is not None:
             state = LoopState(
-                round=round_no,
-                tool_call_count=len(log.calls),
-                tokens_used=log.usage,
-                last_call=log.last_call,
-                compactions_done=log.compactions_done,
-                max_rounds=inp.max_rounds,
-                last_round_calls=log.last_round_calls,
+                round_no,
+                len(log.calls),
+                log.usage,
+                log.last_call,
+                log.compactions_done,
+                max_rounds,
+                log.last_round_calls,
             )
-            reminders = _reminders(inp.reminder_channel, state)
-        sent_messages = [format_reminder(r.text, r.role) for r in reminders]
+            reminders = _reminders(channel, state)
+        if reminders:
+            sent_messages = [format_reminder(r.text, r.role) for r in reminders]
+            messages = [*log.messages, *sent_messages]
+            audit = tuple([SentReminder(round_no, r.producer or "", r.text) for r in reminders])
+        else:
+            sent_messages = []
+            messages = list(log.messages)
+            audit = ()
         if compactor is not None:
-            sent = context_tokens + sum(estimate_message_tokens(m) for m in sent_messages)
+            sent = context_tokens
+            for message in sent_messages:
+                sent += estimate_message_tokens(message)
             if sent >= compactor.max_ctx:  # with this round's reminders it cannot fit
                 return await exhausted(
                     round_no, "and with this round's reminders the request would not fit"
                 )
         # validated, not model_construct: pydantic's check of instances of the right types is
         # cheaper than its Python-level construct (2.1 against 2.9 us for 12 messages, 5 tools)
-        request = CompletionRequest(
-            messages=[*log.messages, *sent_messages], tools=openai_tools, model=inp.model
-        )
-        sent_event = RequestSent(
-            round_no,
-            tuple([SentReminder(round_no, r.producer or "", r.text) for r in reminders])
-            if reminders
-            else (),
-            context_tokens,
-        )
+        request = CompletionRequest(messages=messages, tools=openai_tools, model=inp.model)
+        sent_event = RequestSent(round_no, audit, context_tokens)
         log.fold_request_sent(sent_event)
         if sink is not None and (pending := sink(sent_event)) is not None:
             await pending
@@ -458,7 +461,7 @@ async def run_planner_loop(
             return await stop(round_no, StopReason.LLM_ERROR, error=str(exc))
         reply = stored_reply(response)
         if compactor is not None:
-            counted((reply,))
+            context_tokens += estimate_message_tokens(reply)
         if compactor is not None and response.usage.prompt_tokens and not response.usage.estimated:
             # the larger of the provider's count (what it read and wrote: exact where the
             # estimate drifts) and the estimate: endpoints with prompt caching report only the
@@ -536,6 +539,14 @@ async def _decided(
         error = message if approval.granted else denial_text(decision)
         settled[position] = ExecutedCall(round_no, call, None, error, decision, index=position)
     return settled, approved
+
+
+def _tools_tokens(specs: Sequence[ToolSpec]) -> int:
+    """``estimate_tokens(json.dumps(openai_tools))`` of these tools' definitions, from each
+    tool's JSON size (``ToolSpec.openai_tool_chars``): the list's text is its items' joined
+    by ``", "`` in brackets."""
+    chars = 2 + 2 * (len(specs) - 1) + sum(spec.openai_tool_chars for spec in specs)
+    return (chars + 3) // 4
 
 
 def _reminders(channel: ReminderChannel, state: LoopState) -> list[Reminder]:

@@ -20,8 +20,11 @@ __all__ = [
     "DEFAULT_INJECTION_MARKERS",
     "MAX_INSPECTED_CHARS",
     "MAX_INSPECTED_NODES",
+    "CompiledMarkers",
+    "compile_markers",
     "find_injection_markers",
     "normalize_for_markers",
+    "scan_for_markers",
 ]
 
 DEFAULT_INJECTION_MARKERS: tuple[str, ...] = (
@@ -130,14 +133,19 @@ def _keep(ch: str, format_as_space: bool) -> str:
     return ch
 
 
+CompiledMarkers = tuple[tuple[str, str, str], ...]
+"""Markers as the scan matches them: ``(marker, normalized, first word)`` each."""
+
+
 @lru_cache(maxsize=64)
-def _normalized_markers(markers: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
-    """``(marker, normalized, first word)`` of each marker that normalizes to something."""
+def compile_markers(markers: tuple[str, ...]) -> CompiledMarkers:
+    """``(marker, normalized, first word)`` of each of ``markers`` that normalizes to
+    something (``normalize_for_markers``), in order; cached for the last 64 tuples."""
     pairs = ((m, normalize_for_markers(m)) for m in markers)
     return tuple((m, n, n.split(" ", 1)[0]) for m, n in pairs if n)
 
 
-def _matches(texts: list[str], wanted: tuple[tuple[str, str, str], ...]) -> tuple[str, ...]:
+def _matches(texts: list[str], wanted: CompiledMarkers) -> tuple[str, ...]:
     """The markers of ``wanted`` that one of ``texts`` holds once normalized, in ``wanted``
     order. The texts are joined with a separator no marker can match across.
 
@@ -147,7 +155,8 @@ def _matches(texts: list[str], wanted: tuple[tuple[str, str, str], ...]) -> tupl
     """
     plain = True
     for text in texts:
-        if not text.isascii() or _CONTROL.search(text) is not None:
+        # printable ASCII has no control character: the search is for the rest
+        if not text.isascii() or (not text.isprintable() and _CONTROL.search(text) is not None):
             plain = False
             break
     if plain:
@@ -209,7 +218,15 @@ def find_injection_markers(
 
     Never raises; iterative (no recursion), so nesting depth costs nothing extra.
     """
-    wanted = _normalized_markers(markers if isinstance(markers, tuple) else tuple(markers))
+    wanted = compile_markers(markers if isinstance(markers, tuple) else tuple(markers))
+    return scan_for_markers(value, wanted, max_chars=max_chars, max_nodes=max_nodes)
+
+
+def scan_for_markers(
+    value: Any, wanted: CompiledMarkers, *, max_chars: int, max_nodes: int
+) -> tuple[tuple[str, ...], bool, bool]:
+    """``find_injection_markers`` with the markers compiled already (``compile_markers``):
+    for a caller that scans many values for the same markers. Same result, never raises."""
     if type(value) is dict and len(value) < max_nodes:
         texts = _flat_texts(value, max_chars)
         if texts is not None:  # the common case: an object of short strings and numbers

@@ -80,10 +80,14 @@ class TokenUsage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage(
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-            estimated=self.estimated or other.estimated,
+        # the validator itself, not TokenUsage(...): the same value without the Python frame
+        # of BaseModel.__init__ (the loop adds usage every round)
+        return TokenUsage.__pydantic_validator__.validate_python(  # type: ignore[no-any-return]
+            {
+                "prompt_tokens": self.prompt_tokens + other.prompt_tokens,
+                "completion_tokens": self.completion_tokens + other.completion_tokens,
+                "estimated": self.estimated or other.estimated,
+            }
         )
 
 

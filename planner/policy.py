@@ -91,6 +91,7 @@ __all__ = [
     "PolicyVerdict",
     "RateLimit",
     "UserPolicySettings",
+    "decide_scanned",
     "evaluate_policy",
 ]
 
@@ -347,6 +348,16 @@ def evaluate_policy(inp: PolicyInput) -> PolicyDecision:
         max_chars=inp.config.max_inspected_chars,
         max_nodes=inp.config.max_inspected_nodes,
     )
+    return decide_scanned(inp, markers, truncated, not_object)
+
+
+def decide_scanned(
+    inp: PolicyInput, markers: tuple[str, ...], truncated: bool, not_object: bool
+) -> PolicyDecision:
+    """``evaluate_policy(inp)`` for a mode other than ``off`` whose arguments were scanned
+    already: ``(markers, truncated, not_object)`` is what ``find_injection_markers`` gave for
+    ``inp.raw_input`` with ``inp.config``'s markers and limits (a caller that scanned them
+    for its own reasons, the gate, does not scan twice)."""
     flags: tuple[str, ...] = ()
     if markers or truncated or not_object:
         flags = tuple(

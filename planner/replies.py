@@ -100,20 +100,31 @@ class Verdict:
 
 def stored_reply(response: CompletionResponse) -> ChatMessage:
     """The reply as the stored log keeps it: an assistant message with its ``reply_info``."""
-    info = ReplyInfo(
-        endpoint=response.endpoint, finish_reason=response.finish_reason, usage=response.usage
+    info = _REPLY_INFO(
+        {
+            "endpoint": response.endpoint,
+            "finish_reason": response.finish_reason,
+            "usage": response.usage,
+        }
     )
     message = response.message
     # a new message rather than model_copy(update=...): the loop does this every round, and
-    # pydantic's validation of instances is several times cheaper than its copy
-    return ChatMessage(
-        role="assistant",
-        content=message.content,
-        tool_calls=message.tool_calls,
-        tool_call_id=message.tool_call_id,
-        provider_fields=message.provider_fields,
-        reply_info=info,
+    # pydantic's validation of instances is several times cheaper than its copy; the
+    # validators themselves, without the Python frame of BaseModel.__init__
+    return _MESSAGE(  # type: ignore[no-any-return]
+        {
+            "role": "assistant",
+            "content": message.content,
+            "tool_calls": message.tool_calls,
+            "tool_call_id": message.tool_call_id,
+            "provider_fields": message.provider_fields,
+            "reply_info": info,
+        }
     )
+
+
+_REPLY_INFO = ReplyInfo.__pydantic_validator__.validate_python
+_MESSAGE = ChatMessage.__pydantic_validator__.validate_python
 
 
 def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) -> Verdict:
@@ -123,6 +134,8 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
     """
     reply = response.message
     reason = response.finish_reason
+    if reply.tool_calls and reason not in _JUDGED_WITH_CALLS:
+        return _GOES_ON  # the common case: calls to run
     said = f"(finish_reason {reason!r})"
     if reason == "error":
         return Verdict(
@@ -156,6 +169,12 @@ def judge_reply(response: CompletionResponse, *, round: int, max_rounds: int) ->
         )
     return Verdict(StopReason.FINAL_ANSWER)
 
+
+_JUDGED_WITH_CALLS = frozenset({"error", "content_filter"})
+"""Finish reasons that decide a reply even when it calls tools."""
+
+_GOES_ON = Verdict(None)
+"""The verdict on a reply whose calls run (frozen: one for all)."""
 
 _THINKING = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
 

@@ -15,6 +15,7 @@ import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from planner.events import CallStarted, RunEvent
@@ -158,7 +159,7 @@ class InMemoryCallLedger:
     """
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
-        self.clock = clock or (lambda: datetime.now(UTC))
+        self.clock = clock or partial(datetime.now, UTC)
         self.slots_taken = 0
         self.fail_with: BaseException | None = None
         self._calls: dict[tuple[str, str], deque[datetime]] = {}

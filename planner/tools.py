@@ -153,6 +153,13 @@ class ToolSpec:
         except Exception:  # e.g. a pattern its regex engine does not support
             return None
 
+    @cached_property
+    def openai_tool_chars(self) -> int:
+        """Characters of ``json.dumps(self.to_openai_tool())`` (what the loop's context
+        estimate counts for this tool's definition), worked out once: like the validators, it
+        takes the schema as it was at construction."""
+        return len(json.dumps(self.to_openai_tool()))
+
     def to_openai_tool(self) -> dict[str, Any]:
         """This tool in the OpenAI ``tools`` array format."""
         return {

@@ -82,24 +82,25 @@ class ReminderComposer:
 
     def __post_init__(self) -> None:
         self._ordered = sorted(self.producers, key=lambda p: _RANK[p.severity])
+        self._steps = tuple((p.name, p.produce) for p in self._ordered)
 
     def __call__(self, state: LoopState) -> list[Reminder]:
         """The reminders for the request of ``state.round``, as described in the module doc."""
         chosen: list[Reminder] = []
         seen: set[str] = set()
         chars = 0
-        for producer in self._ordered:
+        for name, produce in self._steps:
             try:
-                text = producer.produce(state)
+                text = produce(state)
             except Exception as exc:  # a broken producer must not fail the round
-                logger.exception("reminder producer %s failed; skipped", producer.name)
+                logger.exception("reminder producer %s failed; skipped", name)
                 if self.on_error is not None:
-                    self.on_error(producer.name, exc)
+                    self.on_error(name, exc)
                 continue
-            if not text or not text.strip():
+            if not text:  # most rounds, most producers
                 continue
             text = text.strip()
-            if text in seen or len(chosen) >= self.max_reminders:
+            if not text or text in seen or len(chosen) >= self.max_reminders:
                 continue
             if chars + len(text) > self.max_chars:
                 if chosen:
@@ -107,5 +108,5 @@ class ReminderComposer:
                 text = text[: self.max_chars - 1] + "…"
             seen.add(text)
             chars += len(text)
-            chosen.append(Reminder(text, producer.name, self.role))
+            chosen.append(Reminder(text, name, self.role))
         return chosen

@@ -522,3 +522,25 @@ async def test_a_summary_folded_again_still_counts_the_turns_it_stood_for() -> N
     )
     assert second.folded_turns == 2  # turns 4 and 5, besides the first summary
     assert (second.messages[len(HEAD)].content or "").startswith("<summary of 5 earlier turn(s)")
+
+
+def test_the_tool_definitions_are_estimated_as_their_json_text() -> None:
+    """The loop counts the tool definitions from each tool's size, as the JSON of the list."""
+    from planner.loop import _tools_tokens
+
+    async def nothing(args: dict[str, object], ctx: object) -> None:
+        return None
+
+    specs = [
+        ToolSpec(
+            name=f"tool_{i}",
+            description="Schreibt eine Notiz — «wörtlich»" * i,
+            input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+            policy_hint="read",
+            handler=nothing,
+        )
+        for i in range(1, 4)
+    ]
+    for n in range(1, 4):
+        tools = [spec.to_openai_tool() for spec in specs[:n]]
+        assert _tools_tokens(specs[:n]) == estimate_tokens(json.dumps(tools))

@@ -297,7 +297,12 @@ async def test_one_failing_read_among_five_leaves_four_good_results(failure: str
         await probe.when(lambda ev: ("failed", 2) in ev)
 
     probe.hold = hold
-    flaky = ToolSpec("flaky", "fails", {"type": "object"}, "read", slow_or_broken, timeout_s=0.01)
+    # the 10 ms deadline only where it is the failure: a tool that raises could otherwise be
+    # stopped on a loaded machine before it records its failure, and its siblings wait forever
+    timeout_s = 0.01 if failure == "times out" else None
+    flaky = ToolSpec(
+        "flaky", "fails", {"type": "object"}, "read", slow_or_broken, timeout_s=timeout_s
+    )
     registry = ToolRegistry([*probe.specs(), flaky])
     batch = calls("r", "r", "flaky", "r", "r")
     done = await run(probe, batch, registry=registry)
@@ -506,3 +511,55 @@ async def test_a_handler_that_swallows_its_timeout_leaves_no_cancellation_behind
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0
     await asyncio.sleep(0)  # a later await is not hit by the swallowed cancellation
+
+
+async def test_a_handler_that_returns_a_future_gets_its_result_and_its_timeout() -> None:
+    loop = asyncio.get_running_loop()
+
+    def answered(args: dict[str, Any], ctx: ToolContext) -> asyncio.Future[str]:
+        future: asyncio.Future[str] = loop.create_future()
+        loop.call_soon(future.set_result, "answered")
+        return future
+
+    def unanswered(args: dict[str, Any], ctx: ToolContext) -> asyncio.Future[str]:
+        return loop.create_future()
+
+    specs = [
+        ToolSpec("a", "a", {"type": "object"}, "read", answered),
+        ToolSpec("u", "u", {"type": "object"}, "read", unanswered),
+    ]
+    done = await execute_calls(
+        [ToolCall(id="a", name="a", arguments={}), ToolCall(id="u", name="u", arguments={})],
+        round=1,
+        registry=ToolRegistry(specs),
+        ctx=ToolContext(user_id="u"),
+        tool_timeout_s=0.01,
+    )
+    assert [e.result for e in done] == ["answered", None]
+    assert done[1].error == "u timed out after 0.01 s and was stopped; it returned nothing"
+
+
+async def test_a_handler_that_waits_after_working_past_its_timeout_is_stopped_there() -> None:
+    """The timer is set only when a handler first waits; one that worked past its deadline
+    before that is stopped at that wait."""
+    gate = asyncio.Event()
+
+    async def slow_then_waits(args: dict[str, Any], ctx: ToolContext) -> str:
+        loop = asyncio.get_running_loop()
+        busy_until = loop.time() + 0.05
+        while loop.time() < busy_until:  # works without waiting, past its 0.01 s
+            pass
+        await gate.wait()  # never set: only the deadline ends this wait
+        return "waited"
+
+    spec = ToolSpec("s", "s", {"type": "object"}, "read", slow_then_waits, timeout_s=0.01)
+    [executed] = await asyncio.wait_for(
+        execute_calls(
+            [ToolCall(id="s", name="s", arguments={})],
+            round=1,
+            registry=ToolRegistry([spec]),
+            ctx=ToolContext(user_id="u"),
+        ),
+        HANG_GUARD_S,
+    )
+    assert executed.error == "s timed out after 0.01 s and was stopped; it returned nothing"

@@ -1,0 +1,53 @@
+"""``json_text``: a value as the JSON text the planner sends and estimates, made once per value.
+
+It is ``json.dumps(value, ensure_ascii=False, default=str)`` (compact separators ``", "`` and
+``": "``, non-ASCII kept, anything JSON has no type for written as its ``str``): every tool
+result and the arguments of every call go through it. ``json.dumps`` with options builds an
+encoder per call, and even a prebuilt ``json.JSONEncoder`` builds its C encoder per value
+(with a fresh dictionary for finding circular references); here the C encoder is built once,
+without that check, and a value it cannot encode (a circular one runs into the recursion
+limit, a key JSON cannot have) is encoded again the standard way, which raises what
+``json.dumps`` raises (``ValueError: Circular reference detected``, ``TypeError``,
+``RecursionError``).
+"""
+
+from __future__ import annotations
+
+import json
+from json import encoder as _json_encoder
+from typing import Any
+
+__all__ = ["json_text"]
+
+_STANDARD = json.JSONEncoder(ensure_ascii=False, default=str)
+"""The standard encoder with the same options: the reference, and the fallback."""
+
+_C_MAKE_ENCODER: Any = getattr(_json_encoder, "c_make_encoder", None)
+
+_FAST = (
+    _C_MAKE_ENCODER(
+        None,  # no circular-reference bookkeeping: a cycle ends in RecursionError, redone below
+        str,
+        _json_encoder.encode_basestring,
+        None,
+        _STANDARD.key_separator,
+        _STANDARD.item_separator,
+        False,
+        False,
+        True,
+    )
+    if _C_MAKE_ENCODER is not None
+    else None
+)
+
+
+def json_text(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, default=str)``: the same text, or the same
+    exception (``ValueError``, ``TypeError``, ``RecursionError``, or what a ``__str__``
+    raises)."""
+    if _FAST is not None:
+        try:
+            return "".join(_FAST(value, 0))
+        except Exception:  # let the standard encoder say what is wrong with it
+            pass
+    return _STANDARD.encode(value)
