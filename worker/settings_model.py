@@ -15,6 +15,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from worker.data_dir import default_data_dir
+from worker.database_url import parse_url
 from worker.settings_api import ApiSettings
 from worker.settings_policy import PolicySettings
 from worker.settings_values import (
@@ -582,6 +583,4 @@ class Settings(PolicySettings, ApiSettings):
             return bool(self.db_pgbouncer)
         if self.database_url is None:
             return False
-        from sqlalchemy.engine import make_url
-
-        return make_url(self.database_url).port == PGBOUNCER_DEFAULT_PORT
+        return parse_url(self.database_url).port == PGBOUNCER_DEFAULT_PORT
