@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, SecretStr
-from pydantic_settings import NoDecode
 
 from worker.data_dir import default_data_dir
 from worker.database_url import to_async_url
@@ -253,17 +252,17 @@ DataDir = Annotated[Path, BeforeValidator(default_if_empty), AfterValidator(expa
 """A directory, ``~`` expanded; the default one when empty."""
 ContextTokens = Annotated[int, AfterValidator(context_tokens)]
 """A model context in tokens, 0 for off."""
-Domains = Annotated[tuple[str, ...], NoDecode, BeforeValidator(domain_list)]
+Domains = Annotated[tuple[str, ...], BeforeValidator(domain_list)]
 """Comma-separated domains, normalised."""
-Keywords = Annotated[tuple[str, ...], NoDecode, BeforeValidator(keyword_list)]
+Keywords = Annotated[tuple[str, ...], BeforeValidator(keyword_list)]
 """Comma-separated JSON Schema keywords."""
-CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(comma_list)]
+CommaList = Annotated[tuple[str, ...], BeforeValidator(comma_list)]
 """Comma-separated items (or a JSON array), without repeats."""
 ReminderProducers = Annotated[
-    tuple[str, ...], NoDecode, AfterValidator(known_producers), BeforeValidator(comma_list)
+    tuple[str, ...], AfterValidator(known_producers), BeforeValidator(comma_list)
 ]
 """Comma-separated names of reminder producers."""
-ToolRateLimits = Annotated[dict[str, int], NoDecode, BeforeValidator(tool_rate_limits)]
+ToolRateLimits = Annotated[dict[str, int], BeforeValidator(tool_rate_limits)]
 """``tool=calls`` pairs, separated by commas."""
 LogLevel = Annotated[str, BeforeValidator(log_level)]
 """One of ``LOG_LEVELS``, any case."""
