@@ -18,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
 from worker.store.approval_status import current_status
+from worker.store.engine import engine_fetch
+from worker.store.reads import list_agents
 from worker.store.stored import StoredIteration
 from worker.store.tables import (
     agent_mcp_servers,
@@ -147,10 +149,9 @@ class AdminStore:
             return await _with_mcp_servers(conn, agent)
 
     async def list_agents(self) -> list[Row]:
-        """Every agent, by name."""
+        """Every agent, by name (``worker.store.reads.list_agents``)."""
         async with self.engine.connect() as conn:
-            rows = await conn.execute(select(agents).order_by(agents.c.name))
-            return [await _with_mcp_servers(conn, dict(r)) for r in rows.mappings()]
+            return await list_agents(engine_fetch(conn))
 
     async def agent_by_name(self, name: str) -> Row:
         """The agent called ``name``. Raises NotFoundError."""

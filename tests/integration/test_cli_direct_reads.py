@@ -1,0 +1,229 @@
+"""``mana-ai agents list`` reads on one asyncpg connection of its own
+(``worker.store.direct.read_directly``) and says the same, byte for byte, as through the
+engine (``worker.cli.stores.read_only``'s other way): the same rows, the same messages for a
+database that cannot be used, the same exit status; and it loads neither SQLAlchemy nor
+pydantic-settings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import asyncpg
+import pytest
+
+import worker.store.direct
+from tests.pgbouncer import PgBouncer
+from worker.database_url import asyncpg_keywords
+from worker.settings import load_settings
+from worker.store.direct import read_directly
+from worker.store.reads import list_agents
+
+AGENTS = [
+    ["agents", "add", "--name", "plain", "--owner", "u"],
+    [
+        "agents",
+        "add",
+        "--name",
+        "zeta tools",
+        "--owner",
+        "ow",
+        "--system-prompt",
+        "first line\n\tsecond, with a joiner \u200d and an accent \u00e9",
+        "--tools",
+        "notes_create,clock_now",
+        "--policy-mode",
+        "enforce",
+        "--destructive",
+        "ask",
+        "--max-tokens-per-day",
+        "1000",
+        "--compact-max-ctx",
+        "0",
+    ],
+    [
+        "agents",
+        "add",
+        "--name",
+        "mcp",
+        "--owner",
+        "u",
+        "--model",
+        "m",
+        "--mcp",
+        "search=https://me:pw@search.example/mcp?key=k",
+        "--mcp",
+        "fs=stdio:npx -y server",
+        "--mcp-header",
+        "search=Authorization: Bearer secret",
+        "--mcp-env",
+        "fs=TOKEN=secret",
+        "--mcp-required",
+        "fs",
+    ],
+]
+
+
+def through_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``read_directly`` leave every read to the engine."""
+
+    async def declines(*_args: Any) -> None:
+        return None
+
+    monkeypatch.setattr(worker.store.direct, "read_directly", declines)
+
+
+def both_ways(run: Any, monkeypatch: pytest.MonkeyPatch, *argv: str) -> list[Any]:
+    """``[run(*argv), run(*argv) through the engine]``."""
+    direct = run(*argv)
+    with monkeypatch.context() as patched:
+        through_the_engine(patched)
+        engine = run(*argv)
+    return [direct, engine]
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_agents_list_says_the_same_directly_and_through_the_engine(
+    run: Any, monkeypatch: pytest.MonkeyPatch, json_flag: list[str]
+) -> None:
+    answered: list[Any] = []
+
+    async def spy(*args: Any) -> Any:
+        answered.append(await read_directly(*args))
+        return answered[-1]
+
+    monkeypatch.setattr(worker.store.direct, "read_directly", spy)
+    none_yet = both_ways(run, monkeypatch, "agents", "list", *json_flag)
+    assert none_yet[0] == none_yet[1] == (0, "[]\n" if json_flag else "(none)\n", "")
+    for argv in AGENTS:
+        assert run(*argv)[0] == 0
+    direct, engine = both_ways(run, monkeypatch, "agents", "list", *json_flag)
+    assert direct == engine
+    assert direct[0] == 0
+    assert "secret" not in direct[1]
+    assert len(answered) == 2  # (the engine's runs did not ask)
+    assert None not in answered  # both read directly
+
+
+def test_the_direct_read_gives_the_rows_of_the_admin_store(
+    run: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for argv in AGENTS:
+        assert run(*argv)[0] == 0
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
+    from worker.store.admin import AdminStore
+    from worker.store.database import open_database
+
+    async def both() -> tuple[Any, Any]:
+        settings = load_settings()
+        direct = await read_directly(settings, list_agents)
+        async with open_database(settings) as engine:
+            return direct, await AdminStore(engine).list_agents()
+
+    direct, stored = asyncio.run(both())
+    assert direct == (stored,)
+    assert [agent["name"] for agent in stored] == ["mcp", "plain", "zeta tools"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://mana:pw@127.0.0.1:9/mana",  # refused
+        "postgresql://mana:pw@nonexistent.invalid:5432/mana",  # no such host
+    ],
+)
+def test_an_unreachable_database_is_said_the_same_way(
+    run: Any, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", url)
+    direct, engine = both_ways(run, monkeypatch, "agents", "list")
+    assert direct == engine
+    assert direct[0] == 1
+    assert "could not connect to PostgreSQL at postgresql+asyncpg://mana:***@" in direct[2]
+
+
+def test_databases_that_cannot_be_used_are_said_the_same_way(
+    run: Any, monkeypatch: pytest.MonkeyPatch, empty_database_url: str
+) -> None:
+    keywords = asyncpg_keywords(empty_database_url)
+    assert keywords is not None
+
+    def execute(statement: str) -> None:
+        async def once() -> None:
+            conn = await asyncpg.connect(**keywords)
+            try:
+                await conn.execute(statement)
+            finally:
+                await conn.close()
+
+        asyncio.run(once())
+
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", empty_database_url)
+    never_migrated = both_ways(run, monkeypatch, "agents", "list")
+    execute("CREATE TABLE alembic_version (version_num text)")
+    empty_version_table = both_ways(run, monkeypatch, "agents", "list")
+    execute("INSERT INTO alembic_version VALUES ('9999')")
+    newer = both_ways(run, monkeypatch, "agents", "list")
+    missing = empty_database_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", missing)
+    no_such_database = both_ways(run, monkeypatch, "agents", "list")
+    for (direct, engine), says in [
+        (never_migrated, "at revision (none), this mana-ai needs"),
+        (empty_version_table, "at revision (none), this mana-ai needs"),
+        (newer, "at revision 9999, newer than this mana-ai knows"),
+        (no_such_database, 'database "no_such_database_here" does not exist'),
+    ]:
+        assert direct == engine
+        assert direct[0] == 1
+        assert says in direct[2]
+
+
+def test_agents_list_loads_neither_sqlalchemy_nor_pydantic_settings(
+    run: Any, database_url: str
+) -> None:
+    assert run("agents", "add", "--name", "scout", "--owner", "u")[0] == 0
+    probe = (
+        "import json, sys\n"
+        "from worker.cli import main\n"
+        "status = main(['agents', 'list', '--json'])\n"
+        "print(json.dumps([status, sorted(sys.modules)]))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**env, "MANA_AI_DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    *listing, last = done.stdout.splitlines()
+    status, loaded = json.loads(last)
+    assert status == 0
+    assert [agent["name"] for agent in json.loads("\n".join(listing))] == ["scout"]
+    heavy = {m for m in loaded if m.split(".")[0] in ("sqlalchemy", "pydantic_settings")}
+    assert heavy == set()
+
+
+def test_agents_list_reads_directly_through_pgbouncer_in_transaction_mode(
+    run: Any, monkeypatch: pytest.MonkeyPatch, pgbouncer: PgBouncer, database_url: str
+) -> None:
+    for argv in AGENTS:
+        assert run(*argv)[0] == 0
+    expected = run("agents", "list", "--json")
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", pgbouncer.url_for(database_url))
+    monkeypatch.setenv("MANA_AI_DB_PGBOUNCER", "true")
+    direct, engine = both_ways(run, monkeypatch, "agents", "list", "--json")
+    assert direct == engine == expected
+
+    async def together() -> list[Any]:  # more reads at once than PgBouncer has connections
+        settings = load_settings()
+        return await asyncio.gather(*(read_directly(settings, list_agents) for _ in range(12)))
+
+    results = asyncio.run(together())
+    assert None not in results
+    assert all(result == results[0] for result in results)
