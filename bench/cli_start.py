@@ -13,8 +13,11 @@ every command once, in turn, so that a machine shared with other work slows them
 figures are the median and the range over ``--runs`` rounds: wall seconds (``time.monotonic``
 around the process) and CPU seconds of the child (user + system, ``resource.getrusage``); then
 each command's peak RSS in MiB, from one more run. The ratio printed is each command's median
-wall to the floor's; with ``--compare DIR``, also each command's to the same command of the
-source tree in DIR.
+wall to the floor's; with ``--compare DIR``, also each command's median wall and CPU to the same
+command's of the source tree in DIR (CPU is the steadier figure on a machine shared with other
+work). ``agents list`` reads on one asyncpg connection of its own
+(``worker.store.direct``) when ``MANA_AI_TEST_DATABASE_URL`` names a server; on the embedded
+database it goes through the engine.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ async def run(args: argparse.Namespace, python: str, server_url: str, where: str
         }
     floor = statistics.median(w for w, _ in figures["python -c pass"])
     medians = {name: statistics.median(w for w, _ in runs) for name, runs in figures.items()}
-    cpu = {name: statistics.median(c for _, c in runs) for name, runs in figures.items()}
+    cpu_medians = {name: statistics.median(c for _, c in runs) for name, runs in figures.items()}
     print(f"{'database':32} {where}")
     print(f"{'runs':32} {args.runs} (commands alternating)")
     for name, runs in figures.items():
@@ -124,8 +127,11 @@ async def run(args: argparse.Namespace, python: str, server_url: str, where: str
     if args.compare:
         for words in ("--version", "--help", "agents list"):
             ours, theirs = medians[f"mana-ai {words}"], medians[f"{args.compare}: {words}"]
+            ours_cpu = cpu_medians[f"mana-ai {words}"]
+            theirs_cpu = cpu_medians[f"{args.compare}: {words}"]
             print(
-                f"{words:22}median wall {ours:.3f} s against {theirs:.3f} s: {ours / theirs:.2f}x"
+                f"{words:22}median wall {ours:.3f} s against {theirs:.3f} s: {ours / theirs:.2f}x; "
+                f"CPU {ours_cpu:.3f} s against {theirs_cpu:.3f} s: {ours_cpu / theirs_cpu:.2f}x"
             )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -227,3 +228,26 @@ def test_agents_list_reads_directly_through_pgbouncer_in_transaction_mode(
     results = asyncio.run(together())
     assert None not in results
     assert all(result == results[0] for result in results)
+
+
+def test_reads_go_through_the_engine_when_the_worker_logs_at_info(
+    run: Any, monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
+    # the engine's way logs what it opens (and SQLAlchemy its statements) at INFO and DEBUG
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", database_url)
+    settings = load_settings()
+    logger = logging.getLogger("worker")
+    was = logger.level
+    try:
+        logger.setLevel(logging.DEBUG)
+        assert asyncio.run(read_directly(settings, list_agents)) is None
+        logger.setLevel(logging.WARNING)
+        assert asyncio.run(read_directly(settings, list_agents)) == ([],)
+    finally:
+        logger.setLevel(was)
+    code, _, err = run("agents", "list")  # the command's own logging: quiet unless DEBUG
+    assert (code, err) == (0, "")
+    monkeypatch.setenv("MANA_AI_LOG_LEVEL", "DEBUG")
+    code, _, err = run("agents", "list")
+    assert code == 0
+    assert "using PostgreSQL at" in err
