@@ -1,7 +1,7 @@
-"""``mana-ai agents list`` reads on one asyncpg connection of its own
-(``worker.store.direct.read_directly``) and says the same, byte for byte, as through the
+"""``mana-ai agents list`` and ``missions list`` read on one asyncpg connection of their own
+(``worker.store.direct.read_directly``) and say the same, byte for byte, as through the
 engine (``worker.cli.stores.read_only``'s other way): the same rows, the same messages for a
-database that cannot be used, the same exit status; and it loads neither SQLAlchemy nor
+database that cannot be used, the same exit status; and they load neither SQLAlchemy nor
 pydantic-settings."""
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 import worker.store.direct
+from tests.integration.test_cli_approvals import parked
 from tests.pgbouncer import PgBouncer
 from worker.database_url import asyncpg_keywords
 from worker.settings import load_settings
@@ -251,3 +253,25 @@ def test_reads_go_through_the_engine_when_the_worker_logs_at_info(
     code, _, err = run("agents", "list")
     assert code == 0
     assert "using PostgreSQL at" in err
+
+
+async def test_missions_list_says_the_same_directly_and_through_the_engine(
+    db: AsyncEngine, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, parked_id = await parked(db)  # its run waits for a person: "awaiting approval ID"
+    added = ("missions", "add", "--agent", "a1", "--objective", "x\ny", "--due-now")
+    assert (await asyncio.to_thread(run, *added))[0] == 0
+    assert (await asyncio.to_thread(run, "missions", "pause", str(parked_id + 1)))[0] == 0
+    said = []
+    for argv in (
+        ["missions", "list"],
+        ["missions", "list", "--json"],
+        ["missions", "list", "--status", "paused"],
+        ["missions", "list", "--status", "active", "--limit", "1", "--json"],
+    ):
+        direct, engine = await asyncio.to_thread(both_ways, run, monkeypatch, *argv)
+        assert direct == engine
+        assert direct[0] == 0
+        said.append(direct[1])
+    assert "active, awaiting approval" in said[0]
+    assert "x\\ny" in said[0] and "paused" in said[2]

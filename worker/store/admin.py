@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Executable, delete, func, insert, literal_column, or_, select, update
+from sqlalchemy import Executable, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -19,7 +19,7 @@ from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
 from worker.store.approval_status import current_status
 from worker.store.engine import engine_fetch
-from worker.store.reads import list_agents
+from worker.store.reads import list_agents, list_missions
 from worker.store.stored import StoredIteration
 from worker.store.tables import (
     agent_mcp_servers,
@@ -204,39 +204,17 @@ class AdminStore:
         before_id: int | None = None,
         last_run: bool = False,
     ) -> list[Row]:
-        """Missions with their agent's name, newest first: of ``status`` and of ``agent`` (a
-        name) when given, with ids below ``before_id`` (the next page), ``limit`` at most;
-        with ``last_run``, each with its latest iteration's ``last_iteration_id``,
-        ``last_status``, ``last_stop_reason`` and ``last_started_at`` (``None`` before any)."""
-        columns: list[Any] = [missions, agents.c.name.label("agent")]
-        if last_run:
-            its = mission_iterations.c
-            latest = (
-                select(its.id, its.status, its.stop_reason, its.started_at)
-                .where(its.mission_id == missions.c.id)
-                .order_by(its.id.desc())
-                .limit(1)
-                .correlate(missions)
-                .lateral("latest")
-            )
-            columns += [
-                latest.c.id.label("last_iteration_id"),
-                latest.c.status.label("last_status"),
-                latest.c.stop_reason.label("last_stop_reason"),
-                latest.c.started_at.label("last_started_at"),
-            ]
-        joined = missions.join(agents, agents.c.id == missions.c.agent_id)
-        if last_run:
-            joined = joined.outerjoin(latest, literal_column("true"))
-        stmt = select(*columns).select_from(joined).order_by(missions.c.id.desc()).limit(limit)
-        if status is not None:
-            stmt = stmt.where(missions.c.status == status)
-        if agent is not None:
-            stmt = stmt.where(agents.c.name == agent)
-        if before_id is not None:
-            stmt = stmt.where(missions.c.id < before_id)
+        """Missions with their agent's name, newest first (``worker.store.reads.list_missions``,
+        which says what the arguments select)."""
         async with self.engine.connect() as conn:
-            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+            return await list_missions(
+                engine_fetch(conn),
+                status=status,
+                limit=limit,
+                agent=agent,
+                before_id=before_id,
+                last_run=last_run,
+            )
 
     async def get_mission(self, mission_id: int) -> Row:
         """One mission with its agent's name and iteration count. Raises NotFoundError."""

@@ -17,7 +17,16 @@ from typing import Any, Protocol
 
 from worker.store.agent_servers import McpServerConfig
 
-__all__ = ["AGENT_COLUMNS", "MCP_SERVER_COLUMNS", "Fetch", "Rows", "list_agents"]
+__all__ = [
+    "AGENT_COLUMNS",
+    "MCP_SERVER_COLUMNS",
+    "MISSION_COLUMNS",
+    "Fetch",
+    "Rows",
+    "list_agents",
+    "list_missions",
+    "pending_by_mission",
+]
 
 Rows = Sequence[Mapping[str, Any]]
 """A statement's rows, each read by column name."""
@@ -59,6 +68,23 @@ MCP_SERVER_COLUMNS = (
 )
 """The columns of ``agent_mcp_servers``, in the table's order."""
 
+MISSION_COLUMNS = (
+    "id",
+    "agent_id",
+    "objective",
+    "cron",
+    "timezone",
+    "status",
+    "next_run_at",
+    "lease_owner",
+    "lease_expires_at",
+    "deadline",
+    "last_error",
+    "created_at",
+    "updated_at",
+)
+"""The columns of ``missions``, in the table's order."""
+
 _LIST_AGENTS = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents ORDER BY name"
 _SERVERS_OF = (
     "SELECT agent_id, name, transport, url, command, args, headers::text AS headers, "
@@ -80,3 +106,69 @@ async def list_agents(fetch: Fetch) -> list[dict[str, Any]]:
     for agent in agents:
         agent["mcp_servers"] = servers[agent["id"]]
     return agents
+
+
+_LATEST_RUN = (
+    ", latest.id AS last_iteration_id, latest.status AS last_status, "
+    "latest.stop_reason AS last_stop_reason, latest.started_at AS last_started_at"
+)
+_LATEST_RUN_JOIN = (
+    " LEFT OUTER JOIN LATERAL (SELECT id, status, stop_reason, started_at "
+    "FROM mission_iterations WHERE mission_iterations.mission_id = missions.id "
+    "ORDER BY id DESC LIMIT 1) AS latest ON true"
+)
+
+
+async def list_missions(
+    fetch: Fetch,
+    *,
+    status: str | None = None,
+    limit: int = 100,
+    agent: str | None = None,
+    before_id: int | None = None,
+    last_run: bool = False,
+) -> list[dict[str, Any]]:
+    """Missions with their agent's name (``agent``), newest first: of ``status`` and of
+    ``agent`` (a name) when given, with ids below ``before_id`` (the next page), ``limit`` at
+    most; with ``last_run``, each with its latest iteration's ``last_iteration_id``,
+    ``last_status``, ``last_stop_reason`` and ``last_started_at`` (``None`` before any).
+    A row's keys: ``MISSION_COLUMNS``, ``agent``, then those four."""
+    conditions: list[str] = []
+    arguments: list[Any] = []
+    for condition, value in (
+        ("missions.status = ${}", status),
+        ("agents.name = ${}", agent),
+        ("missions.id < ${}", before_id),
+    ):
+        if value is not None:
+            arguments.append(value)
+            conditions.append(condition.format(len(arguments)))
+    arguments.append(limit)
+    sql = (
+        "SELECT "
+        + ", ".join(f"missions.{column}" for column in MISSION_COLUMNS)
+        + ", agents.name AS agent"
+        + (_LATEST_RUN if last_run else "")
+        + " FROM missions JOIN agents ON agents.id = missions.agent_id"
+        + (_LATEST_RUN_JOIN if last_run else "")
+        + (" WHERE " + " AND ".join(conditions) if conditions else "")
+        + f" ORDER BY missions.id DESC LIMIT ${len(arguments)}"
+    )
+    return [dict(row) for row in await fetch(sql, *arguments)]
+
+
+_PENDING_BY_MISSION = (
+    "SELECT mission_id, max(id) AS request_id FROM approval_requests "
+    "WHERE mission_id = ANY($1::bigint[]) AND status = 'pending' AND expires_at > now() "
+    "GROUP BY mission_id"
+)
+
+
+async def pending_by_mission(fetch: Fetch, mission_ids: Sequence[int]) -> dict[int, int]:
+    """For the missions among ``mission_ids`` whose run waits for a person's decision: the
+    id of the approval request it waits on (the newest pending one not yet expired), by
+    mission id. No statement for no ids."""
+    if not mission_ids:
+        return {}
+    rows = await fetch(_PENDING_BY_MISSION, list(mission_ids))
+    return {int(row["mission_id"]): int(row["request_id"]) for row in rows}
