@@ -1,8 +1,8 @@
-"""``mana-ai agents list`` and ``missions list`` read on one asyncpg connection of their own
-(``worker.store.direct.read_directly``) and say the same, byte for byte, as through the
-engine (``worker.cli.stores.read_only``'s other way): the same rows, the same messages for a
-database that cannot be used, the same exit status; and they load neither SQLAlchemy nor
-pydantic-settings."""
+"""``mana-ai agents list``, ``missions list``, ``missions show`` and ``iterations list`` read
+on one asyncpg connection of their own (``worker.store.direct.read_directly``) and say the
+same, byte for byte, as through the engine (``worker.cli.stores.read_only``'s other way): the
+same rows, the same messages for a database that cannot be used or a mission that does not
+exist, the same exit status; and they load neither SQLAlchemy nor pydantic-settings."""
 
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def test_reads_go_through_the_engine_when_the_worker_logs_at_info(
     assert "using PostgreSQL at" in err
 
 
-async def test_missions_list_says_the_same_directly_and_through_the_engine(
+async def test_missions_and_iterations_say_the_same_directly_and_through_the_engine(
     db: AsyncEngine, run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, parked_id = await parked(db)  # its run waits for a person: "awaiting approval ID"
@@ -268,10 +268,19 @@ async def test_missions_list_says_the_same_directly_and_through_the_engine(
         ["missions", "list", "--json"],
         ["missions", "list", "--status", "paused"],
         ["missions", "list", "--status", "active", "--limit", "1", "--json"],
+        ["missions", "show", str(parked_id)],
+        ["missions", "show", str(parked_id), "--json"],
+        ["iterations", "list"],
+        ["iterations", "list", "--json"],
+        ["iterations", "list", "--mission", str(parked_id), "--limit", "1", "--json"],
+        ["iterations", "list", "--mission", str(parked_id + 1)],
     ):
         direct, engine = await asyncio.to_thread(both_ways, run, monkeypatch, *argv)
         assert direct == engine
         assert direct[0] == 0
         said.append(direct[1])
+    for argv in (["missions", "show", "999"], ["iterations", "list", "--mission", "999"]):
+        direct, engine = await asyncio.to_thread(both_ways, run, monkeypatch, *argv)
+        assert direct == engine == (1, "", "mana-ai: error: no mission with id 999\n")
     assert "active, awaiting approval" in said[0]
     assert "x\\ny" in said[0] and "paused" in said[2]

@@ -185,11 +185,12 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.approvals import ApprovalStore
+    from worker.store.reads import get_mission, pending_by_mission
 
-    async with admin_store(settings) as admin:
-        mission = await admin.get_mission(args.id)
-        waiting = await ApprovalStore(admin.engine).pending_by_mission([args.id])
+    async def read(fetch: Fetch) -> tuple[dict[str, Any], dict[int, int]]:
+        return await get_mission(fetch, args.id), await pending_by_mission(fetch, [args.id])
+
+    mission, waiting = await read_only(settings, read)
     mission["awaiting_approval"] = waiting.get(args.id)
     if args.json:
         print_json(mission)

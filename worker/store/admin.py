@@ -19,7 +19,7 @@ from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
 from worker.store.approval_status import current_status
 from worker.store.engine import engine_fetch
-from worker.store.reads import list_agents, list_missions
+from worker.store.reads import get_mission, list_agents, list_iterations, list_missions
 from worker.store.stored import StoredIteration
 from worker.store.tables import (
     agent_mcp_servers,
@@ -217,22 +217,10 @@ class AdminStore:
             )
 
     async def get_mission(self, mission_id: int) -> Row:
-        """One mission with its agent's name and iteration count. Raises NotFoundError."""
-        count = (
-            select(func.count())
-            .where(mission_iterations.c.mission_id == missions.c.id)
-            .scalar_subquery()
-        )
-        stmt = (
-            select(missions, agents.c.name.label("agent"), count.label("iterations"))
-            .join(agents, agents.c.id == missions.c.agent_id)
-            .where(missions.c.id == mission_id)
-        )
+        """One mission with its agent's name and iteration count
+        (``worker.store.reads.get_mission``). Raises NotFoundError."""
         async with self.engine.connect() as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-        if row is None:
-            raise NotFoundError(f"no mission with id {mission_id}")
-        return dict(row)
+            return await get_mission(engine_fetch(conn), mission_id)
 
     async def pause_mission(self, mission_id: int) -> Row:
         """Pause a mission (idempotent); a running iteration still finishes.
@@ -317,16 +305,12 @@ class AdminStore:
     async def list_iterations(
         self, *, mission_id: int | None = None, limit: int = 20, before_id: int | None = None
     ) -> list[Row]:
-        """Iterations newest first, without their message logs: of ``mission_id`` when given,
-        with ids below ``before_id`` (the next page), ``limit`` at most."""
-        cols = [c for c in mission_iterations.c if c.name != "messages"]
-        stmt = select(*cols).order_by(mission_iterations.c.id.desc()).limit(limit)
-        if mission_id is not None:
-            stmt = stmt.where(mission_iterations.c.mission_id == mission_id)
-        if before_id is not None:
-            stmt = stmt.where(mission_iterations.c.id < before_id)
+        """Iterations newest first, without their message logs
+        (``worker.store.reads.list_iterations``, which says what the arguments select)."""
         async with self.engine.connect() as conn:
-            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+            return await list_iterations(
+                engine_fetch(conn), mission_id=mission_id, limit=limit, before_id=before_id
+            )
 
     async def iteration_id_or_latest(self, iteration_id: int | None) -> int:
         """``iteration_id``, or with ``None`` the id of the latest iteration (the CLI's

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from worker.database_url import asyncpg_keywords, redact_url
-from worker.errors import DatabaseError
+from worker.errors import DatabaseError, ManaAIError
 from worker.store.reads import Fetch, Rows
 from worker.store.revision import revision_problem
 
@@ -77,13 +77,18 @@ async def read_directly(
     ``worker`` logging at INFO or below (the engine's path logs what it does), or any failure
     but the connection's own (the engine's path then reports it, as it always has: a wrong
     password, a database that does not exist, a statement that failed). A database that is
-    not at the schema's head gets the engine's message at once.
+    not at the schema's head gets the engine's message at once, and what ``read`` raises as a
+    ``ManaAIError`` (``NotFoundError``) is raised as it is: the same read raises it through
+    the engine.
 
     Raises:
         DatabaseError: the server could not be reached (refused, no such host, no answer
             within ``CONNECT_TIMEOUT_S``), in the words of
             ``worker.store.engine.check_connection``; or the schema is not at head
             (``worker.store.revision.revision_problem``).
+        ManaAIError: what ``read`` raised.
+        OSError: a statement's answer did not come within ``MANA_AI_DB_STATEMENT_TIMEOUT_S``
+            (``TimeoutError``), as through the engine.
     """
     url = settings.database_url
     if url is None or logging.getLogger("worker").isEnabledFor(logging.INFO):
@@ -119,8 +124,8 @@ async def read_directly(
                 return rows
 
             return (await read(fetch),)
-    except (DatabaseError, OSError):  # OSError: a statement timed out, as through the engine
-        raise
+    except (ManaAIError, OSError):  # the read's refusal (NotFoundError), the schema's, or a
+        raise  # statement that timed out: said as through the engine
     except Exception:
         return None
     finally:

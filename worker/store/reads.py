@@ -15,15 +15,19 @@ import json
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
+from worker.errors import NotFoundError
 from worker.store.agent_servers import McpServerConfig
 
 __all__ = [
     "AGENT_COLUMNS",
+    "ITERATION_COLUMNS",
     "MCP_SERVER_COLUMNS",
     "MISSION_COLUMNS",
     "Fetch",
     "Rows",
+    "get_mission",
     "list_agents",
+    "list_iterations",
     "list_missions",
     "pending_by_mission",
 ]
@@ -85,6 +89,32 @@ MISSION_COLUMNS = (
 )
 """The columns of ``missions``, in the table's order."""
 
+_MISSION = ", ".join(f"missions.{column}" for column in MISSION_COLUMNS)
+
+ITERATION_COLUMNS = (
+    "id",
+    "mission_id",
+    "scheduled_for",
+    "status",
+    "attempt",
+    "messages",
+    "reminders",
+    "attempts",
+    "rounds",
+    "prompt_tokens",
+    "completion_tokens",
+    "stop_reason",
+    "error",
+    "worker_id",
+    "model",
+    "started_at",
+    "finished_at",
+)
+"""The columns of ``mission_iterations``, in the table's order."""
+
+_JSON_ITERATION_COLUMNS = frozenset({"messages", "reminders", "attempts"})
+"""Its JSONB columns (none of them nullable)."""
+
 _LIST_AGENTS = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents ORDER BY name"
 _SERVERS_OF = (
     "SELECT agent_id, name, transport, url, command, args, headers::text AS headers, "
@@ -133,28 +163,75 @@ async def list_missions(
     most; with ``last_run``, each with its latest iteration's ``last_iteration_id``,
     ``last_status``, ``last_stop_reason`` and ``last_started_at`` (``None`` before any).
     A row's keys: ``MISSION_COLUMNS``, ``agent``, then those four."""
-    conditions: list[str] = []
-    arguments: list[Any] = []
-    for condition, value in (
-        ("missions.status = ${}", status),
-        ("agents.name = ${}", agent),
-        ("missions.id < ${}", before_id),
-    ):
-        if value is not None:
-            arguments.append(value)
-            conditions.append(condition.format(len(arguments)))
-    arguments.append(limit)
+    where, arguments = _where(
+        ("missions.status = ", status), ("agents.name = ", agent), ("missions.id < ", before_id)
+    )
     sql = (
-        "SELECT "
-        + ", ".join(f"missions.{column}" for column in MISSION_COLUMNS)
-        + ", agents.name AS agent"
+        f"SELECT {_MISSION}, agents.name AS agent"
         + (_LATEST_RUN if last_run else "")
         + " FROM missions JOIN agents ON agents.id = missions.agent_id"
         + (_LATEST_RUN_JOIN if last_run else "")
-        + (" WHERE " + " AND ".join(conditions) if conditions else "")
-        + f" ORDER BY missions.id DESC LIMIT ${len(arguments)}"
+        + f"{where} ORDER BY missions.id DESC LIMIT ${len(arguments) + 1}"
     )
-    return [dict(row) for row in await fetch(sql, *arguments)]
+    return [dict(row) for row in await fetch(sql, *arguments, limit)]
+
+
+_GET_MISSION = (
+    f"SELECT {_MISSION}, agents.name AS agent, (SELECT count(*) FROM mission_iterations "
+    "WHERE mission_iterations.mission_id = missions.id) AS iterations "
+    "FROM missions JOIN agents ON agents.id = missions.agent_id WHERE missions.id = $1"
+)
+
+
+async def get_mission(fetch: Fetch, mission_id: int) -> dict[str, Any]:
+    """Mission ``mission_id`` with its agent's name (``agent``) and how many iterations it
+    has had (``iterations``).
+
+    Raises:
+        NotFoundError: no mission has that id.
+    """
+    rows = await fetch(_GET_MISSION, mission_id)
+    if not rows:
+        raise NotFoundError(f"no mission with id {mission_id}")
+    return dict(rows[0])
+
+
+_ITERATION_LISTED = ", ".join(
+    f"{column}::text AS {column}" if column in _JSON_ITERATION_COLUMNS else column
+    for column in ITERATION_COLUMNS
+    if column != "messages"
+)
+
+
+async def list_iterations(
+    fetch: Fetch, *, mission_id: int | None = None, limit: int = 20, before_id: int | None = None
+) -> list[dict[str, Any]]:
+    """Iterations newest first, without their message logs: of ``mission_id`` when given,
+    with ids below ``before_id`` (the next page), ``limit`` at most. A row's keys:
+    ``ITERATION_COLUMNS`` but ``messages``; ``reminders`` and ``attempts`` decoded."""
+    where, arguments = _where(("mission_id = ", mission_id), ("id < ", before_id))
+    sql = (
+        f"SELECT {_ITERATION_LISTED} FROM mission_iterations{where} "
+        f"ORDER BY id DESC LIMIT ${len(arguments) + 1}"
+    )
+    return [
+        {
+            key: json.loads(value) if key in _JSON_ITERATION_COLUMNS else value
+            for key, value in row.items()
+        }
+        for row in await fetch(sql, *arguments, limit)
+    ]
+
+
+def _where(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """`` WHERE a = $1 AND b < $2`` of the conditions whose value is not ``None`` (each
+    ``(text before the parameter, value)``), and their values in order; ``("", [])`` when
+    none is."""
+    given = [(text, value) for text, value in conditions if value is not None]
+    if not given:
+        return "", []
+    clauses = [f"{text}${n}" for n, (text, _) in enumerate(given, start=1)]
+    return " WHERE " + " AND ".join(clauses), [value for _, value in given]
 
 
 _PENDING_BY_MISSION = (
