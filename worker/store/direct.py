@@ -129,7 +129,10 @@ async def read_directly(
     except Exception:
         return None
     finally:
-        await conn.close()
+        try:
+            await conn.close()
+        except Exception:  # gone already: nothing to say goodbye to
+            conn.terminate()
 
 
 async def _revision(conn: Any) -> str | None:
