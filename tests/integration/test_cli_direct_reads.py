@@ -185,15 +185,19 @@ def test_databases_that_cannot_be_used_are_said_the_same_way(
         assert says in direct[2]
 
 
-def test_agents_list_loads_neither_sqlalchemy_nor_pydantic_settings(
+def test_the_reads_load_neither_sqlalchemy_nor_pydantic_settings(
     run: Any, database_url: str
 ) -> None:
     assert run("agents", "add", "--name", "scout", "--owner", "u")[0] == 0
+    assert run("missions", "add", "--agent", "scout", "--objective", "x", "--due-now")[0] == 0
     probe = (
         "import json, sys\n"
         "from worker.cli import main\n"
-        "status = main(['agents', 'list', '--json'])\n"
-        "print(json.dumps([status, sorted(sys.modules)]))"
+        "statuses = [main(['agents', 'list', '--json'])]\n"
+        "for argv in (['missions', 'list'], ['missions', 'show', '1'], ['iterations', 'list'],\n"
+        "             ['iterations', 'list', '--mission', '1']):\n"
+        "    statuses.append(main(argv))\n"
+        "print(json.dumps([statuses, sorted(sys.modules)]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
     done = subprocess.run(
@@ -204,9 +208,10 @@ def test_agents_list_loads_neither_sqlalchemy_nor_pydantic_settings(
         check=True,
         timeout=60,
     )
-    *listing, last = done.stdout.splitlines()
-    status, loaded = json.loads(last)
-    assert status == 0
+    lines = done.stdout.splitlines()
+    statuses, loaded = json.loads(lines[-1])
+    assert statuses == [0] * 5
+    listing = lines[: lines.index("]") + 1]
     assert [agent["name"] for agent in json.loads("\n".join(listing))] == ["scout"]
     heavy = {m for m in loaded if m.split(".")[0] in ("sqlalchemy", "pydantic_settings")}
     assert heavy == set()
