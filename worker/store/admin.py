@@ -19,7 +19,14 @@ from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
 from worker.store.approval_status import current_status
 from worker.store.engine import engine_fetch
-from worker.store.reads import get_mission, list_agents, list_iterations, list_missions
+from worker.store.reads import (
+    agent_by_name,
+    get_mission,
+    list_agents,
+    list_iterations,
+    list_missions,
+    with_mcp_servers,
+)
 from worker.store.stored import StoredIteration
 from worker.store.tables import (
     agent_mcp_servers,
@@ -154,13 +161,13 @@ class AdminStore:
             return await list_agents(engine_fetch(conn))
 
     async def agent_by_name(self, name: str) -> Row:
-        """The agent called ``name``. Raises NotFoundError."""
+        """The agent called ``name`` (``worker.store.reads.agent_by_name``). Raises
+        NotFoundError."""
         async with self.engine.connect() as conn:
-            row = (await conn.execute(select(agents).where(agents.c.name == name))).mappings()
-            found = row.first()
-            if found is None:
-                raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
-            return await _with_mcp_servers(conn, dict(found))
+            found = await agent_by_name(engine_fetch(conn), name)
+        if found is None:
+            raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
+        return found
 
     # missions -----------------------------------------------------------------------------
 
@@ -406,11 +413,7 @@ async def _put_mcp_servers(
 
 
 async def _with_mcp_servers(conn: AsyncConnection, agent: Row) -> Row:
-    """``agent`` with ``mcp_servers``: its MCP servers' public forms, by name."""
-    rows = await conn.execute(
-        select(agent_mcp_servers)
-        .where(agent_mcp_servers.c.agent_id == agent["id"])
-        .order_by(agent_mcp_servers.c.name)
-    )
-    agent["mcp_servers"] = [McpServerConfig.from_row(dict(r)).public() for r in rows.mappings()]
-    return agent
+    """``agent`` with ``mcp_servers`` (``worker.store.reads.with_mcp_servers``), read in
+    ``conn``'s transaction."""
+    [shown] = await with_mcp_servers(engine_fetch(conn), [agent])
+    return shown

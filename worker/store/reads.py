@@ -25,11 +25,13 @@ __all__ = [
     "MISSION_COLUMNS",
     "Fetch",
     "Rows",
+    "agent_by_name",
     "get_mission",
     "list_agents",
     "list_iterations",
     "list_missions",
     "pending_by_mission",
+    "with_mcp_servers",
 ]
 
 Rows = Sequence[Mapping[str, Any]]
@@ -115,7 +117,7 @@ ITERATION_COLUMNS = (
 _JSON_ITERATION_COLUMNS = frozenset({"messages", "reminders", "attempts"})
 """Its JSONB columns (none of them nullable)."""
 
-_LIST_AGENTS = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents ORDER BY name"
+_AGENT = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents"
 _SERVERS_OF = (
     "SELECT agent_id, name, transport, url, command, args, headers::text AS headers, "
     "env::text AS env, required FROM agent_mcp_servers "
@@ -124,10 +126,22 @@ _SERVERS_OF = (
 
 
 async def list_agents(fetch: Fetch) -> list[dict[str, Any]]:
-    """Every agent, by name: its columns (``AGENT_COLUMNS``) and ``mcp_servers``, its MCP
-    servers by name in their public form (``McpServerConfig.public()``: no header or
-    environment values). Two statements, whatever the number of agents."""
-    agents = [dict(row) for row in await fetch(_LIST_AGENTS)]
+    """Every agent, by name: its columns (``AGENT_COLUMNS``) and ``mcp_servers``
+    (``with_mcp_servers``). Two statements, whatever the number of agents."""
+    agents = [dict(row) for row in await fetch(f"{_AGENT} ORDER BY name")]
+    return await with_mcp_servers(fetch, agents)
+
+
+async def agent_by_name(fetch: Fetch, name: str) -> dict[str, Any] | None:
+    """The agent called ``name`` (its columns and ``mcp_servers``), or ``None``."""
+    rows = await fetch(f"{_AGENT} WHERE name = $1", name)
+    return (await with_mcp_servers(fetch, [dict(rows[0])]))[0] if rows else None
+
+
+async def with_mcp_servers(fetch: Fetch, agents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``agents`` (rows with an ``id``), each given ``mcp_servers``: its MCP servers by name
+    in their public form (``McpServerConfig.public()``: no header or environment values).
+    Changes the rows given and returns them; one statement (none for no agents)."""
     servers: dict[int, list[dict[str, Any]]] = {agent["id"]: [] for agent in agents}
     if agents:
         for row in await fetch(_SERVERS_OF, list(servers)):
