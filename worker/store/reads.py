@@ -1,8 +1,8 @@
 """Reads of the admin commands as SQL text over a ``Fetch``: the same statements and the same
 rows whether they run on the engine's pooled connection (``worker.store.engine.engine_fetch``,
 what ``AdminStore`` and the HTTP API use) or on one asyncpg connection of a command's own
-(``worker.store.direct.read_directly``, what ``mana-ai agents list`` uses, without loading
-SQLAlchemy).
+(``worker.store.direct.read_directly``, what ``mana-ai agents list``, ``missions list``,
+``missions show`` and ``iterations list`` use, without loading SQLAlchemy).
 
 The statements name their columns (``tests/unit/test_reads.py`` holds them to
 ``worker.store.tables``) and read JSONB as text, decoded here, so that rows do not depend on
@@ -72,7 +72,8 @@ MCP_SERVER_COLUMNS = (
     "required",
     "created_at",
 )
-"""The columns of ``agent_mcp_servers``, in the table's order."""
+"""The columns of ``agent_mcp_servers``, in the table's order (read: all but ``created_at``;
+``headers`` and ``env``, JSONB, as text)."""
 
 MISSION_COLUMNS = (
     "id",
@@ -119,9 +120,13 @@ _JSON_ITERATION_COLUMNS = frozenset({"messages", "reminders", "attempts"})
 
 _AGENT = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents"
 _SERVERS_OF = (
-    "SELECT agent_id, name, transport, url, command, args, headers::text AS headers, "
-    "env::text AS env, required FROM agent_mcp_servers "
-    "WHERE agent_id = ANY($1::bigint[]) ORDER BY agent_id, name"
+    "SELECT "
+    + ", ".join(
+        f"{column}::text AS {column}" if column in ("headers", "env") else column
+        for column in MCP_SERVER_COLUMNS
+        if column != "created_at"
+    )
+    + " FROM agent_mcp_servers WHERE agent_id = ANY($1::bigint[]) ORDER BY agent_id, name"
 )
 
 
