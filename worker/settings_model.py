@@ -4,15 +4,14 @@ Every field's ``description`` is the operator documentation (the README table is
 it), so it states the unit, the default and what the value is for. A value's parsing and checks
 are its type's (``worker.settings_values``). ``Settings(**values)`` reads its fields'
 variables from the environment as pydantic-settings' ``BaseSettings`` did for this model
-(``environment_values``), without loading pydantic-settings (about 0.07 s at every start of a
-command); ``worker.settings`` reports what is wrong with them.
+(``worker.settings_values.environment_values``), without loading pydantic-settings (about
+0.07 s at every start of a command); ``worker.settings`` reports what is wrong with them.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -23,6 +22,7 @@ from worker.settings_api import ApiSettings
 from worker.settings_policy import PolicySettings
 from worker.settings_values import (
     DAY_S,
+    ENV_PREFIX,
     GIB,
     HOUR_S,
     MAX_CONTEXT_TOKENS,
@@ -45,24 +45,10 @@ from worker.settings_values import (
     OnOff,
     PgBouncerMode,
     ReminderProducers,
+    environment_values,
 )
 
-__all__ = ["ENV_PREFIX", "OTLP_ENDPOINT_VARIABLES", "Settings", "environment_values"]
-
-ENV_PREFIX = "MANA_AI_"
-
-
-def environment_values(fields: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The text of each of ``fields`` that ``environ`` sets, keyed by field name: variable
-    ``MANA_AI_<FIELD>`` in any case (when two spellings are set, the later one in ``environ``
-    wins), a variable set to the empty string counting as unset (``MANA_AI_X=``, common in
-    compose files). The text is given to the field as it is (a list or a mapping is parsed by
-    the field's own validator, never as JSON): what pydantic-settings' environment source
-    gave this model (``case_sensitive=False``, ``env_ignore_empty=True``, every list and
-    mapping ``NoDecode``)."""
-    found = {key.lower(): value for key, value in environ.items() if value != ""}
-    wanted = ((name, (ENV_PREFIX + name).lower()) for name in fields)
-    return {name: found[key] for name, key in wanted if key in found}
+__all__ = ["ENV_PREFIX", "OTLP_ENDPOINT_VARIABLES", "Settings"]
 
 
 def _default_worker_id() -> str:

@@ -1,7 +1,8 @@
 """How particular setting values are read: the parsers and checks that the ``Settings`` fields
 are annotated with (``worker.settings_model``), and the bounds the fields are held to.
 
-Every value comes in as text. A parser is a pydantic ``BeforeValidator`` (the text to the
+Every value comes in as text: ``environment_values`` finds each field's in the environment
+(``MANA_AI_<FIELD>``). A parser is a pydantic ``BeforeValidator`` (the text to the
 field's type: a comma-separated list, an on/off switch, ``tool=calls`` pairs); a check is an
 ``AfterValidator`` (of the typed value: a name, an http(s) URL, the known reminder producers).
 A failed one raises ``ValueError``, which ``load_settings()`` reports with the variable's name.
@@ -10,6 +11,7 @@ A failed one raises ``ValueError``, which ``load_settings()`` reports with the v
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +24,7 @@ from worker.names import normalised_name
 
 __all__ = [
     "DAY_S",
+    "ENV_PREFIX",
     "GIB",
     "HOUR_S",
     "LOG_LEVELS",
@@ -46,7 +49,11 @@ __all__ = [
     "PgBouncerMode",
     "ReminderProducers",
     "ToolRateLimits",
+    "environment_values",
 ]
+
+ENV_PREFIX = "MANA_AI_"
+"""The prefix of every setting's variable: field ``lease_s`` is ``MANA_AI_LEASE_S``."""
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -66,6 +73,19 @@ MAX_CONTEXT_TOKENS = 100_000_000
 PGBOUNCER_DEFAULT_PORT = 6432
 """PgBouncer's default listening port (pgbouncer.ini ``listen_port``): ``MANA_AI_DB_PGBOUNCER=auto``
 assumes PgBouncer on it."""
+
+
+def environment_values(fields: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The text of each of ``fields`` that ``environ`` sets, keyed by field name: variable
+    ``MANA_AI_<FIELD>`` in any case (when two spellings are set, the later one in ``environ``
+    wins), a variable set to the empty string counting as unset (``MANA_AI_X=``, common in
+    compose files). The text is given to the field as it is (a list or a mapping is parsed by
+    the field's own validator, never as JSON): what pydantic-settings' environment source
+    gave this model (``case_sensitive=False``, ``env_ignore_empty=True``, every list and
+    mapping ``NoDecode``)."""
+    found = {key.lower(): value for key, value in environ.items() if value != ""}
+    wanted = ((name, (ENV_PREFIX + name).lower()) for name in fields)
+    return {name: found[key] for name, key in wanted if key in found}
 
 
 # -- parsers: text to the field's type (BeforeValidator) -------------------------------------------

@@ -15,7 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.sources import EnvSettingsSource
 
 from worker.settings import load_settings
-from worker.settings_model import ENV_PREFIX, Settings, environment_values
+from worker.settings_model import ENV_PREFIX, Settings
+from worker.settings_values import environment_values
 
 
 class FormerSettings(Settings, BaseSettings):  # type: ignore[misc]
