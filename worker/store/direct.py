@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from worker.database_url import asyncpg_keywords, redact_url
 from worker.errors import DatabaseError, ManaAIError
 from worker.store.reads import Fetch, Rows
-from worker.store.revision import revision_problem
+from worker.store.revision import REVISION_QUERY, revision_problem
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -141,7 +141,7 @@ async def _revision(conn: Any) -> str | None:
     from asyncpg.exceptions import UndefinedTableError
 
     try:
-        value = await conn.fetchval("SELECT version_num FROM alembic_version")
+        value = await conn.fetchval(REVISION_QUERY)
     except UndefinedTableError:
         return None
     return None if value is None else str(value)

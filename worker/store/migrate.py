@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.database_url import redact_url
 from worker.errors import DatabaseError
-from worker.store.revision import HEAD_REVISION
+from worker.store.revision import HEAD_REVISION, REVISION_QUERY
 from worker.store.transient import describe_error, sqlstate_of
 
 if TYPE_CHECKING:  # alembic is loaded only to migrate: a command that checks does without it
@@ -149,7 +149,7 @@ async def current_revision(engine: AsyncEngine) -> str | None:
     """
     async with engine.connect() as conn:
         try:
-            row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+            row = (await conn.execute(text(REVISION_QUERY))).first()
         except ProgrammingError as exc:  # no such table: never migrated
             if sqlstate_of(exc) != _UNDEFINED_TABLE:
                 raise

@@ -7,13 +7,19 @@ of them.
 
 from __future__ import annotations
 
-__all__ = ["HEAD_REVISION", "revision_problem"]
+__all__ = ["HEAD_REVISION", "REVISION_QUERY", "revision_problem"]
 
 HEAD_REVISION = "0011"
 """The newest revision in ``migrations/versions``: what a command that does not migrate
 checks the database against, without loading alembic and every script. A new revision
 updates it; ``tests/unit/test_migrations_head.py`` fails until it does (it compares it with
 ``worker.store.migrate.head_revision()``, alembic's reading of the scripts)."""
+
+
+REVISION_QUERY = "SELECT version_num FROM alembic_version"
+"""The schema revision a database is at: the row of alembic's ``alembic_version`` table (what
+alembic's ``MigrationContext.get_current_revision`` reads, for mana-ai's single line of
+revisions); no row, or no such table (an error), means never migrated."""
 
 
 def revision_problem(current: str | None) -> str | None:
