@@ -9,12 +9,16 @@ Commands timed: ``python -c pass`` (the floor: the interpreter and ``site``), ``
 --version``, ``mana-ai --help``, ``mana-ai agents list`` against a migrated database with
 three agents (``MANA_AI_TEST_DATABASE_URL``'s server when set, a throw-away database in it;
 else an embedded PostgreSQL, already running, so its start is not counted). Each round runs
-every command once, in turn, so that a machine shared with other work slows them alike; the
-figures are the median and the range over ``--runs`` rounds: wall seconds (``time.monotonic``
-around the process) and CPU seconds of the child (user + system, ``resource.getrusage``); then
-each command's peak RSS in MiB, from one more run. The ratio printed is each command's median
-wall to the floor's; with ``--compare DIR``, also each command's to the same command of the
-source tree in DIR.
+every command once, in turn, so that a machine shared with other work slows them alike (both
+trees' modules byte-compiled first, as an installed package's are); the figures are the
+median and the range over ``--runs`` rounds: wall seconds (``time.monotonic`` around the
+process) and CPU seconds of the child (user + system, ``resource.getrusage``); then each
+command's peak RSS in MiB, from one more run. The ratio printed is each command's median wall
+to the floor's; with ``--compare DIR``, also each command's median wall and CPU to the same
+command's of the source tree in DIR (CPU is the steadier figure on a machine shared with other
+work). ``agents list`` reads on one asyncpg connection of its own (``worker.store.direct``)
+when ``MANA_AI_TEST_DATABASE_URL`` names a server; on the embedded database it goes through
+the engine.
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ def summary(values: list[float], unit: str, digits: int = 3) -> str:
     )
 
 
+def byte_compiled(python: str, tree: str) -> None:
+    """Compile the packages of the source tree ``tree`` to ``__pycache__`` (as installing a
+    wheel does): a tree run with ``PYTHONDONTWRITEBYTECODE`` or unpacked by ``git archive``
+    would otherwise compile every module it imports at every start, and that would be timed."""
+    packages = [str(Path(tree) / name) for name in ("planner", "reminders", "worker")]
+    subprocess.run([python, "-m", "compileall", "-q", *packages], check=True, capture_output=True)
+
+
 def prepare(url: str, mana_ai: str, env: dict[str, str]) -> None:
     """Migrate ``url``'s database and add three agents, with the CLI itself."""
     for argv in (
@@ -91,6 +103,8 @@ async def run(args: argparse.Namespace, python: str, server_url: str, where: str
         env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
         env["MANA_AI_DATABASE_URL"] = url.replace("postgresql+asyncpg://", "postgresql://", 1)
         await asyncio.to_thread(prepare, url, args.mana_ai, env)
+        for tree in (str(ROOT), *([args.compare] if args.compare else [])):
+            await asyncio.to_thread(byte_compiled, python, tree)
         commands = {"python -c pass": [python, "-c", "pass"]}
         for words in (["--version"], ["--help"], ["agents", "list"]):
             commands[f"mana-ai {' '.join(words)}"] = [args.mana_ai, *words]
@@ -111,7 +125,7 @@ async def run(args: argparse.Namespace, python: str, server_url: str, where: str
         }
     floor = statistics.median(w for w, _ in figures["python -c pass"])
     medians = {name: statistics.median(w for w, _ in runs) for name, runs in figures.items()}
-    cpu = {name: statistics.median(c for _, c in runs) for name, runs in figures.items()}
+    cpu_medians = {name: statistics.median(c for _, c in runs) for name, runs in figures.items()}
     print(f"{'database':32} {where}")
     print(f"{'runs':32} {args.runs} (commands alternating)")
     for name, runs in figures.items():
@@ -124,8 +138,11 @@ async def run(args: argparse.Namespace, python: str, server_url: str, where: str
     if args.compare:
         for words in ("--version", "--help", "agents list"):
             ours, theirs = medians[f"mana-ai {words}"], medians[f"{args.compare}: {words}"]
+            ours_cpu = cpu_medians[f"mana-ai {words}"]
+            theirs_cpu = cpu_medians[f"{args.compare}: {words}"]
             print(
-                f"{words:22}median wall {ours:.3f} s against {theirs:.3f} s: {ours / theirs:.2f}x"
+                f"{words:22}median wall {ours:.3f} s against {theirs:.3f} s: {ours / theirs:.2f}x; "
+                f"CPU {ours_cpu:.3f} s against {theirs_cpu:.3f} s: {ours_cpu / theirs_cpu:.2f}x"
             )
 
 

@@ -1,16 +1,117 @@
-"""PostgreSQL URLs as an operator gives them: normalised for the asyncpg driver, and shown
-without their password. Plain functions of the text (SQLAlchemy's URL parser), below
-everything: the settings check ``MANA_AI_DATABASE_URL`` with them before any engine exists.
+"""PostgreSQL URLs as an operator gives them: normalised for the asyncpg driver, shown
+without their password, and turned into asyncpg's ``connect`` keywords. Plain functions of
+the text, below everything: the settings check ``MANA_AI_DATABASE_URL`` with them before any
+engine exists.
+
+The URL is read as SQLAlchemy reads it (``sqlalchemy.engine.make_url``: its grammar, its
+percent-decoding, its rendering), so that the engine opened on the normalised text sees the
+same URL, without loading SQLAlchemy (a tenth of a second) for a command that only needs the
+settings or one asyncpg connection; ``tests/unit/test_database_url.py`` holds the two readings
+equal.
 """
 
 from __future__ import annotations
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+import re
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl, quote, quote_plus, unquote
 
 from worker.terminal_text import describe_char
 
-__all__ = ["redact_url", "to_async_url"]
+__all__ = ["DatabaseUrl", "asyncpg_keywords", "parse_url", "redact_url", "to_async_url"]
+
+
+class DatabaseUrl(NamedTuple):
+    """A database URL's parts, as ``sqlalchemy.engine.URL`` holds them: ``username``,
+    ``password`` and ``database`` percent-decoded; ``query`` each parameter's value, or the
+    tuple of its values when it is given more than once (parameters with an empty value
+    left out)."""
+
+    drivername: str
+    username: str | None
+    password: str | None
+    host: str | None
+    port: int | None
+    database: str | None
+    query: dict[str, str | tuple[str, ...]]
+
+    def render(self, *, hide_password: bool) -> str:
+        """The URL as text (``URL.render_as_string``): parts percent-encoded, query
+        parameters sorted by name; the password as ``***`` when ``hide_password``."""
+        text = self.drivername + "://"
+        if self.username is not None:
+            text += quote(self.username, safe=" +")
+            if self.password is not None:
+                text += ":" + ("***" if hide_password else quote(self.password, safe=" +"))
+            text += "@"
+        if self.host is not None:
+            text += f"[{self.host}]" if ":" in self.host else self.host
+        if self.port is not None:
+            text += ":" + str(self.port)
+        if self.database is not None:
+            text += "/" + quote(self.database, safe=" +/")
+        if self.query:
+            text += "?" + "&".join(
+                f"{quote_plus(key)}={quote_plus(value)}"
+                for key in sorted(self.query)
+                for value in _values(self.query[key])
+            )
+        return text
+
+
+_URL = re.compile(
+    r"""
+        (?P<name>[\w\+]+)://
+        (?:
+            (?P<username>[^:/]*)
+            (?::(?P<password>[^@]*))?
+        @)?
+        (?:
+            (?:
+                \[(?P<ipv6host>[^/\?]+)\] |
+                (?P<ipv4host>[^/:\?]+)
+            )?
+            (?::(?P<port>[^/\?]*))?
+        )?
+        (?:/(?P<database>[^\?]*))?
+        (?:\?(?P<query>.*))?
+    """,
+    re.X,
+)
+"""SQLAlchemy's URL grammar (``sqlalchemy.engine.url._parse_url``)."""
+
+
+def parse_url(text: str) -> DatabaseUrl:
+    """``text``'s parts, as ``sqlalchemy.engine.make_url`` reads them.
+
+    Raises:
+        ValueError: ``text`` is not a URL by that grammar, or its port is not an integer.
+    """
+    match = _URL.match(text)
+    if match is None:
+        raise ValueError("Could not parse SQLAlchemy URL from given URL string")
+    parts = match.groupdict()
+    query: dict[str, str | tuple[str, ...]] = {}
+    for key, value in parse_qsl(parts["query"] or ""):
+        query[key] = (*_values(query[key]), value) if key in query else value
+    username, password, database = (
+        None if parts[name] is None else unquote(parts[name])
+        for name in ("username", "password", "database")
+    )
+    return DatabaseUrl(
+        drivername=parts["name"],
+        username=username,
+        password=password,
+        host=parts["ipv4host"] or parts["ipv6host"],
+        port=None if parts["port"] is None else int(parts["port"]),  # "" fails, as there
+        database=database,
+        query=query,
+    )
+
+
+def _values(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else value
+
 
 _SCHEMES = {"postgresql", "postgres", "postgresql+asyncpg"}
 _SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
@@ -65,8 +166,8 @@ def to_async_url(url: str) -> str:
             f"position {url.index(hidden) + 1}); percent-encode it"
         )
     try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):  # ValueError: SQLAlchemy's int() of a bad port
+        parsed = parse_url(url)
+    except ValueError:  # not a URL, or int() of a bad port
         raise ValueError(
             "not a database URL; expected postgresql://user:password@host:port/database"
         ) from None
@@ -79,13 +180,11 @@ def to_async_url(url: str) -> str:
         raise ValueError(f"has an invalid port ({parsed.port}); a port is 1 to 65535")
     for name, value in parsed.query.items():
         _check_query_parameter(name, value)
-    parsed = parsed.set(drivername="postgresql+asyncpg")
-    if "sslmode" in parsed.query:
-        sslmode = parsed.query["sslmode"]
-        parsed = parsed.difference_update_query(["sslmode"])
-        if "ssl" not in parsed.query:
-            parsed = parsed.update_query_dict({"ssl": sslmode})
-    return parsed.render_as_string(hide_password=False)
+    query = dict(parsed.query)
+    if "sslmode" in query:
+        sslmode = query.pop("sslmode")
+        query.setdefault("ssl", sslmode)
+    return parsed._replace(drivername="postgresql+asyncpg", query=query).render(hide_password=False)
 
 
 def _check_query_parameter(name: str, value: str | tuple[str, ...]) -> None:
@@ -107,6 +206,37 @@ def _check_query_parameter(name: str, value: str | tuple[str, ...]) -> None:
 def redact_url(url: str) -> str:
     """``url`` with the password replaced by ``***``, for logs and error messages."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
+        return parse_url(url).render(hide_password=True)
+    except ValueError:
         return "(unparseable URL)"
+
+
+def asyncpg_keywords(url: str) -> dict[str, Any] | None:
+    """The keywords of ``asyncpg.connect`` for ``url`` (a URL ``to_async_url`` returned),
+    as SQLAlchemy's asyncpg dialect makes them (``create_connect_args``): ``host``,
+    ``port``, ``user``, ``password`` and ``database`` where the URL gives them (an empty one
+    left out), then every query parameter (``ssl=require``) as a keyword.
+
+    ``None`` for a URL whose query names hosts or ports (``?host=…``: a socket directory,
+    or several hosts), which only the engine's dialect splits; such a URL is opened by the
+    engine.
+
+    Raises:
+        ValueError: ``url`` is not a URL (see ``parse_url``).
+    """
+    parsed = parse_url(url)
+    if "host" in parsed.query or "port" in parsed.query:
+        return None
+    parts = {
+        "host": parsed.host,
+        "database": parsed.database,
+        "user": parsed.username,
+        "password": parsed.password,
+        "port": parsed.port,
+    }
+    keywords: dict[str, Any] = {key: value for key, value in parts.items() if value}
+    for key, value in parsed.query.items():
+        if not isinstance(value, str):
+            return None  # a parameter given twice: the engine's to refuse
+        keywords[key] = value
+    return keywords

@@ -4,15 +4,14 @@ documentation (README's settings table holds it)."""
 
 from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings
+from pydantic import BaseModel, Field
 
 from worker.settings_values import DAY_S, MIB, EndpointUrl
 
 __all__ = ["ApiSettings"]
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(BaseModel):
     """``MANA_AI_API_*`` and ``MANA_AI_CONSOLE_URL``; ``Settings`` extends it and configures
     how the environment is read."""
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings
+from pydantic import BaseModel, Field
 
 from worker.settings_values import (
     DAY_S,
@@ -23,7 +22,7 @@ from worker.settings_values import (
 __all__ = ["PolicySettings"]
 
 
-class PolicySettings(BaseSettings):
+class PolicySettings(BaseModel):
     """The policy gate's and approvals' settings (``MANA_AI_POLICY_*``,
     ``MANA_AI_APPROVAL_*``); ``Settings`` extends it and configures how the environment is
     read."""

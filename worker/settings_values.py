@@ -1,7 +1,8 @@
 """How particular setting values are read: the parsers and checks that the ``Settings`` fields
 are annotated with (``worker.settings_model``), and the bounds the fields are held to.
 
-Every value comes in as text. A parser is a pydantic ``BeforeValidator`` (the text to the
+Every value comes in as text: ``environment_values`` finds each field's in the environment
+(``MANA_AI_<FIELD>``). A parser is a pydantic ``BeforeValidator`` (the text to the
 field's type: a comma-separated list, an on/off switch, ``tool=calls`` pairs); a check is an
 ``AfterValidator`` (of the typed value: a name, an http(s) URL, the known reminder producers).
 A failed one raises ``ValueError``, which ``load_settings()`` reports with the variable's name.
@@ -10,11 +11,11 @@ A failed one raises ``ValueError``, which ``load_settings()`` reports with the v
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, SecretStr
-from pydantic_settings import NoDecode
 
 from worker.data_dir import default_data_dir
 from worker.database_url import to_async_url
@@ -23,6 +24,7 @@ from worker.names import normalised_name
 
 __all__ = [
     "DAY_S",
+    "ENV_PREFIX",
     "GIB",
     "HOUR_S",
     "LOG_LEVELS",
@@ -47,7 +49,11 @@ __all__ = [
     "PgBouncerMode",
     "ReminderProducers",
     "ToolRateLimits",
+    "environment_values",
 ]
+
+ENV_PREFIX = "MANA_AI_"
+"""The prefix of every setting's variable: field ``lease_s`` is ``MANA_AI_LEASE_S``."""
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -67,6 +73,19 @@ MAX_CONTEXT_TOKENS = 100_000_000
 PGBOUNCER_DEFAULT_PORT = 6432
 """PgBouncer's default listening port (pgbouncer.ini ``listen_port``): ``MANA_AI_DB_PGBOUNCER=auto``
 assumes PgBouncer on it."""
+
+
+def environment_values(fields: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The text of each of ``fields`` that ``environ`` sets, keyed by field name: variable
+    ``MANA_AI_<FIELD>`` in any case (when two spellings are set, the later one in ``environ``
+    wins), a variable set to the empty string counting as unset (``MANA_AI_X=``, common in
+    compose files). The text is given to the field as it is (a list or a mapping is parsed by
+    the field's own validator, never as JSON): what pydantic-settings' environment source
+    gave this model (``case_sensitive=False``, ``env_ignore_empty=True``, every list and
+    mapping ``NoDecode``)."""
+    found = {key.lower(): value for key, value in environ.items() if value != ""}
+    wanted = ((name, (ENV_PREFIX + name).lower()) for name in fields)
+    return {name: found[key] for name, key in wanted if key in found}
 
 
 # -- parsers: text to the field's type (BeforeValidator) -------------------------------------------
@@ -253,17 +272,17 @@ DataDir = Annotated[Path, BeforeValidator(default_if_empty), AfterValidator(expa
 """A directory, ``~`` expanded; the default one when empty."""
 ContextTokens = Annotated[int, AfterValidator(context_tokens)]
 """A model context in tokens, 0 for off."""
-Domains = Annotated[tuple[str, ...], NoDecode, BeforeValidator(domain_list)]
+Domains = Annotated[tuple[str, ...], BeforeValidator(domain_list)]
 """Comma-separated domains, normalised."""
-Keywords = Annotated[tuple[str, ...], NoDecode, BeforeValidator(keyword_list)]
+Keywords = Annotated[tuple[str, ...], BeforeValidator(keyword_list)]
 """Comma-separated JSON Schema keywords."""
-CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(comma_list)]
+CommaList = Annotated[tuple[str, ...], BeforeValidator(comma_list)]
 """Comma-separated items (or a JSON array), without repeats."""
 ReminderProducers = Annotated[
-    tuple[str, ...], NoDecode, AfterValidator(known_producers), BeforeValidator(comma_list)
+    tuple[str, ...], AfterValidator(known_producers), BeforeValidator(comma_list)
 ]
 """Comma-separated names of reminder producers."""
-ToolRateLimits = Annotated[dict[str, int], NoDecode, BeforeValidator(tool_rate_limits)]
+ToolRateLimits = Annotated[dict[str, int], BeforeValidator(tool_rate_limits)]
 """``tool=calls`` pairs, separated by commas."""
 LogLevel = Annotated[str, BeforeValidator(log_level)]
 """One of ``LOG_LEVELS``, any case."""

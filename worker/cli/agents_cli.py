@@ -20,7 +20,7 @@ from worker.admin.agents import (
 from worker.admin.values import INT32_MAX, MAX_ROUNDS
 from worker.cli.args import UsageError, checked_name, group, json_flag
 from worker.cli.output import emit, print_json, table
-from worker.cli.stores import admin_store
+from worker.cli.stores import admin_store, read_only
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
@@ -311,8 +311,9 @@ def _label(field: str) -> str:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    async with admin_store(settings) as admin:
-        rows = await admin.list_agents()
+    from worker.store.reads import list_agents
+
+    rows = await read_only(settings, list_agents)
     if args.json:
         print_json(rows)
     else:

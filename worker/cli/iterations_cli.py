@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
-from worker.cli.stores import admin_store
+from worker.cli.stores import admin_store, read_only
 from worker.store.stored import StoredAttempt
 from worker.terminal_text import visible, visible_line
 
 if TYPE_CHECKING:
     from worker.settings import Settings
+    from worker.store.reads import Fetch
 
 __all__ = ["register"]
 
@@ -41,10 +42,14 @@ def register(commands: Any) -> None:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    async with admin_store(settings) as admin:
+    from worker.store.reads import get_mission, list_iterations
+
+    async def read(fetch: Fetch) -> list[dict[str, Any]]:
         if args.mission is not None:
-            await admin.get_mission(args.mission)  # NotFoundError (exit 1) rather than "(none)"
-        rows = await admin.list_iterations(mission_id=args.mission, limit=args.limit)
+            await get_mission(fetch, args.mission)  # NotFoundError (exit 1) rather than "(none)"
+        return await list_iterations(fetch, mission_id=args.mission, limit=args.limit)
+
+    rows = await read_only(settings, read)
     if args.json:
         print_json(rows)
     else:

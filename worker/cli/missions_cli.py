@@ -18,11 +18,12 @@ from worker.cli.args import (
     row_id,
 )
 from worker.cli.output import emit, fields, fmt, print_json, table
-from worker.cli.stores import admin_store
+from worker.cli.stores import admin_store, read_only
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
     from worker.settings import Settings
+    from worker.store.reads import Fetch
 
 __all__ = ["register"]
 
@@ -164,11 +165,13 @@ def _read_objective(path: str) -> str:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.approvals import ApprovalStore
+    from worker.store.reads import list_missions, pending_by_mission
 
-    async with admin_store(settings) as admin:
-        rows = await admin.list_missions(status=args.status, limit=args.limit)
-        waiting = await ApprovalStore(admin.engine).pending_by_mission([r["id"] for r in rows])
+    async def read(fetch: Fetch) -> tuple[list[dict[str, Any]], dict[int, int]]:
+        rows = await list_missions(fetch, status=args.status, limit=args.limit)
+        return rows, await pending_by_mission(fetch, [r["id"] for r in rows])
+
+    rows, waiting = await read_only(settings, read)
     for row in rows:  # a run parked for a person's decision: the request it waits on
         row["awaiting_approval"] = waiting.get(row["id"])
     if args.json:
@@ -182,11 +185,12 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.approvals import ApprovalStore
+    from worker.store.reads import get_mission, pending_by_mission
 
-    async with admin_store(settings) as admin:
-        mission = await admin.get_mission(args.id)
-        waiting = await ApprovalStore(admin.engine).pending_by_mission([args.id])
+    async def read(fetch: Fetch) -> tuple[dict[str, Any], dict[int, int]]:
+        return await get_mission(fetch, args.id), await pending_by_mission(fetch, [args.id])
+
+    mission, waiting = await read_only(settings, read)
     mission["awaiting_approval"] = waiting.get(args.id)
     if args.json:
         print_json(mission)

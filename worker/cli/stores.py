@@ -1,18 +1,18 @@
 """Opening the database for one command.
 
-Every command that opens the database goes through here (``database``, ``served_tools``,
-``admin_store``, ``policy_store``), or calls ``announce_database`` right before it opens it
-(``tick`` and ``worker``, whose setup opens it), so that each one says which embedded
-database it uses.
+Every command that opens the database goes through here (``database``, ``read_only``,
+``served_tools``, ``admin_store``, ``policy_store``), or calls ``announce_database`` right
+before it opens it (``tick`` and ``worker``, whose setup opens it), so that each one says which
+embedded database it uses.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     # imported when a command runs, so that `--help` stays quick
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from worker.store.admin import AdminStore
     from worker.store.approvals import ApprovalStore
     from worker.store.mcp_tokens import McpStore
+    from worker.store.reads import Fetch
     from worker.store.user_policy import PolicyStore
 
 __all__ = [
@@ -31,8 +32,11 @@ __all__ = [
     "approval_store",
     "database",
     "policy_store",
+    "read_only",
     "served_tools",
 ]
+
+T = TypeVar("T")
 
 
 def announce_database(settings: Settings) -> None:
@@ -78,6 +82,26 @@ async def database(
     announce_database(settings)
     async with open_database(settings, migrate=migrate) as engine:
         yield engine
+
+
+async def read_only(settings: Settings, read: Callable[[Fetch], Awaitable[T]]) -> T:
+    """What ``read`` (a read of ``worker.store.reads``) returns on the configured database:
+    on one asyncpg connection of its own when it can (``worker.store.direct.read_directly``:
+    neither SQLAlchemy nor the engine loaded), else on a connection of ``database``'s engine
+    (the embedded database started and announced, the schema checked), with the same rows.
+
+    Raises:
+        DatabaseError: as ``database`` raises it (unreachable, not at the schema's head).
+    """
+    from worker.store.direct import read_directly
+
+    done = await read_directly(settings, read)
+    if done is not None:
+        return done[0]
+    from worker.store.engine import engine_fetch
+
+    async with database(settings) as engine, engine.connect() as conn:
+        return await read(engine_fetch(conn))
 
 
 async def database_answers(settings: Settings) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Executable, delete, func, insert, literal_column, or_, select, update
+from sqlalchemy import Executable, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -18,6 +18,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
 from worker.store.approval_status import current_status
+from worker.store.engine import engine_fetch
+from worker.store.reads import (
+    agent_by_name,
+    get_mission,
+    list_agents,
+    list_iterations,
+    list_missions,
+    with_mcp_servers,
+)
 from worker.store.stored import StoredIteration
 from worker.store.tables import (
     agent_mcp_servers,
@@ -147,19 +156,18 @@ class AdminStore:
             return await _with_mcp_servers(conn, agent)
 
     async def list_agents(self) -> list[Row]:
-        """Every agent, by name."""
+        """Every agent, by name (``worker.store.reads.list_agents``)."""
         async with self.engine.connect() as conn:
-            rows = await conn.execute(select(agents).order_by(agents.c.name))
-            return [await _with_mcp_servers(conn, dict(r)) for r in rows.mappings()]
+            return await list_agents(engine_fetch(conn))
 
     async def agent_by_name(self, name: str) -> Row:
-        """The agent called ``name``. Raises NotFoundError."""
+        """The agent called ``name`` (``worker.store.reads.agent_by_name``). Raises
+        NotFoundError."""
         async with self.engine.connect() as conn:
-            row = (await conn.execute(select(agents).where(agents.c.name == name))).mappings()
-            found = row.first()
-            if found is None:
-                raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
-            return await _with_mcp_servers(conn, dict(found))
+            found = await agent_by_name(engine_fetch(conn), name)
+        if found is None:
+            raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
+        return found
 
     # missions -----------------------------------------------------------------------------
 
@@ -203,57 +211,23 @@ class AdminStore:
         before_id: int | None = None,
         last_run: bool = False,
     ) -> list[Row]:
-        """Missions with their agent's name, newest first: of ``status`` and of ``agent`` (a
-        name) when given, with ids below ``before_id`` (the next page), ``limit`` at most;
-        with ``last_run``, each with its latest iteration's ``last_iteration_id``,
-        ``last_status``, ``last_stop_reason`` and ``last_started_at`` (``None`` before any)."""
-        columns: list[Any] = [missions, agents.c.name.label("agent")]
-        if last_run:
-            its = mission_iterations.c
-            latest = (
-                select(its.id, its.status, its.stop_reason, its.started_at)
-                .where(its.mission_id == missions.c.id)
-                .order_by(its.id.desc())
-                .limit(1)
-                .correlate(missions)
-                .lateral("latest")
-            )
-            columns += [
-                latest.c.id.label("last_iteration_id"),
-                latest.c.status.label("last_status"),
-                latest.c.stop_reason.label("last_stop_reason"),
-                latest.c.started_at.label("last_started_at"),
-            ]
-        joined = missions.join(agents, agents.c.id == missions.c.agent_id)
-        if last_run:
-            joined = joined.outerjoin(latest, literal_column("true"))
-        stmt = select(*columns).select_from(joined).order_by(missions.c.id.desc()).limit(limit)
-        if status is not None:
-            stmt = stmt.where(missions.c.status == status)
-        if agent is not None:
-            stmt = stmt.where(agents.c.name == agent)
-        if before_id is not None:
-            stmt = stmt.where(missions.c.id < before_id)
+        """Missions with their agent's name, newest first (``worker.store.reads.list_missions``,
+        which says what the arguments select)."""
         async with self.engine.connect() as conn:
-            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+            return await list_missions(
+                engine_fetch(conn),
+                status=status,
+                limit=limit,
+                agent=agent,
+                before_id=before_id,
+                last_run=last_run,
+            )
 
     async def get_mission(self, mission_id: int) -> Row:
-        """One mission with its agent's name and iteration count. Raises NotFoundError."""
-        count = (
-            select(func.count())
-            .where(mission_iterations.c.mission_id == missions.c.id)
-            .scalar_subquery()
-        )
-        stmt = (
-            select(missions, agents.c.name.label("agent"), count.label("iterations"))
-            .join(agents, agents.c.id == missions.c.agent_id)
-            .where(missions.c.id == mission_id)
-        )
+        """One mission with its agent's name and iteration count
+        (``worker.store.reads.get_mission``). Raises NotFoundError."""
         async with self.engine.connect() as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-        if row is None:
-            raise NotFoundError(f"no mission with id {mission_id}")
-        return dict(row)
+            return await get_mission(engine_fetch(conn), mission_id)
 
     async def pause_mission(self, mission_id: int) -> Row:
         """Pause a mission (idempotent); a running iteration still finishes.
@@ -338,16 +312,12 @@ class AdminStore:
     async def list_iterations(
         self, *, mission_id: int | None = None, limit: int = 20, before_id: int | None = None
     ) -> list[Row]:
-        """Iterations newest first, without their message logs: of ``mission_id`` when given,
-        with ids below ``before_id`` (the next page), ``limit`` at most."""
-        cols = [c for c in mission_iterations.c if c.name != "messages"]
-        stmt = select(*cols).order_by(mission_iterations.c.id.desc()).limit(limit)
-        if mission_id is not None:
-            stmt = stmt.where(mission_iterations.c.mission_id == mission_id)
-        if before_id is not None:
-            stmt = stmt.where(mission_iterations.c.id < before_id)
+        """Iterations newest first, without their message logs
+        (``worker.store.reads.list_iterations``, which says what the arguments select)."""
         async with self.engine.connect() as conn:
-            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+            return await list_iterations(
+                engine_fetch(conn), mission_id=mission_id, limit=limit, before_id=before_id
+            )
 
     async def iteration_id_or_latest(self, iteration_id: int | None) -> int:
         """``iteration_id``, or with ``None`` the id of the latest iteration (the CLI's
@@ -443,11 +413,7 @@ async def _put_mcp_servers(
 
 
 async def _with_mcp_servers(conn: AsyncConnection, agent: Row) -> Row:
-    """``agent`` with ``mcp_servers``: its MCP servers' public forms, by name."""
-    rows = await conn.execute(
-        select(agent_mcp_servers)
-        .where(agent_mcp_servers.c.agent_id == agent["id"])
-        .order_by(agent_mcp_servers.c.name)
-    )
-    agent["mcp_servers"] = [McpServerConfig.from_row(dict(r)).public() for r in rows.mappings()]
-    return agent
+    """``agent`` with ``mcp_servers`` (``worker.store.reads.with_mcp_servers``), read in
+    ``conn``'s transaction."""
+    [shown] = await with_mcp_servers(engine_fetch(conn), [agent])
+    return shown

@@ -25,6 +25,8 @@ from planner.approvals import ApprovalStatus, arguments_hash
 from worker.errors import ConflictError, NotFoundError
 from worker.store.approval_status import current_status, lapsed_or_expired
 from worker.store.base import ApprovalRequestRow
+from worker.store.engine import engine_fetch
+from worker.store.reads import pending_by_mission
 from worker.store.stored import decided_text
 from worker.store.tables import (
     DUE_CHANNEL,
@@ -141,18 +143,11 @@ class ApprovalStore:
 
     async def pending_by_mission(self, mission_ids: list[int]) -> dict[int, int]:
         """For the missions among ``mission_ids`` whose run waits for a decision: the id of
-        the request it waits on, by mission id."""
+        the request it waits on, by mission id (``worker.store.reads.pending_by_mission``)."""
         if not mission_ids:
             return {}
-        stmt = (
-            select(_r.mission_id, func.max(_r.id))
-            .where(
-                _r.mission_id.in_(mission_ids), _r.status == "pending", _r.expires_at > func.now()
-            )
-            .group_by(_r.mission_id)
-        )
         async with self.engine.connect() as conn:
-            return {int(m): int(i) for m, i in (await conn.execute(stmt)).all()}
+            return await pending_by_mission(engine_fetch(conn), mission_ids)
 
     async def decide(
         self, request_id: int, *, approve: bool, by: str, note: str | None = None

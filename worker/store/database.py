@@ -16,8 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.errors import DatabaseError
 from worker.settings import Settings
+from worker.store.direct import application_name
 from worker.store.engine import check_connection, create_engine, resolve_database_url
-from worker.store.migrate import HEAD_REVISION, current_revision, upgrade_database
+from worker.store.migrate import current_revision, upgrade_database
+from worker.store.revision import revision_problem
 
 __all__ = ["application_name", "configured_engine", "open_database"]
 
@@ -48,18 +50,9 @@ async def open_database(
         if migrate:
             await upgrade_database(engine)
         else:
-            current = await current_revision(engine)
-            head = HEAD_REVISION
-            if current != head:
-                if current is not None and current > head:  # revisions are 0001, 0002, …
-                    raise DatabaseError(
-                        f"the database schema is at revision {current}, newer than this "
-                        f"mana-ai knows ({head}): a newer mana-ai migrated it; run that one"
-                    )
-                raise DatabaseError(
-                    f"the database schema is at revision {current or '(none)'}, "
-                    f"this mana-ai needs {head}: run `mana-ai db upgrade` first"
-                )
+            problem = revision_problem(await current_revision(engine))
+            if problem is not None:
+                raise DatabaseError(problem)
         yield engine
     finally:
         await engine.dispose()
@@ -79,9 +72,3 @@ def configured_engine(
         application_name=application_name(settings.worker_id),
         statement_timeout_s=settings.db_statement_timeout_s,
     )
-
-
-def application_name(worker_id: str) -> str:
-    """``mana-ai/<worker id>``, the ``application_name`` of a worker's connections, so that
-    ``pg_stat_activity`` shows which replica holds which; PostgreSQL keeps 63 bytes of it."""
-    return f"mana-ai/{worker_id}"[:63]

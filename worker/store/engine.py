@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import CursorResult, RowMapping
@@ -22,10 +22,12 @@ from sqlalchemy.exc import (
     InternalError,
     SQLAlchemyError,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from worker.database_url import redact_url, to_async_url
 from worker.errors import DatabaseError
+from worker.store.direct import CONNECT_TIMEOUT_S, driver_options
+from worker.store.reads import Fetch, Rows
 from worker.store.transient import describe_error, retry_transient
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ __all__ = [
     "check_connection",
     "connection_broken",
     "create_engine",
+    "engine_fetch",
     "resolve_database_url",
     "run_statement",
 ]
@@ -49,7 +52,7 @@ def create_engine(
     pool_size: int = 5,
     max_overflow: int = 10,
     application_name: str = "mana-ai",
-    connect_timeout_s: float = 10.0,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
     pgbouncer: bool = False,
     pool_timeout_s: float = 30.0,
     statement_timeout_s: float | None = 60.0,
@@ -83,15 +86,14 @@ def create_engine(
 
     The caller owns the engine and must ``await engine.dispose()`` at shutdown.
     """
-    connect_args: dict[str, Any] = {
-        "server_settings": {"application_name": application_name},
-        "timeout": connect_timeout_s,
-    }
-    if statement_timeout_s is not None:
-        connect_args["command_timeout"] = statement_timeout_s
-    if pgbouncer:
+    connect_args = driver_options(
+        application_name=application_name,
+        connect_timeout_s=connect_timeout_s,
+        statement_timeout_s=statement_timeout_s,
+        pgbouncer=pgbouncer,
+    )
+    if pgbouncer:  # SQLAlchemy's own statement cache and names, beside asyncpg's
         connect_args |= {
-            "statement_cache_size": 0,
             "prepared_statement_cache_size": 0,
             "prepared_statement_name_func": _unique_statement_name,
         }
@@ -187,6 +189,17 @@ async def _run_statement_once(
             if connection_broken(exc) and not conn.invalidated:
                 await conn.invalidate()  # never back into the pool
             raise
+
+
+def engine_fetch(conn: AsyncConnection) -> Fetch:
+    """A ``Fetch`` (``worker.store.reads``) on ``conn``: SQL text with ``$1``… parameters,
+    run as it is (``exec_driver_sql``) in ``conn``'s transaction; its failures are
+    SQLAlchemy's, as those of any statement on the engine."""
+
+    async def fetch(sql: str, *arguments: Any) -> Rows:
+        return cast("Rows", _rows(await conn.exec_driver_sql(sql, arguments)))
+
+    return fetch
 
 
 def _rows(result: CursorResult[Any]) -> list[RowMapping]:

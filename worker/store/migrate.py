@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.database_url import redact_url
 from worker.errors import DatabaseError
+from worker.store.revision import HEAD_REVISION, REVISION_QUERY
 from worker.store.transient import describe_error, sqlstate_of
 
 if TYPE_CHECKING:  # alembic is loaded only to migrate: a command that checks does without it
@@ -47,12 +48,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-HEAD_REVISION = "0011"
-"""The newest revision in ``migrations/versions``: what a command that does not migrate
-checks the database against, without loading alembic and every script. A new revision
-updates it; ``tests/unit/test_migrations_head.py`` fails until it does (it compares it with
-``head_revision()``, alembic's reading of the scripts)."""
 
 MIGRATION_LOCK_KEY = 0x6D616E615F616931
 """The ``pg_advisory_xact_lock`` key of migration runs: the ASCII bytes of ``"mana_ai1"`` read as a
@@ -154,7 +149,7 @@ async def current_revision(engine: AsyncEngine) -> str | None:
     """
     async with engine.connect() as conn:
         try:
-            row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+            row = (await conn.execute(text(REVISION_QUERY))).first()
         except ProgrammingError as exc:  # no such table: never migrated
             if sqlstate_of(exc) != _UNDEFINED_TABLE:
                 raise
