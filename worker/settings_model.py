@@ -83,6 +83,9 @@ class Settings(PolicySettings, ApiSettings):
         allow_inf_nan=False,  # MANA_AI_TICK_INTERVAL_S=inf is a typo, not a setting
         validate_default=True,  # defaults pass the same checks (``~`` expanded)
     )
+    # Where the environment's names begin, said where pydantic-settings kept it, for tools that
+    # read a model's variables from its config (pydantic keeps the key and ignores it).
+    model_config["env_prefix"] = ENV_PREFIX  # type: ignore[typeddict-unknown-key]
 
     def __init__(self, **values: Any) -> None:
         """The fields the environment sets (``environment_values`` of ``os.environ``), with
