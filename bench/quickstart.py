@@ -2,15 +2,16 @@
 
 Not a test: it prints one line per run and the rate. Usage::
 
-    python bench/quickstart.py [--runs 20]
+    python bench/quickstart.py [--runs 20] [--runtime auto|numpy|llama-cpp]
 
 It takes the ``agents add`` and ``missions add`` command lines from README's run-command
 block, runs ``agents add`` once, then for each run ``missions add``, ``tick --once`` and
 ``iterations show latest --json`` as processes (as an operator would: each tick loads the
-embedded model), with the embedded model (``MANA_AI_LLM_BASE_URL`` unset). A run succeeds
-when the iteration succeeded with a final answer, every tool call ran without error, the
-answer holds the time ``clock_now`` returned (``HH:MM:SS``) and no figure that no tool
-returned (``iterations.unsupported_figures``, what the verdict line checks).
+embedded model), with the embedded model (``MANA_AI_LLM_BASE_URL`` unset) on the runtime
+``--runtime`` names (``MANA_AI_LOCAL_RUNTIME``). A run succeeds when the iteration succeeded
+with a final answer, every tool call ran without error, the answer holds the time
+``clock_now`` returned (``HH:MM:SS``) and no figure that no tool returned
+(``iterations.unsupported_figures``, what the verdict line checks).
 
 Database: a throwaway database on the ``MANA_AI_TEST_DATABASE_URL`` server (dropped
 afterwards), else an embedded PostgreSQL in a temporary data directory.
@@ -121,9 +122,20 @@ def bench(env: dict[str, str], runs: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--runtime",
+        choices=["auto", "numpy", "llama-cpp"],
+        default="auto",
+        help="the embedded model's runtime (MANA_AI_LOCAL_RUNTIME; default auto)",
+    )
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
-    env |= {"MANA_AI_METRICS_PORT": "0", "MANA_AI_LOG_LEVEL": "WARNING"}
+    env |= {
+        "MANA_AI_METRICS_PORT": "0",
+        "MANA_AI_LOG_LEVEL": "WARNING",
+        "MANA_AI_LOCAL_RUNTIME": args.runtime,
+    }
+    print(f"runtime      {args.runtime}")
     server = os.environ.get("MANA_AI_TEST_DATABASE_URL")
     if server:
         server_url = to_async_url(server)
