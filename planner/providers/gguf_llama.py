@@ -26,9 +26,29 @@ import numpy.typing as npt
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-__all__ = ["LlamaConfig", "LlamaModel", "read_config"]
+__all__ = ["LlamaConfig", "LlamaModel", "PlainGGUFReader", "read_config"]
 
 Floats = npt.NDArray[np.float32]
+
+
+class PlainGGUFReader(GGUFReader):
+    """``gguf.GGUFReader`` on a plain ndarray view of its memory-mapped file.
+
+    The reader slices ``data`` (an ``np.memmap``) for every part of every field, about a
+    quarter of a million times for SmolLM2's 49,152 tokens and 48,900 merges, and every slice of
+    a memmap is a new memmap (``memmap.__array_finalize__``). On a plain view of the same
+    mapping (``np.asarray``) the fields and tensors are the same and reading them took 5.1 s
+    instead of 18.0 s (2 loaded cores); the file stays mapped, not read into memory.
+    """
+
+    @property  # type: ignore[override]
+    def data(self) -> npt.NDArray[np.uint8]:
+        """The file's bytes (a view of the read-only mapping)."""
+        return self._plain
+
+    @data.setter
+    def data(self, value: npt.NDArray[np.uint8]) -> None:
+        self._plain: npt.NDArray[np.uint8] = np.asarray(value)
 
 
 @dataclass(frozen=True)
@@ -125,7 +145,7 @@ class LlamaModel:
     """
 
     def __init__(self, source: GGUFReader | str | Path, *, n_ctx: int = 2048) -> None:
-        reader = source if isinstance(source, GGUFReader) else GGUFReader(str(source))
+        reader = source if isinstance(source, GGUFReader) else PlainGGUFReader(str(source))
         self.config = config = read_config(reader)
         self.n_ctx = n_ctx
         tensors = {t.name: t for t in reader.tensors}
@@ -134,7 +154,8 @@ class LlamaModel:
             tensor = tensors.get(name)
             if tensor is None:
                 raise ValueError(f"the GGUF file has no tensor {name}")
-            array = dequantize(tensor.data, tensor.tensor_type)
+            # a plain view (see PlainGGUFReader): gguf slices it block group by block group
+            array = dequantize(np.asarray(tensor.data), tensor.tensor_type)
             shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists ne0 first
             return np.ascontiguousarray(array.reshape(shape), dtype=np.float32)
 

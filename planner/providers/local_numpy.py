@@ -231,15 +231,14 @@ class _Runtime:
     def __init__(self, path: Path, *, n_ctx: int, n_threads: int) -> None:
         import llguidance
         import numpy as np
-        from gguf import GGUFReader
 
-        from planner.providers.gguf_llama import LlamaModel
+        from planner.providers.gguf_llama import LlamaModel, PlainGGUFReader
         from planner.providers.gguf_vocab import build_tokenizer, read_vocab
 
         self._np = np
         self._llguidance = llguidance
         with self.threads(n_threads):
-            reader = GGUFReader(str(path))
+            reader = PlainGGUFReader(str(path))
             self.vocab = read_vocab(reader)
             self.model = LlamaModel(reader, n_ctx=n_ctx)
         self.tokenizer = build_tokenizer(self.vocab)
