@@ -157,6 +157,8 @@ class LlamaModel:
             # a plain view (see PlainGGUFReader): gguf slices it block group by block group
             array = dequantize(np.asarray(tensor.data), tensor.tensor_type)
             shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists ne0 first
+            if not array.flags.owndata and array.base is not None:
+                array = array.copy()  # a float32 tensor is a view of the file: not kept mapped
             return np.ascontiguousarray(array.reshape(shape), dtype=np.float32)
 
         self.token_embd = weight("token_embd.weight")  # (n_vocab, n_embd)
