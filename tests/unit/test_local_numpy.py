@@ -216,31 +216,50 @@ def test_constrained_decoding_yields_schema_valid_json(runtime: Any) -> None:
         {
             "type": "function",
             "function": {
-                "name": "notes_create",
-                "description": "Create a note.",
+                "name": "weather",
+                "description": "The weather forecast for a city.",
                 "parameters": {
                     "type": "object",
-                    "properties": {"title": {"type": "string"}, "body": {"type": "string"}},
-                    "required": ["title", "body"],
+                    "properties": {
+                        "city": {"type": "string", "maxLength": 12},
+                        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                        "unit": {"enum": ["C", "F"]},
+                    },
+                    "required": ["city", "days"],
                 },
             },
         }
     ]
     schema = reply_schema(tools, "required", max_tool_calls=2)
     prompt = runtime.prompt_tokens(
-        [{"role": "user", "content": "Write a note about the weather, then another."}]
+        [{"role": "user", "content": "What will the weather be in Paris and in Rome?"}]
     )
-    for temperature in (0.0, 1.0):
+    for temperature in (0.0, 1.0):  # greedy, and sampled (seeded)
         runtime.model.truncate(0)
         runtime._cached = []
         text, finish, count = runtime.generate(
             prompt,
             runtime.grammar(schema),
-            max_tokens=256,
+            max_tokens=128,
             temperature=temperature,
             seed=1,
             repeat_penalty=1.15,
         )
         assert finish == "stop", text
-        assert 0 < count <= 256
+        assert 0 < count <= 128
         jsonschema.validate(json.loads(text, strict=False), schema)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("numpy", LocalNumpyChatModel), ("LLAMA-CPP", LocalLlamaChatModel)],
+)
+def test_the_setting_picks_the_runtime(value: str, expected: type) -> None:
+    from worker.errors import SettingsError
+    from worker.run.chat_models import build_chat_model
+    from worker.settings import load_settings
+
+    llm = build_chat_model(load_settings(local_runtime=value, llm_base_url=None))
+    assert isinstance(llm.inner, expected)
+    with pytest.raises(SettingsError, match="MANA_AI_LOCAL_RUNTIME"):
+        load_settings(local_runtime="onnx")
