@@ -217,15 +217,19 @@ def asyncpg_keywords(url: str) -> dict[str, Any] | None:
     ``port``, ``user``, ``password`` and ``database`` where the URL gives them (an empty one
     left out), then every query parameter (``ssl=require``) as a keyword.
 
-    ``None`` for a URL whose query names hosts or ports (``?host=…``: a socket directory,
-    or several hosts), which only the engine's dialect splits; such a URL is opened by the
-    engine.
+    One host in the query (``?host=/var/run/postgresql``: a socket directory) replaces the
+    URL's, as the dialect does. ``None`` for a URL whose query names several hosts, a host with
+    its port, or ports (``?host=a,b&port=1,2``, ``?host=a:1``), which only the engine's
+    dialect splits; such a URL is opened by the engine.
 
     Raises:
         ValueError: ``url`` is not a URL (see ``parse_url``).
     """
     parsed = parse_url(url)
-    if "host" in parsed.query or "port" in parsed.query:
+    host = parsed.query.get("host")
+    if "port" in parsed.query or (
+        host is not None and (not isinstance(host, str) or "," in host or ":" in host)
+    ):
         return None
     parts = {
         "host": parsed.host,

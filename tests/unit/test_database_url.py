@@ -26,6 +26,8 @@ URLS = [
     "postgresql://h",
     "postgresql://",
     "postgresql:///db?host=/tmp/sock",
+    "postgresql://u:p@h:5433/db?host=/var/run/postgresql",
+    "postgresql://u@/db?host=",
     "postgresql://[::1]:5433/db",
     "postgresql://[fe80::1%25eth0]/db",
     "postgresql://u:p@h:/db",
@@ -89,11 +91,14 @@ def check_same(text: str) -> None:
             hide_password=hide
         )
     keywords = asyncpg_keywords(text)
-    if keywords is not None:  # None: hosts in the query, or a parameter given twice
+    if keywords is not None:  # None: hosts or ports in the query, or a parameter given twice
         assert keywords == dialect_keywords(text)
     else:
-        assert {"host", "port"} & set(expected.query) or any(
-            not isinstance(v, str) for v in expected.query.values()
+        host = expected.query.get("host")
+        assert (
+            "port" in expected.query
+            or (isinstance(host, str) and ("," in host or ":" in host))
+            or any(not isinstance(v, str) for v in expected.query.values())
         )
 
 

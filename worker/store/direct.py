@@ -73,13 +73,13 @@ async def read_directly(
     PgBouncer its statements stay on one server connection).
 
     ``None`` when it leaves the read to the engine, before anything was printed: no
-    ``MANA_AI_DATABASE_URL`` (the embedded database), a URL whose query names hosts,
-    ``worker`` logging at INFO or below (the engine's path logs what it does), or any failure
-    but the connection's own (the engine's path then reports it, as it always has: a wrong
-    password, a database that does not exist, a statement that failed). A database that is
-    not at the schema's head gets the engine's message at once, and what ``read`` raises as a
-    ``ManaAIError`` (``NotFoundError``) is raised as it is: the same read raises it through
-    the engine.
+    ``MANA_AI_DATABASE_URL`` (the embedded database), a URL whose query names several hosts
+    or ports, ``worker`` logging at INFO or below (the engine's path logs what it does), or
+    any failure but the connection's own (the engine's path then reports it, as it always
+    has: a wrong password, a database that does not exist, a statement that failed). A
+    database that is not at the schema's head gets the engine's message at once, and what
+    ``read`` raises as a ``ManaAIError`` (``NotFoundError``) is raised as it is: the same
+    read raises it through the engine.
 
     Raises:
         DatabaseError: the server could not be reached (refused, no such host, no answer
