@@ -289,3 +289,50 @@ async def test_missions_and_iterations_say_the_same_directly_and_through_the_eng
         assert direct == engine == (1, "", "mana-ai: error: no mission with id 999\n")
     assert "active, awaiting approval" in said[0]
     assert "x\\ny" in said[0] and "paused" in said[2]
+
+
+async def test_a_read_cancelled_midway_fails_once_in_the_engines_words(database_url: str) -> None:
+    # The read waits behind a lock; an operator cancels it (pg_cancel_backend). It must fail
+    # as through the engine, not be run again (a second read would wait on the lock for ever)
+    keywords = asyncpg_keywords(database_url)
+    assert keywords is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MANA_AI_")}
+    env |= {"MANA_AI_DATABASE_URL": database_url, "MANA_AI_WORKER_ID": "cancelled-read"}
+    locker = await asyncpg.connect(**keywords)
+    watcher = await asyncpg.connect(**keywords)  # (the locker's transaction sees one snapshot)
+    child = None
+    try:
+        await locker.execute("BEGIN; LOCK TABLE agents IN ACCESS EXCLUSIVE MODE")
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "agents",
+            "list",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        waiting += "AND application_name = 'mana-ai/cancelled-read'"
+        pid = None
+        for _ in range(600):
+            pid = await watcher.fetchval(waiting)
+            if pid is not None:
+                break
+            await asyncio.sleep(0.05)
+        if pid is None:
+            child.kill()
+            raise AssertionError(f"the read never waited on the lock: {await child.communicate()}")
+        assert await watcher.fetchval("SELECT pg_cancel_backend($1)", pid)
+        out, err = await asyncio.wait_for(child.communicate(), timeout=60)
+    finally:
+        if child is not None and child.returncode is None:
+            child.kill()
+            await child.wait()
+        await locker.close()
+        await watcher.close()
+    assert (child.returncode, out) == (1, b"")
+    assert (
+        err.decode() == "mana-ai: database error: Error: canceling statement due to user request\n"
+    )

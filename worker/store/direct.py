@@ -74,12 +74,13 @@ async def read_directly(
 
     ``None`` when it leaves the read to the engine, before anything was printed: no
     ``MANA_AI_DATABASE_URL`` (the embedded database), a URL whose query names several hosts
-    or ports, ``worker`` logging at INFO or below (the engine's path logs what it does), or
-    any failure but the connection's own (the engine's path then reports it, as it always
-    has: a wrong password, a database that does not exist, a statement that failed). A
-    database that is not at the schema's head gets the engine's message at once, and what
-    ``read`` raises as a ``ManaAIError`` (``NotFoundError``) is raised as it is: the same
-    read raises it through the engine.
+    or ports, ``worker`` logging at INFO or below (the engine's path logs what it does), or a
+    failure to connect other than the network's (the engine's path then reports it, as it
+    always has: a wrong password, a database that does not exist). Once connected the read
+    runs once: a failure is raised as the engine raises it (``DBAPIError``: the same words),
+    never retried. A database that is not at the schema's head gets the engine's message at
+    once, and what ``read`` raises as a ``ManaAIError`` (``NotFoundError``) is raised as it
+    is: the same read raises it through the engine.
 
     Raises:
         DatabaseError: the server could not be reached (refused, no such host, no answer
@@ -89,6 +90,8 @@ async def read_directly(
         ManaAIError: what ``read`` raised.
         OSError: a statement's answer did not come within ``MANA_AI_DB_STATEMENT_TIMEOUT_S``
             (``TimeoutError``), as through the engine.
+        sqlalchemy.exc.DBAPIError: a statement failed once connected (cancelled, the
+            connection killed, permission denied), as through the engine.
     """
     url = settings.database_url
     if url is None or logging.getLogger("worker").isEnabledFor(logging.INFO):
@@ -126,13 +129,37 @@ async def read_directly(
             return (await read(fetch),)
     except (ManaAIError, OSError):  # the read's refusal (NotFoundError), the schema's, or a
         raise  # statement that timed out: said as through the engine
-    except Exception:
-        return None
+    except Exception as error:  # once connected, never again: a cancelled or killed read is
+        wrapped = _as_engine_error(error)  # not redone; said as the engine says it
+        if wrapped is error:
+            raise
+        raise wrapped from wrapped.__cause__  # (the driver's error, then asyncpg's)
     finally:
         try:
             await conn.close()
         except Exception:  # gone already: nothing to say goodbye to
             conn.terminate()
+
+
+def _as_engine_error(error: Exception) -> Exception:
+    """``error`` (asyncpg's) as the engine raises it for a statement: translated by
+    SQLAlchemy's asyncpg adapter into the driver's DB-API error and wrapped in ``DBAPIError``,
+    so that the command says it in the same words (``worker.store.transient.describe_error``);
+    ``error`` itself when the adapter passes it through. SQLAlchemy is loaded only here, on
+    the way out."""
+    from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection, dialect
+    from sqlalchemy.exc import DBAPIError
+
+    dbapi: Any = dialect.import_dbapi()  # type: ignore[no-untyped-call]
+    try:
+        AsyncAdapt_asyncpg_connection._handle_exception_no_connection(dbapi, error)
+    except dbapi.Error as translated:
+        wrapped: Exception = DBAPIError.instance(None, None, translated, dbapi.Error)
+        wrapped.__cause__ = translated
+        return wrapped
+    except Exception:
+        pass
+    return error
 
 
 async def _revision(conn: Any) -> str | None:
