@@ -204,11 +204,16 @@ def _check_query_parameter(name: str, value: str | tuple[str, ...]) -> None:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with the password replaced by ``***``, for logs and error messages."""
+    """``url`` with the password replaced by ``***``, for logs and error messages: the one
+    before the host and a ``password`` query parameter (the driver takes either)."""
     try:
-        return parse_url(url).render(hide_password=True)
+        parsed = parse_url(url)
     except ValueError:
         return "(unparseable URL)"
+    if "password" not in parsed.query:
+        return parsed.render(hide_password=True)
+    shown = parsed._replace(query={**parsed.query, "password": "***"}).render(hide_password=True)
+    return shown.replace("password=%2A%2A%2A", "password=***", 1)
 
 
 def asyncpg_keywords(url: str) -> dict[str, Any] | None:

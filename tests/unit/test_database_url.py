@@ -132,3 +132,19 @@ def test_generated_urls_are_read_as_sqlalchemy_reads_them(scheme: str, rest: str
 def test_normalised_urls_render_as_before(given: str, normalised: str) -> None:
     assert to_async_url(given) == normalised
     assert redact_url(given) == make_url(given).render_as_string(hide_password=True)
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("postgresql://u:hunter2@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u@h/db?password=hunter2", "postgresql://u@h/db?password=***"),
+        (
+            "postgresql://u:a@h/db?ssl=require&password=hunter2&password=x",
+            "postgresql://u:***@h/db?password=***&ssl=require",
+        ),
+    ],
+)
+def test_no_password_is_shown_wherever_the_url_gives_it(given: str, shown: str) -> None:
+    assert redact_url(given) == shown
+    assert "hunter2" not in redact_url(to_async_url(given))
