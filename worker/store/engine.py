@@ -228,7 +228,7 @@ async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
             ConnectionRefusedError: [Errno 111] Connect call failed``.
     """
 
-    where = engine.url.render_as_string(hide_password=True)
+    where = redact_url(engine.url.render_as_string(hide_password=False))
 
     async def select_one() -> None:
         async with engine.connect() as conn:
