@@ -1,12 +1,12 @@
-"""Tool-call timeout: ``planner.execution``'s hand-written ``_Deadline`` against the standard
+"""Tool-call timeout: ``planner.deadline``'s hand-written ``Deadline`` against the standard
 library's ``asyncio.timeout``, per call and end to end.
 
 Not a test: it prints figures. Usage::
 
     python bench/tool_timeout.py [--calls 50000] [--rounds 5] [--loops 400] [--repeat 25]
 
-``_Deadline`` says it does "what asyncio.timeout does, at a fifth of its cost per call" (it runs
-once for every tool call). Three levels, each with ``_Deadline`` (the code as it is) and with
+``Deadline`` says it does "what asyncio.timeout does, at a fifth of its cost per call" (it runs
+once for every tool call). Three levels, each with ``Deadline`` (the code as it is) and with
 ``asyncio.timeout`` (``_run_handler`` as it would be written with it: ``async with
 asyncio.timeout(timeout_s)`` around the handler, ``TimeoutError`` with ``expired()`` for "this
 deadline fired", patched into ``planner.execution`` for the run):
@@ -42,10 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loop_overhead import ReplayModel, script
 from planner import PlannerLoopInput, ToolCall, ToolContext, ToolSpec, execution, run_planner_loop
+from planner.deadline import Deadline
 from planner.errors import RunInterrupted, ToolError
 from planner.tools import ToolRegistry
 
-VARIANTS = ("_Deadline", "asyncio.timeout")
+VARIANTS = ("Deadline", "asyncio.timeout")
 
 
 async def _run_handler_asyncio_timeout(
@@ -85,7 +86,7 @@ async def _run_handler_asyncio_timeout(
 
 @contextmanager
 def variant(name: str) -> Iterator[None]:
-    """``planner.execution`` as it is (``_Deadline``), or with ``asyncio.timeout``."""
+    """``planner.execution`` as it is (``Deadline``), or with ``asyncio.timeout``."""
     original = execution._run_handler
     if name == "asyncio.timeout":
         execution._run_handler = _run_handler_asyncio_timeout  # type: ignore[assignment]
@@ -183,9 +184,9 @@ async def deadline_alone(n: int, repeat: int) -> dict[str, float]:
 
     async def run(name: str) -> float:
         started = time.perf_counter()
-        if name == "_Deadline":
+        if name == "Deadline":
             for _ in range(n):
-                deadline = execution._Deadline(60.0)
+                deadline = Deadline(60.0)
                 try:
                     await nothing()
                 finally:
@@ -253,7 +254,7 @@ async def per_round(rounds: int, loops: int, repeat: int) -> dict[str, float]:
 def line(label: str, figures: dict[str, float], unit: str) -> str:
     ours, std = (figures[v] for v in VARIANTS)
     return (
-        f"  {label:<30} _Deadline {ours:7.2f}  asyncio.timeout {std:7.2f} {unit}   "
+        f"  {label:<30} Deadline {ours:7.2f}  asyncio.timeout {std:7.2f} {unit}   "
         f"ratio {std / ours:4.2f}   difference {std - ours:+6.2f} {unit}"
     )
 
@@ -266,7 +267,7 @@ async def main_async(args: argparse.Namespace) -> None:
     one = await per_call(1, args.calls // 10, args.repeat)
     ten = await per_call(10, args.calls // 10, args.repeat)
     round_ = await per_round(args.rounds, args.loops, args.repeat)
-    print(f"tool-call timeout: _Deadline vs asyncio.timeout (best of {args.repeat})")
+    print(f"tool-call timeout: Deadline vs asyncio.timeout (best of {args.repeat})")
     print(line("deadline alone", alone, "us/call"))
     print(line("execute_calls, 1 call/round", one, "us/call"))
     print(line("execute_calls, 10 calls/round", ten, "us/call"))

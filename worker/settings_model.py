@@ -11,7 +11,6 @@ variables from the environment as pydantic-settings' ``BaseSettings`` did for th
 from __future__ import annotations
 
 import os
-import socket
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -29,6 +28,7 @@ from worker.settings_values import (
     MIB,
     MIN_CONTEXT_TOKENS,
     MIN_TICK_INTERVAL_S,
+    OTLP_ENDPOINT_VARIABLES,
     PGBOUNCER_DEFAULT_PORT,
     ApiKey,
     CaseInsensitive,
@@ -45,27 +45,12 @@ from worker.settings_values import (
     OnOff,
     PgBouncerMode,
     ReminderProducers,
+    default_otel,
+    default_worker_id,
     environment_values,
 )
 
 __all__ = ["ENV_PREFIX", "OTLP_ENDPOINT_VARIABLES", "Settings"]
-
-
-def _default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-"""The OpenTelemetry SDK's variables naming where traces go: setting one turns tracing on."""
-
-
-def _default_otel() -> Literal["on", "off"]:
-    """``on`` when an OTLP endpoint is configured (and ``OTEL_SDK_DISABLED`` is not true),
-    else ``off``: the OpenTelemetry SDK's own variables decide, as for any instrumented
-    program."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return "off"
-    return "on" if any(os.environ.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES) else "off"
 
 
 class Settings(PolicySettings, ApiSettings):
@@ -252,7 +237,7 @@ class Settings(PolicySettings, ApiSettings):
         ),
     )
     worker_id: Name = Field(
-        default_factory=_default_worker_id,
+        default_factory=default_worker_id,
         description=(
             "This replica's name, stored as the lease owner and on every iteration. "
             "Default <hostname>:<pid>; must be unique among the replicas sharing a database."
@@ -575,7 +560,7 @@ class Settings(PolicySettings, ApiSettings):
     )
 
     otel: OnOff = Field(
-        default_factory=_default_otel,
+        default_factory=default_otel,
         description=(
             "Send OpenTelemetry traces of missions (invoke_agent, chat, execute_tool and "
             "compaction spans in the GenAI semantic conventions) and the gen_ai.client.* "

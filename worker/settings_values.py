@@ -11,6 +11,8 @@ A failed one raises ``ValueError``, which ``load_settings()`` reports with the v
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,6 +34,7 @@ __all__ = [
     "MIB",
     "MIN_CONTEXT_TOKENS",
     "MIN_TICK_INTERVAL_S",
+    "OTLP_ENDPOINT_VARIABLES",
     "PGBOUNCER_DEFAULT_PORT",
     "ApiKey",
     "CaseInsensitive",
@@ -49,6 +52,8 @@ __all__ = [
     "PgBouncerMode",
     "ReminderProducers",
     "ToolRateLimits",
+    "default_otel",
+    "default_worker_id",
     "environment_values",
 ]
 
@@ -292,3 +297,21 @@ PgBouncerMode = Annotated[Literal["auto"] | bool, BeforeValidator(pgbouncer_swit
 """``auto``, or a boolean spelling."""
 CaseInsensitive = BeforeValidator(lower_word)
 """Metadata for ``Annotated[Literal[...], CaseInsensitive]``: the words in any case."""
+
+
+def default_worker_id() -> str:
+    """``<host name>:<process id>``: ``MANA_AI_WORKER_ID``'s default, unique per process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+"""The OpenTelemetry SDK's variables naming where traces go: setting one turns tracing on."""
+
+
+def default_otel() -> Literal["on", "off"]:
+    """``on`` when an OTLP endpoint is configured (and ``OTEL_SDK_DISABLED`` is not true),
+    else ``off``: the OpenTelemetry SDK's own variables decide, as for any instrumented
+    program."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "off"
+    return "on" if any(os.environ.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES) else "off"
