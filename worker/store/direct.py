@@ -23,6 +23,8 @@ from worker.store.reads import Fetch, Rows
 from worker.store.revision import REVISION_QUERY, revision_problem
 
 if TYPE_CHECKING:
+    from sqlalchemy.exc import DBAPIError
+
     from worker.settings import Settings
 
 __all__ = ["CONNECT_TIMEOUT_S", "application_name", "driver_options", "read_directly"]
@@ -131,9 +133,9 @@ async def read_directly(
         raise  # statement that timed out: said as through the engine
     except Exception as error:  # once connected, never again: a cancelled or killed read is
         wrapped = _as_engine_error(error)  # not redone; said as the engine says it
-        if wrapped is error:
+        if wrapped is None:
             raise
-        raise wrapped from wrapped.__cause__  # (the driver's error, then asyncpg's)
+        raise wrapped from wrapped.orig
     finally:
         try:
             await conn.close()
@@ -141,25 +143,17 @@ async def read_directly(
             conn.terminate()
 
 
-def _as_engine_error(error: Exception) -> Exception:
-    """``error`` (asyncpg's) as the engine raises it for a statement: translated by
-    SQLAlchemy's asyncpg adapter into the driver's DB-API error and wrapped in ``DBAPIError``,
-    so that the command says it in the same words (``worker.store.transient.describe_error``);
-    ``error`` itself when the adapter passes it through. SQLAlchemy is loaded only here, on
-    the way out."""
-    from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection, dialect
-    from sqlalchemy.exc import DBAPIError
+def _as_engine_error(error: Exception) -> DBAPIError | None:
+    """``error`` (asyncpg's) as the engine raises it for a statement
+    (``worker.store.prepared.as_dbapi_error``), so that the command says it in the same words
+    (``worker.store.transient.describe_error``); ``None`` when SQLAlchemy passes it through.
+    SQLAlchemy is loaded only here, on the way out."""
+    from sqlalchemy.dialects.postgresql.asyncpg import dialect
 
-    dbapi: Any = dialect.import_dbapi()  # type: ignore[no-untyped-call]
-    try:
-        AsyncAdapt_asyncpg_connection._handle_exception_no_connection(dbapi, error)
-    except dbapi.Error as translated:
-        wrapped: Exception = DBAPIError.instance(None, None, translated, dbapi.Error)
-        wrapped.__cause__ = translated
-        return wrapped
-    except Exception:
-        pass
-    return error
+    from worker.store.prepared import as_dbapi_error
+
+    dbapi = dialect.import_dbapi()  # type: ignore[no-untyped-call]
+    return as_dbapi_error(dialect(dbapi=dbapi), error)  # type: ignore[no-untyped-call]
 
 
 async def _revision(conn: Any) -> str | None:

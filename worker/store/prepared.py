@@ -29,6 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -37,7 +38,7 @@ from sqlalchemy.util import greenlet_spawn
 from worker.store.engine import behind_pgbouncer, connection_broken, run_statement
 from worker.store.transient import describe_error
 
-__all__ = ["PreparedStatement", "prepared", "run_prepared"]
+__all__ = ["PreparedStatement", "as_dbapi_error", "prepared", "run_prepared"]
 
 logger = logging.getLogger(__name__)
 
@@ -181,8 +182,12 @@ async def _fetch(
             rows: Sequence[Mapping[str, Any]] = await driver.fetch(statement.text, *arguments)
             return rows
         except Exception as error:
-            wrapped = _as_dbapi_error(
-                engine.dialect, fairy.dbapi_connection, error, statement, arguments
+            wrapped = as_dbapi_error(
+                engine.dialect,
+                error,
+                adapter=fairy.dbapi_connection,
+                statement=statement,
+                arguments=arguments,
             )
             if wrapped is None:
                 raise
@@ -193,27 +198,35 @@ async def _fetch(
         fairy.close()
 
 
-def _as_dbapi_error(
+def as_dbapi_error(
     dialect: Dialect,
-    adapter: Any,
     error: Exception,
-    statement: PreparedStatement,
-    arguments: list[Any],
+    *,
+    adapter: Any = None,
+    statement: PreparedStatement | None = None,
+    arguments: Sequence[Any] = (),
 ) -> DBAPIError | None:
-    """``error`` as SQLAlchemy raises it for a statement: translated by its asyncpg adapter
-    into the driver's DB-API error and wrapped in ``DBAPIError`` (``connection_invalidated``
-    when the dialect calls it a disconnect); ``None`` for an error SQLAlchemy passes through
-    as it is (a timeout, a cancellation)."""
+    """``error`` (asyncpg's) as SQLAlchemy raises it for a statement: translated by its asyncpg
+    adapter into the driver's DB-API error and wrapped in ``DBAPIError``
+    (``connection_invalidated`` when the dialect calls it a disconnect); ``None`` for an error
+    SQLAlchemy passes through as it is (a timeout, a cancellation). ``adapter``: the
+    connection's adapter, when there is one (it also forgets a transaction the error ended);
+    ``dialect`` must have its DB-API loaded (``dialect.loaded_dbapi``)."""
     try:
-        adapter._handle_exception(error)
+        if adapter is not None:
+            adapter._handle_exception(error)
+        else:
+            AsyncAdapt_asyncpg_connection._handle_exception_no_connection(
+                dialect.loaded_dbapi, error
+            )
     except Exception as translated:
         dbapi_error = dialect.loaded_dbapi.Error
         if not isinstance(translated, dbapi_error):
             return None
         invalidated = dialect.is_disconnect(translated, adapter, None)
         wrapped = DBAPIError.instance(
-            statement.text,
-            tuple(arguments),
+            statement.text if statement is not None else None,
+            tuple(arguments) if statement is not None else None,
             translated,
             dbapi_error,
             connection_invalidated=invalidated,
