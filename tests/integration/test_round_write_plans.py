@@ -169,8 +169,7 @@ async def test_a_round_write_reads_tool_invocations_through_an_index(
                     {"i": iteration},
                 )
             ).scalar_one()
-        known = {key: value for key, value in _call(iteration, mission).items()}
-        params = common | {"p_known_calls": [known | {"id": row_id}]}
+        params = common | {"p_known_calls": [_call(iteration, mission, id=row_id)]}
     reads = _reads_of(await _plan(db, stmt, params), "tool_invocations")
     assert reads, "the plan does not read tool_invocations at all"
     assert "Seq Scan" not in reads, reads
