@@ -14,31 +14,49 @@ limit, a key JSON cannot have) is encoded again the standard way, which raises w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from json import encoder as _json_encoder
 from typing import Any
 
-__all__ = ["json_text"]
+__all__ = ["compact_encoder", "json_text"]
 
 _STANDARD = json.JSONEncoder(ensure_ascii=False, default=str)
 """The standard encoder with the same options: the reference, and the fallback."""
 
 _C_MAKE_ENCODER: Any = getattr(_json_encoder, "c_make_encoder", None)
 
-_FAST = (
-    _C_MAKE_ENCODER(
-        None,  # no circular-reference bookkeeping: a cycle ends in RecursionError, redone below
-        str,
+
+def compact_encoder(
+    default: Callable[[Any], Any], *, allow_nan: bool
+) -> Callable[[Any], str] | None:
+    """CPython's C JSON encoder, built once: ``value -> text`` as
+    ``json.JSONEncoder(ensure_ascii=False, allow_nan=allow_nan, default=default,
+    check_circular=False).encode(value)`` writes it for a ``dict`` or ``list`` (separators
+    ``", "`` and ``": "``, non-ASCII kept), without building an encoder per value. A value
+    that contains itself ends in ``RecursionError``; NaN and infinities raise ``ValueError``
+    unless ``allow_nan``; other types go to ``default``. ``None`` where the C encoder is
+    missing (another Python implementation)."""
+    if _C_MAKE_ENCODER is None:
+        return None
+    encode = _C_MAKE_ENCODER(
+        None,  # no circular-reference bookkeeping
+        default,
         _json_encoder.encode_basestring,
         None,
         _STANDARD.key_separator,
         _STANDARD.item_separator,
         False,
         False,
-        True,
+        allow_nan,
     )
-    if _C_MAKE_ENCODER is not None
-    else None
-)
+
+    def text(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return text
+
+
+_FAST = compact_encoder(str, allow_nan=True)
 
 
 def json_text(value: Any) -> str:
@@ -47,7 +65,7 @@ def json_text(value: Any) -> str:
     raises)."""
     if _FAST is not None:
         try:
-            return "".join(_FAST(value, 0))
+            return _FAST(value)
         except Exception:  # let the standard encoder say what is wrong with it
             pass
     return _STANDARD.encode(value)

@@ -51,6 +51,7 @@ from worker.store.claim import claim_statement, claimed_mission
 from worker.store.engine import run_statement
 from worker.store.prepared import run_prepared
 from worker.store.round_writes import APPROVAL_KEYS, MissionWrite, round_write_statement
+from worker.store.rows import encoded_json
 from worker.store.tables import (
     approval_requests,
     compacted_turns,
@@ -456,13 +457,17 @@ class PostgresMissionStore:
             if checkpoint is not None:
                 params |= {
                     "p_messages": checkpoint.messages,
-                    "p_reminders": checkpoint.reminders,
+                    "p_reminders": encoded_json(checkpoint.reminders),
                     "p_rounds": checkpoint.rounds,
                     "p_prompt_tokens": checkpoint.prompt_tokens,
                     "p_completion_tokens": checkpoint.completion_tokens,
                 }
                 archive = [_archive_values(mission, iteration_id, r) for r in checkpoint.archive]
-            params |= {"p_new_calls": new, "p_known_calls": known, "p_archive": archive}
+            params |= {
+                "p_new_calls": encoded_json(new),
+                "p_known_calls": encoded_json(known),
+                "p_archive": encoded_json(archive),
+            }
         stmt = round_write_statement(
             mission_write,
             iteration=iteration_id is not None,

@@ -29,6 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from sqlalchemy import JSON
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
@@ -38,11 +39,25 @@ from sqlalchemy.util import greenlet_spawn
 from worker.store.engine import behind_pgbouncer, connection_broken, run_statement
 from worker.store.transient import describe_error
 
-__all__ = ["PreparedStatement", "as_dbapi_error", "prepared", "run_prepared"]
+__all__ = ["EncodedJSON", "PreparedStatement", "as_dbapi_error", "prepared", "run_prepared"]
 
 logger = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+class EncodedJSON(list[Any]):
+    """A JSON array (the list itself, as ``json.loads`` gives it) with its JSON ``text``, made
+    once: bound to a JSONB parameter of a ``PreparedStatement``, the text is sent as it is
+    instead of being encoded again. Anywhere else it is the plain list it is. Build it from
+    text that encodes exactly this list (``worker.store.rows.messages_json`` does) and do not
+    change the list afterwards: the text would no longer say what it holds."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, items: list[Any], text: str) -> None:
+        super().__init__(items)
+        self.text = text
 
 
 class PreparedStatement:
@@ -95,6 +110,9 @@ class PreparedStatement:
             compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
             for name in names
         )
+        # the JSON parameters, whose bind processor encodes a value to its JSON text: an
+        # ``EncodedJSON`` brings that text already
+        self._json = tuple(isinstance(compiled.binds[name].type, JSON) for name in names)
         self._defaults = {
             name: compiled.binds[name].value for name in names if not compiled.binds[name].required
         }
@@ -107,9 +125,12 @@ class PreparedStatement:
             KeyError: a parameter the statement needs is not in ``params``.
         """
         arguments = []
-        for name, process in zip(self.names, self._processors, strict=True):
+        for name, process, is_json in zip(self.names, self._processors, self._json, strict=True):
             value = params[name] if name in params else self._defaults[name]
-            arguments.append(process(value) if process is not None else value)
+            if is_json and type(value) is EncodedJSON:
+                arguments.append(value.text)
+            else:
+                arguments.append(process(value) if process is not None else value)
         return arguments
 
 

@@ -24,13 +24,16 @@ from planner import (
     ToolCall,
     messages_to_json,
 )
+from planner.json_text import compact_encoder
 from planner.policy import PolicyMode
 from worker.store.base import ArchiveRow, ToolInvocationRow
+from worker.store.prepared import EncodedJSON
 from worker.store.statuses import CallOutcome
 
 __all__ = [
     "archive_row",
     "call_outcome",
+    "encoded_json",
     "invocation_row",
     "json_safe",
     "messages_json",
@@ -67,9 +70,17 @@ def invocation_row(
 def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """``messages`` in the stored format, made storable by ``json_safe``. A message that cannot
     be encoded at all is stored as its role with a note saying why, so the rest of the log is
-    kept."""
+    kept. A log that is storable as it is comes as an ``EncodedJSON`` (its text made once:
+    the statement that stores it sends that text, not a second encoding)."""
     try:
-        return list(json_safe(messages_to_json(messages)))
+        data = messages_to_json(messages)
+        text = _storable_text(data)
+        if text is not None:
+            # ``data`` is what decoding ``text`` gives: pydantic's JSON mode makes plain JSON
+            # types only (tuples become lists, keys strings, NaN null), and the text has
+            # nothing PostgreSQL would refuse
+            return EncodedJSON(data, text)
+        return list(json_safe(data))
     except Exception:  # find the message(s) at fault
         stored: list[dict[str, Any]] = []
         for message in messages:
@@ -79,6 +90,17 @@ def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
                 note = f"(not stored: this message could not be encoded: {type(exc).__name__})"
                 stored.append({"role": message.role, "content": note})
         return stored
+
+
+def encoded_json(items: list[Any]) -> list[Any]:
+    """``items`` (storable JSON data, as ``json_safe`` and the row builders here make it) as
+    an ``EncodedJSON`` with its text made once by the C encoder; ``items`` itself when it
+    holds something that encoder does not write (the statement's own encoder then says
+    what)."""
+    try:
+        return EncodedJSON(items, _ENCODE(items))
+    except (TypeError, ValueError, RecursionError):
+        return items
 
 
 def _arguments(call: ToolCall) -> Any:
@@ -106,14 +128,9 @@ def json_safe(value: Any) -> Any:
     encoded (nested too deeply, circular) replaced by a note saying so. Never raises."""
     kind = type(value)
     if kind is dict or kind is list:  # a structure: encoded and decoded in C, checked once
-        try:
-            text = _ENCODE(value)
-        except (ValueError, TypeError, RecursionError):
-            pass  # NaN, a type JSON lacks, too deep: the walk or the encoder below says
-        else:
-            # the encoder writes NUL as the escape \u0000 and a lone surrogate as it is
-            if "\\u0000" not in text and _UNSTORABLE.search(text) is None:
-                return _DECODE(text)
+        text = _storable_text(value)
+        if text is not None:
+            return _DECODE(text)
     try:
         return _plain_json(value)
     except (_NotPlain, RecursionError):
@@ -122,6 +139,20 @@ def json_safe(value: Any) -> Any:
         return _storable(json.loads(json.dumps(value, default=str)))
     except (RecursionError, ValueError, TypeError) as exc:
         return f"(not stored: cannot be encoded as JSON: {type(exc).__name__})"
+
+
+def _storable_text(value: Any) -> str | None:
+    """``value``'s JSON text when ``value`` is plain JSON data that PostgreSQL stores as it
+    is (no NaN or infinity, no NUL, no lone surrogate, no other type), else ``None``."""
+    try:
+        text = _ENCODE(value)
+    except (ValueError, TypeError, RecursionError):
+        return None  # NaN, a type JSON lacks, too deep: the walk or the encoder says
+    # the encoder writes NUL as the escape \u0000 and a lone surrogate as it is (ASCII text
+    # has none: the check of every character is made only for text that is not)
+    if "\\u0000" in text or (not text.isascii() and _UNSTORABLE.search(text) is not None):
+        return None
+    return text
 
 
 class _NotPlain(Exception):
@@ -135,7 +166,7 @@ def _plain_json(value: Any) -> Any:
     a key that is not a string, another type), and RecursionError when nested too deeply."""
     kind = type(value)
     if kind is str:
-        return _UNSTORABLE.sub("\ufffd", value)
+        return _storable_str(value)
     if value is None or kind is int or kind is bool:
         return value
     if kind is float:
@@ -145,7 +176,7 @@ def _plain_json(value: Any) -> Any:
         for key, item in value.items():
             if type(key) is not str:
                 raise _NotPlain
-            plain[_UNSTORABLE.sub("\ufffd", key)] = _plain_json(item)
+            plain[_storable_str(key)] = _plain_json(item)
         return plain
     if kind is list:
         return [_plain_json(item) for item in value]
@@ -153,9 +184,24 @@ def _plain_json(value: Any) -> Any:
 
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False).encode
-"""Plain JSON data as text, ``ValueError`` for NaN or an infinity, ``TypeError`` for another
-type; a structure that contains itself raises ``RecursionError``."""
+
+
+def _storable_str(text: str) -> str:
+    """``text`` with NUL and lone surrogates replaced by U+FFFD."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_ENCODE = compact_encoder(_not_json, allow_nan=False) or (
+    json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False).encode
+)
+"""Plain JSON data (a ``dict`` or ``list``) as text, ``ValueError`` for NaN or an infinity,
+``TypeError`` for another type; a structure that contains itself raises ``RecursionError``."""
 _DECODE = json.JSONDecoder().decode
 
 

@@ -7,7 +7,8 @@ The clock is injectable so tests (and replays) see a fixed time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
+from functools import cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -41,10 +42,10 @@ def clock_tools(now: Callable[[], datetime] = utc_now) -> list[ToolSpec]:
         return {
             "now": local.isoformat(timespec="seconds"),
             "date": local.date().isoformat(),
-            "time": local.strftime("%H:%M:%S"),
-            "weekday": local.strftime("%A"),
+            "time": local.time().isoformat(timespec="seconds"),
+            "weekday": _WEEKDAYS[local.weekday()],
             "timezone": zone_name,
-            "utc_offset": local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:],
+            "utc_offset": _utc_offset(local.utcoffset()),
             "unix_time_s": int(moment.timestamp()),
         }
 
@@ -74,6 +75,20 @@ def clock_tools(now: Callable[[], datetime] = utc_now) -> list[ToolSpec]:
             handler=clock_now,
         )
     ]
+
+
+_WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+"""``datetime.weekday()``'s names, in English whatever the process's locale (``%A``'s are
+the locale's)."""
+
+
+@cache
+def _utc_offset(offset: timedelta | None) -> str:
+    """``offset`` as ``±HH:MM`` (``strftime("%z")`` with a colon after the hours: ``+05:30``;
+    a zone's historical offset in seconds keeps them, ``+00:0921``), worked out once per
+    offset (``strftime`` costs more than the rest of the answer)."""
+    z = datetime(2000, 1, 1, tzinfo=timezone(offset or timedelta())).strftime("%z")
+    return z[:3] + ":" + z[3:]
 
 
 def _zone(name: str) -> ZoneInfo:
