@@ -161,14 +161,18 @@ class ToolSpec:
         return len(json.dumps(self.to_openai_tool()))
 
     def to_openai_tool(self) -> dict[str, Any]:
-        """This tool in the OpenAI ``tools`` array format."""
+        """This tool in the OpenAI ``tools`` array format: a new dict each time, around the
+        same ``function`` dict (made once per spec, like the validators from the schema as it
+        was at construction: a provider can recognise the same definition by it and reuse
+        its encoding; do not change it)."""
+        return {"type": "function", "function": self._openai_function}
+
+    @cached_property
+    def _openai_function(self) -> dict[str, Any]:
         return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.input_schema,
-            },
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.input_schema,
         }
 
     def validate_arguments(self, arguments: dict[str, Any]) -> str | None:

@@ -231,6 +231,8 @@ class OpenAICompatibleChatModel:
         headers = {"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
         # what an error's text must never show (an exception's message may quote them)
         self._secrets = [v for v in (api_key, url.password, url.query.decode()) if v]
+        # tool definitions encoded for this endpoint, by the id of their function dict
+        self._tool_texts: dict[int, tuple[dict[str, Any], str]] = {}
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         if max_connections < 1:
@@ -268,10 +270,9 @@ class OpenAICompatibleChatModel:
         Raises:
             LLMStatusError, LLMConnectionError, LLMResponseError: see the class docstring.
         """
-        body = self.request_body(request)
-        payload = encode_body(body)
+        payload, text = self._payload(request)
         # the whole body (messages, tools and a few small fields), not serialised twice
-        prompt_estimate = estimate_tokens(payload.decode("utf-8"))
+        prompt_estimate = estimate_tokens(text)
         attempts = 0
         billed = TokenUsage()  # usage reported by attempts that failed
 
@@ -390,6 +391,10 @@ class OpenAICompatibleChatModel:
         adapted to ``schema_dialect`` minus ``strip_schema_keywords``. ``tool_choice`` is sent
         only with tools and when not ``auto``; ``temperature`` and ``max_tokens`` only when set.
         """
+        return self._body(request, [self._wire_tool(tool) for tool in request.tools])
+
+    def _body(self, request: CompletionRequest, tools: Any) -> dict[str, Any]:
+        """``request_body`` with ``tools`` as the value of ``"tools"`` (when there are any)."""
         names = [str(t.get("function", {}).get("name", "")) for t in request.tools]
         body: dict[str, Any] = {
             "messages": wire_messages(request.messages, endpoint=self.name, tool_names=names)
@@ -398,7 +403,7 @@ class OpenAICompatibleChatModel:
         if model is not None:
             body["model"] = model
         if request.tools:
-            body["tools"] = [self._wire_tool(tool) for tool in request.tools]
+            body["tools"] = tools
             if request.tool_choice != "auto":
                 body["tool_choice"] = request.tool_choice
         if request.temperature is not None:
@@ -406,6 +411,38 @@ class OpenAICompatibleChatModel:
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
         return body
+
+    def _payload(self, request: CompletionRequest) -> tuple[bytes, str]:
+        """``encode_body(self.request_body(request))`` (the same bytes) and its text.
+
+        Each tool definition is encoded once per endpoint: a tool
+        ``{"type": "function", "function": f}`` whose ``f`` is the dict this endpoint encoded
+        before (the same object: ``ToolSpec.to_openai_tool`` gives its spec's every time) is
+        written as it was then; at most ``_TOOL_TEXTS`` definitions are kept."""
+        body = self._body(request, _TOOLS)
+        parts = []
+        for key, value in body.items():  # the keys are this module's, plain ASCII
+            if value is _TOOLS:
+                text = "[" + ", ".join(self._tool_text(tool) for tool in request.tools) + "]"
+            else:
+                text = json.dumps(value, ensure_ascii=False)
+            parts.append(f'"{key}": {text}')
+        text = "{" + ", ".join(parts) + "}"
+        return _utf8(text), text
+
+    def _tool_text(self, tool: dict[str, Any]) -> str:
+        function = tool.get("function")
+        if type(function) is not dict or len(tool) != 2 or tool.get("type") != "function":
+            return json.dumps(self._wire_tool(tool), ensure_ascii=False)
+        known = self._tool_texts.get(id(function))
+        if known is not None and known[0] is function:
+            return known[1]
+        text = json.dumps(self._wire_tool(tool), ensure_ascii=False)
+        if len(self._tool_texts) >= _TOOL_TEXTS:
+            self._tool_texts.clear()
+        # the dict is kept with its text: its id cannot be another's while it is here
+        self._tool_texts[id(function)] = (function, text)
+        return text
 
     def _wire_tool(self, tool: dict[str, Any]) -> dict[str, Any]:
         function = tool.get("function")
@@ -705,10 +742,21 @@ _JSON_CONTENT = {"Content-Type": "application/json"}
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
+_TOOLS = object()
+"""Where ``_payload`` writes the tool definitions' texts."""
+
+_TOOL_TEXTS = 256
+"""Tool definitions whose encoding an endpoint keeps (``OpenAICompatibleChatModel._payload``)."""
+
+
 def encode_body(body: dict[str, Any]) -> bytes:
     """``body`` as UTF-8 JSON. Lone UTF-16 surrogates (a model or a tool can produce them; UTF-8
     cannot encode them) become U+FFFD instead of failing the request."""
-    text = json.dumps(body, ensure_ascii=False)
+    return _utf8(json.dumps(body, ensure_ascii=False))
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` in UTF-8, a lone surrogate written as U+FFFD."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
