@@ -74,8 +74,10 @@ def mission_reminder_channel(
         Producer("token_budget", "warning", budget),
         Producer("compacted", "info", compacted_reminder),
     ]
-    swap = replace or {}
-    producers = [Producer(p.name, p.severity, swap.get(p.name, p.produce)) for p in producers]
+    if replace:
+        producers = [
+            Producer(p.name, p.severity, replace.get(p.name, p.produce)) for p in producers
+        ]
     return ReminderComposer(
         [p for p in producers if p.name not in disabled], role=role, on_error=_count_error
     )

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Collection
 from functools import cache
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from planner import (
     CallFinished,
@@ -40,9 +40,8 @@ class RunMetrics:
         if isinstance(event, CallFinished):
             executed = event.executed
             if executed.ran and not event.settled:  # a known tool: the label is bounded
-                metrics.TOOL_DURATION.labels(tool=metrics.tool_label(executed.call.name)).observe(
-                    executed.duration_ms / 1000
-                )
+                label = metrics.tool_label(executed.call.name)
+                _tool_duration(label).observe(executed.duration_ms / 1000)
         elif isinstance(event, RequestSent):
             for reminder in event.reminders:
                 _reminder_counter(reminder.producer).inc()
@@ -71,7 +70,21 @@ def count_calls(record: RunRecord, tool_names: Collection[str]) -> None:
         if (call.round, call.index) in record.settled:
             continue
         tool = call.call.name if call.call.name in tool_names else "(unknown)"
-        metrics.TOOL_CALLS.labels(tool=tool, outcome=call_outcome(call)).inc()
+        _tool_calls(tool, call_outcome(call)).inc()
+
+
+# The labelled series a run counts in, looked up once per label values (``labels`` checks its
+# arguments and takes a lock every time): the cache holds what the metric holds anyway.
+
+
+@cache
+def _tool_duration(label: str) -> Histogram:
+    return metrics.TOOL_DURATION.labels(tool=label)
+
+
+@cache
+def _tool_calls(tool: str, outcome: str) -> Counter:
+    return metrics.TOOL_CALLS.labels(tool=tool, outcome=outcome)
 
 
 @cache
