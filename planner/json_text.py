@@ -28,17 +28,19 @@ _C_MAKE_ENCODER: Any = getattr(_json_encoder, "c_make_encoder", None)
 
 def compact_encoder(
     default: Callable[[Any], Any], *, allow_nan: bool
-) -> Callable[[Any], str] | None:
-    """CPython's C JSON encoder, built once: ``value -> text`` as
+) -> Callable[[Any, int], list[str]] | None:
+    """CPython's C JSON encoder, built once: ``"".join(encoder(value, 0))`` is what
     ``json.JSONEncoder(ensure_ascii=False, allow_nan=allow_nan, default=default,
-    check_circular=False).encode(value)`` writes it for a ``dict`` or ``list`` (separators
-    ``", "`` and ``": "``, non-ASCII kept), without building an encoder per value. A value
-    that contains itself ends in ``RecursionError``; NaN and infinities raise ``ValueError``
-    unless ``allow_nan``; other types go to ``default``. ``None`` where the C encoder is
-    missing (another Python implementation)."""
+    check_circular=False).encode(value)`` writes for a ``dict`` or ``list`` (separators
+    ``", "`` and ``": "``, non-ASCII kept), without building an encoder per value (and
+    without a Python frame of its own: a caller reaches as deep a structure as
+    ``json.dumps`` from the same place). A value that contains itself ends in
+    ``RecursionError``; NaN and infinities raise ``ValueError`` unless ``allow_nan``; other
+    types go to ``default``. ``None`` where the C encoder is missing (another Python
+    implementation)."""
     if _C_MAKE_ENCODER is None:
         return None
-    encode = _C_MAKE_ENCODER(
+    encoder: Callable[[Any, int], list[str]] = _C_MAKE_ENCODER(
         None,  # no circular-reference bookkeeping
         default,
         _json_encoder.encode_basestring,
@@ -49,11 +51,7 @@ def compact_encoder(
         False,
         allow_nan,
     )
-
-    def text(value: Any) -> str:
-        return "".join(encode(value, 0))
-
-    return text
+    return encoder
 
 
 _FAST = compact_encoder(str, allow_nan=True)
@@ -65,7 +63,7 @@ def json_text(value: Any) -> str:
     raises)."""
     if _FAST is not None:
         try:
-            return _FAST(value)
+            return "".join(_FAST(value, 0))
         except Exception:  # let the standard encoder say what is wrong with it
             pass
     return _STANDARD.encode(value)

@@ -13,9 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.messages import ChatMessage, TokenUsage
 
-__all__ = ["ChatModel", "CompletionRequest", "CompletionResponse", "ToolChoice"]
+__all__ = ["ChatModel", "CompletionRequest", "CompletionResponse", "OpenAIFunction", "ToolChoice"]
 
 ToolChoice = Literal["auto", "required", "none"]
+
+
+class OpenAIFunction(dict[str, Any]):
+    """A ``ToolSpec``'s definition in the OpenAI format (``name``, ``description``,
+    ``parameters``), made once per spec and never changed: a provider may keep what it made
+    of one (its encoding) for as long as it holds it. Anywhere else, the plain dict it is."""
+
+    __slots__ = ()
 
 
 class CompletionRequest(BaseModel):

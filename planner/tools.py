@@ -21,6 +21,7 @@ from referencing import Registry
 from referencing.exceptions import NoSuchResource, Unresolvable
 
 from planner.errors import ToolRegistryError
+from planner.llm import OpenAIFunction
 
 if TYPE_CHECKING:
     from planner.approvals import Approval
@@ -162,18 +163,15 @@ class ToolSpec:
 
     def to_openai_tool(self) -> dict[str, Any]:
         """This tool in the OpenAI ``tools`` array format: a new dict each time, around the
-        same ``function`` dict (made once per spec, like the validators from the schema as it
-        was at construction: a provider can recognise the same definition by it and reuse
-        its encoding; do not change it)."""
+        same ``function`` dict, an ``OpenAIFunction`` made once per spec (like the validators,
+        from the schema as it was at construction)."""
         return {"type": "function", "function": self._openai_function}
 
     @cached_property
-    def _openai_function(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.input_schema,
-        }
+    def _openai_function(self) -> OpenAIFunction:
+        return OpenAIFunction(
+            name=self.name, description=self.description, parameters=self.input_schema
+        )
 
     def validate_arguments(self, arguments: dict[str, Any]) -> str | None:
         """Check ``arguments`` against ``input_schema``.

@@ -62,7 +62,7 @@ from tenacity import (
 )
 
 from planner.errors import LLMConnectionError, LLMError, LLMResponseError, LLMStatusError
-from planner.llm import CompletionRequest, CompletionResponse
+from planner.llm import CompletionRequest, CompletionResponse, OpenAIFunction
 from planner.messages import TokenUsage
 from planner.providers.openai_reply import (
     EXCERPT_CHARS,
@@ -232,7 +232,7 @@ class OpenAICompatibleChatModel:
         # what an error's text must never show (an exception's message may quote them)
         self._secrets = [v for v in (api_key, url.password, url.query.decode()) if v]
         # tool definitions encoded for this endpoint, by the id of their function dict
-        self._tool_texts: dict[int, tuple[dict[str, Any], str]] = {}
+        self._tool_texts: dict[int, tuple[OpenAIFunction, tuple[Any, ...], str]] = {}
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         if max_connections < 1:
@@ -416,9 +416,10 @@ class OpenAICompatibleChatModel:
         """``encode_body(self.request_body(request))`` (the same bytes) and its text.
 
         Each tool definition is encoded once per endpoint: a tool
-        ``{"type": "function", "function": f}`` whose ``f`` is the dict this endpoint encoded
-        before (the same object: ``ToolSpec.to_openai_tool`` gives its spec's every time) is
-        written as it was then; at most ``_TOOL_TEXTS`` definitions are kept."""
+        ``{"type": "function", "function": f}`` whose ``f`` is an ``OpenAIFunction`` (a
+        ``ToolSpec``'s, never changed) this endpoint encoded before, with the same schema
+        dialect and stripped keywords, is written as it was then; at most ``_TOOL_TEXTS``
+        definitions are kept. Any other tool dict is encoded every time."""
         body = self._body(request, _TOOLS)
         parts = []
         for key, value in body.items():  # the keys are this module's, plain ASCII
@@ -432,16 +433,22 @@ class OpenAICompatibleChatModel:
 
     def _tool_text(self, tool: dict[str, Any]) -> str:
         function = tool.get("function")
-        if type(function) is not dict or len(tool) != 2 or tool.get("type") != "function":
+        if (
+            type(function) is not OpenAIFunction  # a definition that may change: encoded
+            or len(tool) != 2
+            or next(iter(tool)) != "type"  # the order the kept text has
+            or tool["type"] != "function"
+        ):
             return json.dumps(self._wire_tool(tool), ensure_ascii=False)
+        basis = (self.schema_dialect, self.strip_schema_keywords)
         known = self._tool_texts.get(id(function))
-        if known is not None and known[0] is function:
-            return known[1]
+        if known is not None and known[0] is function and known[1] == basis:
+            return known[2]
         text = json.dumps(self._wire_tool(tool), ensure_ascii=False)
         if len(self._tool_texts) >= _TOOL_TEXTS:
             self._tool_texts.clear()
         # the dict is kept with its text: its id cannot be another's while it is here
-        self._tool_texts[id(function)] = (function, text)
+        self._tool_texts[id(function)] = (function, basis, text)
         return text
 
     def _wire_tool(self, tool: dict[str, Any]) -> dict[str, Any]:

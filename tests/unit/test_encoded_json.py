@@ -121,3 +121,10 @@ def test_a_prepared_statement_sends_the_text_for_jsonb_and_encodes_anything_else
     )
     assert arguments["p_rows"] is text  # not encoded a second time
     assert json.loads(arguments["p_other"]) == [1]  # SQLAlchemy's encoder, as before
+
+
+def test_a_row_list_postgresql_would_refuse_is_left_to_the_statement() -> None:
+    # a field no json_safe went over (an archive row's model name, say): the statement
+    # encodes it and PostgreSQL refuses it, as before, with its own words
+    for items in ([{"model": "m\ud800"}], [{"model": "m\x00"}]):
+        assert type(encoded_json(items)) is list

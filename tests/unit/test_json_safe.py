@@ -79,3 +79,14 @@ _structures = st.recursive(
 def test_any_structure_is_stored_as_the_encoder_would(value: Any) -> None:
     stored, expected = json_safe(value), through_the_encoder(value)
     assert json.dumps(stored, allow_nan=False) == json.dumps(expected, allow_nan=False)
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this")
+
+
+def test_a_value_whose_str_raises_is_stored_as_a_note() -> None:
+    assert json_safe({"x": _Unprintable()}) == (
+        "(not stored: cannot be encoded as JSON: RuntimeError)"
+    )

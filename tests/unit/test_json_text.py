@@ -53,3 +53,22 @@ def test_a_value_nested_too_deeply_raises_recursion_error() -> None:
         deep = [deep]
     with pytest.raises(RecursionError):
         json_text(deep)
+
+
+def test_as_deep_a_structure_as_json_dumps_reaches() -> None:
+    def nested(depth: int) -> list[Any]:
+        value: list[Any] = []
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    low, high = 1, 20_000  # the deepest json.dumps encodes from here
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            json.dumps(nested(middle), ensure_ascii=False, default=str)
+        except RecursionError:
+            high = middle - 1
+        else:
+            low = middle
+    assert json_text(nested(low)) == json.dumps(nested(low), ensure_ascii=False, default=str)

@@ -36,6 +36,7 @@ SPECS = [
 ]
 ODD_TOOLS = [
     {"type": "function", "function": {"name": "bare"}},  # no parameters
+    {"function": SPECS[3].to_openai_tool()["function"], "type": "function"},  # keys reversed
     {"type": "function", "function": SPECS[0].to_openai_tool()["function"], "strict": True},
     {"type": "custom", "function": SPECS[1].to_openai_tool()["function"]},
     {"no": "function"},
@@ -123,3 +124,24 @@ def test_a_definition_is_encoded_once_per_endpoint(monkeypatch: pytest.MonkeyPat
     )
     assert endpoint._payload(again)[0] == first
     assert not any(isinstance(value, dict) and "function" in value for value in encoded)
+
+
+def test_what_can_change_is_sent_as_it_is_now() -> None:
+    endpoint = OpenAICompatibleChatModel(base_url="http://127.0.0.1:9/v1")
+    mine = {"name": "mine", "description": "v1", "parameters": {"type": "object"}}
+    spec_tool = SPECS[0].to_openai_tool()
+
+    def payload() -> bytes:
+        request = CompletionRequest(
+            messages=[ChatMessage(role="user", content="hi")],
+            tools=[{"type": "function", "function": mine}, spec_tool],
+        )
+        sent = endpoint._payload(request)[0]
+        assert sent == encode_body(endpoint.request_body(request))
+        return sent
+
+    assert b'"v1"' in payload()
+    mine["description"] = "v2"  # a caller's own definition, changed between requests
+    assert b'"v2"' in payload()
+    endpoint.strip_schema_keywords = frozenset({"additionalProperties"})  # set afterwards
+    assert b"additionalProperties" not in payload()

@@ -93,14 +93,13 @@ def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def encoded_json(items: list[Any]) -> list[Any]:
-    """``items`` (storable JSON data, as ``json_safe`` and the row builders here make it) as
-    an ``EncodedJSON`` with its text made once by the C encoder; ``items`` itself when it
-    holds something that encoder does not write (the statement's own encoder then says
-    what)."""
-    try:
-        return EncodedJSON(items, _ENCODE(items))
-    except (TypeError, ValueError, RecursionError):
-        return items
+    """``items`` (JSON data, as ``json_safe`` and the row builders here make it) as an
+    ``EncodedJSON`` with its text made once by the C encoder; ``items`` itself when it holds
+    something that encoder does not write or PostgreSQL would refuse (NUL, a lone surrogate in
+    a field no ``json_safe`` went over): the statement then encodes it, and fails, as it
+    always did."""
+    text = _storable_text(items)
+    return items if text is None else EncodedJSON(items, text)
 
 
 def _arguments(call: ToolCall) -> Any:
@@ -137,7 +136,7 @@ def json_safe(value: Any) -> Any:
         pass  # not plain JSON data: through the encoder (same result, three times the work)
     try:
         return _storable(json.loads(json.dumps(value, default=str)))
-    except (RecursionError, ValueError, TypeError) as exc:
+    except Exception as exc:  # too deep, circular, or a __str__ that raises
         return f"(not stored: cannot be encoded as JSON: {type(exc).__name__})"
 
 
@@ -145,7 +144,7 @@ def _storable_text(value: Any) -> str | None:
     """``value``'s JSON text when ``value`` is plain JSON data that PostgreSQL stores as it
     is (no NaN or infinity, no NUL, no lone surrogate, no other type), else ``None``."""
     try:
-        text = _ENCODE(value)
+        text = "".join(_ENCODER(value, 0)) if _ENCODER is not None else _ENCODE(value)
     except (ValueError, TypeError, RecursionError):
         return None  # NaN, a type JSON lacks, too deep: the walk or the encoder says
     # the encoder writes NUL as the escape \u0000 and a lone surrogate as it is (ASCII text
@@ -197,11 +196,12 @@ def _not_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-_ENCODE = compact_encoder(_not_json, allow_nan=False) or (
-    json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False).encode
-)
-"""Plain JSON data (a ``dict`` or ``list``) as text, ``ValueError`` for NaN or an infinity,
-``TypeError`` for another type; a structure that contains itself raises ``RecursionError``."""
+_ENCODER = compact_encoder(_not_json, allow_nan=False)
+"""``"".join(_ENCODER(value, 0))``: plain JSON data (a ``dict`` or ``list``) as text,
+``ValueError`` for NaN or an infinity, ``TypeError`` for another type; a structure that
+contains itself raises ``RecursionError``."""
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False).encode
+"""The same, where CPython's C encoder is missing."""
 _DECODE = json.JSONDecoder().decode
 
 
