@@ -42,9 +42,7 @@ import asyncio
 import base64
 import codecs
 import email.utils
-import json
 import math
-import re
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from datetime import UTC, datetime
@@ -62,7 +60,7 @@ from tenacity import (
 )
 
 from planner.errors import LLMConnectionError, LLMError, LLMResponseError, LLMStatusError
-from planner.llm import CompletionRequest, CompletionResponse, OpenAIFunction
+from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import TokenUsage
 from planner.providers.openai_reply import (
     EXCERPT_CHARS,
@@ -72,7 +70,13 @@ from planner.providers.openai_reply import (
     excerpt,
     parse_chat_completion,
 )
-from planner.providers.openai_request import wire_messages
+from planner.providers.openai_request import (
+    TOOLS_HERE,
+    ToolDefinitions,
+    encode_text,
+    request_text,
+    wire_messages,
+)
 from planner.providers.response_body import (
     ACCEPT_ENCODING,
     Answer,
@@ -231,8 +235,8 @@ class OpenAICompatibleChatModel:
         headers = {"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
         # what an error's text must never show (an exception's message may quote them)
         self._secrets = [v for v in (api_key, url.password, url.query.decode()) if v]
-        # tool definitions encoded for this endpoint, by the id of their function dict
-        self._tool_texts: dict[int, tuple[OpenAIFunction, tuple[Any, ...], str]] = {}
+        # the tool definitions encoded for this endpoint
+        self._tool_texts = ToolDefinitions()
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         if max_connections < 1:
@@ -413,43 +417,14 @@ class OpenAICompatibleChatModel:
         return body
 
     def _payload(self, request: CompletionRequest) -> tuple[bytes, str]:
-        """``encode_body(self.request_body(request))`` (the same bytes) and its text.
-
-        Each tool definition is encoded once per endpoint: a tool
-        ``{"type": "function", "function": f}`` whose ``f`` is an ``OpenAIFunction`` (a
-        ``ToolSpec``'s, never changed) this endpoint encoded before, with the same schema
-        dialect and stripped keywords, is written as it was then; at most ``_TOOL_TEXTS``
-        definitions are kept. Any other tool dict is encoded every time."""
-        body = self._body(request, _TOOLS)
-        parts = []
-        for key, value in body.items():  # the keys are this module's, plain ASCII
-            if value is _TOOLS:
-                text = "[" + ", ".join(self._tool_text(tool) for tool in request.tools) + "]"
-            else:
-                text = json.dumps(value, ensure_ascii=False)
-            parts.append(f'"{key}": {text}')
-        text = "{" + ", ".join(parts) + "}"
-        return _utf8(text), text
-
-    def _tool_text(self, tool: dict[str, Any]) -> str:
-        function = tool.get("function")
-        if (
-            type(function) is not OpenAIFunction  # a definition that may change: encoded
-            or len(tool) != 2
-            or next(iter(tool)) != "type"  # the order the kept text has
-            or tool["type"] != "function"
-        ):
-            return json.dumps(self._wire_tool(tool), ensure_ascii=False)
+        """``encode_body(self.request_body(request))`` (the same bytes) and its text, each
+        ``ToolSpec``'s definition encoded once per endpoint (``ToolDefinitions``)."""
         basis = (self.schema_dialect, self.strip_schema_keywords)
-        known = self._tool_texts.get(id(function))
-        if known is not None and known[0] is function and known[1] == basis:
-            return known[2]
-        text = json.dumps(self._wire_tool(tool), ensure_ascii=False)
-        if len(self._tool_texts) >= _TOOL_TEXTS:
-            self._tool_texts.clear()
-        # the dict is kept with its text: its id cannot be another's while it is here
-        self._tool_texts[id(function)] = (function, basis, text)
-        return text
+        text = request_text(
+            self._body(request, TOOLS_HERE),
+            lambda: self._tool_texts.text(request.tools, basis, self._wire_tool),
+        )
+        return encode_text(text), text
 
     def _wire_tool(self, tool: dict[str, Any]) -> dict[str, Any]:
         function = tool.get("function")
@@ -746,25 +721,3 @@ def _retry_after_s(value: str | None, *, now: datetime | None = None) -> float |
 
 
 _JSON_CONTENT = {"Content-Type": "application/json"}
-_SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-_TOOLS = object()
-"""Where ``_payload`` writes the tool definitions' texts."""
-
-_TOOL_TEXTS = 256
-"""Tool definitions whose encoding an endpoint keeps (``OpenAICompatibleChatModel._payload``)."""
-
-
-def encode_body(body: dict[str, Any]) -> bytes:
-    """``body`` as UTF-8 JSON. Lone UTF-16 surrogates (a model or a tool can produce them; UTF-8
-    cannot encode them) become U+FFFD instead of failing the request."""
-    return _utf8(json.dumps(body, ensure_ascii=False))
-
-
-def _utf8(text: str) -> bytes:
-    """``text`` in UTF-8, a lone surrogate written as U+FFFD."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return _SURROGATES.sub("\ufffd", text).encode("utf-8")

@@ -20,6 +20,9 @@ only, the same way every round (so a request's prefix stays byte-identical for p
   message and its tool calls (e.g. DeepSeek's ``reasoning_content``, which DeepSeek requires
   back on a message with tool calls) are sent only to the endpoint that produced them
   (``ReplyInfo.endpoint``), since another endpoint may refuse fields it does not know.
+
+And the body's bytes (``encode_body``; ``request_text`` with a ``ToolDefinitions``: the same
+text, each ``ToolSpec``'s definition encoded once per endpoint instead of in every request).
 """
 
 from __future__ import annotations
@@ -27,12 +30,22 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict, deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from planner.llm import OpenAIFunction
 from planner.messages import ChatMessage, ToolCall
 
-__all__ = ["TOOL_NAME_PATTERN", "wire_messages", "wire_tool_name"]
+__all__ = [
+    "TOOLS_HERE",
+    "TOOL_NAME_PATTERN",
+    "ToolDefinitions",
+    "encode_body",
+    "encode_text",
+    "request_text",
+    "wire_messages",
+    "wire_tool_name",
+]
 
 TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """Function names the Chat Completions API accepts (its ``tools[].function.name`` rule)."""
@@ -122,3 +135,81 @@ def _same_endpoint(message: ChatMessage, endpoint: str | None) -> bool:
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+# -- the body's bytes ---------------------------------------------------------------------
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+TOOLS_HERE = object()
+"""The value ``request_text`` writes the tool definitions' text in place of."""
+
+MAX_KEPT_DEFINITIONS = 256
+"""Tool definitions whose encoding a ``ToolDefinitions`` keeps."""
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """``body`` as UTF-8 JSON. Lone UTF-16 surrogates (a model or a tool can produce them; UTF-8
+    cannot encode them) become U+FFFD instead of failing the request."""
+    return encode_text(json.dumps(body, ensure_ascii=False))
+
+
+def encode_text(text: str) -> bytes:
+    """``text`` in UTF-8, a lone surrogate written as U+FFFD."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATES.sub("\ufffd", text).encode("utf-8")
+
+
+def request_text(body: dict[str, Any], tools: Callable[[], str]) -> str:
+    """``json.dumps(body, ensure_ascii=False)`` with ``tools()`` written where a value is
+    ``TOOLS_HERE`` (the same text when ``tools()`` is that value's encoding). The keys must be
+    plain ASCII names (the body's own: ``messages``, ``model``, ``tools``, …)."""
+    parts = []
+    for key, value in body.items():
+        text = tools() if value is TOOLS_HERE else json.dumps(value, ensure_ascii=False)
+        parts.append(f'"{key}": {text}')
+    return "{" + ", ".join(parts) + "}"
+
+
+class ToolDefinitions:
+    """The JSON text of tool definitions as one endpoint sends them, each ``ToolSpec``'s made
+    once: a tool ``{"type": "function", "function": f}`` whose ``f`` is an ``OpenAIFunction``
+    (a spec's, never changed) encoded before on the same ``basis`` (what the endpoint's
+    rewriting depends on: its schema dialect and stripped keywords) is written as it was
+    then; any other tool dict is encoded every time. At most ``MAX_KEPT_DEFINITIONS`` are
+    kept (then all are dropped and made again)."""
+
+    def __init__(self) -> None:
+        # by the id of the function dict, kept with it (its id cannot be another's meanwhile)
+        self._kept: dict[int, tuple[OpenAIFunction, Any, str]] = {}
+
+    def text(
+        self,
+        tools: Sequence[dict[str, Any]],
+        basis: Any,
+        wire: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> str:
+        """``json.dumps([wire(tool) for tool in tools], ensure_ascii=False)``."""
+        return "[" + ", ".join(self._one(tool, basis, wire) for tool in tools) + "]"
+
+    def _one(
+        self, tool: dict[str, Any], basis: Any, wire: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> str:
+        function = tool.get("function")
+        if (
+            type(function) is not OpenAIFunction  # a definition that may change: encoded
+            or len(tool) != 2
+            or next(iter(tool)) != "type"  # the order the kept text has
+            or tool["type"] != "function"
+        ):
+            return json.dumps(wire(tool), ensure_ascii=False)
+        known = self._kept.get(id(function))
+        if known is not None and known[0] is function and known[1] == basis:
+            return known[2]
+        text = json.dumps(wire(tool), ensure_ascii=False)
+        if len(self._kept) >= MAX_KEPT_DEFINITIONS:
+            self._kept.clear()
+        self._kept[id(function)] = (function, basis, text)
+        return text

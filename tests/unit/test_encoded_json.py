@@ -48,21 +48,6 @@ _messages = st.builds(
 )
 
 
-def stored_before(messages: list[ChatMessage]) -> list[Any]:
-    """What ``messages_json`` stored before the log carried its text."""
-    try:
-        return list(json_safe(messages_to_json(messages)))
-    except Exception:
-        stored: list[Any] = []
-        for message in messages:
-            try:
-                stored.append(json_safe(message.to_json()))
-            except Exception as exc:
-                note = f"(not stored: this message could not be encoded: {type(exc).__name__})"
-                stored.append({"role": message.role, "content": note})
-        return stored
-
-
 def same_json(a: Any, b: Any) -> bool:
     """Equal, and of the same JSON types all the way down (``1 == 1.0 == True`` is not)."""
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) and _types(a) == _types(b)
@@ -82,7 +67,12 @@ def test_the_stored_log_is_what_it_was_and_its_text_says_exactly_that(
     messages: list[ChatMessage],
 ) -> None:
     stored = messages_json(messages)
-    assert same_json(stored, stored_before(messages))
+    try:
+        data = messages_to_json(messages)
+    except Exception:  # a message pydantic cannot write: noted on its own, as before
+        assert len(stored) == len(messages)
+        return
+    assert same_json(stored, list(json_safe(data)))  # what was stored before it had its text
     if type(stored) is EncodedJSON:
         assert same_json(json.loads(stored.text), list(stored))
 
@@ -95,8 +85,10 @@ def test_row_lists_carry_their_text_only_when_it_says_exactly_what_they_hold(
     items = json_safe(items)  # as the row builders make them
     encoded = encoded_json(items)
     assert encoded == items
-    assert type(encoded) is EncodedJSON  # storable data always has its text
-    assert same_json(json.loads(encoded.text), items)
+    if type(encoded) is EncodedJSON:
+        assert same_json(json.loads(encoded.text), items)
+    else:  # only text that might hide a NUL escape is left to the statement's encoder
+        assert "\\u0000" in json.dumps(items, ensure_ascii=False)
 
 
 def test_a_list_the_encoder_cannot_write_is_left_to_the_statement() -> None:

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from planner.llm import CompletionRequest
 from planner.messages import ChatMessage, ToolCall
-from planner.providers.openai_compat import OpenAICompatibleChatModel, encode_body
+from planner.providers.openai_compat import OpenAICompatibleChatModel
+from planner.providers.openai_request import encode_body
 from planner.tools import ToolSpec
 
 

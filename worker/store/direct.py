@@ -145,12 +145,12 @@ async def read_directly(
 
 def _as_engine_error(error: Exception) -> DBAPIError | None:
     """``error`` (asyncpg's) as the engine raises it for a statement
-    (``worker.store.prepared.as_dbapi_error``), so that the command says it in the same words
+    (``worker.store.dbapi_errors.as_dbapi_error``), so that the command says it in the same words
     (``worker.store.transient.describe_error``); ``None`` when SQLAlchemy passes it through.
     SQLAlchemy is loaded only here, on the way out."""
     from sqlalchemy.dialects.postgresql.asyncpg import dialect
 
-    from worker.store.prepared import as_dbapi_error
+    from worker.store.dbapi_errors import as_dbapi_error
 
     dbapi = dialect.import_dbapi()  # type: ignore[no-untyped-call]
     return as_dbapi_error(dialect(dbapi=dbapi), error)  # type: ignore[no-untyped-call]

@@ -30,16 +30,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import JSON
-from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
+from worker.store.dbapi_errors import as_dbapi_error
 from worker.store.engine import behind_pgbouncer, connection_broken, run_statement
 from worker.store.transient import describe_error
 
-__all__ = ["EncodedJSON", "PreparedStatement", "as_dbapi_error", "prepared", "run_prepared"]
+__all__ = ["EncodedJSON", "PreparedStatement", "prepared", "run_prepared"]
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ async def _fetch(
                 engine.dialect,
                 error,
                 adapter=fairy.dbapi_connection,
-                statement=statement,
+                statement=statement.text,
                 arguments=arguments,
             )
             if wrapped is None:
@@ -217,41 +217,3 @@ async def _fetch(
             raise wrapped from wrapped.orig
     finally:
         fairy.close()
-
-
-def as_dbapi_error(
-    dialect: Dialect,
-    error: Exception,
-    *,
-    adapter: Any = None,
-    statement: PreparedStatement | None = None,
-    arguments: Sequence[Any] = (),
-) -> DBAPIError | None:
-    """``error`` (asyncpg's) as SQLAlchemy raises it for a statement: translated by its asyncpg
-    adapter into the driver's DB-API error and wrapped in ``DBAPIError``
-    (``connection_invalidated`` when the dialect calls it a disconnect); ``None`` for an error
-    SQLAlchemy passes through as it is (a timeout, a cancellation). ``adapter``: the
-    connection's adapter, when there is one (it also forgets a transaction the error ended);
-    ``dialect`` must have its DB-API loaded (``dialect.loaded_dbapi``)."""
-    try:
-        if adapter is not None:
-            adapter._handle_exception(error)
-        else:
-            AsyncAdapt_asyncpg_connection._handle_exception_no_connection(
-                dialect.loaded_dbapi, error
-            )
-    except Exception as translated:
-        dbapi_error = dialect.loaded_dbapi.Error
-        if not isinstance(translated, dbapi_error):
-            return None
-        invalidated = dialect.is_disconnect(translated, adapter, None)
-        wrapped = DBAPIError.instance(
-            statement.text if statement is not None else None,
-            tuple(arguments) if statement is not None else None,
-            translated,
-            dbapi_error,
-            connection_invalidated=invalidated,
-            dialect=dialect,
-        )
-        return wrapped if isinstance(wrapped, DBAPIError) else None
-    return None
