@@ -64,12 +64,13 @@ class RunMetrics:
 
 def count_calls(record: RunRecord, tool_names: Collection[str]) -> None:
     """Count the calls of a stored run by tool and outcome; the calls an earlier attempt ran
-    are left out, and a name the model invented is counted as ``(unknown)`` (a label must not
-    take unbounded values)."""
+    are left out, a name the model invented is counted as ``(unknown)`` and an MCP server's
+    tools as ``SERVER__*`` (``metrics.tool_label``: a label must not take unbounded values)."""
     for call in record.calls:
         if (call.round, call.index) in record.settled:
             continue
-        tool = call.call.name if call.call.name in tool_names else "(unknown)"
+        name = call.call.name
+        tool = metrics.tool_label(name) if name in tool_names else "(unknown)"
         _tool_calls(tool, call_outcome(call)).inc()
 
 
