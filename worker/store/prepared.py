@@ -5,9 +5,10 @@ processed by SQLAlchemy's execution layer, no result row wrapped.
 SQLAlchemy builds a statement (``worker.store.claim``, ``worker.store.round_writes``, each
 cached per shape) and compiles it once per dialect here (``PreparedStatement``): its text for
 asyncpg (``$1`` … placeholders), the order its parameters go in, each one's bind processor
-(JSONB: encoded to text, once), and its constant parameters written into the text as literals
-(``status = 'active'``: PostgreSQL's generic plan for the statement can then use the partial
-indexes whose predicates name them). ``run_prepared`` runs it: a connection from the engine's
+(JSONB: encoded to text, once; an ``EncodedJSON`` brings its text and is sent as it is), and
+its constant parameters written into the text as literals (``status = 'active'``:
+PostgreSQL's generic plan for the statement can then use the partial indexes whose
+predicates name them). ``run_prepared`` runs it: a connection from the engine's
 pool (its checkout and ping rules unchanged), ``fetch`` on the asyncpg connection under it, in
 autocommit (one round trip), the connection back to the pool.
 
