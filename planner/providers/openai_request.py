@@ -151,7 +151,7 @@ MAX_KEPT_DEFINITIONS = 256
 def encode_body(body: dict[str, Any]) -> bytes:
     """``body`` as UTF-8 JSON. Lone UTF-16 surrogates (a model or a tool can produce them; UTF-8
     cannot encode them) become U+FFFD instead of failing the request."""
-    return encode_text(json.dumps(body, ensure_ascii=False))
+    return encode_text(_json(body))
 
 
 def encode_text(text: str) -> bytes:
@@ -168,7 +168,7 @@ def request_text(body: dict[str, Any], tools: Callable[[], str]) -> str:
     plain ASCII names (the body's own: ``messages``, ``model``, ``tools``, …)."""
     parts = []
     for key, value in body.items():
-        text = tools() if value is TOOLS_HERE else json.dumps(value, ensure_ascii=False)
+        text = tools() if value is TOOLS_HERE else _json(value)
         parts.append(f'"{key}": {text}')
     return "{" + ", ".join(parts) + "}"
 
@@ -204,11 +204,11 @@ class ToolDefinitions:
             or next(iter(tool)) != "type"  # the order the kept text has
             or tool["type"] != "function"
         ):
-            return json.dumps(wire(tool), ensure_ascii=False)
+            return _json(wire(tool))
         known = self._kept.get(id(function))
         if known is not None and known[0] is function and known[1] == basis:
             return known[2]
-        text = json.dumps(wire(tool), ensure_ascii=False)
+        text = _json(wire(tool))
         if len(self._kept) >= MAX_KEPT_DEFINITIONS:
             self._kept.clear()
         self._kept[id(function)] = (function, basis, text)

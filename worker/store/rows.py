@@ -207,7 +207,7 @@ _DECODE = json.JSONDecoder().decode
 
 def _storable(value: Any) -> Any:
     if isinstance(value, str):
-        return _UNSTORABLE.sub("\ufffd", value)
+        return _storable_str(value)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # NaN and infinities are not JSON; jsonb refuses them
     if isinstance(value, list):
