@@ -1,13 +1,17 @@
-"""Fixtures shared by the integration tests that drive the ``mana-ai`` commands in-process."""
+"""Fixtures shared by the integration tests: ``run`` drives the ``mana-ai`` commands
+in-process; ``bounced`` is an engine through PgBouncer."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.pgbouncer import PgBouncer
 from worker.cli import main
+from worker.store.engine import create_engine
 
 
 @pytest.fixture
@@ -28,3 +32,17 @@ def run(
         return code, out, err
 
     return invoke
+
+
+@pytest.fixture
+async def bounced(
+    pgbouncer: PgBouncer, db: AsyncEngine, database_url: str
+) -> AsyncIterator[AsyncEngine]:
+    """An engine on the test database through PgBouncer (``pgbouncer=True``), 10 connections."""
+    engine = create_engine(
+        pgbouncer.url_for(database_url), pool_size=10, max_overflow=0, pgbouncer=True
+    )
+    try:
+        yield engine
+    finally:
+        await engine.dispose()

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,20 +34,6 @@ from worker.store.tables import tool_invocations
 
 MISSIONS = 20
 LIMIT = 15  # clock_now calls allowed per user in the window: the ledger must count exactly
-
-
-@pytest.fixture
-async def bounced(
-    pgbouncer: PgBouncer, db: AsyncEngine, database_url: str
-) -> AsyncIterator[AsyncEngine]:
-    """An engine on the test database through PgBouncer (``pgbouncer=True``), 10 connections."""
-    engine = create_engine(
-        pgbouncer.url_for(database_url), pool_size=10, max_overflow=0, pgbouncer=True
-    )
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 def server_connections(bouncer: PgBouncer, database: str) -> tuple[int, int]:

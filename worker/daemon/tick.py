@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from worker import metrics
 from worker.run.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
-from worker.store.base import ClaimedMission, MissionStore
+from worker.store.base import ClaimedMission, ClaimOrder, MissionStore
 from worker.store.transient import describe_error
 
 __all__ = ["Worker"]
@@ -69,6 +69,9 @@ class Worker:
         self._failed_ticks = 0
         self._wake = asyncio.Event()
         self._backlog = False  # the last claim filled every free slot: more may be due
+        self._ahead = False  # finishes claim ahead (only under ``run``: run_once waits for its own)
+        self._ordered = 0  # slots held by finishes' claims in flight
+        self._handing: set[asyncio.Task[Any]] = set()  # runs whose slot went to their claim
 
     async def tick(self) -> list[asyncio.Task[RunOutcome]]:
         """Claim due missions into free slots and start them; return the started tasks.
@@ -79,7 +82,9 @@ class Worker:
             if self.stopping:
                 return []
             started = time.perf_counter()
-            free = self.max_concurrent_missions - len(self.running)
+            free = self._free()
+            if free < 1:  # the finishes' claims filled the slots: the backlog stands
+                return []
             claimed = await self.store.claim_due(
                 worker_id=self.worker_id,
                 limit=free,
@@ -87,7 +92,7 @@ class Worker:
                 default_model=self.runner.default_model,
                 budget_window=BUDGET_WINDOW,
             )
-            self._backlog = free > 0 and len(claimed) == free
+            self._backlog = len(claimed) == free
             tasks = [self._start(m) for m in claimed]
             metrics.MISSIONS_CLAIMED.inc(len(claimed))
             metrics.TICK_DURATION.observe(time.perf_counter() - started)
@@ -126,6 +131,50 @@ class Worker:
                 logger.info("tick recovered after %d failed tick(s)", self._failed_ticks)
                 self._failed_ticks = 0
 
+    def order(self) -> ClaimOrder | None:
+        """``ClaimAhead``: a finishing run's claim, for its own slot and the free ones, while
+        the last claim filled every slot it had (``None`` otherwise, and under ``run_once``
+        or once stopping). The slots stay held until ``settle``."""
+        task = asyncio.current_task()
+        if not (self._ahead and self._backlog) or self.stopping or task not in self.running:
+            return None
+        self._handing.add(task)  # its slot is the claim's from now on
+        limit = self._free()
+        if limit < 1:
+            self._handing.discard(task)
+            return None
+        self._ordered += limit
+        return ClaimOrder(
+            limit=limit,
+            lease=self.lease,
+            default_model=self.runner.default_model,
+            budget_window=BUDGET_WINDOW,
+        )
+
+    def settle(self, order: ClaimOrder, *, made: bool) -> None:
+        """``ClaimAhead``: start what a finish claimed, and free its order's slots."""
+        self._ordered -= order.limit
+        if not made:  # the run keeps its slot while it goes on storing its end
+            self._handing.discard(asyncio.current_task())
+            return
+        self._backlog = len(order.claimed) == order.limit
+        if order.claimed:
+            metrics.MISSIONS_CLAIMED.inc(len(order.claimed))
+            logger.info(
+                "a finish claimed %d mission(s): %s",
+                len(order.claimed),
+                [m.id for m in order.claimed],
+            )
+        for mission in order.claimed:
+            self._start(mission)
+        if self._backlog and self._free() > 0:  # slots freed while the claim was under way
+            self.wake()
+
+    def _free(self) -> int:
+        """Slots neither running (runs that handed theirs to a claim aside) nor held by a
+        finish's claim in flight."""
+        return self.max_concurrent_missions - len(self.running) + len(self._handing) - self._ordered
+
     def wake(self) -> None:
         """Ask for a tick as soon as possible: a mission became due now (a NOTIFY from the
         database), or a slot freed while due missions may be waiting. Wake-ups coalesce: many
@@ -160,6 +209,13 @@ class Worker:
         """
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self._ahead = True
+        try:
+            await self._tick_until_stopped(interval_s, clock)
+        finally:
+            self._ahead = False
+
+    async def _tick_until_stopped(self, interval_s: float, clock: Callable[[], float]) -> None:
         while not self.stopping:
             self._wake.clear()  # the wake-ups so far are answered by this tick
             begun = clock()
@@ -182,7 +238,9 @@ class Worker:
 
     async def drain(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Stop claiming; wait up to ``grace_s`` seconds (or until ``hurry`` is set), then
-        cancel what still runs and wait for the cancelled runs to record their interruption."""
+        cancel what still runs and wait for the cancelled runs to record their interruption.
+        Missions a finish claimed as the stop came (its statement was under way) are waited
+        for and interrupted alike."""
         self.stop()
         async with self._tick_lock:  # a tick in flight finishes starting its missions
             pending = set(self.running)
@@ -203,18 +261,22 @@ class Worker:
                     logger.warning("asked again to stop: interrupting now")
                     break
                 still -= done
+                still |= self._unfinished()  # started by a finish's claim made before the stop
         finally:
             if hurried is not None:
                 hurried.cancel()
-        still = {task for task in still if not task.done()}
-        for task in still:
-            task.cancel()
-        if still:
+        while still := self._unfinished():
+            for task in still:
+                task.cancel()
             logger.warning("interrupting %d mission(s)", len(still))
             await asyncio.gather(*still, return_exceptions=True)
 
+    def _unfinished(self) -> set[asyncio.Future[Any]]:
+        return {task for task in self.running if not task.done()}
+
     def _start(self, mission: ClaimedMission) -> asyncio.Task[RunOutcome]:
-        task = asyncio.create_task(self.runner.run(mission), name=f"mission-{mission.id}")
+        run = self.runner.run(mission, ahead=self)
+        task = asyncio.create_task(run, name=f"mission-{mission.id}")
         self.running.add(task)
         metrics.MISSIONS_RUNNING.set(len(self.running))
         task.add_done_callback(functools.partial(self._finished, mission.id))
@@ -222,9 +284,10 @@ class Worker:
 
     def _finished(self, mission_id: int, task: asyncio.Task[RunOutcome]) -> None:
         self.running.discard(task)
+        self._handing.discard(task)
         metrics.MISSIONS_RUNNING.set(len(self.running))
-        if self._backlog:  # a slot is free and the last claim left due missions behind
-            self.wake()
+        if self._backlog and not self._ordered and self._free() > 0:
+            self.wake()  # the last claim left due missions behind (a claim under way: it wakes)
         if not task.cancelled() and task.exception() is not None:
             logger.error(
                 "mission run failed before its iteration was stored; another tick reruns it "

@@ -61,6 +61,7 @@ from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.policy_setup import PolicySetup
+from worker.run.claim_ahead import ClaimAhead, FinishClaim
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
 from worker.run.leases import HeldLease, LeaseKeeper
@@ -199,20 +200,22 @@ class MissionRunner:
         self.leases = LeaseKeeper(store, worker_id=worker_id, lease=lease)
         self._timed: dict[int, tuple[ToolSpec, ToolSpec]] = {}
 
-    async def run(self, mission: ClaimedMission) -> RunOutcome:
-        """Run ``mission`` once and store the result. Never raises except on cancellation
-        that is not a lease loss (shutdown), after recording the interruption."""
+    async def run(self, mission: ClaimedMission, *, ahead: ClaimAhead | None = None) -> RunOutcome:
+        """Run ``mission`` once and store the result; the finish claims the worker's next
+        missions when ``ahead`` orders it (``worker.run.claim_ahead``). Never raises except
+        on cancellation that is not a lease loss (shutdown), after recording the
+        interruption."""
         bind_log_context(mission_id=mission.id, iteration_id=None)
         started = time.perf_counter()
-        outcome = await self._run(mission)
+        outcome = await self._run(mission, ahead)
         metrics.MISSIONS_RUN.labels(outcome=outcome).inc()
         metrics.ITERATION_DURATION.observe(time.perf_counter() - started)
         return outcome
 
-    async def _run(self, mission: ClaimedMission) -> RunOutcome:
+    async def _run(self, mission: ClaimedMission, ahead: ClaimAhead | None) -> RunOutcome:
         lease = self.leases.hold(mission.id, asyncio.current_task())
         try:
-            return await self._run_held(mission, lease)
+            return await self._run_held(mission, lease, ahead)
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -227,7 +230,9 @@ class MissionRunner:
         finally:
             self.leases.release(mission.id)
 
-    async def _run_held(self, mission: ClaimedMission, lease: HeldLease) -> RunOutcome:
+    async def _run_held(
+        self, mission: ClaimedMission, lease: HeldLease, ahead: ClaimAhead | None
+    ) -> RunOutcome:
         next_run = next_run_of(mission, self.clock())
         if mission.past_deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
@@ -281,7 +286,7 @@ class MissionRunner:
                     stop_reason=RunnerStopReason.BUDGET_EXHAUSTED,
                     error=error,
                 )
-                stored, _ = await self._store(mission, iteration, over, lease)
+                stored, _ = await self._store(mission, iteration, over, lease, ahead)
                 return RunOutcome.FAILED if stored else RunOutcome.INTERRUPTED
 
         this_task = asyncio.current_task()
@@ -369,7 +374,7 @@ class MissionRunner:
                 error="could not park the run for approval: the database refused it (see the "
                 "worker's log)",
             )
-        stored, outcome = await self._store(mission, iteration, outcome, lease)
+        stored, outcome = await self._store(mission, iteration, outcome, lease, ahead)
         if stored is None:
             return RunOutcome.INTERRUPTED
         if not stored:
@@ -395,6 +400,7 @@ class MissionRunner:
         iteration: StartedIteration,
         outcome: IterationOutcome,
         lease: HeldLease,
+        ahead: ClaimAhead | None = None,
     ) -> tuple[bool | None, IterationOutcome]:
         """Store the end of the run (``finish_iteration``), retrying transient failures for
         as long as the lease allows; with the outcome stored. True: stored; False: the lease
@@ -407,36 +413,50 @@ class MissionRunner:
         run whose tools already acted is not run again for ever.
         """
 
+        claim = FinishClaim(ahead)
+
         def finish(done: IterationOutcome) -> Callable[[], Awaitable[bool]]:
-            return lambda: self.store.finish_iteration(
-                mission, iteration.id, done, worker_id=self.worker_id, attempt=iteration.attempt
+            return lambda: claim.send(
+                lambda order: self.store.finish_iteration(
+                    mission,
+                    iteration.id,
+                    done,
+                    worker_id=self.worker_id,
+                    attempt=iteration.attempt,
+                    claim=order,
+                )
             )
 
-        refusal: Exception | None = None
-        for attempt in itertools.chain((outcome,), degraded(outcome)):
-            if refusal is not None:
-                attempt = dataclasses.replace(
-                    attempt,
-                    # the cause, not SQLAlchemy's dump of the statement and its parameters
-                    error=f"could not store the iteration: {describe_error(refusal)}"[:500],
-                )
-            try:
-                return await lease.retry(finish(attempt), what="storing the iteration"), attempt
-            except Exception as exc:
-                if is_transient(exc):
-                    logger.error(
-                        "could not store the iteration: the database did not answer while the "
-                        "lease held (%s); the run is left to a takeover, which resumes it from "
-                        "its last checkpoint",
-                        describe_error(exc),
+        try:
+            refusal: Exception | None = None
+            for attempt in itertools.chain((outcome,), degraded(outcome)):
+                if refusal is not None:
+                    attempt = dataclasses.replace(
+                        attempt,
+                        # the cause, not SQLAlchemy's dump of the statement and its parameters
+                        error=f"could not store the iteration: {describe_error(refusal)}"[:500],
                     )
-                    return None, attempt
-                logger.exception(
-                    "the database refused the iteration; storing the failure with less of it"
-                )
-                refusal = refusal or exc
-        logger.error("the database refused even the bare failure; the run is left to a takeover")
-        return None, outcome
+                try:
+                    return await lease.retry(finish(attempt), what="storing the iteration"), attempt
+                except Exception as exc:
+                    if is_transient(exc):
+                        logger.error(
+                            "could not store the iteration: the database did not answer while the "
+                            "lease held (%s); the run is left to a takeover, which resumes it from "
+                            "its last checkpoint",
+                            describe_error(exc),
+                        )
+                        return None, attempt
+                    logger.exception(
+                        "the database refused the iteration; storing the failure with less of it"
+                    )
+                    refusal = refusal or exc
+            logger.error(
+                "the database refused even the bare failure; the run is left to a takeover"
+            )
+            return None, outcome
+        finally:
+            claim.close()
 
     async def _park(
         self,

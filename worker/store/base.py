@@ -42,6 +42,7 @@ __all__ = [
     "ApprovalRequestRow",
     "ArchiveRow",
     "CallStart",
+    "ClaimOrder",
     "ClaimedMission",
     "IterationOutcome",
     "LeaseLostError",
@@ -247,6 +248,27 @@ class CallStart:
     reservation: Reservation | None = None
 
 
+@dataclass
+class ClaimOrder:
+    """A claim made by a finish: ``finish_iteration(..., claim=order)`` leases up to
+    ``limit`` other due missions to the finishing worker, as ``claim_due`` would, in the same
+    step (for PostgreSQL, the same statement: one round trip per mission instead of two), and
+    appends them to ``claimed`` (oldest ``scheduled_for`` first). The mission being finished
+    is never among them.
+
+    Attributes:
+        limit: missions to claim at most (≥ 1).
+        lease, default_model, budget_window: as ``claim_due`` takes them.
+        claimed: filled by the store once the step stored; left empty when it raised.
+    """
+
+    limit: int
+    lease: timedelta
+    default_model: str | None = None
+    budget_window: timedelta = timedelta(hours=24)
+    claimed: list[ClaimedMission] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class IterationOutcome:
     """What a finished run stores.
@@ -357,6 +379,7 @@ class MissionStore(Protocol):
         *,
         worker_id: str,
         attempt: int = 1,
+        claim: ClaimOrder | None = None,
     ) -> bool:
         """Store the end of a run (``outcome``: the iteration, its calls and compactions) and
         the mission's next run, and release the lease, in one step; ``iteration_id=None``
@@ -364,7 +387,11 @@ class MissionStore(Protocol):
         approval as ``failed`` / ``deadline_passed``: it is not resumed past the deadline). A
         paused mission stays paused. False (nothing stored) when
         ``worker_id`` no longer owns the mission; a repeat by ``attempt`` after a stored
-        finish returns True."""
+        finish returns True.
+
+        With ``claim``, the same step also claims other due missions for ``worker_id``
+        (``ClaimOrder``), whether or not the lease held: the claim is the worker's, for the
+        slot this run frees."""
         ...
 
     async def interrupt_iteration(

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Integer,
     Interval,
     Text,
@@ -47,19 +48,42 @@ from worker.store.tables import (
 )
 from worker.store.user_policy import user_settings_from_row
 
-__all__ = ["claim_statement", "claimed_mission"]
+__all__ = ["CLAIM_PARAMETERS", "claim_select", "claim_statement", "claimed_mission"]
+
+
+CLAIM_PARAMETERS = ("p_worker_id", "p_claim_limit", "p_lease", "p_default_model", "p_budget_window")
+"""The bind parameters of ``claim_statement`` (and of a finish that claims: ``claim_select``)."""
 
 
 @functools.cache
 def claim_statement() -> Any:
-    """``claim_due``'s statement, built once; bind parameters ``p_worker_id``, ``p_limit``,
-    ``p_lease``, ``p_default_model``, ``p_window``."""
+    """``claim_due``'s statement, built once; bind parameters ``CLAIM_PARAMETERS``."""
+    return claim_select()
+
+
+@functools.cache
+def claim_select(*, after_finish: bool = False, finished_tokens: bool = False) -> Any:
+    """The claim as a SELECT of one row per claimed mission (``claimed_mission`` reads one),
+    built once per shape; bind parameters ``CLAIM_PARAMETERS``.
+
+    With ``after_finish``, it is the part of a finish that claims (``round_write_statement``
+    with ``claim``), which sees the database as it was before the statement, so it makes up
+    for what the finish changes: the mission being finished (``p_mission_id``) is never among
+    the due ones, whatever its lease says; and with ``finished_tokens``, the finished
+    iteration (``p_iteration_id``) counts toward its agent's daily budget with the tokens
+    the finish stores (``p_prompt_tokens`` + ``p_completion_tokens``), not those on its row,
+    when the finish's lease held (as a claim after the finish would count them).
+    """
     now = func.now()
     worker_id = bindparam("p_worker_id", type_=Text)
     lease = bindparam("p_lease", type_=Interval)
+    others = []
+    if after_finish:
+        others.append(missions.c.id != bindparam("p_mission_id", type_=BigInteger))
     due = (
         select(missions.c.id)
         .where(
+            *others,
             missions.c.status == "active",
             missions.c.next_run_at <= now,
             or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
@@ -71,7 +95,7 @@ def claim_statement() -> Any:
             ),
         )
         .order_by(missions.c.next_run_at)
-        .limit(bindparam("p_limit", type_=Integer))
+        .limit(bindparam("p_claim_limit", type_=Integer))
         .with_for_update(skip_locked=True)
         .cte("due")
     )
@@ -99,7 +123,9 @@ def claim_statement() -> Any:
             agents.c.compact_max_ctx,
             _owner_policy().label("owner_policy"),
             _mcp_servers().label("mcp_servers"),
-            _budget_used(bindparam("p_window", type_=Interval)).label("tokens_used_24h"),
+            _budget_used(
+                bindparam("p_budget_window", type_=Interval), finished_tokens=finished_tokens
+            ).label("tokens_used_24h"),
             # the deadline rule, here only: no run starts after the deadline (a run claimed
             # late, after a backlog or a resume, included; next_run_at <= now() here)
             and_(missions.c.deadline.is_not(None), now > missions.c.deadline).label(
@@ -252,23 +278,48 @@ def _mcp_servers() -> Any:
     )
 
 
-def _budget_used(window: Any) -> Any:
+def _budget_used(window: Any, *, finished_tokens: bool = False) -> Any:
     """Tokens of the claimed mission's agent's iterations started within ``window``, except
     the claimed run's own iteration (a takeover adds its checkpoint's tokens itself); NULL
-    when the agent has no daily budget (the sum is then never computed)."""
+    when the agent has no daily budget (the sum is then never computed). With
+    ``finished_tokens`` (see ``claim_select``), the finished iteration with the tokens its
+    finish stores."""
     its = mission_iterations.alias("budget_iterations")
     owned = missions.alias("budget_missions")
-    used = (
+    conditions = [
+        owned.c.agent_id == agents.c.id,
+        its.c.started_at >= func.now() - window,
+        or_(its.c.mission_id != missions.c.id, its.c.scheduled_for != missions.c.next_run_at),
+    ]
+    iteration_id = bindparam("p_iteration_id", type_=BigInteger)
+    if finished_tokens:
+        conditions.append(its.c.id != iteration_id)
+    used: Any = (
         select(func.coalesce(func.sum(its.c.prompt_tokens + its.c.completion_tokens), 0))
         .select_from(its.join(owned, owned.c.id == its.c.mission_id))
-        .where(
-            owned.c.agent_id == agents.c.id,
-            its.c.started_at >= func.now() - window,
-            or_(its.c.mission_id != missions.c.id, its.c.scheduled_for != missions.c.next_run_at),
-        )
+        .where(*conditions)
         .correlate(agents, missions)
         .scalar_subquery()
     )
+    if finished_tokens:
+        ended = mission_iterations.alias("finished_iteration")
+        ended_mission = missions.alias("finished_mission")
+        stored = (
+            select(
+                bindparam("p_prompt_tokens", type_=BigInteger)
+                + bindparam("p_completion_tokens", type_=BigInteger)
+            )
+            .select_from(ended.join(ended_mission, ended_mission.c.id == ended.c.mission_id))
+            .where(
+                ended.c.id == iteration_id,
+                ended_mission.c.agent_id == agents.c.id,
+                ended_mission.c.lease_owner == bindparam("p_worker_id", type_=Text),
+                ended.c.started_at >= func.now() - window,
+            )
+            .correlate(agents)
+            .scalar_subquery()
+        )
+        used = used + func.coalesce(stored, 0)
     return case((agents.c.max_tokens_per_day.is_(None), null()), else_=used)
 
 

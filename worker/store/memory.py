@@ -29,6 +29,7 @@ from worker.store.base import (
     ApprovalRequestRow,
     CallStart,
     ClaimedMission,
+    ClaimOrder,
     IterationOutcome,
     LeaseLostError,
     ParkedRun,
@@ -220,6 +221,19 @@ class InMemoryMissionStore:
     ) -> list[ClaimedMission]:
         """See ``MissionStore.claim_due``."""
         self._enter("claim_due")
+        return self._claim(worker_id, limit, lease, default_model, budget_window)
+
+    def _claim(
+        self,
+        worker_id: str,
+        limit: int,
+        lease: timedelta,
+        default_model: str | None,
+        budget_window: timedelta,
+        *,
+        besides: int | None = None,
+    ) -> list[ClaimedMission]:
+        """The claim (``claim_due``), never of mission ``besides``."""
         if limit < 1:
             return []
         now = self.clock()
@@ -227,7 +241,8 @@ class InMemoryMissionStore:
             (
                 m
                 for m in self.missions.values()
-                if m["status"] == "active"
+                if m["id"] != besides
+                and m["status"] == "active"
                 and m["next_run_at"] is not None
                 and m["next_run_at"] <= now
                 and (m["lease_expires_at"] is None or m["lease_expires_at"] < now)
@@ -479,9 +494,32 @@ class InMemoryMissionStore:
         *,
         worker_id: str,
         attempt: int = 1,
+        claim: ClaimOrder | None = None,
     ) -> bool:
-        """See ``MissionStore.finish_iteration``."""
+        """See ``MissionStore.finish_iteration``: with ``claim``, the claim is made once the
+        end is stored (never of the finished mission), as PostgreSQL's statement makes it."""
         self._enter("finish_iteration")
+        stored = self._finish(mission, iteration_id, outcome, worker_id=worker_id, attempt=attempt)
+        if claim is not None:
+            claim.claimed += self._claim(
+                worker_id,
+                claim.limit,
+                claim.lease,
+                claim.default_model,
+                claim.budget_window,
+                besides=mission.id,
+            )
+        return stored
+
+    def _finish(
+        self,
+        mission: ClaimedMission,
+        iteration_id: int | None,
+        outcome: IterationOutcome,
+        *,
+        worker_id: str,
+        attempt: int,
+    ) -> bool:
         if not self._owns(mission.id, worker_id):
             return iteration_id is not None and self._ended(
                 iteration_id, attempt, worker_id, outcome.status

@@ -40,6 +40,7 @@ from worker.store.base import (
     ArchiveRow,
     CallStart,
     ClaimedMission,
+    ClaimOrder,
     IterationOutcome,
     LeaseLostError,
     ParkedRun,
@@ -110,10 +111,10 @@ class PostgresMissionStore:
             claim_statement(),
             {
                 "p_worker_id": worker_id,
-                "p_limit": limit,
+                "p_claim_limit": limit,
                 "p_lease": lease,
                 "p_default_model": default_model,
-                "p_window": budget_window,
+                "p_budget_window": budget_window,
             },
         )
         claims = [claimed_mission(r) for r in rows]
@@ -224,10 +225,13 @@ class PostgresMissionStore:
         *,
         worker_id: str,
         attempt: int = 1,
+        claim: ClaimOrder | None = None,
     ) -> bool:
         """Store the run and schedule the next one, and release the lease, in one statement
         (``round_write_statement``, all or nothing): the mission's next run, the iteration
-        row, its new tool invocations (journaled ones brought up to date) and its compactions.
+        row, its new tool invocations (journaled ones brought up to date) and its compactions;
+        with ``claim``, the worker's next due missions claimed in the same statement
+        (``ClaimOrder``: the claim's part sees the database as it was before the statement).
 
         ``iteration_id=None`` only advances the schedule (the run was skipped). Returns False,
         writing nothing, when this worker no longer owns the lease. Safe to run again after a
@@ -260,6 +264,7 @@ class PostgresMissionStore:
             rows=outcome.tool_invocations,
             end=iteration_id is not None,
             end_parked=iteration_id is None,
+            claim=claim,
         )
         return bool(row["owned"]) or bool(row.get("stored"))
 
@@ -441,9 +446,18 @@ class PostgresMissionStore:
         reserve: bool = False,
         approval: bool = False,
         end_parked: bool = False,
+        claim: ClaimOrder | None = None,
     ) -> Mapping[str, Any]:
-        """Run the ``round_write_statement`` of this shape; its one row."""
+        """Run the ``round_write_statement`` of this shape; its first row (with ``claim``,
+        the missions of its rows are appended to ``claim.claimed``)."""
         params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
+        if claim is not None:
+            params |= {
+                "p_claim_limit": claim.limit,
+                "p_lease": claim.lease,
+                "p_default_model": claim.default_model,
+                "p_budget_window": claim.budget_window,
+            }
         new: list[dict[str, Any]] = []
         known: list[dict[str, Any]] = []
         archive: list[dict[str, Any]] = []
@@ -479,9 +493,13 @@ class PostgresMissionStore:
             reserve=reserve,
             approval=approval,
             end_parked=end_parked,
+            claim=claim is not None,
         )
-        [written] = await run_prepared(self.engine, stmt, params)
-        return written
+        written = await run_prepared(self.engine, stmt, params)
+        if claim is not None:
+            claims = [claimed_mission(r) for r in written if r["id"] is not None]
+            claim.claimed.extend(sorted(claims, key=lambda m: m.scheduled_for))
+        return written[0]
 
 
 def _outcome_checkpoint(outcome: IterationOutcome) -> RoundCheckpoint:

@@ -61,6 +61,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from worker.store.claim import claim_select
 from worker.store.tables import (
     approval_requests,
     compacted_turns,
@@ -174,6 +175,7 @@ def round_write_statement(
     reserve: bool = False,
     approval: bool = False,
     end_parked: bool = False,
+    claim: bool = False,
 ) -> Any:
     """The statement for one shape (which parts it writes), built once per shape.
 
@@ -199,6 +201,9 @@ def round_write_statement(
         end_parked: the mission's runs parked for approval end as ``failed`` /
             ``deadline_passed`` and their pending requests expire (a finish that moves the
             mission past them).
+        claim: other due missions are claimed too (``worker.store.claim.claim_select`` with
+            ``after_finish``; its ``CLAIM_PARAMETERS``), whether or not the lease held: the
+            worker's next missions, in the round trip of this one's end.
 
     Always bound: ``p_mission_id``, ``p_worker_id``; with ``finish``: ``p_next_run_at``,
     ``p_mission_status``, ``p_last_error``. A paused mission stays paused.
@@ -210,7 +215,9 @@ def round_write_statement(
         inserted now and those a repeat found; only with ``new_calls``), with ``reserve``
         the reservation: ``reserved``, ``checked_at``, ``recent``, and with ``approval`` the
         request: ``approval_id``, ``approval_created``, ``approval_expires_at`` (NULL when the
-        lease did not hold).
+        lease did not hold). With ``claim``, one such row per claimed mission, each with the
+        claim's columns (``worker.store.claim.claimed_mission`` reads them), or one row whose
+        claim columns are NULL when none was claimed.
     """
     mission_id = bindparam("p_mission_id", type_=BigInteger)
     worker_id = bindparam("p_worker_id", type_=Text)
@@ -353,7 +360,17 @@ def round_write_statement(
     if end_parked:
         _end_parked(write, owned, mission_id)
     ctes = [owner, *writes] if reservation is None else [reservation, owner, *writes]
-    return select(*columns).add_cte(*ctes)
+    if not claim:
+        return select(*columns).add_cte(*ctes)
+    # one row per claimed mission (one with NULLs when none was), each with the columns above
+    claims = claim_select(after_finish=True, finished_tokens=iteration and checkpoint)
+    claims = claims.subquery("claims")
+    one = select(literal_column("1").label("one")).subquery("one")
+    return (
+        select(*columns, *claims.c)
+        .select_from(one.outerjoin(claims, literal_column("true")))
+        .add_cte(*ctes)
+    )
 
 
 def _approval_request(write: Callable[[Any], Any], owned: Any) -> list[Any]:

@@ -1,0 +1,212 @@
+"""Claiming ahead (``worker.run.claim_ahead``): with more missions due than slots, a run's
+finish claims the worker's next missions in the same step, so a mission costs one store
+step instead of a finish and a claim; never more missions at once than the worker's slots,
+never the finishing mission itself, nothing left leased and not run when a finish fails or
+the worker stops. The in-memory store, whose ``calls`` count its steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from planner import CompletionRequest, CompletionResponse, TokenUsage
+from planner.testing import FunctionChatModel, final_answer
+from worker.daemon.tick import Worker
+from worker.run.runner import MissionRunner
+from worker.store.base import ClaimOrder, IterationOutcome
+from worker.store.memory import InMemoryMissionStore
+from worker.store.statuses import IterationStatus, MissionStatus
+
+LEASE = timedelta(seconds=60)
+
+
+class Answers:
+    """The model: answers at once after a pause, and notes the most missions leased to the
+    worker, and the most runs asking, at any one time."""
+
+    def __init__(self, store: InMemoryMissionStore) -> None:
+        self.store = store
+        self.asking = 0
+        self.most_asking = 0
+        self.most_leased = 0
+
+    async def __call__(self, request: CompletionRequest) -> CompletionResponse:
+        self.asking += 1
+        self.most_asking = max(self.most_asking, self.asking)
+        leased = sum(m["lease_owner"] == "w1" for m in self.store.missions.values())
+        self.most_leased = max(self.most_leased, leased)
+        await asyncio.sleep(0.001)
+        self.asking -= 1
+        return final_answer("Done.")
+
+
+def backlog(
+    missions: int, *, slots: int, store: InMemoryMissionStore | None = None
+) -> tuple[InMemoryMissionStore, Worker, Answers]:
+    store = store or InMemoryMissionStore()
+    agent_id = store.add_agent("a1")
+    for _ in range(missions):
+        store.add_mission(agent_id)
+    answers = Answers(store)
+    runner = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(answers),
+        tools_for=lambda m: [],
+        worker_id="w1",
+        lease=LEASE,
+    )
+    worker = Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=slots, lease=LEASE
+    )
+    return store, worker, answers
+
+
+def finished(store: InMemoryMissionStore) -> list[dict[str, Any]]:
+    return [it for it in store.iterations.values() if it["finished_at"] is not None]
+
+
+async def run_until_finished(worker: Worker, store: InMemoryMissionStore, count: int) -> None:
+    """``worker.run`` (a tick an hour: only wake-ups and finishes claim) until ``count``
+    runs are stored, then stopped and drained."""
+    reached = asyncio.Event()
+    finish = store.finish_iteration
+
+    async def counted(*args: Any, **kwargs: Any) -> bool:
+        stored = await finish(*args, **kwargs)
+        if len(finished(store)) >= count:
+            reached.set()
+        return stored
+
+    store.finish_iteration = counted  # type: ignore[method-assign]
+    loop = asyncio.create_task(worker.run(interval_s=3600))
+    async with asyncio.timeout(10):
+        await reached.wait()
+    await worker.drain(5)
+    await loop
+
+
+async def test_a_backlog_is_claimed_by_the_finishes_one_step_per_mission() -> None:
+    store, worker, answers = backlog(12, slots=3)
+    await run_until_finished(worker, store, 12)
+    assert [it["status"] for it in finished(store)] == ["succeeded"] * 12
+    assert all(m["status"] == "completed" for m in store.missions.values())
+    # the first tick claimed 3; every other mission came with a finish
+    assert store.calls["claim_due"] == 1 and store.calls["finish_iteration"] == 12
+    assert answers.most_asking == 3 and answers.most_leased == 3
+
+
+async def test_a_worker_with_a_free_slot_left_claims_nothing_with_its_finishes() -> None:
+    store, worker, _ = backlog(2, slots=3)  # the first claim did not fill the slots
+    finish = store.finish_iteration
+    orders: list[ClaimOrder | None] = []
+
+    async def noted(*args: Any, claim: ClaimOrder | None = None, **kwargs: Any) -> bool:
+        orders.append(claim)
+        return await finish(*args, claim=claim, **kwargs)
+
+    store.finish_iteration = noted  # type: ignore[method-assign]
+    await run_until_finished(worker, store, 2)
+    assert orders == [None, None]
+
+
+async def test_a_one_shot_tick_runs_only_what_it_claimed() -> None:
+    store, worker, _ = backlog(5, slots=2)
+    assert await worker.run_once() == ["succeeded", "succeeded"]
+    waiting = [m for m in store.missions.values() if m["status"] == "active"]
+    assert len(waiting) == 3 and all(m["lease_owner"] is None for m in waiting)
+    assert len(store.iterations) == 2
+
+
+async def test_a_failed_finish_leaves_its_slots_to_the_tick_and_loses_nothing() -> None:
+    store, worker, answers = backlog(9, slots=3)
+    store.fail_next(ConnectionResetError("reset"), times=4, methods={"finish_iteration"})
+    await run_until_finished(worker, store, 9)
+    assert [it["status"] for it in finished(store)] == ["succeeded"] * 9
+    assert all(m["lease_owner"] is None for m in store.missions.values())
+    assert answers.most_leased <= 3 and store.calls["claim_due"] >= 2
+
+
+async def test_a_finish_never_claims_the_mission_it_finishes() -> None:
+    store = InMemoryMissionStore()
+    agent_id = store.add_agent("a1")
+    mission_id = store.add_mission(agent_id, cron="* * * * *")
+    [mission] = await store.claim_due(worker_id="w1", limit=1, lease=LEASE)
+    assert mission.iteration is not None
+    store.missions[mission_id]["lease_expires_at"] = datetime.now(UTC) - timedelta(seconds=1)
+    order = ClaimOrder(limit=5, lease=LEASE)
+    due_again = datetime.now(UTC) - timedelta(seconds=1)
+    outcome = IterationOutcome(
+        status=IterationStatus.SUCCEEDED,
+        messages=[],
+        rounds=1,
+        prompt_tokens=0,
+        completion_tokens=0,
+        stop_reason=None,
+        error=None,
+        next_run_at=due_again,
+        mission_status=MissionStatus.ACTIVE,
+    )
+    stored = await store.finish_iteration(
+        mission, mission.iteration.id, outcome, worker_id="w1", claim=order
+    )
+    assert stored and order.claimed == []
+    assert store.missions[mission_id]["lease_owner"] is None  # due, for the next claim
+    [again] = await store.claim_due(worker_id="w1", limit=5, lease=LEASE)
+    assert again.id == mission_id and again.scheduled_for == due_again
+
+
+class HeldFinish(InMemoryMissionStore):
+    """The first finish that claims waits for ``release`` once it has begun."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def finish_iteration(self, *args: Any, claim: Any = None, **kwargs: Any) -> bool:
+        if claim is not None and not self.begun.is_set():
+            self.begun.set()
+            await self.release.wait()
+        return await super().finish_iteration(*args, claim=claim, **kwargs)
+
+
+async def test_a_mission_a_finish_claimed_as_the_worker_stopped_is_run_within_the_grace() -> None:
+    store, worker, _ = backlog(3, slots=1, store=HeldFinish())
+    loop = asyncio.create_task(worker.run(interval_s=3600))
+    async with asyncio.timeout(10):
+        await store.begun.wait()  # the first mission's finish, claiming the second
+        draining = asyncio.create_task(worker.drain(10))
+        await asyncio.sleep(0)  # the stop is in
+        assert worker.stopping
+        store.release.set()
+        await draining
+        await loop
+    # the second mission was claimed before the stop: it ran; the third was never claimed
+    assert [it["status"] for it in finished(store)] == ["succeeded", "succeeded"]
+    assert not worker.running
+    third = [m for m in store.missions.values() if m["status"] == "active"]
+    assert len(third) == 1 and third[0]["lease_owner"] is None
+
+
+async def test_a_mission_claimed_by_a_finish_counts_that_run_toward_the_daily_budget() -> None:
+    store = InMemoryMissionStore()
+    agent_id = store.add_agent("a1", max_tokens_per_day=50)
+    first, second = store.add_mission(agent_id), store.add_mission(agent_id)
+    costly = final_answer("Done.", usage=TokenUsage(prompt_tokens=55, completion_tokens=5))
+    runner = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(lambda request: costly),
+        tools_for=lambda m: [],
+        worker_id="w1",
+        lease=LEASE,
+    )
+    worker = Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
+    )
+    await run_until_finished(worker, store, 2)
+    assert store.calls["claim_due"] == 1  # the second came with the first one's finish
+    runs = {it["mission_id"]: it for it in finished(store)}
+    assert runs[first]["status"] == "succeeded"
+    assert (runs[second]["status"], runs[second]["stop_reason"]) == ("failed", "budget_exhausted")
