@@ -108,7 +108,7 @@ class PostgresMissionStore:
             return []
         rows = await run_prepared(
             self.engine,
-            claim_statement(),
+            claim_statement(limit),
             {
                 "p_worker_id": worker_id,
                 "p_claim_limit": limit,
@@ -493,7 +493,7 @@ class PostgresMissionStore:
             reserve=reserve,
             approval=approval,
             end_parked=end_parked,
-            claim=claim is not None,
+            claim=claim.limit if claim is not None else 0,
         )
         written = await run_prepared(self.engine, stmt, params)
         if claim is not None:

@@ -61,7 +61,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from worker.store.claim import claim_select
+from worker.store.claim import claim_limit, claim_select
 from worker.store.tables import (
     approval_requests,
     compacted_turns,
@@ -175,7 +175,7 @@ def round_write_statement(
     reserve: bool = False,
     approval: bool = False,
     end_parked: bool = False,
-    claim: bool = False,
+    claim: int = 0,
 ) -> Any:
     """The statement for one shape (which parts it writes), built once per shape.
 
@@ -201,8 +201,9 @@ def round_write_statement(
         end_parked: the mission's runs parked for approval end as ``failed`` /
             ``deadline_passed`` and their pending requests expire (a finish that moves the
             mission past them).
-        claim: other due missions are claimed too (``worker.store.claim.claim_select`` with
-            ``after_finish``; its ``CLAIM_PARAMETERS``), whether or not the lease held: the
+        claim: other due missions are claimed too, up to this many (0: none;
+            ``worker.store.claim.claim_select`` with ``after_finish``, its limit written as
+            ``claim_limit`` says; its ``CLAIM_PARAMETERS``), whether or not the lease held: the
             worker's next missions, in the round trip of this one's end.
 
     Always bound: ``p_mission_id``, ``p_worker_id``; with ``finish``: ``p_next_run_at``,
@@ -363,7 +364,9 @@ def round_write_statement(
     if not claim:
         return select(*columns).add_cte(*ctes)
     # one row per claimed mission (one with NULLs when none was), each with the columns above
-    claims = claim_select(after_finish=True, finished_tokens=iteration and checkpoint)
+    claims = claim_select(
+        after_finish=True, finished_tokens=iteration and checkpoint, limit=claim_limit(claim)
+    )
     claims = claims.subquery("claims")
     one = select(literal_column("1").label("one")).subquery("one")
     return (
