@@ -3,8 +3,12 @@
 ``Worker.tick()`` claims up to ``max_concurrent_missions - running`` missions and starts one
 task per mission; the tasks outlive the tick, so a long mission never delays the next tick.
 ``Worker.run(interval_s)`` is the daemon's one tick trigger: a loop that ticks at start, then
-whenever the interval has elapsed or ``wake()`` was called. ``Worker.run_once()`` is a tick
-that waits for its missions (``mana-ai tick --once``). ``Worker.drain(grace)`` stops claiming,
+whenever the interval has elapsed or ``wake()`` was called. Under it, while a backlog is due
+(the last claim filled every slot it had), a run's finish claims the next missions for the
+slot it frees in the same statement (the Worker is the runs' ``ClaimAhead``,
+``worker.run.claim_ahead``), and a tick fills only what the finishes did not.
+``Worker.run_once()`` is a tick that waits for its missions (``mana-ai tick --once``; its runs
+never claim ahead). ``Worker.drain(grace)`` stops claiming,
 waits up to ``grace`` for running missions, then cancels the rest (each records an
 ``interrupted`` iteration and releases its lease).
 """
