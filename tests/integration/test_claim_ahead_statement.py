@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import CompletionRequest, CompletionResponse
 from planner.testing import FunctionChatModel
+from tests.backlog import run_until_stored
 from tests.integration.worker_harness import (
     add_mission,
     clock_then_answer,
@@ -180,23 +181,7 @@ async def run_backlog(engine: AsyncEngine, db: AsyncEngine, count: int) -> tuple
         return await claim_due(**kwargs)
 
     store.claim_due = counted  # type: ignore[method-assign]
-    reached = asyncio.Event()
-    finish, stored = store.finish_iteration, 0
-
-    async def finished(*args: Any, **kwargs: Any) -> bool:
-        nonlocal stored
-        done = await finish(*args, **kwargs)
-        stored += 1
-        if stored >= count:
-            reached.set()
-        return done
-
-    store.finish_iteration = finished  # type: ignore[method-assign]
-    loop = asyncio.create_task(worker.run(interval_s=3600))
-    async with asyncio.timeout(60):
-        await reached.wait()
-    await worker.drain(10)
-    await loop
+    await run_until_stored(worker, count)
     return worker, (claims, answers.most_leased)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from planner import CompletionRequest, CompletionResponse, TokenUsage
 from planner.testing import FunctionChatModel, final_answer
+from tests.backlog import run_until_stored
 from worker.daemon.tick import Worker
 from worker.run.runner import MissionRunner
 from worker.store.base import ClaimOrder, IterationOutcome
@@ -67,29 +68,9 @@ def finished(store: InMemoryMissionStore) -> list[dict[str, Any]]:
     return [it for it in store.iterations.values() if it["finished_at"] is not None]
 
 
-async def run_until_finished(worker: Worker, store: InMemoryMissionStore, count: int) -> None:
-    """``worker.run`` (a tick an hour: only wake-ups and finishes claim) until ``count``
-    runs are stored, then stopped and drained."""
-    reached = asyncio.Event()
-    finish = store.finish_iteration
-
-    async def counted(*args: Any, **kwargs: Any) -> bool:
-        stored = await finish(*args, **kwargs)
-        if len(finished(store)) >= count:
-            reached.set()
-        return stored
-
-    store.finish_iteration = counted  # type: ignore[method-assign]
-    loop = asyncio.create_task(worker.run(interval_s=3600))
-    async with asyncio.timeout(10):
-        await reached.wait()
-    await worker.drain(5)
-    await loop
-
-
 async def test_a_backlog_is_claimed_by_the_finishes_one_step_per_mission() -> None:
     store, worker, answers = backlog(12, slots=3)
-    await run_until_finished(worker, store, 12)
+    await run_until_stored(worker, 12)
     assert [it["status"] for it in finished(store)] == ["succeeded"] * 12
     assert all(m["status"] == "completed" for m in store.missions.values())
     # the first tick claimed 3; every other mission came with a finish
@@ -107,7 +88,7 @@ async def test_a_worker_with_a_free_slot_left_claims_nothing_with_its_finishes()
         return await finish(*args, claim=claim, **kwargs)
 
     store.finish_iteration = noted  # type: ignore[method-assign]
-    await run_until_finished(worker, store, 2)
+    await run_until_stored(worker, 2)
     assert orders == [None, None]
 
 
@@ -122,7 +103,7 @@ async def test_a_one_shot_tick_runs_only_what_it_claimed() -> None:
 async def test_a_failed_finish_leaves_its_slots_to_the_tick_and_loses_nothing() -> None:
     store, worker, answers = backlog(9, slots=3)
     store.fail_next(ConnectionResetError("reset"), times=4, methods={"finish_iteration"})
-    await run_until_finished(worker, store, 9)
+    await run_until_stored(worker, 9)
     assert [it["status"] for it in finished(store)] == ["succeeded"] * 9
     assert all(m["lease_owner"] is None for m in store.missions.values())
     assert answers.most_leased <= 3 and store.calls["claim_due"] >= 2
@@ -205,7 +186,7 @@ async def test_a_mission_claimed_by_a_finish_counts_that_run_toward_the_daily_bu
     worker = Worker(
         store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
     )
-    await run_until_finished(worker, store, 2)
+    await run_until_stored(worker, 2)
     assert store.calls["claim_due"] == 1  # the second came with the first one's finish
     runs = {it["mission_id"]: it for it in finished(store)}
     assert runs[first]["status"] == "succeeded"
