@@ -26,7 +26,7 @@ from tests.integration.worker_harness import (
     mission_row,
 )
 from worker.daemon.tick import Worker
-from worker.store.base import ClaimedMission, ClaimOrder, IterationOutcome
+from worker.store.base import ClaimedMission, ClaimOrder, IterationOutcome, RoundCheckpoint
 from worker.store.postgres import PostgresMissionStore
 from worker.store.statuses import IterationStatus, MissionStatus
 from worker.store.tables import agents, missions
@@ -132,21 +132,26 @@ async def test_a_finish_whose_lease_was_lost_stores_nothing_and_still_claims(
         await conn.execute(update(agents).values(max_tokens_per_day=1000))
     store = PostgresMissionStore(db)
     mission = await claim_one(store)
+    assert mission.iteration is not None
+    checkpoint = RoundCheckpoint(
+        messages=[], rounds=1, prompt_tokens=50, completion_tokens=10, reminders=[]
+    )
+    committed = await store.commit_round(
+        mission, mission.iteration.id, checkpoint, [], worker_id="w1"
+    )
+    assert committed is not None
     async with db.begin() as conn:  # another worker took it over
         await conn.execute(
             update(missions).where(missions.c.id == mission.id).values(lease_owner="w2")
         )
     order = ClaimOrder(limit=5, lease=LEASE)
     stored = await store.finish_iteration(
-        mission,
-        mission.iteration.id,
-        ended(500, None),
-        worker_id="w1",
-        claim=order,  # type: ignore[union-attr]
+        mission, mission.iteration.id, ended(500, None), worker_id="w1", claim=order
     )
     assert not stored
     [claimed] = order.claimed
-    assert claimed.id == other and claimed.tokens_used_24h == 0  # nothing was stored
+    # the run's tokens as its row has them (its last checkpoint): the finish stored nothing
+    assert claimed.id == other and claimed.tokens_used_24h == 60
     row = await mission_row(db, mission.id)
     assert row["lease_owner"] == "w2"
 
@@ -193,9 +198,9 @@ async def test_a_backlog_runs_with_one_statement_per_mission_to_start_and_end_it
     stored = await iterations(db)
     assert sorted(i["mission_id"] for i in stored) == ids
     assert all(i["status"] == "succeeded" and i["rounds"] == 2 for i in stored)
-    # the first tick claimed 3 and the rest came with finishes; at the backlog's end two
-    # finishes' claims may race for the last due mission (SKIP LOCKED), and the one that
-    # found none leaves its slot to a tick: one per slot at most
+    # the first tick claimed 3 and the rest came with finishes; at the backlog's end the
+    # finishes' claims under way come back short (SKIP LOCKED: the last due missions went to
+    # the others), and each wakes a tick for its slot: one per slot at most
     assert claims <= 1 + 3 and most_leased <= 3
 
 

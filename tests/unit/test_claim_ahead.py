@@ -73,8 +73,9 @@ async def test_a_backlog_is_claimed_by_the_finishes_one_step_per_mission() -> No
     await run_until_stored(worker, 12)
     assert [it["status"] for it in finished(store)] == ["succeeded"] * 12
     assert all(m["status"] == "completed" for m in store.missions.values())
-    # the first tick claimed 3; every other mission came with a finish
-    assert store.calls["claim_due"] == 1 and store.calls["finish_iteration"] == 12
+    # the first tick claimed 3 and every other mission came with a finish; the finish whose
+    # claim came back short (the backlog ran out) wakes one more tick
+    assert store.calls["claim_due"] <= 2 and store.calls["finish_iteration"] == 12
     assert answers.most_asking == 3 and answers.most_leased == 3
 
 
@@ -186,8 +187,101 @@ async def test_a_mission_claimed_by_a_finish_counts_that_run_toward_the_daily_bu
     worker = Worker(
         store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
     )
+    finish = store.finish_iteration
+    claimed_by_finishes: list[int] = []
+
+    async def noted(*args: Any, claim: ClaimOrder | None = None, **kwargs: Any) -> bool:
+        stored = await finish(*args, claim=claim, **kwargs)
+        claimed_by_finishes.extend(m.id for m in (claim.claimed if claim else ()))
+        return stored
+
+    store.finish_iteration = noted  # type: ignore[method-assign]
     await run_until_stored(worker, 2)
-    assert store.calls["claim_due"] == 1  # the second came with the first one's finish
+    assert claimed_by_finishes == [second]  # it came with the first one's finish
     runs = {it["mission_id"]: it for it in finished(store)}
     assert runs[first]["status"] == "succeeded"
     assert (runs[second]["status"], runs[second]["stop_reason"]) == ("failed", "budget_exhausted")
+
+
+class SlowSecondClaim(InMemoryMissionStore):
+    """The second ``claim_due`` (a wake-up tick's) is under way until the second finish has
+    been stored: ``claim_begun`` is set when it begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims = self.finishes = 0
+        self.claim_begun = asyncio.Event()
+        self.second_finished = asyncio.Event()
+
+    async def claim_due(self, **kwargs: Any) -> list[Any]:
+        self.claims += 1
+        if self.claims == 2:
+            self.claim_begun.set()
+            await self.second_finished.wait()
+        return await super().claim_due(**kwargs)
+
+    async def finish_iteration(self, *args: Any, **kwargs: Any) -> bool:
+        stored = await super().finish_iteration(*args, **kwargs)
+        self.finishes += 1
+        if self.finishes == 2:
+            self.second_finished.set()
+        return stored
+
+
+async def test_a_ticks_claim_under_way_holds_its_slots_from_a_finishs_claim() -> None:
+    store = SlowSecondClaim()
+    agent_id = store.add_agent("a1")
+    now = datetime.now(UTC)
+    # the first mission is past its deadline: its run ends at once, claiming nothing, and
+    # the slot it frees wakes a tick; the second's finish claims while that tick's claim is
+    # under way, and must not take that slot too
+    store.add_mission(agent_id, next_run_at=now - timedelta(seconds=9), deadline=now)
+    for age in range(8, 3, -1):
+        store.add_mission(agent_id, next_run_at=now - timedelta(seconds=age))
+    answers = Answers(store)
+
+    async def answer(request: CompletionRequest) -> CompletionResponse:
+        await store.claim_begun.wait()  # the second mission ends once the tick's claim began
+        return await answers(request)
+
+    runner = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(answer),
+        tools_for=lambda m: [],
+        worker_id="w1",
+        lease=LEASE,
+    )
+    worker = Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=2, lease=LEASE
+    )
+    await run_until_stored(worker, 6)
+    assert answers.most_leased <= 2 and answers.most_asking <= 2
+    assert [it["status"] for it in finished(store)] == ["succeeded"] * 5
+
+
+async def test_a_run_whose_next_run_is_due_when_it_ends_runs_again_at_once() -> None:
+    """Without wake-ups from the database (PgBouncer): the finish's claim cannot take its own
+    mission, so the worker ticks for it."""
+    store = InMemoryMissionStore()
+    store.add_mission(store.add_agent("a1"), cron="* * * * *")
+    reads = 0
+
+    def clock() -> datetime:  # the first run reads an hour ago: it outlasts its period
+        nonlocal reads
+        reads += 1
+        return datetime.now(UTC) - (timedelta(hours=1) if reads == 1 else timedelta(0))
+
+    runner = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(lambda request: final_answer("Done.")),
+        tools_for=lambda m: [],
+        worker_id="w1",
+        lease=LEASE,
+        clock=clock,
+    )
+    worker = Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
+    )
+    await run_until_stored(worker, 2)
+    [mission] = store.missions.values()
+    assert len(store.iterations) == 2 and mission["next_run_at"] > datetime.now(UTC)

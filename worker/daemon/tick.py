@@ -89,13 +89,17 @@ class Worker:
             free = self._free()
             if free < 1:  # the finishes' claims filled the slots: the backlog stands
                 return []
-            claimed = await self.store.claim_due(
-                worker_id=self.worker_id,
-                limit=free,
-                lease=self.lease,
-                default_model=self.runner.default_model,
-                budget_window=BUDGET_WINDOW,
-            )
+            self._ordered += free  # held while the claim is under way, as a finish's are
+            try:
+                claimed = await self.store.claim_due(
+                    worker_id=self.worker_id,
+                    limit=free,
+                    lease=self.lease,
+                    default_model=self.runner.default_model,
+                    budget_window=BUDGET_WINDOW,
+                )
+            finally:
+                self._ordered -= free
             self._backlog = len(claimed) == free
             tasks = [self._start(m) for m in claimed]
             metrics.MISSIONS_CLAIMED.inc(len(claimed))
@@ -171,7 +175,10 @@ class Worker:
             )
         for mission in order.claimed:
             self._start(mission)
-        if self._backlog and self._free() > 0:  # slots freed while the claim was under way
+        # a tick for the slots left: freed while the claim was under way, or, when it came
+        # back short, for the run's own mission (its next run may be due already: the claim
+        # could not take it)
+        if self._free() > 0:
             self.wake()
 
     def _free(self) -> int:

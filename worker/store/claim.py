@@ -96,8 +96,8 @@ def claim_select(
     for what the finish changes: the mission being finished (``p_mission_id``) is never among
     the due ones, whatever its lease says; and with ``finished_tokens``, the finished
     iteration (``p_iteration_id``) counts toward its agent's daily budget with the tokens
-    the finish stores (``p_prompt_tokens`` + ``p_completion_tokens``), not those on its row,
-    when the finish's lease held (as a claim after the finish would count them).
+    the finish stores (``p_prompt_tokens`` + ``p_completion_tokens``) when the finish's lease
+    held, else with those on its row (as a claim after the finish would count them).
     """
     now = func.now()
     worker_id = bindparam("p_worker_id", type_=Text)
@@ -327,24 +327,30 @@ def _budget_used(window: Any, *, finished_tokens: bool = False) -> Any:
         .scalar_subquery()
     )
     if finished_tokens:
+        # the finished iteration, in place of its row: with the tokens its finish stores when
+        # the lease held (the finish then wrote them), else with those on its row
         ended = mission_iterations.alias("finished_iteration")
         ended_mission = missions.alias("finished_mission")
-        stored = (
+        written = bindparam("p_prompt_tokens", type_=BigInteger) + bindparam(
+            "p_completion_tokens", type_=BigInteger
+        )
+        finished = (
             select(
-                bindparam("p_prompt_tokens", type_=BigInteger)
-                + bindparam("p_completion_tokens", type_=BigInteger)
+                case(
+                    (ended_mission.c.lease_owner == bindparam("p_worker_id", type_=Text), written),
+                    else_=ended.c.prompt_tokens + ended.c.completion_tokens,
+                )
             )
             .select_from(ended.join(ended_mission, ended_mission.c.id == ended.c.mission_id))
             .where(
                 ended.c.id == iteration_id,
                 ended_mission.c.agent_id == agents.c.id,
-                ended_mission.c.lease_owner == bindparam("p_worker_id", type_=Text),
                 ended.c.started_at >= func.now() - window,
             )
             .correlate(agents)
             .scalar_subquery()
         )
-        used = used + func.coalesce(stored, 0)
+        used = used + func.coalesce(finished, 0)
     return case((agents.c.max_tokens_per_day.is_(None), null()), else_=used)
 
 
