@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from planner import CompletionRequest, CompletionResponse, TokenUsage
@@ -285,3 +286,66 @@ async def test_a_run_whose_next_run_is_due_when_it_ends_runs_again_at_once() -> 
     await run_until_stored(worker, 2)
     [mission] = store.missions.values()
     assert len(store.iterations) == 2 and mission["next_run_at"] > datetime.now(UTC)
+
+
+class Runs:
+    """Stands in for the runner: each run waits until ``end(mission id)``, claiming nothing."""
+
+    default_model = None
+
+    def __init__(self) -> None:
+        self.ends: dict[int, asyncio.Event] = {}
+
+    async def run(self, mission: Any, *, ahead: Any = None) -> str:
+        await self.ends.setdefault(mission.id, asyncio.Event()).wait()
+        return "succeeded"
+
+    def end(self, mission_id: int) -> None:
+        self.ends.setdefault(mission_id, asyncio.Event()).set()
+
+
+class Claims:
+    """Stands in for the store: the n-th ``claim_due`` waits for ``release[n]`` when there is
+    one, then gives the missions of ``batches[n]``; ``limits`` are the limits asked for."""
+
+    def __init__(self, batches: list[list[int]], release: dict[int, asyncio.Event]) -> None:
+        self.batches = batches
+        self.release = release
+        self.limits: list[int] = []
+        self.begun: dict[int, asyncio.Event] = {n: asyncio.Event() for n in range(len(batches))}
+
+    async def claim_due(self, *, limit: int, **_: Any) -> list[Any]:
+        n = len(self.limits)
+        self.limits.append(limit)
+        self.begun[n].set()
+        if n in self.release:
+            await self.release[n].wait()
+        return [SimpleNamespace(id=i) for i in self.batches[n]] if n < len(self.batches) else []
+
+
+async def test_a_slot_freed_while_a_ticks_claim_is_under_way_is_claimed_right_after_it() -> None:
+    release = {1: asyncio.Event()}
+    claims = Claims([[1, 2], [3], [4]], release)
+    runs = Runs()
+    worker = Worker(
+        store=claims,  # type: ignore[arg-type]
+        runner=runs,  # type: ignore[arg-type]
+        worker_id="w1",
+        max_concurrent_missions=2,
+        lease=LEASE,
+    )
+    loop = asyncio.create_task(worker.run(interval_s=3600))
+    async with asyncio.timeout(10):
+        await claims.begun[0].wait()
+        await asyncio.sleep(0)  # the first tick starts its two runs
+        runs.end(1)  # a slot frees: a tick claims for it, and its claim is slow
+        await claims.begun[1].wait()
+        runs.end(2)  # another slot frees while that claim is under way
+        await asyncio.sleep(0)
+        release[1].set()
+        await claims.begun[2].wait()  # the tick right after, not at the interval
+    assert claims.limits == [2, 1, 1]
+    for mission_id in (3, 4):
+        runs.end(mission_id)
+    await worker.drain(5)
+    await loop

@@ -75,6 +75,7 @@ class Worker:
         self._backlog = False  # the last claim filled every free slot: more may be due
         self._ahead = False  # finishes claim ahead (only under ``run``: run_once waits for its own)
         self._ordered = 0  # slots held by finishes' claims in flight
+        self._claiming = 0  # slots held by the tick's claim in flight
         self._handing: set[asyncio.Task[Any]] = set()  # runs whose slot went to their claim
 
     async def tick(self) -> list[asyncio.Task[RunOutcome]]:
@@ -89,7 +90,7 @@ class Worker:
             free = self._free()
             if free < 1:  # the finishes' claims filled the slots: the backlog stands
                 return []
-            self._ordered += free  # held while the claim is under way, as a finish's are
+            self._claiming = free  # held while the claim is under way, as a finish's are
             try:
                 claimed = await self.store.claim_due(
                     worker_id=self.worker_id,
@@ -99,7 +100,7 @@ class Worker:
                     budget_window=BUDGET_WINDOW,
                 )
             finally:
-                self._ordered -= free
+                self._claiming = 0
             self._backlog = len(claimed) == free
             tasks = [self._start(m) for m in claimed]
             metrics.MISSIONS_CLAIMED.inc(len(claimed))
@@ -183,8 +184,9 @@ class Worker:
 
     def _free(self) -> int:
         """Slots neither running (runs that handed theirs to a claim aside) nor held by a
-        finish's claim in flight."""
-        return self.max_concurrent_missions - len(self.running) + len(self._handing) - self._ordered
+        claim in flight (finishes' and the tick's)."""
+        held = self._ordered + self._claiming
+        return self.max_concurrent_missions - len(self.running) + len(self._handing) - held
 
     def wake(self) -> None:
         """Ask for a tick as soon as possible: a mission became due now (a NOTIFY from the
