@@ -22,12 +22,14 @@ no planner loop, no tool run, no statement built, no JSON encoded per mission.
 
 **mana-ai** (``--side mana-ai``): one worker as ``bench/tick_throughput.py --direct`` wires
 it (the real tick, runner, planner loop, stores and ``clock_now``; an instant in-process LLM,
-two rounds; the policy gate off), claiming as the daemon does (a tick, then a wake-up
-whenever a slot frees), until every mission's iteration is stored; its garbage collector
+two rounds; the policy gate off), claiming as the daemon does (a tick for every slot, then,
+while missions are due, each run's finish for the slot it frees, and a tick on a wake-up for
+what the finishes did not claim), until every mission's iteration is stored; its garbage collector
 set as the daemon sets it once started (``worker.daemon.heap.settled_heap``; CPython's
 defaults with ``--default-gc``).
 
-Each side runs a warm-up mission first (not counted). A measurement runs in its own process;
+Each side runs a warm-up mission first (not counted), then the missions measured are added
+and ``ANALYZE missions`` is run (``analyze``). A measurement runs in its own process;
 the sides alternate (floor first in odd runs, mana-ai first in even ones), so that a machine
 shared with other work slows them alike. Figures: missions per second (wall time from the
 first claim to the last finish), worker CPU per mission (``time.process_time`` of the
