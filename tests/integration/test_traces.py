@@ -125,8 +125,10 @@ async def test_a_mission_is_one_trace_of_genai_spans_attribute_by_attribute(
     assert len(chats) == 4  # three rounds and the summary
     round_1, round_2, summary, round_3 = chats
     compaction = one(spans, "compaction")
+    # by round and position: the two reads of round 1 start within the same clock tick
     clocks = sorted(
-        (s for s in spans if s.name == "execute_tool clock_now"), key=lambda s: s.start_ns
+        (s for s in spans if s.name == "execute_tool clock_now"),
+        key=lambda s: (s.attributes["mana_ai.round"], s.attributes["mana_ai.tool.position"]),
     )
     delete = one(spans, "execute_tool notes_delete")
     assert len(clocks) == 3 and len(spans) == 1 + 4 + 1 + 4
