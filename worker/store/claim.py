@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -49,17 +50,32 @@ from worker.store.tables import (
 from worker.store.user_policy import user_settings_from_row
 
 __all__ = [
-    "CLAIM_PARAMETERS",
     "LITERAL_LIMITS",
     "claim_limit",
+    "claim_parameters",
     "claim_select",
     "claim_statement",
     "claimed_mission",
 ]
 
 
-CLAIM_PARAMETERS = ("p_worker_id", "p_claim_limit", "p_lease", "p_default_model", "p_budget_window")
-"""The bind parameters of ``claim_statement`` (and of a finish that claims: ``claim_select``)."""
+def claim_parameters(
+    *,
+    worker_id: str,
+    limit: int,
+    lease: timedelta,
+    default_model: str | None,
+    budget_window: timedelta,
+) -> dict[str, Any]:
+    """The bind parameters of a claim of up to ``limit`` missions (``claim_statement``, and
+    the claim part of a finish: ``claim_select``)."""
+    return {
+        "p_worker_id": worker_id,
+        "p_claim_limit": limit,
+        "p_lease": lease,
+        "p_default_model": default_model,
+        "p_budget_window": budget_window,
+    }
 
 
 LITERAL_LIMITS = 32
@@ -74,7 +90,7 @@ is kept after five runs. A large claim is rare and serves many missions."""
 
 def claim_statement(limit: int) -> Any:
     """``claim_due``'s statement for ``limit`` missions, built once per limit up to
-    ``LITERAL_LIMITS`` (then once); bind parameters ``CLAIM_PARAMETERS``."""
+    ``LITERAL_LIMITS`` (then once); bind parameters ``claim_parameters``."""
     return claim_select(limit=claim_limit(limit))
 
 
@@ -88,7 +104,7 @@ def claim_select(
     *, after_finish: bool = False, finished_tokens: bool = False, limit: int | None = None
 ) -> Any:
     """The claim as a SELECT of one row per claimed mission (``claimed_mission`` reads one),
-    built once per shape; bind parameters ``CLAIM_PARAMETERS`` (without ``p_claim_limit``
+    built once per shape; bind parameters ``claim_parameters`` (without ``p_claim_limit``
     when ``limit`` is written in it: see ``LITERAL_LIMITS``).
 
     With ``after_finish``, it is the part of a finish that claims (``round_write_statement``

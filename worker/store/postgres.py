@@ -48,7 +48,7 @@ from worker.store.base import (
     StartedIteration,
     ToolInvocationRow,
 )
-from worker.store.claim import claim_statement, claimed_mission
+from worker.store.claim import claim_parameters, claim_statement, claimed_mission
 from worker.store.engine import run_statement
 from worker.store.prepared import run_prepared
 from worker.store.round_writes import APPROVAL_KEYS, MissionWrite, round_write_statement
@@ -106,17 +106,14 @@ class PostgresMissionStore:
         """
         if limit < 1:
             return []
-        rows = await run_prepared(
-            self.engine,
-            claim_statement(limit),
-            {
-                "p_worker_id": worker_id,
-                "p_claim_limit": limit,
-                "p_lease": lease,
-                "p_default_model": default_model,
-                "p_budget_window": budget_window,
-            },
+        params = claim_parameters(
+            worker_id=worker_id,
+            limit=limit,
+            lease=lease,
+            default_model=default_model,
+            budget_window=budget_window,
         )
+        rows = await run_prepared(self.engine, claim_statement(limit), params)
         claims = [claimed_mission(r) for r in rows]
         return sorted(claims, key=lambda m: m.scheduled_for)
 
@@ -452,12 +449,13 @@ class PostgresMissionStore:
         the missions of its rows are appended to ``claim.claimed``)."""
         params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
         if claim is not None:
-            params |= {
-                "p_claim_limit": claim.limit,
-                "p_lease": claim.lease,
-                "p_default_model": claim.default_model,
-                "p_budget_window": claim.budget_window,
-            }
+            params |= claim_parameters(
+                worker_id=worker_id,
+                limit=claim.limit,
+                lease=claim.lease,
+                default_model=claim.default_model,
+                budget_window=claim.budget_window,
+            )
         new: list[dict[str, Any]] = []
         known: list[dict[str, Any]] = []
         archive: list[dict[str, Any]] = []

@@ -203,7 +203,7 @@ def round_write_statement(
             mission past them).
         claim: other due missions are claimed too, up to this many (0: none;
             ``worker.store.claim.claim_select`` with ``after_finish``, its limit written as
-            ``claim_limit`` says; its ``CLAIM_PARAMETERS``), whether or not the lease held: the
+            ``claim_limit`` says; its ``claim_parameters``), whether or not the lease held: the
             worker's next missions, in the round trip of this one's end.
 
     Always bound: ``p_mission_id``, ``p_worker_id``; with ``finish``: ``p_next_run_at``,
