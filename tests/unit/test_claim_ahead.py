@@ -8,6 +8,7 @@ the worker stops. The in-memory store, whose ``calls`` count its steps.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -44,6 +45,28 @@ class Answers:
         return final_answer("Done.")
 
 
+def worker_on(
+    store: InMemoryMissionStore,
+    llm: Any,
+    *,
+    slots: int,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Worker:
+    """A worker of ``slots`` slots running missions of ``store`` with the model ``llm`` (a
+    function of the request, as ``FunctionChatModel`` takes it) and no tools."""
+    runner = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(llm),
+        tools_for=lambda m: [],
+        worker_id="w1",
+        lease=LEASE,
+        clock=clock,
+    )
+    return Worker(
+        store=store, runner=runner, worker_id="w1", max_concurrent_missions=slots, lease=LEASE
+    )
+
+
 def backlog(
     missions: int, *, slots: int, store: InMemoryMissionStore | None = None
 ) -> tuple[InMemoryMissionStore, Worker, Answers]:
@@ -52,16 +75,7 @@ def backlog(
     for _ in range(missions):
         store.add_mission(agent_id)
     answers = Answers(store)
-    runner = MissionRunner(
-        store=store,
-        llm=FunctionChatModel(answers),
-        tools_for=lambda m: [],
-        worker_id="w1",
-        lease=LEASE,
-    )
-    worker = Worker(
-        store=store, runner=runner, worker_id="w1", max_concurrent_missions=slots, lease=LEASE
-    )
+    worker = worker_on(store, answers, slots=slots)
     return store, worker, answers
 
 
@@ -178,16 +192,7 @@ async def test_a_mission_claimed_by_a_finish_counts_that_run_toward_the_daily_bu
     agent_id = store.add_agent("a1", max_tokens_per_day=50)
     first, second = store.add_mission(agent_id), store.add_mission(agent_id)
     costly = final_answer("Done.", usage=TokenUsage(prompt_tokens=55, completion_tokens=5))
-    runner = MissionRunner(
-        store=store,
-        llm=FunctionChatModel(lambda request: costly),
-        tools_for=lambda m: [],
-        worker_id="w1",
-        lease=LEASE,
-    )
-    worker = Worker(
-        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
-    )
+    worker = worker_on(store, lambda request: costly, slots=1)
     finish = store.finish_iteration
     claimed_by_finishes: list[int] = []
 
@@ -245,16 +250,7 @@ async def test_a_ticks_claim_under_way_holds_its_slots_from_a_finishs_claim() ->
         await store.claim_begun.wait()  # the second mission ends once the tick's claim began
         return await answers(request)
 
-    runner = MissionRunner(
-        store=store,
-        llm=FunctionChatModel(answer),
-        tools_for=lambda m: [],
-        worker_id="w1",
-        lease=LEASE,
-    )
-    worker = Worker(
-        store=store, runner=runner, worker_id="w1", max_concurrent_missions=2, lease=LEASE
-    )
+    worker = worker_on(store, answer, slots=2)
     await run_until_stored(worker, 6)
     assert answers.most_leased <= 2 and answers.most_asking <= 2
     assert [it["status"] for it in finished(store)] == ["succeeded"] * 5
@@ -272,17 +268,7 @@ async def test_a_run_whose_next_run_is_due_when_it_ends_runs_again_at_once() -> 
         reads += 1
         return datetime.now(UTC) - (timedelta(hours=1) if reads == 1 else timedelta(0))
 
-    runner = MissionRunner(
-        store=store,
-        llm=FunctionChatModel(lambda request: final_answer("Done.")),
-        tools_for=lambda m: [],
-        worker_id="w1",
-        lease=LEASE,
-        clock=clock,
-    )
-    worker = Worker(
-        store=store, runner=runner, worker_id="w1", max_concurrent_missions=1, lease=LEASE
-    )
+    worker = worker_on(store, lambda request: final_answer("Done."), slots=1, clock=clock)
     await run_until_stored(worker, 2)
     [mission] = store.missions.values()
     assert len(store.iterations) == 2 and mission["next_run_at"] > datetime.now(UTC)
