@@ -10,8 +10,13 @@ refused (accepted, then closed before a byte is answered) until the outage is ov
 behind a NAT): connections stay open, new ones are accepted, and no byte goes through in
 either direction until ``restore()``.
 
-``url_for(url)`` is ``url`` through the proxy. ``outages`` counts the outages so far and
-``connections`` the client connections accepted.
+``lose_next_answer()`` loses the answer of the next statement a client runs: the statement
+reaches the server, which runs and commits it, and the connection is cut before a byte of
+the answer reaches the client (a network that drops as the server answers). The client
+cannot tell whether it committed.
+
+``url_for(url)`` is ``url`` through the proxy. ``outages`` counts the outages so far,
+``connections`` the client connections accepted and ``lost_answers`` the answers lost.
 
 Example::
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
@@ -49,8 +55,10 @@ class FlakyProxy:
         self._down_until = 0.0
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._lose_next = False
         self.outages = 0
         self.connections = 0
+        self.lost_answers = 0
 
     @property
     def port(self) -> int:
@@ -97,6 +105,19 @@ class FlakyProxy:
         """Let bytes through again (what was held back goes on)."""
         self._flowing.set()
 
+    def lose_next_answer(self) -> None:
+        """Lose the answer of the next statement a client sends (its Bind message of
+        PostgreSQL's extended protocol, as asyncpg sends every statement): see the module
+        docstring."""
+        self._lose_next = True
+
+    def _marks(self, data: bytes) -> bool:
+        """Whether ``data`` from a client is the statement whose answer is to be lost."""
+        if self._lose_next and data[:1] == b"B":
+            self._lose_next = False
+            return True
+        return False
+
     async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         return self
@@ -130,9 +151,10 @@ class FlakyProxy:
                 up_reader, upstream_writer = await asyncio.open_unix_connection(self._unix)
             else:
                 up_reader, upstream_writer = await asyncio.open_connection(self._host, self._port)
+            marked = asyncio.Event()  # this connection's next answer is lost
             await asyncio.gather(
-                _pump(reader, upstream_writer, self._flowing),
-                _pump(up_reader, writer, self._flowing),
+                _pump(reader, upstream_writer, self._flowing, mark=self._marks, marked=marked),
+                _pump(up_reader, writer, self._flowing, lose=marked, lost=self._lost),
                 return_exceptions=True,
             )
         except (OSError, asyncio.CancelledError):
@@ -143,13 +165,37 @@ class FlakyProxy:
                 if w is not None:
                     w.transport.abort()  # a cut, not a polite close
 
+    def _lost(self) -> None:
+        self.lost_answers += 1
+
+
+ANSWER_SETTLE_S = 0.05
+"""Seconds a lost answer's connection stays open after the answer's first bytes came: the
+server commits at the statement's Sync, before it answers, and ends its reply meanwhile."""
+
 
 async def _pump(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    flowing: asyncio.Event,
+    *,
+    mark: Callable[[bytes], bool] | None = None,
+    marked: asyncio.Event | None = None,
+    lose: asyncio.Event | None = None,
+    lost: Callable[[], None] | None = None,
 ) -> None:
+    """Copy ``reader`` to ``writer``. Client to server: data ``mark`` picks sets ``marked``.
+    Server to client: once ``lose`` is set, the next data is swallowed and both sides cut."""
     try:
         while data := await reader.read(65536):
             await flowing.wait()
+            if lose is not None and lose.is_set():
+                await asyncio.sleep(ANSWER_SETTLE_S)
+                if lost is not None:
+                    lost()
+                return  # the finally cuts this side; the other pump ends with it
+            if mark is not None and marked is not None and mark(data):
+                marked.set()
             writer.write(data)
             await writer.drain()
     finally:

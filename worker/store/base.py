@@ -320,6 +320,10 @@ class MissionStore(Protocol):
         mission whose scheduled run finished already, or lies past its deadline, comes without
         an iteration; a run parked for approval is taken over like an interrupted one. Returns
         ``[]`` when ``limit`` < 1; oldest ``scheduled_for`` first.
+
+        Never repeated by the store when its answer is lost (the connection broke once it was
+        sent): the error is raised, and what that step may have claimed waits for its lease
+        to expire, as after a crash, where a repeat would claim more on top.
         """
         ...
 
@@ -391,7 +395,8 @@ class MissionStore(Protocol):
 
         With ``claim``, the same step also claims other due missions for ``worker_id``
         (``ClaimOrder``), whether or not the lease held: the claim is the worker's, for the
-        slot this run frees."""
+        slot this run frees. Such a step is never repeated by the store when its answer is
+        lost (as ``claim_due``); without ``claim`` it may be, once (it finds itself stored)."""
         ...
 
     async def interrupt_iteration(

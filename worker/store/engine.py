@@ -67,7 +67,9 @@ def create_engine(
     A connection that sat idle in the pool for ``PING_AFTER_IDLE_S`` or more is pinged when
     taken (a restarted server or a dropped connection then costs a reconnect, not an error);
     one used within that time is not, since a ping on asyncpg costs three round trips (BEGIN,
-    ``;``, ROLLBACK) and a busy worker takes connections hundreds of times a second. This is
+    ``;``, ROLLBACK) and a busy worker takes connections hundreds of times a second. Either way
+    a connection asyncpg already knows is closed (the server ended it: a restart, a
+    terminated backend) is replaced when taken, before a statement is sent on it. This is
     SQLAlchemy's documented pessimistic disconnect handling with a ``checkout`` event in
     place of ``pool_pre_ping``. Connections are recycled after 30 minutes.
     ``application_name`` shows up in ``pg_stat_activity``. A server that accepts the TCP
@@ -106,7 +108,7 @@ def create_engine(
         connect_args=connect_args,
         execution_options={PGBOUNCER_OPTION: pgbouncer},
     )
-    _ping_idle_connections(engine)
+    _check_out_live_connections(engine)
     return engine
 
 
@@ -124,13 +126,17 @@ PING_AFTER_IDLE_S = 10.0
 """Seconds a pooled connection may sit unused before it is pinged when taken again."""
 
 
-def _ping_idle_connections(engine: AsyncEngine) -> None:
+def _check_out_live_connections(engine: AsyncEngine) -> None:
     dialect = engine.dialect
 
     def checked_in(_dbapi_connection: Any, record: Any) -> None:
         record.info["idle_since"] = time.monotonic()
 
     def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if dbapi_connection.driver_connection.is_closed():
+            # nothing was sent on it yet: a statement that must not run twice (a claim) can
+            # still run once, on the new connection the pool opens in its place
+            raise DisconnectionError("the connection was closed by the server or the network")
         since = record.info.get("idle_since")
         if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
             return
@@ -149,7 +155,11 @@ def _unique_statement_name() -> str:
 
 
 async def run_statement(
-    engine: AsyncEngine, stmt: Any, params: dict[str, Any] | None = None
+    engine: AsyncEngine,
+    stmt: Any,
+    params: dict[str, Any] | None = None,
+    *,
+    idempotent: bool = True,
 ) -> list[RowMapping]:
     """Run one statement on its own and return its rows.
 
@@ -158,15 +168,17 @@ async def run_statement(
     prepare and execute are not routed to different server connections.
 
     A connection that breaks under it (the server ended it, the network dropped it) is thrown
-    away and the statement runs once more on another. Use it for statements whose second run
-    after a first that did commit is harmless (mana-ai's are conditional on the lease, or count
-    a call twice at worst). Other errors, and a second break, are raised (SQLAlchemy's
-    ``DBAPIError`` subclasses).
+    away, and an ``idempotent`` statement (the default) runs once more on another: one whose
+    second run after a first that did commit is harmless (mana-ai's writes are conditional on
+    the lease, or count a call twice at worst). A statement that is not (a claim: run again, it
+    would claim more missions while those the first one claimed wait, unseen, for their lease
+    to expire) is not run again: the break is raised, and the caller decides. Other errors,
+    and a second break, are raised (SQLAlchemy's ``DBAPIError`` subclasses).
     """
     try:
         return await _run_statement_once(engine, stmt, params)
     except DBAPIError as exc:
-        if not connection_broken(exc):
+        if not connection_broken(exc) or not idempotent:
             raise
         logger.warning(
             "database connection lost (%s); running the statement again on another",

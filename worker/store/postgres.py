@@ -73,7 +73,8 @@ class PostgresMissionStore:
     A method that writes with one statement (claiming, finishing, renewing) runs it with
     ``worker.store.engine.run_statement``: in autocommit, one round trip, since a statement is
     atomic by itself (in a transaction behind PgBouncer), and once more on another connection
-    when the one it got is broken.
+    when the one it got is broken, unless it claims (``claim_due``, a finish with a
+    ``ClaimOrder``): a claim run again would claim more.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -113,7 +114,8 @@ class PostgresMissionStore:
             default_model=default_model,
             budget_window=budget_window,
         )
-        rows = await run_prepared(self.engine, claim_statement(limit), params)
+        # not run again when its connection breaks under it: it may have claimed already
+        rows = await run_prepared(self.engine, claim_statement(limit), params, idempotent=False)
         claims = [claimed_mission(r) for r in rows]
         return sorted(claims, key=lambda m: m.scheduled_for)
 
@@ -493,7 +495,9 @@ class PostgresMissionStore:
             end_parked=end_parked,
             claim=claim.limit if claim is not None else 0,
         )
-        written = await run_prepared(self.engine, stmt, params)
+        # a write is conditional on the lease and keyed: run again, it finds itself stored;
+        # a claim is not (``claim_due``)
+        written = await run_prepared(self.engine, stmt, params, idempotent=claim is None)
         if claim is not None:
             claims = [claimed_mission(r) for r in written if r["id"] is not None]
             claim.claimed.extend(sorted(claims, key=lambda m: m.scheduled_for))

@@ -161,24 +161,30 @@ def prepared(stmt: Any, dialect: Dialect) -> PreparedStatement:
 
 
 async def run_prepared(
-    engine: AsyncEngine, stmt: Any, params: Mapping[str, Any]
+    engine: AsyncEngine, stmt: Any, params: Mapping[str, Any], *, idempotent: bool = True
 ) -> Sequence[Mapping[str, Any]]:
     """Run ``stmt`` (built once and kept: see ``prepared``) with ``params`` on its own and
     return its rows; what ``run_statement`` does, without SQLAlchemy's execution layer.
 
+    Args:
+        idempotent: a second run after a first that committed is harmless, so a statement
+            whose connection broke under it runs once more on another (the default); with
+            ``False`` (a claim) the break is raised: the first run may have committed.
+
     Raises:
         sqlalchemy.exc.DBAPIError: the database failed or refused it (a broken connection:
-            after the second try, on another connection).
+            after the second try, on another connection; at once unless ``idempotent``).
         TimeoutError, OSError: as ``run_statement`` raises them.
     """
     if behind_pgbouncer(engine):
-        return cast(Sequence[Mapping[str, Any]], await run_statement(engine, stmt, dict(params)))
+        rows = await run_statement(engine, stmt, dict(params), idempotent=idempotent)
+        return cast(Sequence[Mapping[str, Any]], rows)
     statement = prepared(stmt, engine.dialect)
     arguments = statement.arguments(params)
     try:
         return await _fetch(engine, statement, arguments)
     except DBAPIError as exc:
-        if not connection_broken(exc):
+        if not connection_broken(exc) or not idempotent:
             raise
         logger.warning(
             "database connection lost (%s); running the statement again on another",
