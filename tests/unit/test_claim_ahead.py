@@ -187,6 +187,53 @@ async def test_a_mission_a_finish_claimed_as_the_worker_stopped_is_run_within_th
     assert len(third) == 1 and third[0]["lease_owner"] is None
 
 
+async def test_a_stop_at_once_waits_for_a_claiming_finish_and_leaves_nothing_leased() -> None:
+    """A zero grace (or a second signal) cancels the run whose finish is claiming: the
+    statement goes on (sent, it would commit anyway), what it claimed is started and
+    interrupted like every run, and no mission is left leased until its lease expires."""
+    store, worker, _ = backlog(3, slots=1, store=HeldFinish())
+    loop = asyncio.create_task(worker.run(interval_s=3600))
+    async with asyncio.timeout(10):
+        await store.begun.wait()  # the first mission's finish, claiming the second
+        draining = asyncio.create_task(worker.drain(0))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not draining.done()  # the cancelled run waits for its statement
+        store.release.set()
+        await draining
+        await loop
+    runs = sorted(store.iterations.values(), key=lambda it: it["mission_id"])
+    assert [(it["status"], it["stop_reason"]) for it in runs] == [
+        ("succeeded", "final_answer"),
+        ("failed", "interrupted"),  # claimed by the finish, interrupted by the stop
+    ]
+    assert all(m["lease_owner"] is None for m in store.missions.values())
+    assert not worker.running
+
+
+async def test_a_run_a_finish_started_as_the_stop_came_begins_before_it_is_interrupted() -> None:
+    """The stop's first look at the runs comes between a finish's claim starting a run and
+    that run's first step: cancelled then, the run could not record anything."""
+    store, worker, _ = backlog(3, slots=1)
+    settling = asyncio.Event()
+    settle = worker.settle
+
+    def noted(order: ClaimOrder, *, made: bool) -> None:
+        if made and order.claimed:
+            settling.set()  # wakes the test before the claimed run's first step
+        settle(order, made=made)
+
+    worker.settle = noted  # type: ignore[method-assign]
+    loop = asyncio.create_task(worker.run(interval_s=3600))
+    async with asyncio.timeout(10):
+        await settling.wait()
+        await worker.drain(0)
+        await loop
+    assert all(m["lease_owner"] is None for m in store.missions.values())
+    statuses = sorted((it["status"], it["stop_reason"]) for it in store.iterations.values())
+    assert statuses == [("failed", "interrupted"), ("succeeded", "final_answer")]
+
+
 async def test_a_mission_claimed_by_a_finish_counts_that_run_toward_the_daily_budget() -> None:
     store = InMemoryMissionStore()
     agent_id = store.add_agent("a1", max_tokens_per_day=50)

@@ -77,6 +77,7 @@ class Worker:
         self._ordered = 0  # slots held by finishes' claims in flight
         self._claiming = 0  # slots held by the tick's claim in flight
         self._handing: set[asyncio.Task[Any]] = set()  # runs whose slot went to their claim
+        self._begun: set[asyncio.Future[Any]] = set()  # runs that took their first step
 
     async def tick(self) -> list[asyncio.Task[RunOutcome]]:
         """Claim due missions into free slots and start them; return the started tasks.
@@ -279,6 +280,11 @@ class Worker:
             if hurried is not None:
                 hurried.cancel()
         while still := self._unfinished():
+            # a run cancelled before its first step cannot record its interruption: one a
+            # finish's claim started just now begins first (its step is queued before ours)
+            while not still <= self._begun:
+                await asyncio.sleep(0)
+                still = self._unfinished()
             for task in still:
                 task.cancel()
             logger.warning("interrupting %d mission(s)", len(still))
@@ -288,15 +294,19 @@ class Worker:
         return {task for task in self.running if not task.done()}
 
     def _start(self, mission: ClaimedMission) -> asyncio.Task[RunOutcome]:
-        run = self.runner.run(mission, ahead=self)
-        task = asyncio.create_task(run, name=f"mission-{mission.id}")
+        task = asyncio.create_task(self._run(mission), name=f"mission-{mission.id}")
         self.running.add(task)
         metrics.MISSIONS_RUNNING.set(len(self.running))
         task.add_done_callback(functools.partial(self._finished, mission.id))
         return task
 
+    async def _run(self, mission: ClaimedMission) -> RunOutcome:
+        self._begun.add(asyncio.current_task())  # type: ignore[arg-type]
+        return await self.runner.run(mission, ahead=self)
+
     def _finished(self, mission_id: int, task: asyncio.Task[RunOutcome]) -> None:
         self.running.discard(task)
+        self._begun.discard(task)
         self._handing.discard(task)
         metrics.MISSIONS_RUNNING.set(len(self.running))
         if self._backlog and not self._ordered and self._free() > 0:

@@ -61,6 +61,7 @@ from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.policy_setup import PolicySetup
+from worker.run.answers import await_answer
 from worker.run.claim_ahead import ClaimAhead, FinishClaim
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
@@ -490,14 +491,16 @@ class MissionRunner:
         checkpoint = journal.checkpoint()
         try:
             stored = await lease.retry(
-                lambda: self.store.park_iteration(
-                    mission,
-                    iteration.id,
-                    request,
-                    worker_id=self.worker_id,
-                    checkpoint=checkpoint,
-                    invocations=rows,
-                    attempt=iteration.attempt,
+                lambda: await_answer(  # not cut off by a shutdown once sent
+                    self.store.park_iteration(
+                        mission,
+                        iteration.id,
+                        request,
+                        worker_id=self.worker_id,
+                        checkpoint=checkpoint,
+                        invocations=rows,
+                        attempt=iteration.attempt,
+                    )
                 ),
                 what="parking the run for approval",
             )
