@@ -4,6 +4,7 @@ tools, with the policy gate and the reminder channel off and on.
 Not a test: it prints figures. Usage::
 
     python bench/loop_overhead.py [--rounds 5] [--tools 1] [--loops 2000] [--repeat 7]
+                                  [--max-parallel-reads 10]
 
 Each loop runs ``--rounds`` rounds; every round but the last asks for ``--tools`` calls of
 no-op ``read`` tools (arguments ``{"text": "step N"}``), the last answers. The model is
@@ -14,7 +15,9 @@ runner's, every producer on: ``worker.run.reminder_channel.mission_reminder_chan
 in "everything on", also the compaction check (a ``Compactor`` whose threshold is never
 reached). Times are the process's CPU time (``time.process_time``: on a machine shared with
 other work, wall time also counts the time others had the core). The best of ``--repeat``
-runs is reported, with each configuration's ratio to the bare loop.
+runs is reported, with each configuration's ratio to the bare loop. ``--max-parallel-reads 1``
+runs a round's calls one after the other in the round's own task, none in a task of its own
+(what the loop costs without the parallel reads' tasks).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from planner import (
     run_planner_loop,
 )
 from planner.compaction import Compactor
+from planner.execution import DEFAULT_MAX_PARALLEL_READS
 from planner.gate import RulePolicyGate
 from planner.policy import PolicyConfig, RateLimit, UserPolicySettings
 from planner.testing import InMemoryCallLedger
@@ -145,10 +149,15 @@ def compactor() -> Compactor:
 
 
 async def measure(
-    rounds: int, k: int, loops: int, repeat: int, only: str | None = None
+    rounds: int,
+    k: int,
+    loops: int,
+    repeat: int,
+    only: str | None = None,
+    max_parallel_reads: int = DEFAULT_MAX_PARALLEL_READS,
 ) -> dict[str, float]:
     """Microseconds per round of each configuration (the best of ``repeat`` runs of ``loops``
-    loops); ``only``: that configuration alone."""
+    loops); ``only``: that configuration alone; ``max_parallel_reads``: the loop's."""
     tools = noop_tools(k)
     responses = script(rounds, k)
     results: dict[str, float] = {}
@@ -166,6 +175,7 @@ async def measure(
                     tools=tools,
                     max_rounds=rounds,
                     ctx=ToolContext(user_id="u1"),
+                    max_parallel_reads=max_parallel_reads,
                     **extra(),
                 )
                 for _ in range(n)
@@ -194,10 +204,27 @@ def main() -> None:
     parser.add_argument("--tools", type=int, default=1, help="tool calls per round (1)")
     parser.add_argument("--loops", type=int, default=2000, help="loops per run (2000)")
     parser.add_argument("--repeat", type=int, default=7, help="runs; the best counts (7)")
+    parser.add_argument(
+        "--max-parallel-reads",
+        type=int,
+        default=DEFAULT_MAX_PARALLEL_READS,
+        help=f"read calls of a round at once ({DEFAULT_MAX_PARALLEL_READS}; 1: no task per call)",
+    )
     args = parser.parse_args()
-    results = asyncio.run(measure(args.rounds, args.tools, args.loops, args.repeat))
+    results = asyncio.run(
+        measure(
+            args.rounds,
+            args.tools,
+            args.loops,
+            args.repeat,
+            max_parallel_reads=args.max_parallel_reads,
+        )
+    )
     base = results["bare loop"]
-    print(f"loop overhead: {args.rounds} rounds x {args.tools} no-op tool call(s) per round")
+    print(
+        f"loop overhead: {args.rounds} rounds x {args.tools} no-op tool call(s) per round, "
+        f"at most {args.max_parallel_reads} at once"
+    )
     for name, us in results.items():
         print(f"  {name:<18} {us:8.1f} us/round   ratio {us / base:5.2f}")
 
