@@ -4,8 +4,8 @@ A statement sent to PostgreSQL commits whether or not anyone waits for its answe
 cancelled while its end is being stored (the worker stopping at once: a zero
 ``MANA_AI_SHUTDOWN_GRACE_S``, a second signal) cannot tell whether it was stored, and a finish
 that also claimed the worker's next missions (``worker.run.claim_ahead``) would leave them
-leased and unseen. So the run's terminal statements (its finish, its park for an approval)
-are not cut off: ``await_answer`` gives the statement a few more seconds to answer, and the
+leased and unseen. So the run's terminal statements (its finish, a run skipped or a
+mission completed without a run, its park for an approval) are not cut off: ``await_answer`` gives the statement a few more seconds to answer, and the
 cancellation goes on after that.
 """
 

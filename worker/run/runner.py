@@ -239,7 +239,9 @@ class MissionRunner:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
             done = no_run(NextRun(None, MissionStatus.COMPLETED))
             await lease.retry(
-                lambda: self.store.finish_iteration(mission, None, done, worker_id=self.worker_id),
+                lambda: await_answer(
+                    self.store.finish_iteration(mission, None, done, worker_id=self.worker_id)
+                ),
                 what="completing the mission",
             )
             return RunOutcome.SKIPPED
@@ -257,8 +259,8 @@ class MissionRunner:
             )
             skipped = no_run(next_run)
             await lease.retry(
-                lambda: self.store.finish_iteration(
-                    mission, None, skipped, worker_id=self.worker_id
+                lambda: await_answer(
+                    self.store.finish_iteration(mission, None, skipped, worker_id=self.worker_id)
                 ),
                 what="advancing the schedule",
             )
