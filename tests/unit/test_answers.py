@@ -75,3 +75,24 @@ async def test_a_statement_that_fails_after_the_cancellation_is_still_a_cancella
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert isinstance(task.exception(), ConnectionResetError)
+
+
+async def test_a_second_cancellation_does_not_cut_the_wait_short() -> None:
+    go_on = asyncio.Event()
+
+    async def statement() -> str:
+        await go_on.wait()
+        return "stored"
+
+    task = asyncio.ensure_future(statement())
+    caller = asyncio.create_task(await_answer(task, within_s=10))
+    await asyncio.sleep(0)
+    caller.cancel()
+    await asyncio.sleep(0.01)
+    caller.cancel()  # asked again to stop
+    await asyncio.sleep(0.01)
+    assert not caller.done()
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert task.result() == "stored"

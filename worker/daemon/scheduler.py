@@ -19,6 +19,7 @@ returns exit status 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -109,7 +110,10 @@ async def serve(
                     await app.worker.drain(settings.shutdown_grace_s, hurry)
                     if metrics_server is not None:
                         metrics_server.stop()
-                    await ticking  # returned by now; raises what a bug in the loop raised
+                    if not ticking.done():  # its claim got no answer (``drain`` waited)
+                        ticking.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ticking  # raises what a bug in the loop raised
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from worker import metrics
+from worker.run import answers
 from worker.run.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
 from worker.store.base import ClaimedMission, ClaimOrder, MissionStore
 from worker.store.transient import describe_error
@@ -254,15 +255,23 @@ class Worker:
         """Stop claiming; wait up to ``grace_s`` seconds (or until ``hurry`` is set), then
         cancel what still runs and wait for the cancelled runs to record their interruption.
         Missions a finish claimed as the stop came (its statement was under way) are waited
-        for and interrupted alike."""
+        for and interrupted alike, and so are those of a tick in flight: its claim is waited
+        for within the grace, and at least ``answers.ANSWER_WAIT_S`` (a database that does
+        not answer it leaves them to their lease; the caller then cancels the tick loop). A
+        cancelled run gets up to ``SHUTDOWN_STORE_S`` to store its interruption."""
         self.stop()
-        async with self._tick_lock:  # a tick in flight finishes starting its missions
-            pending = set(self.running)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        try:  # a tick in flight finishes starting its missions
+            async with asyncio.timeout(max(grace_s, answers.ANSWER_WAIT_S)):
+                await self._tick_lock.acquire()
+            self._tick_lock.release()
+        except TimeoutError:
+            logger.warning("the tick in flight got no answer from the database; not waiting")
+        pending = set(self.running)
         if not pending:
             return
         logger.info("waiting up to %.1f s for %d running mission(s)", grace_s, len(pending))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
         hurried = asyncio.create_task(hurry.wait()) if hurry is not None else None
         still: set[asyncio.Future[Any]] = set(pending)
         try:

@@ -4,9 +4,9 @@ A statement sent to PostgreSQL commits whether or not anyone waits for its answe
 cancelled while its end is being stored (the worker stopping at once: a zero
 ``MANA_AI_SHUTDOWN_GRACE_S``, a second signal) cannot tell whether it was stored, and a finish
 that also claimed the worker's next missions (``worker.run.claim_ahead``) would leave them
-leased and unseen. So the run's terminal statements (its finish, a run skipped or a
-mission completed without a run, its park for an approval) are not cut off: ``await_answer`` gives the statement a few more seconds to answer, and the
-cancellation goes on after that.
+leased and unseen. So the run's terminal statements (its finish, a run skipped or a mission
+completed without a run, its park for an approval) are not cut off: ``await_answer`` gives
+the statement a few more seconds to answer, and the cancellation goes on after that.
 """
 
 from __future__ import annotations
@@ -29,15 +29,21 @@ async def await_answer(statement: Awaitable[T], *, within_s: float = ANSWER_WAIT
 
     Returns what the statement returns, and raises what it raises, when it ends before the
     caller is cancelled. When the caller is cancelled first, the statement is given up to
-    ``within_s`` seconds more to end (then it is cancelled), and ``asyncio.CancelledError``
-    is raised; a caller that passed a task reads from it how the statement ended.
+    ``within_s`` seconds more to end (then it is cancelled; more cancellations meanwhile do
+    not shorten the wait), and ``asyncio.CancelledError`` is raised; a caller that passed a
+    task reads from it how the statement ended.
     """
     task = asyncio.ensure_future(statement)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        if not task.done():
-            await asyncio.wait({task}, timeout=within_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while not task.done() and (left := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait({task}, timeout=left)
+            except asyncio.CancelledError:
+                continue  # asked again to stop: the answer is still worth its few seconds
         if not task.done():
             task.cancel()
             await asyncio.wait({task})

@@ -250,9 +250,14 @@ class MissionRunner:
         iteration = mission.iteration  # claim_due started it
         if iteration is not None and iteration.resumable:
             started = iteration
-            iteration = await lease.retry(
-                lambda: self.store.resume_details(started), what="reading the checkpoint"
-            )
+            try:
+                iteration = await lease.retry(
+                    lambda: self.store.resume_details(started), what="reading the checkpoint"
+                )
+            except asyncio.CancelledError:  # this attempt took the run over already
+                if (lost := await self._cancelled(mission, started, None, lease)) is not None:
+                    return lost
+                raise
         if iteration is None:
             logger.warning(
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
@@ -292,7 +297,6 @@ class MissionRunner:
                 stored, _ = await self._store(mission, iteration, over, lease, ahead)
                 return RunOutcome.FAILED if stored else RunOutcome.INTERRUPTED
 
-        this_task = asyncio.current_task()
         result: PlannerLoopResult | None = None
         compactor = self.compaction.compactor_for(mission, model) if self.compaction else None
         run = _Run(
@@ -324,22 +328,8 @@ class MissionRunner:
             result = await self._run_loop(mission, iteration, model, run, channel, compactor)
             outcome = loop_outcome(result, next_run, run.journal, run.source_problems)
         except asyncio.CancelledError:
-            if lease.lost.is_set() and this_task is not None:
-                this_task.uncancel()
-                metrics.LEASES_LOST.inc()
-                logger.error("lease lost while running; another worker owns the mission now")
-                return RunOutcome.LEASE_LOST
-            lease.detach()
-            await self._interrupt(
-                mission,
-                iteration,
-                run.journal,
-                lease,
-                reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
-                within_s=SHUTDOWN_STORE_S,
-            )
-            logger.warning("iteration interrupted by shutdown; the next worker resumes it")
-            metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
+            if (lost := await self._cancelled(mission, iteration, run.journal, lease)) is not None:
+                return lost
             raise
         except Exception as exc:
             fault = exc if isinstance(exc, RunInterrupted) or is_transient(exc) else None
@@ -541,11 +531,41 @@ class MissionRunner:
                 )
         return RunOutcome.AWAITING_APPROVAL
 
+    async def _cancelled(
+        self,
+        mission: ClaimedMission,
+        iteration: StartedIteration,
+        journal: MissionJournal | None,
+        lease: HeldLease,
+    ) -> RunOutcome | None:
+        """A run of ``iteration`` was cancelled: by its lease keeper, when the lease was lost
+        (``LEASE_LOST``, the cancellation taken back: another worker owns the mission), else by
+        a shutdown, whose interruption is stored (``_interrupt``, at most
+        ``SHUTDOWN_STORE_S``) before ``None`` tells the caller to let the cancellation go on."""
+        this_task = asyncio.current_task()
+        if lease.lost.is_set() and this_task is not None:
+            this_task.uncancel()
+            metrics.LEASES_LOST.inc()
+            logger.error("lease lost while running; another worker owns the mission now")
+            return RunOutcome.LEASE_LOST
+        lease.detach()
+        await self._interrupt(
+            mission,
+            iteration,
+            journal,
+            lease,
+            reason=f"interrupted: worker {self.worker_id} shut down before the run finished",
+            within_s=SHUTDOWN_STORE_S,
+        )
+        logger.warning("iteration interrupted by shutdown; the next worker resumes it")
+        metrics.MISSIONS_RUN.labels(outcome="interrupted").inc()
+        return None
+
     async def _interrupt(
         self,
         mission: ClaimedMission,
         iteration: StartedIteration,
-        journal: MissionJournal,
+        journal: MissionJournal | None,
         lease: HeldLease,
         *,
         reason: str,
@@ -553,10 +573,12 @@ class MissionRunner:
     ) -> bool:
         """Store the run as interrupted with its checkpoint and release the lease, so the next
         claim resumes it (``interrupt_iteration``), retrying transient failures while the
-        lease holds (at most ``within_s`` seconds when given). False when that failed: the
-        mission is then left to whoever claims it once its lease expires."""
-        checkpoint = journal.checkpoint()
-        rows = journal.pending_rows()
+        lease holds, for at most ``within_s`` seconds when given (each statement's wait
+        included). ``journal``: the run's, ``None`` when it never began (the checkpoint
+        stored so far stays). False when that failed: the mission is then left to whoever
+        claims it once its lease expires."""
+        checkpoint = journal.checkpoint() if journal is not None else None
+        rows = journal.pending_rows() if journal is not None else ()
 
         def interrupt() -> Awaitable[bool]:
             return self.store.interrupt_iteration(
@@ -573,9 +595,11 @@ class MissionRunner:
         if within_s is not None:
             deadline = min(deadline, time.monotonic() + within_s)
         try:
-            return await retry_transient(
-                interrupt, deadline=deadline, what="storing the interruption"
-            )
+            # the deadline bounds the waits between tries; the timeout, a try that hangs
+            async with asyncio.timeout(within_s):
+                return await retry_transient(
+                    interrupt, deadline=deadline, what="storing the interruption"
+                )
         except Exception as exc:
             logger.error(
                 "could not store the interruption (%s); the mission is left to whoever claims "

@@ -1,0 +1,147 @@
+"""A stop at once (``Worker.drain(0)``: a zero ``MANA_AI_SHUTDOWN_GRACE_S``, a second signal)
+leaves no run that began without a record of its end, and ends within seconds even when the
+database does not answer: a run resuming a taken-over attempt stores its interruption like
+one in its loop, an interruption that gets no answer is given up after ``SHUTDOWN_STORE_S``,
+and a tick whose claim gets no answer is not waited for past ``ANSWER_WAIT_S``. The
+in-memory store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from planner import CompletionRequest, CompletionResponse
+from planner.testing import FunctionChatModel, final_answer
+from worker.daemon.tick import Worker
+from worker.run import answers, runner
+from worker.run.runner import MissionRunner
+from worker.store.memory import InMemoryMissionStore
+
+LEASE = timedelta(seconds=60)
+
+
+def worker_on(store: InMemoryMissionStore, llm: Any, *, worker_id: str) -> Worker:
+    run = MissionRunner(
+        store=store,
+        llm=FunctionChatModel(llm),
+        tools_for=lambda m: [],
+        worker_id=worker_id,
+        lease=LEASE,
+    )
+    return Worker(
+        store=store, runner=run, worker_id=worker_id, max_concurrent_missions=4, lease=LEASE
+    )
+
+
+class Gated(InMemoryMissionStore):
+    """``resume_details``, ``interrupt_iteration`` or ``claim_due`` wait for ``go`` once
+    ``held`` names them (the database does not answer them meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: set[str] = set()
+        self.waiting = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def _gate(self, name: str) -> None:
+        if name in self.held:
+            self.waiting.set()
+            await self.go.wait()
+
+    async def resume_details(self, *args: Any, **kwargs: Any) -> Any:
+        await self._gate("resume_details")
+        return await super().resume_details(*args, **kwargs)
+
+    async def interrupt_iteration(self, *args: Any, **kwargs: Any) -> bool:
+        await self._gate("interrupt_iteration")
+        return await super().interrupt_iteration(*args, **kwargs)
+
+    async def claim_due(self, **kwargs: Any) -> list[Any]:
+        await self._gate("claim_due")
+        return await super().claim_due(**kwargs)
+
+
+async def interrupted_runs(store: Gated, count: int) -> None:
+    """``count`` missions whose first attempt was interrupted by a stop (resumable)."""
+    agent_id = store.add_agent("a1")
+    for _ in range(count):
+        store.add_mission(agent_id)
+    asking = asyncio.Event()
+
+    async def stuck(request: CompletionRequest) -> CompletionResponse:
+        asking.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    first = worker_on(store, stuck, worker_id="w1")
+    await first.tick()
+    await asyncio.wait_for(asking.wait(), 5)
+    await first.drain(0)
+    assert all(m["lease_owner"] is None for m in store.missions.values())
+
+
+async def test_a_run_resuming_when_the_stop_comes_stores_its_interruption() -> None:
+    store = Gated()
+    await interrupted_runs(store, 3)
+    store.held = {"resume_details"}
+    second = worker_on(store, lambda request: final_answer("Done."), worker_id="w2")
+    await second.tick()  # takes the three runs over; each reads its checkpoint
+    await asyncio.wait_for(store.waiting.wait(), 5)
+    await second.drain(0)
+    assert all(m["lease_owner"] is None for m in store.missions.values())
+    attempts = sorted(
+        (it["attempts"][-1]["attempt"], it["status"], it["stop_reason"])
+        for it in store.iterations.values()
+    )
+    assert attempts == [(2, "failed", "interrupted")] * 3  # resumable again by the next one
+
+
+async def test_an_interruption_the_database_does_not_answer_is_given_up_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "SHUTDOWN_STORE_S", 0.2)
+    store = Gated()
+    store.held = {"interrupt_iteration"}
+    agent_id = store.add_agent("a1")
+    store.add_mission(agent_id)
+    asking = asyncio.Event()
+
+    async def stuck(request: CompletionRequest) -> CompletionResponse:
+        asking.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    worker = worker_on(store, stuck, worker_id="w1")
+    await worker.tick()
+    await asyncio.wait_for(asking.wait(), 5)
+    began = time.monotonic()
+    await asyncio.wait_for(worker.drain(0), 5)
+    assert time.monotonic() - began < 2
+    assert not worker.running
+    # left to whoever claims it once its lease expires
+    [mission] = store.missions.values()
+    assert mission["lease_owner"] == "w1"
+
+
+async def test_a_tick_whose_claim_gets_no_answer_is_not_waited_for_past_the_answer_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(answers, "ANSWER_WAIT_S", 0.2)
+    store = Gated()
+    store.held = {"claim_due"}
+    store.add_mission(store.add_agent("a1"))
+    worker = worker_on(store, lambda request: final_answer("Done."), worker_id="w1")
+    ticking = asyncio.create_task(worker.run(interval_s=3600))
+    await asyncio.wait_for(store.waiting.wait(), 5)
+    began = time.monotonic()
+    await asyncio.wait_for(worker.drain(0), 5)
+    assert time.monotonic() - began < 2
+    assert not ticking.done()  # the daemon cancels it next (``worker.daemon.scheduler``)
+    ticking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await ticking
