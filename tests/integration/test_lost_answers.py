@@ -2,8 +2,10 @@
 the answer came: ``FlakyProxy.lose_next_answer``) is run again only when a second run is
 harmless. A claim is not: run again, it leased more missions while those the first run
 leased waited, unseen, for their lease to expire. A finish without a claim is: run again,
-it finds itself stored. And a connection the server already ended is replaced before a
-statement is sent on it, so that a claim still runs once when the pool held a dead one.
+it finds itself stored. A park for an approval is run again too, and its repeat says the
+request is new (nobody was told of it yet: the webhook is sent then). And a connection the
+server already ended is replaced before a statement is sent on it, so that a claim still
+runs once when the pool held a dead one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.worker_harness import add_mission, iterations, mission_row
-from worker.store.base import ClaimedMission, ClaimOrder, IterationOutcome
+from worker.store.base import (
+    ApprovalRequestRow,
+    ClaimedMission,
+    ClaimOrder,
+    IterationOutcome,
+    RoundCheckpoint,
+)
 from worker.store.engine import create_engine
 from worker.store.postgres import PostgresMissionStore
 from worker.store.statuses import IterationStatus, MissionStatus
@@ -121,6 +129,52 @@ async def test_a_finish_whose_answer_is_lost_is_run_again_and_finds_itself_store
     assert (await mission_row(db, first))["lease_owner"] is None
     [stored] = await iterations(db)
     assert (stored["status"], stored["prompt_tokens"]) == ("succeeded", 10)
+
+
+async def test_a_park_whose_answer_is_lost_says_its_request_is_new_when_run_again(
+    db: AsyncEngine, proxy: FlakyProxy, store: PostgresMissionStore
+) -> None:
+    await add_mission(db, due_in=timedelta(seconds=-1))
+    mission = await claimed_one(store)
+    assert mission.iteration is not None
+    iteration = mission.iteration
+    request = ApprovalRequestRow(
+        consumer="mission",
+        user_id=mission.owner_user_id,
+        call_id="call_1",
+        tool="notes_delete",
+        arguments={"title": "x"},
+        arguments_hash="0" * 64,
+        reason="destructive",
+        ttl=timedelta(hours=1),
+        agent_id=mission.agent_id,
+        mission_id=mission.id,
+        iteration_id=iteration.id,
+        attempt=iteration.attempt,
+        round=1,
+        position=0,
+    )
+    checkpoint = RoundCheckpoint(
+        messages=[{"role": "user", "content": "Go."}],
+        rounds=1,
+        prompt_tokens=1,
+        completion_tokens=1,
+        reminders=[],
+    )
+    proxy.lose_next_answer()
+    parked = await store.park_iteration(
+        mission,
+        iteration.id,
+        request,
+        worker_id="w1",
+        checkpoint=checkpoint,
+        attempt=iteration.attempt,
+    )
+    assert proxy.lost_answers == 1
+    assert parked is not None and parked.created  # the first run inserted it; nobody knew
+    async with db.connect() as conn:
+        count = await conn.execute(text("SELECT count(*) FROM approval_requests"))
+        assert count.scalar_one() == 1
 
 
 async def test_a_connection_the_server_ended_is_replaced_before_a_claim_is_sent(

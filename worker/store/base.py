@@ -225,8 +225,9 @@ class ApprovalRequestRow:
 @dataclass(frozen=True)
 class ParkedRun:
     """What ``park_iteration`` stored: the approval request's ``request_id``, whether this
-    park ``created`` it (``False``: it existed, from an earlier attempt at the same park), and
-    when it expires (``expires_at``, UTC-aware)."""
+    attempt ``created`` it (this park, or the same park before it, whose answer was lost:
+    nobody was told of the request yet; ``False``: it came from an earlier attempt at the same
+    park), and when it expires (``expires_at``, UTC-aware)."""
 
     request_id: int
     created: bool

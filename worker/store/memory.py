@@ -612,7 +612,7 @@ class InMemoryMissionStore:
             if found is not None and self._ended(
                 iteration_id, attempt, worker_id, "awaiting_approval"
             ):
-                return ParkedRun(found["id"], False, found["expires_at"])
+                return ParkedRun(found["id"], found["attempt"] == attempt, found["expires_at"])
             return None
         row = self.missions[mission.id]
         row["lease_owner"] = row["lease_expires_at"] = None
@@ -625,7 +625,7 @@ class InMemoryMissionStore:
         }
         self._put_rows(mission, iteration_id, invocations)
         if found is not None:
-            return ParkedRun(found["id"], False, found["expires_at"])
+            return ParkedRun(found["id"], found["attempt"] == attempt, found["expires_at"])
         found = dataclasses.asdict(request) | {
             "id": next(self._ids),
             "status": "pending",

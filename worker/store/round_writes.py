@@ -380,7 +380,9 @@ def _approval_request(write: Callable[[Any], Any], owned: Any) -> list[Any]:
     """``write`` the insert of the parked call's approval request (none when its call has one:
     a call is asked about once); the columns ``approval_id``, ``approval_created``,
     ``approval_expires_at`` of the request inserted now or found (found also when the lease
-    no longer holds: a repeat of a park that committed reads its request)."""
+    no longer holds: a repeat of a park that committed reads its request). Created: inserted
+    now, or found from the same attempt (a repeat after a lost answer: its first run inserted
+    it and nobody learnt it), never one of an earlier attempt at the same park."""
     requests = approval_requests
     values: dict[str, Any] = {
         key: bindparam(f"p_{key}", type_=requests.c[key].type) for key in APPROVAL_KEYS
@@ -398,7 +400,7 @@ def _approval_request(write: Callable[[Any], Any], owned: Any) -> list[Any]:
         .returning(requests.c.id, requests.c.expires_at)
     )
     found = (
-        select(requests.c.id, requests.c.expires_at)
+        select(requests.c.id, requests.c.expires_at, requests.c.attempt)
         .where(
             requests.c.consumer == "mission",
             requests.c.iteration_id == values["iteration_id"],
@@ -411,7 +413,12 @@ def _approval_request(write: Callable[[Any], Any], owned: Any) -> list[Any]:
         func.coalesce(
             select(inserted.c.id).scalar_subquery(), select(found.c.id).scalar_subquery()
         ).label("approval_id"),
-        select(inserted.c.id).exists().label("approval_created"),
+        # created by this attempt: now, or by this same park before, whose answer was lost
+        # (nobody was told of it: its repeat tells)
+        or_(
+            select(inserted.c.id).exists(),
+            select(found.c.id).where(found.c.attempt == values["attempt"]).exists(),
+        ).label("approval_created"),
         func.coalesce(
             select(inserted.c.expires_at).scalar_subquery(),
             select(found.c.expires_at).scalar_subquery(),
