@@ -190,3 +190,21 @@ async def test_a_connection_the_server_ended_costs_a_reconnect_not_a_lost_run(
     async with db.connect() as conn:
         outcomes = (await conn.execute(text("SELECT outcome FROM tool_invocations"))).all()
     assert [o for (o,) in outcomes] == ["ok"], "the gate decided the call on a new connection"
+
+
+async def test_a_light_load_keeps_to_the_connections_it_used_last(database_url: str) -> None:
+    """Once a burst opened the whole pool, one statement at a time takes the connection
+    given back last (LIFO), not each pooled one in turn: the backends in use stay few and warm
+    (their plans and caches), and the others idle, for the server or PgBouncer to close."""
+    engine = create_engine(database_url, pool_size=4, max_overflow=0)
+    try:
+        burst = [await engine.raw_connection() for _ in range(4)]
+        for fairy in burst:
+            fairy.close()
+        backends = set()
+        for _ in range(8):
+            async with engine.connect() as conn:
+                backends.add((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+        assert len(backends) == 1
+    finally:
+        await engine.dispose()
