@@ -17,8 +17,9 @@ import pytest
 
 from planner import CompletionRequest, CompletionResponse
 from planner.testing import FunctionChatModel, final_answer
+from worker.daemon import tick
 from worker.daemon.tick import Worker
-from worker.run import answers, runner
+from worker.run import runner
 from worker.run.runner import MissionRunner
 from worker.store.memory import InMemoryMissionStore
 
@@ -131,7 +132,7 @@ async def test_an_interruption_the_database_does_not_answer_is_given_up_in_time(
 async def test_a_tick_whose_claim_gets_no_answer_is_not_waited_for_past_the_answer_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(answers, "ANSWER_WAIT_S", 0.2)
+    monkeypatch.setattr(tick, "ANSWER_WAIT_S", 0.2)
     store = Gated()
     store.held = {"claim_due"}
     store.add_mission(store.add_agent("a1"))

@@ -27,7 +27,6 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from worker import metrics
-from worker.run import answers
 from worker.run.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
 from worker.store.base import ClaimedMission, ClaimOrder, MissionStore
 from worker.store.transient import describe_error
@@ -35,6 +34,11 @@ from worker.store.transient import describe_error
 __all__ = ["Worker"]
 
 logger = logging.getLogger(__name__)
+
+ANSWER_WAIT_S = 5.0
+"""Seconds a stop waits for a statement already sent (a run's end being stored, a tick's
+claim) before it gives up on its answer: as long as a cancelled run gets to store its
+interruption (``worker.run.runner.SHUTDOWN_STORE_S``)."""
 
 
 class Worker:
@@ -254,16 +258,18 @@ class Worker:
     async def drain(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Stop claiming; wait up to ``grace_s`` seconds (or until ``hurry`` is set), then
         cancel what still runs and wait for the cancelled runs to record their interruption.
-        Missions a finish claimed as the stop came (its statement was under way) are waited
-        for and interrupted alike, and so are those of a tick in flight: its claim is waited
-        for within the grace, and at least ``answers.ANSWER_WAIT_S`` (a database that does
-        not answer it leaves them to their lease; the caller then cancels the tick loop). A
-        cancelled run gets up to ``SHUTDOWN_STORE_S`` to store its interruption."""
+        A run storing its end when its turn comes (``MissionRunner.storing``) is not cancelled
+        for ``ANSWER_WAIT_S`` more: its statement commits anyway, and what it stored, and the
+        missions its finish claimed, are then known. Missions a finish claimed as the stop
+        came are waited for and interrupted alike, and so are those of a tick in flight: its
+        claim is waited for within the grace, and at least ``ANSWER_WAIT_S`` (a database that
+        does not answer it leaves them to their lease; the caller then cancels the tick
+        loop). A cancelled run gets up to ``SHUTDOWN_STORE_S`` to store its interruption."""
         self.stop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         try:  # a tick in flight finishes starting its missions
-            async with asyncio.timeout(max(grace_s, answers.ANSWER_WAIT_S)):
+            async with asyncio.timeout(max(grace_s, ANSWER_WAIT_S)):
                 await self._tick_lock.acquire()
             self._tick_lock.release()
         except TimeoutError:
@@ -294,9 +300,14 @@ class Worker:
             while not still <= self._begun:
                 await asyncio.sleep(0)
                 still = self._unfinished()
-            for task in still:
+            storing = still & self.runner.storing
+            for task in still - storing:
                 task.cancel()
             logger.warning("interrupting %d mission(s)", len(still))
+            if storing:  # not cut off while it stores its end: it commits anyway
+                await asyncio.wait(storing, timeout=ANSWER_WAIT_S)
+                for task in storing & self.runner.storing:
+                    task.cancel()  # no answer: the database is gone
             await asyncio.gather(*still, return_exceptions=True)
 
     def _unfinished(self) -> set[asyncio.Future[Any]]:

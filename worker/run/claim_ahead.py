@@ -13,18 +13,16 @@ whose answer was lost leaves its missions leased to this worker and not run, unt
 lease expires and a claim takes them over (as after a crash), and a repeat would only add
 more of them.
 
-A run cancelled while its finish is under way waits for the statement's answer
-(``worker.run.answers``): a finish that claimed then has its missions started, and
-interrupted by the stop like every other run, not left leased and unseen.
+A stop does not cancel a run while its finish is under way (``MissionRunner.storing_end``):
+what the finish claimed is started, and interrupted by the stop like every other run, not
+left leased and unseen.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from worker.run.answers import await_answer
 from worker.store.base import ClaimOrder
 
 __all__ = ["ClaimAhead", "FinishClaim"]
@@ -56,25 +54,17 @@ class FinishClaim:
         self._order = ahead.order() if ahead is not None else None
 
     async def send(self, finish: Callable[[ClaimOrder | None], Awaitable[T]]) -> T:
-        """``finish(order)`` for the first statement, ``finish(None)`` for any repeat; a
-        cancellation of the run meanwhile waits for the statement's answer
-        (``await_answer``), so that the order is settled as what happened.
-
-        Raises what ``finish`` raises, or ``asyncio.CancelledError``."""
+        """``finish(order)`` for the first statement, ``finish(None)`` for any repeat."""
         order, self._order = self._order, None
-        ahead = self._ahead if order is not None else None
-        statement = asyncio.ensure_future(finish(order if ahead is not None else None))
+        if order is None or self._ahead is None:
+            return await finish(None)
         made = False
         try:
-            result = await await_answer(statement)
+            result = await finish(order)
             made = True
             return result
-        except asyncio.CancelledError:
-            made = statement.done() and not statement.cancelled() and statement.exception() is None
-            raise
         finally:
-            if ahead is not None and order is not None:
-                ahead.settle(order, made=made)
+            self._ahead.settle(order, made=made)
 
     def close(self) -> None:
         """Settle an order no statement carried (the finish never ran)."""

@@ -34,10 +34,11 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from planner import (
     ChatModel,
@@ -61,7 +62,6 @@ from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.policy_setup import PolicySetup
-from worker.run.answers import await_answer
 from worker.run.claim_ahead import ClaimAhead, FinishClaim
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.journal import CHECKPOINT_EVERY_ROUNDS, MissionJournal, resume_checkpoint
@@ -199,7 +199,26 @@ class MissionRunner:
         self.tool_sources = tool_sources
         self.tracing = tracing
         self.leases = LeaseKeeper(store, worker_id=worker_id, lease=lease)
+        self.storing: set[asyncio.Future[Any]] = set()
         self._timed: dict[int, tuple[ToolSpec, ToolSpec]] = {}
+
+    @contextlib.contextmanager
+    def storing_end(self) -> Iterator[None]:
+        """While the current run stores its end (its finish, a run skipped or a mission
+        completed without a run, its park for an approval), its task is in ``storing``: a stop
+        does not cancel it then (``worker.daemon.tick.Worker.drain`` waits a few seconds), since
+        a statement sent commits whether or not its answer is awaited, and a run that cannot
+        tell whether its end was stored, or a finish whose claim went unseen, leaves missions
+        leased until their lease expires."""
+        task = asyncio.current_task()
+        if task is None:
+            yield
+            return
+        self.storing.add(task)
+        try:
+            yield
+        finally:
+            self.storing.discard(task)
 
     async def run(self, mission: ClaimedMission, *, ahead: ClaimAhead | None = None) -> RunOutcome:
         """Run ``mission`` once and store the result; the finish claims the worker's next
@@ -238,12 +257,13 @@ class MissionRunner:
         if mission.past_deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
             done = no_run(NextRun(None, MissionStatus.COMPLETED))
-            await lease.retry(
-                lambda: await_answer(
-                    self.store.finish_iteration(mission, None, done, worker_id=self.worker_id)
-                ),
-                what="completing the mission",
-            )
+            with self.storing_end():
+                await lease.retry(
+                    lambda: self.store.finish_iteration(
+                        mission, None, done, worker_id=self.worker_id
+                    ),
+                    what="completing the mission",
+                )
             return RunOutcome.SKIPPED
 
         model = mission.model or self.default_model
@@ -263,12 +283,13 @@ class MissionRunner:
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
             )
             skipped = no_run(next_run)
-            await lease.retry(
-                lambda: await_answer(
-                    self.store.finish_iteration(mission, None, skipped, worker_id=self.worker_id)
-                ),
-                what="advancing the schedule",
-            )
+            with self.storing_end():
+                await lease.retry(
+                    lambda: self.store.finish_iteration(
+                        mission, None, skipped, worker_id=self.worker_id
+                    ),
+                    what="advancing the schedule",
+                )
             return RunOutcome.SKIPPED
         bind_log_context(iteration_id=iteration.id)
         logger.info(
@@ -294,7 +315,8 @@ class MissionRunner:
                     stop_reason=RunnerStopReason.BUDGET_EXHAUSTED,
                     error=error,
                 )
-                stored, _ = await self._store(mission, iteration, over, lease, ahead)
+                with self.storing_end():
+                    stored, _ = await self._store(mission, iteration, over, lease, ahead)
                 return RunOutcome.FAILED if stored else RunOutcome.INTERRUPTED
 
         result: PlannerLoopResult | None = None
@@ -367,7 +389,8 @@ class MissionRunner:
                 error="could not park the run for approval: the database refused it (see the "
                 "worker's log)",
             )
-        stored, outcome = await self._store(mission, iteration, outcome, lease, ahead)
+        with self.storing_end():
+            stored, outcome = await self._store(mission, iteration, outcome, lease, ahead)
         if stored is None:
             return RunOutcome.INTERRUPTED
         if not stored:
@@ -482,9 +505,9 @@ class MissionRunner:
         request = approval_request(mission, iteration, parked, ttl=policy.approval_ttl)
         checkpoint = journal.checkpoint()
         try:
-            stored = await lease.retry(
-                lambda: await_answer(  # not cut off by a shutdown once sent
-                    self.store.park_iteration(
+            with self.storing_end():
+                stored = await lease.retry(
+                    lambda: self.store.park_iteration(
                         mission,
                         iteration.id,
                         request,
@@ -492,10 +515,9 @@ class MissionRunner:
                         checkpoint=checkpoint,
                         invocations=rows,
                         attempt=iteration.attempt,
-                    )
-                ),
-                what="parking the run for approval",
-            )
+                    ),
+                    what="parking the run for approval",
+                )
         except Exception as exc:
             if not is_transient(exc):
                 logger.exception("could not park the run for approval: the database refused it")
