@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.fakes.db_proxy import FlakyProxy
 from tests.pgbouncer import PgBouncer
 from worker.cli import main
 from worker.store.engine import create_engine
@@ -46,3 +47,11 @@ async def bounced(
         yield engine
     finally:
         await engine.dispose()
+
+
+@pytest.fixture
+async def proxy(database_url: str, db: AsyncEngine) -> AsyncIterator[FlakyProxy]:
+    """A ``FlakyProxy`` in front of the test database (a worker connects through it, the test
+    reads through ``db``, directly)."""
+    async with FlakyProxy(database_url) as flaky:
+        yield flaky

@@ -32,12 +32,6 @@ TRY_AGAIN = "try again"
 
 
 @pytest.fixture
-async def proxy(database_url: str, db: AsyncEngine) -> AsyncIterator[FlakyProxy]:
-    async with FlakyProxy(database_url) as flaky:
-        yield flaky
-
-
-@pytest.fixture
 async def flaky_engine(proxy: FlakyProxy, database_url: str) -> AsyncIterator[AsyncEngine]:
     """The worker's engine, through the proxy (the test reads through ``db``, directly)."""
     engine = create_engine(proxy.url_for(database_url), pool_size=4, max_overflow=0)

@@ -21,25 +21,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.worker_harness import add_mission, iterations, mission_row
-from worker.store.base import (
-    ApprovalRequestRow,
-    ClaimedMission,
-    ClaimOrder,
-    IterationOutcome,
-    RoundCheckpoint,
-)
+from tests.parks import CHECKPOINT, approval_request_of
+from worker.store.base import ClaimedMission, ClaimOrder, IterationOutcome
 from worker.store.engine import create_engine
 from worker.store.postgres import PostgresMissionStore
 from worker.store.statuses import IterationStatus, MissionStatus
 from worker.store.tables import missions
 
 LEASE = timedelta(seconds=60)
-
-
-@pytest.fixture
-async def proxy(database_url: str, db: AsyncEngine) -> AsyncIterator[FlakyProxy]:
-    async with FlakyProxy(database_url) as flaky:
-        yield flaky
 
 
 @pytest.fixture
@@ -138,36 +127,13 @@ async def test_a_park_whose_answer_is_lost_says_its_request_is_new_when_run_agai
     mission = await claimed_one(store)
     assert mission.iteration is not None
     iteration = mission.iteration
-    request = ApprovalRequestRow(
-        consumer="mission",
-        user_id=mission.owner_user_id,
-        call_id="call_1",
-        tool="notes_delete",
-        arguments={"title": "x"},
-        arguments_hash="0" * 64,
-        reason="destructive",
-        ttl=timedelta(hours=1),
-        agent_id=mission.agent_id,
-        mission_id=mission.id,
-        iteration_id=iteration.id,
-        attempt=iteration.attempt,
-        round=1,
-        position=0,
-    )
-    checkpoint = RoundCheckpoint(
-        messages=[{"role": "user", "content": "Go."}],
-        rounds=1,
-        prompt_tokens=1,
-        completion_tokens=1,
-        reminders=[],
-    )
     proxy.lose_next_answer()
     parked = await store.park_iteration(
         mission,
         iteration.id,
-        request,
+        approval_request_of(mission),
         worker_id="w1",
-        checkpoint=checkpoint,
+        checkpoint=CHECKPOINT,
         attempt=iteration.attempt,
     )
     assert proxy.lost_answers == 1

@@ -6,33 +6,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from worker.store.base import ApprovalRequestRow, ClaimedMission, RoundCheckpoint
+from tests.parks import CHECKPOINT, approval_request_of
+from worker.store.base import ClaimedMission
 from worker.store.memory import InMemoryMissionStore
 
 LEASE = timedelta(seconds=60)
-CHECKPOINT = RoundCheckpoint(
-    messages=[], rounds=1, prompt_tokens=1, completion_tokens=1, reminders=[]
-)
-
-
-def request_of(mission: ClaimedMission) -> ApprovalRequestRow:
-    assert mission.iteration is not None
-    return ApprovalRequestRow(
-        consumer="mission",
-        user_id=mission.owner_user_id,
-        call_id="call_1",
-        tool="notes_delete",
-        arguments={"title": "x"},
-        arguments_hash="0" * 64,
-        reason="destructive",
-        ttl=timedelta(hours=1),
-        agent_id=mission.agent_id,
-        mission_id=mission.id,
-        iteration_id=mission.iteration.id,
-        attempt=mission.iteration.attempt,
-        round=1,
-        position=0,
-    )
 
 
 async def park(store: InMemoryMissionStore, mission: ClaimedMission) -> bool:
@@ -40,7 +18,7 @@ async def park(store: InMemoryMissionStore, mission: ClaimedMission) -> bool:
     parked = await store.park_iteration(
         mission,
         mission.iteration.id,
-        request_of(mission),
+        approval_request_of(mission),
         worker_id="w1",
         checkpoint=CHECKPOINT,
         attempt=mission.iteration.attempt,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -43,9 +44,9 @@ class Gated(InMemoryMissionStore):
     """``resume_details``, ``interrupt_iteration`` or ``claim_due`` wait for ``go`` once
     ``held`` names them (the database does not answer them meanwhile)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *held: str) -> None:
         super().__init__()
-        self.held: set[str] = set()
+        self.held = set(held)
         self.waiting = asyncio.Event()
         self.go = asyncio.Event()
 
@@ -67,11 +68,10 @@ class Gated(InMemoryMissionStore):
         return await super().claim_due(**kwargs)
 
 
-async def interrupted_runs(store: Gated, count: int) -> None:
-    """``count`` missions whose first attempt was interrupted by a stop (resumable)."""
-    agent_id = store.add_agent("a1")
-    for _ in range(count):
-        store.add_mission(agent_id)
+def stuck_model() -> tuple[
+    Callable[[CompletionRequest], Awaitable[CompletionResponse]], asyncio.Event
+]:
+    """A model that never answers, and the event it sets once asked."""
     asking = asyncio.Event()
 
     async def stuck(request: CompletionRequest) -> CompletionResponse:
@@ -79,6 +79,15 @@ async def interrupted_runs(store: Gated, count: int) -> None:
         await asyncio.Event().wait()
         raise AssertionError("never answered")
 
+    return stuck, asking
+
+
+async def interrupted_runs(store: Gated, count: int) -> None:
+    """``count`` missions whose first attempt was interrupted by a stop (resumable)."""
+    agent_id = store.add_agent("a1")
+    for _ in range(count):
+        store.add_mission(agent_id)
+    stuck, asking = stuck_model()
     first = worker_on(store, stuck, worker_id="w1")
     await first.tick()
     await asyncio.wait_for(asking.wait(), 5)
@@ -106,17 +115,9 @@ async def test_an_interruption_the_database_does_not_answer_is_given_up_in_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(runner, "SHUTDOWN_STORE_S", 0.2)
-    store = Gated()
-    store.held = {"interrupt_iteration"}
-    agent_id = store.add_agent("a1")
-    store.add_mission(agent_id)
-    asking = asyncio.Event()
-
-    async def stuck(request: CompletionRequest) -> CompletionResponse:
-        asking.set()
-        await asyncio.Event().wait()
-        raise AssertionError("never answered")
-
+    store = Gated("interrupt_iteration")
+    store.add_mission(store.add_agent("a1"))
+    stuck, asking = stuck_model()
     worker = worker_on(store, stuck, worker_id="w1")
     await worker.tick()
     await asyncio.wait_for(asking.wait(), 5)
@@ -133,8 +134,7 @@ async def test_a_tick_whose_claim_gets_no_answer_is_not_waited_for_past_the_answ
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(tick, "ANSWER_WAIT_S", 0.2)
-    store = Gated()
-    store.held = {"claim_due"}
+    store = Gated("claim_due")
     store.add_mission(store.add_agent("a1"))
     worker = worker_on(store, lambda request: final_answer("Done."), worker_id="w1")
     ticking = asyncio.create_task(worker.run(interval_s=3600))
