@@ -205,11 +205,13 @@ class MissionRunner:
     @contextlib.contextmanager
     def storing_end(self) -> Iterator[None]:
         """While the current run stores its end (its finish, a run skipped or a mission
-        completed without a run, its park for an approval), its task is in ``storing``: a stop
-        does not cancel it then (``worker.daemon.tick.Worker.drain`` waits a few seconds), since
-        a statement sent commits whether or not its answer is awaited, and a run that cannot
-        tell whether its end was stored, or a finish whose claim went unseen, leaves missions
-        leased until their lease expires."""
+        completed without a run, its park for an approval, its interruption by a database
+        fault), its task is in ``storing``: a stop does not cancel it then
+        (``worker.daemon.tick.Worker.drain`` waits a few seconds), since a statement sent
+        commits whether or not its answer is awaited, and a run that cannot tell whether its
+        end was stored, or a finish whose claim went unseen, leaves missions leased until their
+        lease expires. The mark covers the retries' waits too: a database back within those
+        seconds still gets the end."""
         task = asyncio.current_task()
         if task is None:
             yield
@@ -365,16 +367,17 @@ class MissionRunner:
                 lease.detach()
                 detail = str(fault) if isinstance(fault, RunInterrupted) else describe_error(fault)
                 logger.warning("iteration interrupted: %s; it resumes from its checkpoint", detail)
-                await self._interrupt(
-                    mission,
-                    iteration,
-                    run.journal,
-                    lease,
-                    reason=json_safe(
-                        f"interrupted: {detail} (worker {self.worker_id}); the run resumes "
-                        "from its last checkpoint"
-                    ),
-                )
+                with self.storing_end():  # its end, as a finish is
+                    await self._interrupt(
+                        mission,
+                        iteration,
+                        run.journal,
+                        lease,
+                        reason=json_safe(
+                            f"interrupted: {detail} (worker {self.worker_id}); the run "
+                            "resumes from its last checkpoint"
+                        ),
+                    )
                 return RunOutcome.INTERRUPTED
             outcome = failed_outcome(exc, next_run, run.journal)
         lease.detach()
