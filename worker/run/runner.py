@@ -205,8 +205,8 @@ class MissionRunner:
     @contextlib.contextmanager
     def storing_end(self) -> Iterator[None]:
         """While the current run stores its end (its finish, a run skipped or a mission
-        completed without a run, its park for an approval, its interruption by a database
-        fault), its task is in ``storing``: a stop does not cancel it then
+        completed without a run, its park for an approval, its interruption), its task is in
+        ``storing``: a stop does not cancel it then
         (``worker.daemon.tick.Worker.drain`` waits a few seconds), since a statement sent
         commits whether or not its answer is awaited, and a run that cannot tell whether its
         end was stored, or a finish whose claim went unseen, leaves missions leased until their
@@ -259,13 +259,7 @@ class MissionRunner:
         if mission.past_deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
             done = no_run(NextRun(None, MissionStatus.COMPLETED))
-            with self.storing_end():
-                await lease.retry(
-                    lambda: self.store.finish_iteration(
-                        mission, None, done, worker_id=self.worker_id
-                    ),
-                    what="completing the mission",
-                )
+            await self._end_without_run(mission, done, lease, what="completing the mission")
             return RunOutcome.SKIPPED
 
         model = mission.model or self.default_model
@@ -285,13 +279,7 @@ class MissionRunner:
                 "run for %s already finished or lease lost; advancing", mission.scheduled_for
             )
             skipped = no_run(next_run)
-            with self.storing_end():
-                await lease.retry(
-                    lambda: self.store.finish_iteration(
-                        mission, None, skipped, worker_id=self.worker_id
-                    ),
-                    what="advancing the schedule",
-                )
+            await self._end_without_run(mission, skipped, lease, what="advancing the schedule")
             return RunOutcome.SKIPPED
         bind_log_context(iteration_id=iteration.id)
         logger.info(
@@ -317,8 +305,7 @@ class MissionRunner:
                     stop_reason=RunnerStopReason.BUDGET_EXHAUSTED,
                     error=error,
                 )
-                with self.storing_end():
-                    stored, _ = await self._store(mission, iteration, over, lease, ahead)
+                stored, _ = await self._store(mission, iteration, over, lease, ahead)
                 return RunOutcome.FAILED if stored else RunOutcome.INTERRUPTED
 
         result: PlannerLoopResult | None = None
@@ -367,17 +354,16 @@ class MissionRunner:
                 lease.detach()
                 detail = str(fault) if isinstance(fault, RunInterrupted) else describe_error(fault)
                 logger.warning("iteration interrupted: %s; it resumes from its checkpoint", detail)
-                with self.storing_end():  # its end, as a finish is
-                    await self._interrupt(
-                        mission,
-                        iteration,
-                        run.journal,
-                        lease,
-                        reason=json_safe(
-                            f"interrupted: {detail} (worker {self.worker_id}); the run "
-                            "resumes from its last checkpoint"
-                        ),
-                    )
+                await self._interrupt(
+                    mission,
+                    iteration,
+                    run.journal,
+                    lease,
+                    reason=json_safe(
+                        f"interrupted: {detail} (worker {self.worker_id}); the run resumes "
+                        "from its last checkpoint"
+                    ),
+                )
                 return RunOutcome.INTERRUPTED
             outcome = failed_outcome(exc, next_run, run.journal)
         lease.detach()
@@ -392,8 +378,7 @@ class MissionRunner:
                 error="could not park the run for approval: the database refused it (see the "
                 "worker's log)",
             )
-        with self.storing_end():
-            stored, outcome = await self._store(mission, iteration, outcome, lease, ahead)
+        stored, outcome = await self._store(mission, iteration, outcome, lease, ahead)
         if stored is None:
             return RunOutcome.INTERRUPTED
         if not stored:
@@ -446,7 +431,8 @@ class MissionRunner:
                 )
             )
 
-        try:
+        # a stop waits for this end (``storing_end``); the claim is settled however it ends
+        with self.storing_end(), contextlib.closing(claim):
             refusal: Exception | None = None
             for attempt in itertools.chain((outcome,), degraded(outcome)):
                 if refusal is not None:
@@ -474,8 +460,17 @@ class MissionRunner:
                 "the database refused even the bare failure; the run is left to a takeover"
             )
             return None, outcome
-        finally:
-            claim.close()
+
+    async def _end_without_run(
+        self, mission: ClaimedMission, done: IterationOutcome, lease: HeldLease, *, what: str
+    ) -> None:
+        """Store ``done``, the end of a scheduled run that never ran (``finish_iteration``
+        with no iteration), retrying transient failures while the lease holds."""
+        with self.storing_end():
+            await lease.retry(
+                lambda: self.store.finish_iteration(mission, None, done, worker_id=self.worker_id),
+                what=what,
+            )
 
     async def _park(
         self,
@@ -621,10 +616,11 @@ class MissionRunner:
             deadline = min(deadline, time.monotonic() + within_s)
         try:
             # the deadline bounds the waits between tries; the timeout, a try that hangs
-            async with asyncio.timeout(within_s):
-                return await retry_transient(
-                    interrupt, deadline=deadline, what="storing the interruption"
-                )
+            with self.storing_end():
+                async with asyncio.timeout(within_s):
+                    return await retry_transient(
+                        interrupt, deadline=deadline, what="storing the interruption"
+                    )
         except Exception as exc:
             logger.error(
                 "could not store the interruption (%s); the mission is left to whoever claims "
