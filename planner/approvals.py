@@ -32,6 +32,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from planner.json_text import storable_json
 from planner.messages import ToolCall
 
 __all__ = [
@@ -54,14 +55,20 @@ class ApprovalStatus(StrEnum):
 
 def arguments_hash(arguments: Mapping[str, Any]) -> str:
     """The SHA-256 (hex, 64 characters) of ``arguments`` as canonical JSON: keys sorted, no
-    whitespace, non-ASCII as is (UTF-8), so that equal argument objects hash alike whatever
-    their key order. What an approval is bound to, besides the tool's name.
+    whitespace, non-ASCII as is (UTF-8), text as it is stored (``storable_json``: NUL and lone
+    surrogates as U+FFFD), so that equal argument objects hash alike whatever their key order,
+    and the arguments as run, as stored and as checked hash alike. What an approval is bound
+    to, besides the tool's name.
 
     Raises:
         TypeError, ValueError: ``arguments`` is not JSON (a tool call's arguments always are).
     """
     text = json.dumps(
-        arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        storable_json(arguments),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -1,4 +1,5 @@
-"""``json_text``: a value as the JSON text the planner sends and estimates, made once per value.
+"""``json_text``: a value as the JSON text the planner sends and estimates, made once per value;
+``storable_text`` / ``storable_json``: text as every store can hold it.
 
 It is ``json.dumps(value, ensure_ascii=False, default=str)`` (compact separators ``", "`` and
 ``": "``, non-ASCII kept, anything JSON has no type for written as its ``str``): every tool
@@ -14,11 +15,12 @@ limit, a key JSON cannot have) is encoded again the standard way, which raises w
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from json import encoder as _json_encoder
 from typing import Any
 
-__all__ = ["compact_encoder", "json_text"]
+__all__ = ["compact_encoder", "json_text", "storable_json", "storable_text"]
 
 _STANDARD = json.JSONEncoder(ensure_ascii=False, default=str)
 """The standard encoder with the same options: the reference, and the fallback."""
@@ -67,3 +69,42 @@ def json_text(value: Any) -> str:
         except Exception:  # let the standard encoder say what is wrong with it
             pass
     return _STANDARD.encode(value)
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what no store can hold replaced by U+FFFD: NUL (PostgreSQL's ``text``
+    and ``jsonb`` refuse it) and lone UTF-16 surrogates (not Unicode scalar values: UTF-8,
+    and so every encoder, refuses them). A model or a peer can send either as a JSON escape
+    (``\\u0000``, ``\\ud800``). Text enters the record this way once
+    (``planner.messages``), so the call that runs, the call that is stored and the hash a
+    person's approval is bound to (``planner.approvals.arguments_hash``) are the same."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def storable_json(value: Any) -> Any:
+    """``value`` with ``storable_text`` applied to every string in it, dictionary keys
+    included (dicts, lists and tuples are rebuilt; other values are returned as they are).
+    A structure nested too deeply to walk is returned as it is (no encoder can write it
+    either: the store keeps a note in its place)."""
+    try:
+        return _storable_json(value)
+    except RecursionError:
+        return value
+
+
+def _storable_json(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {
+            (storable_text(k) if isinstance(k, str) else k): _storable_json(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_storable_json(v) for v in value]
+    return value

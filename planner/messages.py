@@ -5,20 +5,23 @@ plain JSON-compatible dicts; this is the format of ``mission_iterations.messages
 archive, so it is kept stable: fields are only ever added, with defaults.
 
 Roles and fields follow the OpenAI Chat Completions message shape (``role``, ``content``,
-``tool_calls``, ``tool_call_id``), with tool-call arguments kept parsed (a dict) rather than as a
-JSON string. The log keeps what the model said: provider call ids and tool names as received
-(a provider rewrites them on the wire when it must, see ``planner.providers.openai_request``),
-the raw text of arguments that could not be decoded, and the provider-specific fields a
-provider needs back (``provider_fields``). ``reply_info`` records, per assistant message, which
-endpoint answered, why it stopped and what it cost; it is never sent to a model.
-"""
+``tool_calls``, ``tool_call_id``), with tool-call arguments kept parsed (a dict) rather than as
+a JSON string. Every text in them is storable (``Text``: NUL and lone surrogates replaced once,
+as a message is made), so the call that runs is the call that is stored. The log keeps what the
+model said: provider call ids and tool names as received (a provider rewrites them on the wire
+when it must, see ``planner.providers.openai_request``), the raw text of arguments that could
+not be decoded, and the provider-specific fields a provider needs back (``provider_fields``).
+``reply_info`` records, per assistant message, which endpoint answered, why it stopped and what
+it cost; it is never sent to a model."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from planner.json_text import storable_json, storable_text
 
 __all__ = [
     "ChatMessage",
@@ -31,6 +34,12 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+Text = Annotated[str, AfterValidator(storable_text)]
+"""Text as every store holds it (``planner.json_text.storable_text``: NUL and lone
+surrogates, which a model or a peer may send as JSON escapes, replaced by U+FFFD)."""
+JsonObject = Annotated[dict[str, Any], AfterValidator(storable_json)]
+"""A JSON object whose strings are ``Text``."""
 
 
 class ToolCall(BaseModel):
@@ -53,12 +62,12 @@ class ToolCall(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    id: str
-    name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    parse_error: str | None = None
-    raw_arguments: str | None = None
-    provider_fields: dict[str, Any] = Field(default_factory=dict)
+    id: Text
+    name: Text
+    arguments: JsonObject = Field(default_factory=dict)
+    parse_error: Text | None = None
+    raw_arguments: Text | None = None
+    provider_fields: JsonObject = Field(default_factory=dict)
 
 
 class TokenUsage(BaseModel):
@@ -104,8 +113,8 @@ class ReplyInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    endpoint: str | None = None
-    finish_reason: str | None = None
+    endpoint: Text | None = None
+    finish_reason: Text | None = None
     usage: TokenUsage | None = None
 
 
@@ -127,10 +136,10 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     role: Role
-    content: str | None = None
+    content: Text | None = None
     tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id: str | None = None
-    provider_fields: dict[str, Any] = Field(default_factory=dict)
+    tool_call_id: Text | None = None
+    provider_fields: JsonObject = Field(default_factory=dict)
     reply_info: ReplyInfo | None = None
 
     def to_json(self) -> dict[str, Any]:

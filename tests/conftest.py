@@ -38,6 +38,7 @@ from sqlalchemy.pool import NullPool
 
 from planner.testing import ScriptedChatModel
 from tests.pgbouncer import PgBouncer, PgBouncerUnavailable, start_pgbouncer
+from worker import redaction
 from worker.database_url import to_async_url
 from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
 from worker.store.engine import create_engine
@@ -48,6 +49,15 @@ TEST_DATABASE_URL_ENV = "MANA_AI_TEST_DATABASE_URL"
 
 TIERS = ("unit", "integration", "e2e")
 """A test's tier is the directory it lives in (``tests/<tier>/``); select one with ``-m``."""
+
+
+@pytest.fixture(autouse=True)
+def process_secrets_restored() -> Iterator[None]:
+    """The secrets a test's settings (or the test) gave the process (``worker.redaction``)
+    are forgotten after it: another test's text is not masked by them."""
+    saved = redaction.redactor()
+    yield
+    redaction.install(saved.secrets)
 
 
 @pytest.fixture(autouse=True)

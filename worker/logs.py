@@ -1,7 +1,7 @@
 """Log setup: one line per record, as JSON or ``key=value`` text, with the mission and
 iteration ids on every line logged while a mission runs. No line carries a hidden character
 raw (a terminal escape, a bidi control): JSON escapes them, and so does the text format's
-quoting.
+quoting. No line carries a secret of the process (``worker.redaction``): it is masked.
 
 Ids come from ``extra`` on the call, or else from the log context that ``bind_log_context``
 sets for the current asyncio task (each mission runs in its own task, and threads started
@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from types import MappingProxyType
 
+from worker import redaction
 from worker.terminal_text import visible_line
 
 __all__ = ["bind_log_context", "configure_logging", "logging_restored"]
@@ -55,8 +56,11 @@ class _Formatter(logging.Formatter):
         if record.exc_info:
             fields["exc"] = self.formatException(record.exc_info)
         if self.json:
-            return json.dumps(fields, default=str)
-        return " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+            line = json.dumps(fields, default=str)
+        else:
+            line = " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+        # a secret a peer echoed (or an exception quoted) is never written
+        return redaction.redact(line)
 
 
 def _quote(value: object) -> str:

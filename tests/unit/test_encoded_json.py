@@ -115,8 +115,10 @@ def test_a_prepared_statement_sends_the_text_for_jsonb_and_encodes_anything_else
     assert json.loads(arguments["p_other"]) == [1]  # SQLAlchemy's encoder, as before
 
 
-def test_a_row_list_postgresql_would_refuse_is_left_to_the_statement() -> None:
-    # a field no json_safe went over (an archive row's model name, say): the statement
-    # encodes it and PostgreSQL refuses it, as before, with its own words
+def test_a_row_list_postgresql_would_refuse_is_made_storable() -> None:
+    # a field no json_safe went over (an archive row's model name, say): made storable as
+    # json_safe makes it, never sent as text PostgreSQL refuses
     for items in ([{"model": "m\ud800"}], [{"model": "m\x00"}]):
-        assert type(encoded_json(items)) is list
+        encoded = encoded_json(items)
+        assert encoded == [{"model": "m\ufffd"}]
+        assert isinstance(encoded, EncodedJSON) and "\\u0000" not in encoded.text

@@ -43,6 +43,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from worker import redaction
 from worker.admin.replay import ReplayError
 from worker.api import console, v1
 from worker.api.auth import Forbidden, Unauthorized
@@ -202,9 +203,11 @@ async def _handle(request: Request, exc: Exception) -> Response:
         return _error(status, message, headers)
     env = request.app.state.templates
     if request.headers.get("hx-request") == "true":  # a console button: say it at the top
+        message = redaction.redact(message)
         fragment = env.get_template("error_notice.html").render(status=status, message=message)
         headers = {**(headers or {}), "HX-Retarget": "#flash", "HX-Reswap": "innerHTML"}
         return HTMLResponse(fragment, status_code=status, headers=headers)
+    message = redaction.redact(message)
     html = env.get_template("error.html").render(status=status, message=message, request=request)
     return HTMLResponse(html, status_code=status, headers=headers)
 

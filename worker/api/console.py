@@ -31,6 +31,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from worker import redaction
 from worker.admin import missions as mission_ops
 from worker.admin.approvals import decide
 from worker.admin.values import parse_since, row_id
@@ -125,6 +126,7 @@ def _render(request: Request, name: str, status: int = 200, **context: Any) -> H
         csrf=csrf_token(session_id) if session_id else "",
         **context,
     )
+    html = redaction.redact(html)  # never a secret of the process (``worker.redaction``)
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
 

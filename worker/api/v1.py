@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker import redaction
 from worker.admin import agents as agent_ops
 from worker.admin import missions as mission_ops
 from worker.admin.approvals import decide
@@ -74,7 +75,9 @@ class VisibleJSONResponse(JSONResponse):
     ``curl`` in a terminal shows the text as stored instead of reordering or restyling it."""
 
     def render(self, content: Any) -> bytes:
-        return visible_json(content, separators=(",", ":")).encode()
+        # and never a secret of the process (``worker.redaction``), in rows stored before
+        # it was configured too
+        return redaction.redact(visible_json(content, separators=(",", ":"))).encode()
 
 
 def _json(data: Any, status: int = 200) -> JSONResponse:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TextIO
 
+from worker import redaction
 from worker.store.stored import jsonable
 from worker.terminal_text import visible, visible_json, visible_line
 
@@ -95,15 +96,16 @@ def fields(row: dict[str, Any], key_width: int = 18) -> None:
 
 
 class _VisibleStream:
-    """A text stream that writes what it is given through ``visible`` (newlines and tabs
-    kept); everything else (``flush``, ``fileno``, ``buffer``, ``isatty``) is the wrapped
-    stream's, so binary writers (``mcp serve --stdio``) are untouched."""
+    """A text stream that writes what it is given through ``visible`` (newlines and tabs kept), with
+    the process's secrets masked (``worker.redaction``); everything else (``flush``, ``fileno``,
+    ``buffer``, ``isatty``) is the wrapped stream's, so binary writers (``mcp serve --stdio``) are
+    untouched."""
 
     def __init__(self, stream: TextIO) -> None:
         self.wrapped = stream
 
     def write(self, text: str) -> int:
-        self.wrapped.write(visible(text))
+        self.wrapped.write(redaction.redact(visible(text)))
         return len(text)
 
     def writelines(self, lines: Any) -> None:
@@ -119,7 +121,8 @@ def visible_streams() -> Iterator[None]:
     """While it lasts, ``sys.stdout`` and ``sys.stderr`` (and log handlers made meanwhile)
     write every hidden character as an escape: what a command prints, its error messages and
     its log lines cannot move the cursor, set the title or reorder text, whatever the database
-    or a peer put in them. The streams are restored on exit."""
+    or a peer put in them, and never show a secret of the process (``worker.redaction``). The
+    streams are restored on exit."""
     saved = sys.stdout, sys.stderr
     sys.stdout = _VisibleStream(saved[0])
     sys.stderr = _VisibleStream(saved[1])

@@ -54,7 +54,7 @@ from planner.policy import (
     PolicyVerdict,
     UserPolicySettings,
 )
-from worker import metrics
+from worker import metrics, redaction
 from worker.policy_setup import PolicySetup
 from worker.store.approvals import ApprovalStore
 from worker.store.base import ApprovalRequestRow
@@ -141,7 +141,13 @@ class ServedTools:
         """Run one ``tools/call`` for ``principal`` (see the module docstring). A refusal or a
         failure is a tool error (``isError``) whose text says why, never an exception; a
         database failure while recording is logged and does not change the answer."""
-        call = ToolCall(id=call_id or uuid.uuid4().hex, name=name, arguments=arguments or {})
+        # the call as it runs, is stored and is shown for approval: its text storable
+        # (ToolCall) and the process's secrets masked (worker.redaction)
+        call = ToolCall(
+            id=call_id or uuid.uuid4().hex,
+            name=name,
+            arguments=redaction.redact_json(arguments or {}),
+        )
         ctx = ToolContext(user_id=principal.user_id, extra={"consumer": "mcp"})
         try:
             settings = await self.user_settings(principal.user_id)
@@ -271,14 +277,15 @@ class ServedTools:
     async def _asked(
         self, decision: PolicyDecision, principal: McpPrincipal, call: ToolCall
     ) -> PolicyDecision:
+        arguments = json_safe(dict(call.arguments))  # hashed as stored
         request, created = await self.approvals.request_mcp(
             ApprovalRequestRow(
                 consumer="mcp",
                 user_id=principal.user_id,
                 call_id=json_safe(call.id),
                 tool=call.name,
-                arguments=json_safe(dict(call.arguments)),
-                arguments_hash=arguments_hash(call.arguments),
+                arguments=arguments,
+                arguments_hash=arguments_hash(arguments),
                 reason=decision.message or "approval needed",
                 ttl=self.policy.approval_ttl,
                 mcp_token_id=principal.token_id,

@@ -33,7 +33,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from worker import metrics
+from worker import metrics, redaction
 from worker.errors import ManaAIError
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ class McpToolSources:
         opened = OpenedSources()
         if not servers:
             return opened
+        # what a server (or anything else) echoes of its headers is never stored nor logged
+        redaction.add_secrets(secret for server in servers for secret in server.secrets())
         await _load_sdk()
         from worker.mcp.session import McpSession
 

@@ -12,6 +12,7 @@ by model (Prometheus), and tells the request's trace span about retries and fall
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from contextvars import ContextVar
@@ -20,8 +21,15 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError, TokenUsage
-from worker import metrics
+from planner import (
+    ChatMessage,
+    ChatModel,
+    CompletionRequest,
+    CompletionResponse,
+    LLMError,
+    TokenUsage,
+)
+from worker import metrics, redaction
 from worker.errors import SettingsError
 from worker.http_url import redact_url  # a password or query values in a URL: never logged
 from worker.metrics import UNNAMED_MODEL
@@ -41,6 +49,9 @@ hooks, which the providers call without the request."""
 class InstrumentedChatModel:
     """A ChatModel that delegates to ``inner`` and records metrics for every request, labelled
     with the request's model (``request.model``, else ``default_model``, else ``(default)``).
+    What the endpoint said (the reply, an error's message) enters the run with the process's
+    secrets masked (``worker.redaction``): an endpoint that echoes its API key ("Incorrect
+    API key provided: sk-…") never puts it in a run's record, its tool calls or its log.
     """
 
     def __init__(self, inner: ChatModel, *, default_model: str | None = None) -> None:
@@ -59,19 +70,54 @@ class InstrumentedChatModel:
         except LLMError as exc:
             counted.errors.inc()
             counted.count_tokens(exc.usage)
+            _redact_error(exc)
             raise
         finally:
             counted.duration.observe(time.perf_counter() - started)
             _REQUEST_MODEL.reset(token)
         counted.ok.inc()
         counted.count_tokens(response.usage)
-        return response
+        return _redacted_response(response)
 
     async def aclose(self) -> None:
         """Close the inner model if it holds resources (an HTTP client)."""
         close = getattr(self.inner, "aclose", None)
         if close is not None:
             await close()
+
+
+def _redacted_response(response: CompletionResponse) -> CompletionResponse:
+    """``response`` with the process's secrets masked in its message and its fields."""
+    masking = redaction.redactor()
+    message = response.message.to_json()
+    fields = [response.finish_reason, response.response_model, response.response_id]
+    if not masking or not any(
+        masking.found(text) for text in (json.dumps(message), *filter(None, fields))
+    ):
+        return response
+    return response.model_copy(
+        update={
+            "message": ChatMessage.from_json(masking.json(message)),
+            "finish_reason": _masked(response.finish_reason),
+            "response_model": _masked(response.response_model),
+            "response_id": _masked(response.response_id),
+        }
+    )
+
+
+def _masked(text: str | None) -> str | None:
+    return None if text is None else redaction.redact(text)
+
+
+def _redact_error(exc: LLMError) -> None:
+    """Mask the process's secrets in ``exc``'s message (and an HTTP error's body)."""
+    masking = redaction.redactor()
+    if not masking:
+        return
+    exc.args = tuple(masking.text(a) if isinstance(a, str) else a for a in exc.args)
+    body = getattr(exc, "body", None)
+    if isinstance(body, str):
+        exc.body = masking.text(body)  # type: ignore[attr-defined]
 
 
 class _ModelCounters:

@@ -134,7 +134,7 @@ def approval_request(
         call_id=json_safe(call.id),
         tool=call.name,
         arguments=arguments,
-        arguments_hash=arguments_hash(call.arguments),
+        arguments_hash=arguments_hash(arguments),  # as stored, as checked when decided
         reason=json_safe(parked.decision.message or parked.decision.reason or "approval needed"),
         ttl=ttl,
         agent_id=mission.agent_id,

@@ -57,7 +57,8 @@ from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from planner.loop import ReminderRole
 from planner.policy import POLICY_MODES, DestructivePolicy, PolicyMode
 from planner.replies import StopReason
-from worker import metrics
+from planner.tools import ToolHandler
+from worker import metrics, redaction
 from worker.logs import bind_log_context
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
@@ -713,10 +714,11 @@ class MissionRunner:
                 return await run_planner_loop(inp, llm=self.llm, sink=traced)
 
     def _with_timeout(self, spec: ToolSpec) -> ToolSpec:
-        """``spec`` with the worker's tool timeout when it sets none of its own."""
-        if spec.timeout_s is not None:
-            return spec
-        return dataclasses.replace(spec, timeout_s=self.tool_timeout_s)
+        """``spec`` with the worker's tool timeout when it sets none of its own, and its
+        results and errors with the process's secrets masked (``worker.redaction``: an MCP
+        server or a page that echoes a key never hands it to the model)."""
+        timeout_s = spec.timeout_s if spec.timeout_s is not None else self.tool_timeout_s
+        return dataclasses.replace(spec, timeout_s=timeout_s, handler=_masking(spec.handler))
 
     def _offered(self, mission: ClaimedMission) -> list[ToolSpec]:
         """``tools_for(mission)`` with the worker's tool timeout, each spec made once per
@@ -787,6 +789,26 @@ class _Run:
     journal: MissionJournal
     tool_names: frozenset[str] = frozenset()
     source_problems: list[str] = field(default_factory=list)
+
+
+def _masking(handler: ToolHandler) -> ToolHandler:
+    """``handler`` whose result (JSON data or text) and error message have the process's
+    secrets masked (``worker.redaction``)."""
+
+    async def handle(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        try:
+            result = await handler(arguments, ctx)
+        except Exception as exc:
+            masking = redaction.redactor()
+            if masking and masking.found(str(exc)):
+                exc.args = tuple(masking.text(a) if isinstance(a, str) else a for a in exc.args)
+            raise
+        masking = redaction.redactor()
+        if masking and isinstance(result, str | dict | list):
+            return masking.json(result)
+        return result
+
+    return handle
 
 
 def _policy_mode_or_none(value: str | None) -> PolicyMode | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from worker.http_url import redact_url
 
@@ -66,6 +67,26 @@ class McpServerConfig:
             "env": sorted(self.env),
             "required": self.required,
         }
+
+    def secrets(self) -> set[str]:
+        """The secret values of this server, for ``worker.redaction``: its header values (and
+        the token of a ``Bearer TOKEN`` one), its environment values, and the password and
+        query values of its URL."""
+        found = set(self.env.values())
+        for value in self.headers.values():
+            found.add(value)
+            scheme, _, token = value.partition(" ")
+            if token.strip() and scheme.isalpha():
+                found.add(token.strip())
+        if self.url:
+            parts = urlsplit(self.url)
+            try:
+                if parts.password:
+                    found.add(unquote(parts.password))
+            except ValueError:
+                pass
+            found.update(value for _, value in parse_qsl(parts.query))
+        return {secret for secret in found if secret}
 
     def row(self) -> dict[str, Any]:
         """The ``agent_mcp_servers`` columns (``agent_id`` aside)."""

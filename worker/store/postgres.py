@@ -52,7 +52,7 @@ from worker.store.claim import claim_parameters, claim_statement, claimed_missio
 from worker.store.engine import run_statement
 from worker.store.prepared import run_prepared
 from worker.store.round_writes import APPROVAL_KEYS, MissionWrite, round_write_statement
-from worker.store.rows import encoded_json
+from worker.store.rows import encoded_json, json_safe
 from worker.store.tables import (
     approval_requests,
     compacted_turns,
@@ -449,6 +449,9 @@ class PostgresMissionStore:
     ) -> Mapping[str, Any]:
         """Run the ``round_write_statement`` of this shape; its first row (with ``claim``,
         the missions of its rows are appended to ``claim.claimed``)."""
+        # the run's texts (an error, a reason, the model's words) as they can be stored:
+        # whatever a peer echoed, a secret never is (``worker.store.rows.json_safe``)
+        params = {key: _storable(value) for key, value in params.items()}
         params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
         if claim is not None:
             params |= claim_parameters(
@@ -578,3 +581,11 @@ def _invocation_values(
         "idempotency_key": row.idempotency_key,
         **invocation_outcome_values(row),
     }
+
+
+def _storable(value: Any) -> Any:
+    """A statement's parameter: text and JSON data through ``json_safe``; anything else (a
+    number, a time, an ``EncodedJSON`` made by ``json_safe`` already) as it is."""
+    if isinstance(value, str) or type(value) is dict:
+        return json_safe(value)
+    return value

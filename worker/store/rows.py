@@ -24,8 +24,9 @@ from planner import (
     ToolCall,
     messages_to_json,
 )
-from planner.json_text import compact_encoder
+from planner.json_text import compact_encoder, storable_text
 from planner.policy import PolicyMode
+from worker import redaction
 from worker.store.base import ArchiveRow, ToolInvocationRow
 from worker.store.prepared import EncodedJSON
 from worker.store.statuses import CallOutcome
@@ -94,11 +95,13 @@ def messages_json(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 def encoded_json(items: list[Any]) -> list[Any]:
     """``items`` (JSON data, as ``json_safe`` and the row builders here make it) as an
-    ``EncodedJSON`` with its text made once by the C encoder; ``items`` itself when it holds
-    something that encoder does not write or PostgreSQL would refuse (NUL, a lone surrogate in
-    a field no ``json_safe`` went over): the statement then encodes it, and fails, as it
-    always did."""
+    ``EncodedJSON`` with its text made once by the C encoder; when it holds something that
+    encoder does not write, PostgreSQL would refuse (NUL, a lone surrogate in a field no
+    ``json_safe`` went over) or a secret, ``json_safe`` of it."""
     text = _storable_text(items)
+    if text is None:
+        items = json_safe(items)
+        text = _storable_text(items)
     return items if text is None else EncodedJSON(items, text)
 
 
@@ -123,8 +126,10 @@ def call_outcome(call: ExecutedCall) -> CallOutcome:
 def json_safe(value: Any) -> Any:
     """``value`` as plain JSON data that PostgreSQL can store: non-JSON values stringified,
     characters that neither ``text`` nor ``jsonb`` accept (NUL, lone UTF-16 surrogates)
-    replaced by U+FFFD, NaN and infinities stored as text, and a value that cannot be
-    encoded (nested too deeply, circular) replaced by a note saying so. Never raises."""
+    replaced by U+FFFD, NaN and infinities stored as text, a value that cannot be encoded
+    (nested too deeply, circular) replaced by a note saying so, and every secret of the
+    process (``worker.redaction``: a key a peer echoed) replaced by ``***``. Every text a run
+    stores goes through it. Never raises."""
     kind = type(value)
     if kind is dict or kind is list:  # a structure: encoded and decoded in C, checked once
         text = _storable_text(value)
@@ -151,6 +156,8 @@ def _storable_text(value: Any) -> str | None:
     # has none: the check of every character is made only for text that is not)
     if "\\u0000" in text or (not text.isascii() and _UNSTORABLE.search(text) is not None):
         return None
+    if redaction.redactor().found(text):
+        return None  # a secret a peer echoed: the walk masks it
     return text
 
 
@@ -186,10 +193,9 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def _storable_str(text: str) -> str:
-    """``text`` with NUL and lone surrogates replaced by U+FFFD."""
-    if text.isascii() and "\x00" not in text:
-        return text
-    return _UNSTORABLE.sub("\ufffd", text)
+    """``text`` with NUL and lone surrogates replaced by U+FFFD and the process's secrets by
+    ``***`` (``worker.redaction``)."""
+    return redaction.redact(storable_text(text))
 
 
 def _not_json(value: Any) -> Any:
