@@ -42,6 +42,7 @@ __all__ = [
     "LLM_TOKENS",
     "MCP_SOURCE_FAILURES",
     "MCP_TOOL_CALLS",
+    "MISSED_RUNS",
     "MISSIONS_CLAIMED",
     "MISSIONS_RUN",
     "MISSIONS_RUNNING",
@@ -68,6 +69,12 @@ MISSIONS_RUN = Counter(
     ["outcome"],
 )
 MISSIONS_CLAIMED = Counter("mana_ai_missions_claimed_total", "Missions claimed by this worker.")
+MISSED_RUNS = Counter(
+    "mana_ai_missed_runs_total",
+    "Runs not run because they were missed (due more than a minute before a worker could "
+    "start them) and their mission's catch-up policy is skip.",
+    ["catch_up"],
+)
 MISSIONS_RUNNING = Gauge("mana_ai_missions_running", "Missions this worker is running now.")
 ITERATION_DURATION = Histogram(
     "mana_ai_iteration_duration_seconds",

@@ -101,6 +101,28 @@ async def test_agents_and_missions_follow_the_commands_rules(
             ({"agent": "a1", "objective": "x", "at": "2030-01-01T09:00"}, "at: '2030-01-01T09:00'"),
             ({"agent": "a1", "objective": "a\u202eb", "due_now": True}, "objective must not"),
             ({"agent": "nobody", "objective": "x", "due_now": True}, "no agent named"),
+            (
+                {"agent": "a1", "objective": "x", "due_now": True, "timezone": "Europe/Berlin"},
+                "timezone is the time zone of cron",
+            ),
+            (
+                {"agent": "a1", "objective": "x", "cron": "0 9 * * *", "catch_up": "sometimes"},
+                "catch_up: Input should be 'skip', 'once' or 'all'",
+            ),
+            (
+                {"agent": "a1", "objective": "x", "cron": "0 9 * * *", "catch_up_window": "6h"},
+                "catch_up_window is how far back catch_up all runs missed runs",
+            ),
+            (
+                {
+                    "agent": "a1",
+                    "objective": "x",
+                    "cron": "0 9 * * *",
+                    "catch_up": "all",
+                    "catch_up_window": "40d",
+                },
+                "catch_up_window: expected a window from 1m to 30d",
+            ),
         ]
         for body, message in mission_cases:
             response = await client.post("/api/v1/missions", json=body)
@@ -110,7 +132,19 @@ async def test_agents_and_missions_follow_the_commands_rules(
         made = await client.post(
             "/api/v1/missions", json={"agent": "a1", "objective": "x", "cron": "0 9 * * *"}
         )
-        assert made.status_code == 201
+        assert made.status_code == 201 and made.json()["catch_up"] == "once"
+        catching = await client.post(
+            "/api/v1/missions",
+            json={
+                "agent": "a1",
+                "objective": "y",
+                "cron": "0 * * * *",
+                "catch_up": "all",
+                "catch_up_window": "6h",
+            },
+        )
+        assert catching.status_code == 201, catching.text
+        assert (catching.json()["catch_up"], catching.json()["catch_up_window"]) == ("all", "PT6H")
         mission_id = made.json()["id"]
         ran = await client.post(f"/api/v1/missions/{mission_id}/run")
         assert ran.status_code == 200 and ran.json()["changed"] is True

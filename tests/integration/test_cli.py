@@ -83,6 +83,11 @@ def test_missions_lifecycle_add_show_pause_resume(run: Any) -> None:
             ["--at", "2030-01-01T00:00+00:00", "--deadline", "2029-01-01T00:00+00:00"],
             "is before the first run",
         ),
+        # a time zone means nothing to a one-shot run: it was taken and ignored
+        (["--due-now", "--timezone", "Europe/Berlin"], "--timezone is the time zone of --cron"),
+        (["--at", "2030-01-01T00:00+00:00", "--timezone", "UTC"], "--timezone is the time"),
+        (["--due-now", "--catch-up", "all"], "--catch-up all runs each missed run of a --cron"),
+        (["--cron", "0 9 * * *", "--catch-up-window", "6h"], "give it with that policy only"),
     ],
 )
 def test_missions_add_bad_input_writes_nothing(run: Any, args: list[str], message: str) -> None:
@@ -91,6 +96,51 @@ def test_missions_add_bad_input_writes_nothing(run: Any, args: list[str], messag
     # 1: the values were refused (a cron that does not parse); 2: the command line is wrong
     assert code == (1 if "fields" in message else 2) and message in err
     assert as_json(run, "missions", "list") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--catch-up", "all", "--catch-up-window", "31d"], "expected a window from 1m to 30d"),
+        (["--catch-up", "all", "--catch-up-window", "0s"], "expected a duration above 0"),
+        (["--catch-up", "sometimes"], "invalid choice: 'sometimes'"),
+    ],
+)
+def test_missions_add_refuses_catch_up_values_it_cannot_take(
+    run: Any, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    with pytest.raises(SystemExit) as exited:
+        run("missions", "add", "--agent", "a", "--objective", "x", "--cron", "0 9 * * *", *args)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+    assert as_json(run, "missions", "list") == []
+
+
+def test_missions_add_keeps_the_catch_up_policy_and_shows_it(run: Any) -> None:
+    as_json(run, "agents", "add", "--name", "a", "--owner", "u")
+    plain = as_json(
+        run, "missions", "add", "--agent", "a", "--objective", "x", "--cron", "0 9 * * *"
+    )
+    assert (plain["catch_up"], plain["catch_up_window"]) == ("once", None)
+    made = as_json(
+        run,
+        "missions",
+        "add",
+        "--agent",
+        "a",
+        "--objective",
+        "x",
+        "--cron",
+        "0 9 * * *",
+        "--catch-up",
+        "all",
+        "--catch-up-window",
+        "6h",
+    )
+    shown = as_json(run, "missions", "show", str(made["id"]))
+    assert (shown["catch_up"], shown["catch_up_window"]) == ("all", "PT6H")
+    code, out, _ = run("missions", "show", str(made["id"]))
+    assert code == 0 and "catch_up: all" in out
 
 
 @pytest.mark.parametrize(

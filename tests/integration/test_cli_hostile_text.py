@@ -51,6 +51,7 @@ SCHEMA_REFUSES = {
     ("approval_requests", "status"),
     ("approval_requests", "consumer"),
     ("missions", "status"),
+    ("missions", "catch_up"),
     ("mission_iterations", "status"),
     ("tool_invocations", "outcome"),
     ("tool_invocations", "consumer"),

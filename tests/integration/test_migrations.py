@@ -93,7 +93,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0011"
+    assert revision == head_revision() == "0012"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES
@@ -311,7 +311,7 @@ async def test_0011_keys_the_token_names_and_keeps_the_newest_of_live_namesakes(
                 ),
                 {"name": name, "revoked": revoked},
             )
-    assert await upgrade_database(fresh) == "0011"
+    assert await upgrade_database(fresh) == head_revision()
     async with fresh.connect() as conn:
         rows = (
             await conn.execute(
@@ -324,3 +324,37 @@ async def test_0011_keys_the_token_names_and_keeps_the_newest_of_live_namesakes(
         ("alice", "alice", False),
         ("bob", "bob", True),
     ]
+
+
+async def test_0012_gives_every_mission_the_catch_up_it_had_and_refuses_other_policies(
+    fresh: AsyncEngine,
+) -> None:
+    from alembic import command
+    from sqlalchemy.exc import IntegrityError
+
+    from worker.store.migrate import alembic_config
+
+    def to_0011(connection: Any) -> None:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0011")
+
+    async with fresh.begin() as conn:
+        await conn.run_sync(to_0011)
+        await conn.execute(
+            text("INSERT INTO agents (name, owner_user_id, system_prompt) VALUES ('a', 'u', 's')")
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO missions (agent_id, objective, cron, next_run_at) "
+                "SELECT id, 'o', '0 * * * *', now() FROM agents"
+            )
+        )
+    assert await upgrade_database(fresh) == head_revision()
+    async with fresh.connect() as conn:
+        row = (await conn.execute(text("SELECT catch_up, catch_up_window FROM missions"))).one()
+    assert tuple(row) == ("once", None)  # missed runs collapse into one, as before
+    for change in ("catch_up = 'sometimes'", "catch_up_window = interval '-1 hour'"):
+        with pytest.raises(IntegrityError):
+            async with fresh.begin() as conn:
+                await conn.execute(text(f"UPDATE missions SET {change}"))

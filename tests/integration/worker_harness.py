@@ -3,6 +3,7 @@ tests of the tick, the runner and the policy gate."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -57,6 +58,7 @@ def make_worker(
     policy: PolicySetup | None = None,
     compaction: CompactionSetup | None = None,
     tool_sources: McpToolSources | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> Worker:
     """A worker on ``engine`` with the built-in tools (plus ``extra_tools``), the policy
     gate when ``policy`` is given (``policy_setup``), and agents' MCP servers opened by
@@ -72,6 +74,7 @@ def make_worker(
         policy=policy,
         compaction=compaction,
         tool_sources=tool_sources or McpToolSources(),
+        **({"clock": clock} if clock is not None else {}),
     )
     return Worker(
         store=store,

@@ -306,16 +306,16 @@ async def test_a_ticks_claim_under_way_holds_its_slots_from_a_finishs_claim() ->
 async def test_a_run_whose_next_run_is_due_when_it_ends_runs_again_at_once() -> None:
     """Without wake-ups from the database (PgBouncer): the finish's claim cannot take its own
     mission, so the worker ticks for it."""
-    store = InMemoryMissionStore()
-    store.add_mission(store.add_agent("a1"), cron="* * * * *")
     reads = 0
 
-    def clock() -> datetime:  # the first run reads an hour ago: it outlasts its period
+    def clock() -> datetime:  # the first claim reads an hour ago: its run outlasts its period
         nonlocal reads
         reads += 1
-        return datetime.now(UTC) - (timedelta(hours=1) if reads == 1 else timedelta(0))
+        return datetime.now(UTC) - (timedelta(hours=1) if reads <= 2 else timedelta(0))
 
-    worker = worker_on(store, lambda request: final_answer("Done."), slots=1, clock=clock)
+    store = InMemoryMissionStore(clock=clock)  # the database's clock, which schedules
+    store.add_mission(store.add_agent("a1"), cron="* * * * *")
+    worker = worker_on(store, lambda request: final_answer("Done."), slots=1)
     await run_until_stored(worker, 2)
     [mission] = store.missions.values()
     assert len(store.iterations) == 2 and mission["next_run_at"] > datetime.now(UTC)

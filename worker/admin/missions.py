@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import ConflictError, UsageError
@@ -42,17 +42,21 @@ def flag(name: str) -> str:
 @dataclass(frozen=True)
 class MissionRequest:
     """A new mission, as given: an ``agent`` (name), an ``objective``, and a schedule:
-    ``cron`` (5 fields, in ``timezone``) for a recurring mission, or ``at`` (a time with a
-    UTC offset, in the future) / ``due_now`` for a one-shot; ``due_now`` with ``cron`` makes
-    the first run now. No run starts after ``deadline``."""
+    ``cron`` (5 fields, in ``timezone``, default UTC) for a recurring mission, or ``at`` (a
+    time with a UTC offset, in the future) / ``due_now`` for a one-shot; ``due_now`` with
+    ``cron`` makes the first run now. No run starts after ``deadline``. ``catch_up`` says what
+    becomes of missed runs (``skip`` | ``once`` | ``all``: ``worker.store.statuses.CatchUp``),
+    ``catch_up_window`` how far back ``all`` goes (default one day)."""
 
     agent: str
     objective: str
     cron: str | None = None
-    timezone: str = "UTC"
+    timezone: str | None = None
     at: datetime | None = None
     due_now: bool = False
     deadline: datetime | None = None
+    catch_up: str = "once"
+    catch_up_window: timedelta | None = None
 
 
 async def create_mission(
@@ -71,10 +75,29 @@ async def create_mission(
         NotFoundError: no such agent.
     """
     from worker.schedule import ScheduleError, next_run_after, parse_timezone
+    from worker.store.statuses import CatchUp
 
     agent_name = checked_name(request.agent, labels("agent"))
     objective = checked_text(request.objective, labels("objective"))
-    timezone = checked_name(request.timezone, labels("timezone"))
+    timezone = checked_name(request.timezone or "UTC", labels("timezone"))
+    if request.timezone is not None and request.cron is None:
+        raise UsageError(
+            f"{labels('timezone')} is the time zone of {labels('cron')}: a one-shot mission "
+            f"runs at {labels('at')} (which carries its own UTC offset) or now"
+        )
+    choices = ", ".join(c.value for c in CatchUp)
+    if request.catch_up not in {c.value for c in CatchUp}:
+        raise UsageError(f"{labels('catch_up')} must be one of {choices}, not {request.catch_up!r}")
+    if request.catch_up == CatchUp.ALL and request.cron is None:
+        raise UsageError(
+            f"{labels('catch_up')} all runs each missed run of a {labels('cron')} mission; a "
+            "one-shot mission has one run (skip or once)"
+        )
+    if request.catch_up_window is not None and request.catch_up != CatchUp.ALL:
+        raise UsageError(
+            f"{labels('catch_up_window')} is how far back {labels('catch_up')} all runs missed "
+            "runs; give it with that policy only"
+        )
     if request.cron is None and request.at is None and not request.due_now:
         raise UsageError(
             f"give {labels('cron')} for a recurring mission, or {labels('at')} / "
@@ -91,7 +114,8 @@ async def create_mission(
         if value is not None and value.tzinfo is None:
             raise UsageError(f"{labels(what)} has no UTC offset; add one, e.g. +00:00")
     parse_timezone(timezone)
-    now = now or datetime.now(UTC)
+    # the database's clock: the one the claim judges what is due by
+    now = now or await admin.database_now()
     cron_next = None
     if request.cron is not None:
         cron_next = next_run_after(request.cron, timezone, now)  # raises ScheduleError
@@ -124,6 +148,8 @@ async def create_mission(
         timezone=timezone,
         next_run_at="now" if request.due_now else first,
         deadline=request.deadline,
+        catch_up=request.catch_up,
+        catch_up_window=request.catch_up_window,
     )
     return mission | {"agent": agent_name}
 
@@ -171,11 +197,12 @@ async def resume_mission(admin: AdminStore, mission_id: int) -> Course:
     next_run = None
     if parked is not None:
         next_run = parked["scheduled_for"]
-    elif current["cron"] is not None:
-        next_run = next_run_after(current["cron"], current["timezone"], datetime.now(UTC))
+    now = await admin.database_now()  # the clock the claim judges what is due by
+    if parked is None and current["cron"] is not None:
+        next_run = next_run_after(current["cron"], current["timezone"], now)
     mission = await admin.resume_mission(mission_id, next_run_at=next_run)
     deadline = mission.get("deadline")
-    if deadline is not None and deadline <= datetime.now(UTC):
+    if deadline is not None and deadline <= now:
         return Course(mission, True, "deadline passed")
     if parked is not None:
         return Course(mission, True, f"parked run {parked['id']}")

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_LIMIT",
     "MAX_ROUNDS",
     "aware_datetime",
+    "catch_up_window",
     "int_range",
     "iteration_ref",
     "limit",
@@ -166,3 +167,21 @@ def parse_since(text: str) -> timedelta:
             f"expected a duration above 0 and up to 3650d, got {text!r}"
         )
     return timedelta(seconds=seconds)
+
+
+_MAX_CATCH_UP_WINDOW = timedelta(days=30)
+
+
+def catch_up_window(text: str) -> timedelta:
+    """How far back a ``catch_up=all`` mission's missed runs still run: ``6h``, ``2d``,
+    ``90m`` (from 1 minute to 30 days).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    window = parse_since(text)
+    if not timedelta(minutes=1) <= window <= _MAX_CATCH_UP_WINDOW:
+        raise argparse.ArgumentTypeError(
+            f"expected a window from 1m to 30d (how far back missed runs still run), got {text!r}"
+        )
+    return window

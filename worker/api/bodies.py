@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 from starlette.requests import Request
@@ -94,13 +94,25 @@ class MissionBody(_Body):
     agent: str = Field(description="the agent's name")
     objective: str = Field(description="what the agent should do each run (up to 20,000 chars)")
     cron: str | None = Field(default=None, description="5-field cron: a recurring mission")
-    timezone: str = Field(default="UTC", description="IANA timezone of the cron")
+    timezone: str | None = Field(
+        default=None, description="IANA timezone of the cron (null: UTC); only with cron"
+    )
     at: str | None = Field(
         default=None, description="one-shot run time, ISO 8601 with a UTC offset, in the future"
     )
     due_now: StrictBool = Field(default=False, description="first run now")
     deadline: str | None = Field(
         default=None, description="no runs after this time (ISO 8601 with a UTC offset)"
+    )
+    catch_up: Literal["skip", "once", "all"] = Field(
+        default="once",
+        description="runs missed while no worker could start them: skip them, run once for "
+        "all of them, or run each one within catch_up_window while the budget has room",
+    )
+    catch_up_window: str | None = Field(
+        default=None,
+        description="with catch_up all: how far back missed runs still run, e.g. 6h, 2d "
+        "(1m to 30d; null: 1d)",
     )
 
 

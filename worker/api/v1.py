@@ -28,7 +28,7 @@ from worker import redaction
 from worker.admin import agents as agent_ops
 from worker.admin import missions as mission_ops
 from worker.admin.approvals import decide
-from worker.admin.values import aware_datetime, limit, parse_since, row_id
+from worker.admin.values import aware_datetime, catch_up_window, limit, parse_since, row_id
 from worker.api.auth import Forbidden, bearer_principal
 from worker.api.bodies import (
     AgentBody,
@@ -196,6 +196,10 @@ async def create_mission(request: Request, s: Services, who: AdminPrincipal) -> 
             deadline=None
             if body.deadline is None
             else parsed(body.deadline, aware_datetime, "deadline"),
+            catch_up=body.catch_up,
+            catch_up_window=None
+            if body.catch_up_window is None
+            else parsed(body.catch_up_window, catch_up_window, "catch_up_window"),
         ),
         field_label,
     )

@@ -11,6 +11,7 @@ from worker.cli.args import (
     MAX_TEXT_CHARS,
     UsageError,
     aware_datetime,
+    catch_up_window,
     checked_text,
     group,
     json_flag,
@@ -49,7 +50,7 @@ def register(commands: Any) -> None:
         help="read the objective from a UTF-8 text file ('-': standard input), for long texts",
     )
     add.add_argument("--cron", help="5-field cron expression, e.g. '0 9 * * 1-5'")
-    add.add_argument("--timezone", default="UTC", help="IANA timezone of --cron (UTC)")
+    add.add_argument("--timezone", help="IANA timezone of --cron (default UTC)")
     add.add_argument("--at", type=aware_datetime, help="one-shot run time, ISO 8601 with offset")
     add.add_argument(
         "--due-now",
@@ -58,6 +59,21 @@ def register(commands: Any) -> None:
     )
     add.add_argument(
         "--deadline", type=aware_datetime, help="no runs after this time (ISO 8601 with offset)"
+    )
+    add.add_argument(
+        "--catch-up",
+        choices=["skip", "once", "all"],
+        default="once",
+        help="runs missed while no worker could start them (more than a minute late): skip "
+        "them; run once now for all of them (default); or run each one missed within "
+        "--catch-up-window, oldest first, while the agent's daily token budget has room",
+    )
+    add.add_argument(
+        "--catch-up-window",
+        type=catch_up_window,
+        metavar="DURATION",
+        help="with --catch-up all: how far back missed runs still run, e.g. 6h, 2d "
+        "(1m to 30d; default 1d)",
     )
     json_flag(add)
     add.set_defaults(command_fn=_add)
@@ -108,6 +124,8 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
         at=args.at,
         due_now=args.due_now,
         deadline=args.deadline,
+        catch_up=args.catch_up,
+        catch_up_window=args.catch_up_window,
     )
     async with admin_store(settings) as admin:
         mission = await create_mission(admin, request)

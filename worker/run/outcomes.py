@@ -21,8 +21,9 @@ from worker.store.base import (
     IterationOutcome,
     StartedIteration,
 )
+from worker.store.claim import DEFAULT_CATCH_UP_WINDOW
 from worker.store.rows import json_safe
-from worker.store.statuses import IterationStatus, MissionStatus, RunnerStopReason
+from worker.store.statuses import CatchUp, IterationStatus, MissionStatus, RunnerStopReason
 
 __all__ = [
     "MAX_PROBLEMS_SHOWN",
@@ -198,14 +199,21 @@ def no_run(
     )
 
 
-def next_run_of(mission: ClaimedMission, now: datetime) -> NextRun:
-    """The mission's next run after ``now``: its cron's next time (``completed`` past its
+def next_run_of(mission: ClaimedMission, now: datetime, *, catch_up: bool = True) -> NextRun:
+    """The mission's next run: its cron's next time after ``now`` (the database's clock), or,
+    for a ``catch_up=all`` mission (and ``catch_up``), after the run at hand, but not before
+    the mission's window, so that each missed run within the window runs in turn (those before
+    it are dropped; a next run at or before ``now`` is due at once); ``completed`` past its
     deadline or when the cron never fires again; ``paused`` with the reason when its stored
-    schedule no longer parses), or none for a one-shot mission."""
+    schedule no longer parses; none for a one-shot mission."""
     if mission.cron is None:
         return NextRun(None, MissionStatus.COMPLETED)
+    after = now
+    if catch_up and mission.catch_up == CatchUp.ALL:
+        window = mission.catch_up_window or DEFAULT_CATCH_UP_WINDOW
+        after = min(now, max(mission.scheduled_for, now - window))
     try:
-        at = next_run_after(mission.cron, mission.timezone, now)
+        at = next_run_after(mission.cron, mission.timezone, after)
     except ScheduleError as exc:
         return NextRun(None, MissionStatus.PAUSED, f"schedule is broken, mission paused: {exc}")
     if at is None or (mission.deadline is not None and at > mission.deadline):

@@ -256,7 +256,20 @@ class MissionRunner:
     async def _run_held(
         self, mission: ClaimedMission, lease: HeldLease, ahead: ClaimAhead | None
     ) -> RunOutcome:
-        next_run = next_run_of(mission, self.clock())
+        now = self._database_clock(mission)()
+        next_run = next_run_of(mission, now)
+        if mission.missed:  # a missed run the catch-up policy drops: the claim started none
+            logger.warning(
+                "run due at %s missed by %s; not run (catch-up policy %s); next run at %s",
+                mission.scheduled_for.isoformat(),
+                now - mission.scheduled_for,
+                mission.catch_up,
+                next_run.at.isoformat() if next_run.at else None,
+            )
+            metrics.MISSED_RUNS.labels(catch_up=mission.catch_up).inc()
+            skipped = no_run(next_run)
+            await self._end_without_run(mission, skipped, lease, what="skipping a missed run")
+            return RunOutcome.SKIPPED
         if mission.past_deadline:
             logger.info("deadline %s passed; completing mission without a run", mission.deadline)
             done = no_run(NextRun(None, MissionStatus.COMPLETED))
@@ -299,6 +312,10 @@ class MissionRunner:
                     f"daily token budget used up: agent {mission.agent_name} used {used} of "
                     f"{mission.max_tokens_per_day} tokens in the last 24 h; run skipped"
                 )
+                if next_run != (caught_up := next_run_of(mission, now, catch_up=False)):
+                    # no catch-up past the budget: the runs missed before now are dropped
+                    error += "; the missed runs before now are dropped (catch-up policy all)"
+                    next_run = caught_up
                 logger.warning("%s", error)
                 over = no_run(
                     next_run,
@@ -332,7 +349,7 @@ class MissionRunner:
                 # the loop adds its usage, which starts from the checkpoint's on a resume
                 tokens_used_24h=max(0, used - checkpoint_tokens),
                 deadline=mission.deadline,
-                clock=self.clock,
+                clock=self._database_clock(mission),
                 disabled=self.reminders_disabled,
                 role=self.reminder_role,
             )
@@ -712,6 +729,16 @@ class MissionRunner:
 
             async with traced_run(self.tracing, mission, iteration, model, sink) as traced:
                 return await run_planner_loop(inp, llm=self.llm, sink=traced)
+
+    def _database_clock(self, mission: ClaimedMission) -> Callable[[], datetime]:
+        """The database's clock as this worker reads it for ``mission``'s run: ``clock`` moved
+        by how far it was from the database's at the claim (``ClaimedMission.claimed_at``), so
+        that a worker whose clock is off schedules, and reminds of deadlines, as the
+        database's clock (the one the claim judges due by) says."""
+        if mission.claimed_at is None:
+            return self.clock
+        offset = mission.claimed_at - self.clock()
+        return lambda: self.clock() + offset
 
     def _with_timeout(self, spec: ToolSpec) -> ToolSpec:
         """``spec`` with the worker's tool timeout when it sets none of its own, and its

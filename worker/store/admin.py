@@ -7,7 +7,7 @@ leaves the database untouched.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
 from sqlalchemy import Executable, delete, func, insert, or_, select, update
@@ -171,6 +171,13 @@ class AdminStore:
 
     # missions -----------------------------------------------------------------------------
 
+    async def database_now(self) -> datetime:
+        """The database's clock (``now()``, UTC-aware): the one the claim judges what is due
+        by, so that what an admin schedules does not depend on this client's clock."""
+        async with self.engine.connect() as conn:
+            now: datetime = (await conn.execute(select(func.now()))).scalar_one()
+        return now
+
     async def add_mission(
         self,
         *,
@@ -180,6 +187,8 @@ class AdminStore:
         timezone: str,
         next_run_at: datetime | Literal["now"],
         deadline: datetime | None = None,
+        catch_up: str = "once",
+        catch_up_window: timedelta | None = None,
     ) -> Row:
         """Create an active mission due at ``next_run_at`` (validated by the caller).
 
@@ -196,6 +205,8 @@ class AdminStore:
                 timezone=timezone,
                 next_run_at=func.now() if next_run_at == "now" else next_run_at,
                 deadline=deadline,
+                catch_up=catch_up,
+                catch_up_window=catch_up_window,
             )
             .returning(*missions.c)
         )

@@ -36,7 +36,13 @@ from planner.gate import Reservation
 from planner.policy import PolicyMode, RateLimit, UserPolicySettings
 from planner.replies import StopReason
 from worker.store.agent_servers import McpServerConfig
-from worker.store.statuses import CallOutcome, IterationStatus, MissionStatus, RunnerStopReason
+from worker.store.statuses import (
+    CallOutcome,
+    CatchUp,
+    IterationStatus,
+    MissionStatus,
+    RunnerStopReason,
+)
 
 __all__ = [
     "ApprovalRequestRow",
@@ -73,6 +79,12 @@ class ClaimedMission:
     hours when the agent has a daily budget (``None``: no budget). ``past_deadline``: the
     mission's deadline passed before the claim (no run starts after it: the store decides
     it, the runner only completes the mission; the deadline rule lives in the claim).
+
+    ``claimed_at`` is the database's clock at the claim (UTC-aware; ``None`` from a store
+    without one): the one clock that decides what is due and, with it, when the mission runs
+    next, whatever this worker's clock says. ``catch_up`` and ``catch_up_window`` are the
+    mission's policy for missed runs (``CatchUp``); ``missed``: the claimed run is a missed
+    one of a ``skip`` mission (no iteration was started: the runner moves the schedule on).
     """
 
     id: int
@@ -97,6 +109,10 @@ class ClaimedMission:
     tokens_used_24h: int | None = None
     past_deadline: bool = False
     destructive_policy: str | None = None
+    claimed_at: datetime | None = None
+    catch_up: CatchUp = CatchUp.ONCE
+    catch_up_window: timedelta | None = None
+    missed: bool = False
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from worker.store.agent_servers import McpServerConfig
 from worker.store.base import ClaimedMission, StartedIteration
+from worker.store.statuses import CatchUp
 from worker.store.tables import (
     agent_mcp_servers,
     agents,
@@ -50,7 +51,9 @@ from worker.store.tables import (
 from worker.store.user_policy import user_settings_from_row
 
 __all__ = [
+    "DEFAULT_CATCH_UP_WINDOW",
     "LITERAL_LIMITS",
+    "MISFIRE_GRACE",
     "claim_limit",
     "claim_parameters",
     "claim_select",
@@ -172,6 +175,11 @@ def claim_select(
             and_(missions.c.deadline.is_not(None), now > missions.c.deadline).label(
                 "past_deadline"
             ),
+            missions.c.catch_up,
+            missions.c.catch_up_window,
+            _missed_and_dropped(now).label("missed"),
+            # the database's clock: what decides what is due decides when it runs next
+            now.label("claimed_at"),
         )
         .cte("claimed")
     )
@@ -185,7 +193,7 @@ def claim_select(
         worker_id,
         func.coalesce(claimed.c.model, bindparam("p_default_model", type_=Text)),
         first_attempt,
-    ).where(~claimed.c.past_deadline)
+    ).where(~claimed.c.past_deadline, ~claimed.c.missed)
     started = _start_iteration_statement(values).cte("started")
     return select(
         claimed,
@@ -227,6 +235,10 @@ def claimed_mission(r: Mapping[str, Any]) -> ClaimedMission:
         tokens_used_24h=int(r["tokens_used_24h"]) if r["tokens_used_24h"] is not None else None,
         past_deadline=bool(r["past_deadline"]),
         destructive_policy=r["destructive_policy"],
+        claimed_at=r["claimed_at"],
+        catch_up=CatchUp(r["catch_up"]),
+        catch_up_window=r["catch_up_window"],
+        missed=bool(r["missed"]),
     )
 
 
@@ -240,6 +252,39 @@ def _started(row: Mapping[str, Any], iteration_id: int) -> StartedIteration:
         prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"],
         reminders=list(row["reminders"]),
+    )
+
+
+MISFIRE_GRACE = timedelta(minutes=1)
+"""A run that starts more than this after its time is a missed run (``CatchUp``)."""
+
+DEFAULT_CATCH_UP_WINDOW = timedelta(days=1)
+"""How far back a ``catch_up=all`` mission's missed runs still run when it sets no window."""
+
+
+def _missed_and_dropped(now: Any) -> Any:
+    """The claimed run is a missed one its mission's catch-up policy drops (``CatchUp``): of a
+    ``skip`` mission, due more than ``MISFIRE_GRACE`` ago; of an ``all`` mission, due before
+    its window; and no attempt at it began (a run parked for approval, or interrupted, goes on
+    however late). No iteration is started: the runner only moves the schedule on
+    (correlated to ``missions``)."""
+    its = mission_iterations
+    begun = (
+        select(its.c.id)
+        .where(its.c.mission_id == missions.c.id, its.c.scheduled_for == missions.c.next_run_at)
+        .correlate(missions)
+        .exists()
+    )
+    window = func.coalesce(missions.c.catch_up_window, literal(DEFAULT_CATCH_UP_WINDOW, Interval))
+    return and_(
+        or_(
+            and_(
+                missions.c.catch_up == CatchUp.SKIP.value,
+                missions.c.next_run_at < now - literal(MISFIRE_GRACE, Interval),
+            ),
+            and_(missions.c.catch_up == CatchUp.ALL.value, missions.c.next_run_at < now - window),
+        ),
+        ~begun,
     )
 
 

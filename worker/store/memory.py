@@ -37,7 +37,9 @@ from worker.store.base import (
     StartedIteration,
     ToolInvocationRow,
 )
+from worker.store.claim import DEFAULT_CATCH_UP_WINDOW, MISFIRE_GRACE
 from worker.store.round_writes import DEADLINE_NOTE
+from worker.store.statuses import CatchUp
 
 __all__ = ["InMemoryMissionStore"]
 
@@ -126,6 +128,8 @@ class InMemoryMissionStore:
         next_run_at: datetime | None = None,
         deadline: datetime | None = None,
         status: str = "active",
+        catch_up: CatchUp = CatchUp.ONCE,
+        catch_up_window: timedelta | None = None,
     ) -> int:
         """A new mission of ``agent_id`` (due now unless ``next_run_at``); its id."""
         mission_id = next(self._ids)
@@ -141,6 +145,8 @@ class InMemoryMissionStore:
             "last_error": None,
             "lease_owner": None,
             "lease_expires_at": None,
+            "catch_up": catch_up,
+            "catch_up_window": catch_up_window,
         }
         return mission_id
 
@@ -260,7 +266,18 @@ class InMemoryMissionStore:
             agent = self.agents[mission["agent_id"]]
             iteration = None
             past_deadline = mission["deadline"] is not None and now > mission["deadline"]
-            if not past_deadline:
+            window = mission["catch_up_window"] or DEFAULT_CATCH_UP_WINDOW
+            missed = (
+                (
+                    mission["catch_up"] == CatchUp.SKIP
+                    and mission["next_run_at"] < now - MISFIRE_GRACE
+                )
+                or (mission["catch_up"] == CatchUp.ALL and mission["next_run_at"] < now - window)
+            ) and not any(
+                i["mission_id"] == mission["id"] and i["scheduled_for"] == mission["next_run_at"]
+                for i in self.iterations.values()
+            )
+            if not past_deadline and not missed:
                 iteration = self._start_iteration(
                     mission, worker_id, agent["model"] or default_model
                 )
@@ -292,6 +309,10 @@ class InMemoryMissionStore:
                     tokens_used_24h=used,
                     past_deadline=past_deadline,
                     destructive_policy=agent.get("destructive_policy"),
+                    claimed_at=now,
+                    catch_up=CatchUp(mission["catch_up"]),
+                    catch_up_window=mission["catch_up_window"],
+                    missed=missed,
                 )
             )
         return claims

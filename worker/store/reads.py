@@ -89,6 +89,8 @@ MISSION_COLUMNS = (
     "last_error",
     "created_at",
     "updated_at",
+    "catch_up",
+    "catch_up_window",
 )
 """The columns of ``missions``, in the table's order."""
 

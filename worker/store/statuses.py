@@ -14,6 +14,7 @@ from enum import StrEnum
 __all__ = [
     "FINAL_CALL_OUTCOMES",
     "CallOutcome",
+    "CatchUp",
     "IterationStatus",
     "MissionStatus",
     "RunnerStopReason",
@@ -28,6 +29,25 @@ class MissionStatus(StrEnum):
     ACTIVE = "active"
     PAUSED = "paused"
     COMPLETED = "completed"
+
+
+class CatchUp(StrEnum):
+    """``missions.catch_up``: what becomes of runs a mission missed (due while no worker could
+    start them: the workers were down, the database away, a backlog). A run is missed when it
+    starts more than ``MISFIRE_GRACE`` after its time.
+
+    * ``skip``: a missed run does not run; the schedule goes on from now.
+    * ``once`` (default): the runs missed collapse into one run now, then the schedule goes
+      on from now.
+    * ``all``: each run missed within ``missions.catch_up_window`` (default one day) runs,
+      oldest first, one after another; older ones are dropped. Catch-up runs stop as soon as
+      the agent's daily token budget is used up (the rest are dropped), so an outage never
+      spends more than a day's budget.
+    """
+
+    SKIP = "skip"
+    ONCE = "once"
+    ALL = "all"
 
 
 class IterationStatus(StrEnum):

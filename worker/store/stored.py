@@ -12,7 +12,8 @@ optional (``total=False``) because replay also reads rows written by older relea
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, TypedDict
 
 __all__ = [
@@ -162,11 +163,22 @@ def _iso(value: Any) -> str:
     return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
 
 
+@cache
+def _duration() -> Any:
+    """pydantic's writer of durations, loaded on first use (``--help`` loads no pydantic)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(timedelta)
+
+
 def jsonable(value: Any) -> Any:
-    """``value`` (a stored row, or a value in one) with datetimes as ISO strings and tuples as
-    lists: what ``json.dumps`` takes (``--json`` output, the HTTP API's bodies)."""
+    """``value`` (a stored row, or a value in one) with datetimes as ISO strings, durations as
+    ISO 8601 durations (``PT6H``, as pydantic writes them) and tuples as lists: what
+    ``json.dumps`` takes (``--json`` output, the HTTP API's bodies)."""
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, timedelta):
+        return _duration().dump_python(value, mode="json")
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    Interval,
     MetaData,
     Table,
     Text,
@@ -33,7 +34,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from planner.approvals import ApprovalStatus
 from planner.policy_modes import DestructivePolicy, PolicyMode
-from worker.store.statuses import CallOutcome, IterationStatus, MissionStatus
+from worker.store.statuses import CallOutcome, CatchUp, IterationStatus, MissionStatus
 
 __all__ = [
     "APPROVAL_STATUSES",
@@ -77,6 +78,7 @@ DUE_CHANNEL = "mana_ai_due"
 due): workers ``LISTEN`` on it (``worker.daemon.wakeup``)."""
 
 MISSION_STATUSES = tuple(s.value for s in MissionStatus)
+CATCH_UP_POLICIES = tuple(c.value for c in CatchUp)
 ITERATION_STATUSES = tuple(s.value for s in IterationStatus)
 TOOL_OUTCOMES = tuple(o.value for o in CallOutcome)
 """See ``worker.store.statuses.CallOutcome``."""
@@ -157,7 +159,24 @@ missions = Table(
     Column("last_error", Text, nullable=True),
     _timestamp("created_at", default_now=True),
     _timestamp("updated_at", default_now=True),
+    Column(
+        "catch_up",
+        Text,
+        nullable=False,
+        server_default=text("'once'"),
+        comment="missed runs: skip | once | all (within catch_up_window)",
+    ),
+    Column(
+        "catch_up_window",
+        Interval,
+        nullable=True,
+        comment="catch_up all: how far back missed runs still run (NULL: one day)",
+    ),
     CheckConstraint(_in("status", MISSION_STATUSES), name="status"),
+    CheckConstraint(_in("catch_up", CATCH_UP_POLICIES), name="catch_up"),
+    CheckConstraint(
+        "catch_up_window IS NULL OR catch_up_window > interval '0'", name="catch_up_window"
+    ),
     Index(
         "ix_missions_due",
         "next_run_at",
