@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -265,3 +266,48 @@ def test_with_tracing_off_no_opentelemetry_module_is_loaded() -> None:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+EXITING = """
+import sys, time
+from worker.tracing.setup import open_tracing
+
+tracing = open_tracing(worker_id="w", capture_content=False, environ={
+    "OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1]})
+for n in range(50):
+    tracing.tracer.start_span(f"span {n}").end()
+tracing.operation_duration.record(1.5, {"gen_ai.operation.name": "chat"})
+print(time.monotonic(), flush=True)
+print(tracing.shutdown(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["black_hole", "dropping", "refused"])
+def test_a_dead_collector_holds_the_stop_and_the_exit_of_a_process_for_the_bound_only(
+    mode: str,
+) -> None:
+    # before: Tracing.shutdown waited 5 s, then the meter provider's atexit hook exported
+    # once more (10 s against a black hole); measured from the moment the process starts
+    # stopping, so that its start-up (imports) is not in the figure
+    pytest.importorskip("opentelemetry.sdk", reason="tracing needs the [otel] extra")
+    from tests.fakes.otlp_receiver import DeadCollector
+    from worker.tracing.setup import SHUTDOWN_S
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MANA_AI_"))}
+    with DeadCollector(mode) as dead:  # type: ignore[arg-type]
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = dead.endpoint
+        process = subprocess.Popen(
+            [sys.executable, "-c", EXITING, dead.endpoint],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        stopping = float(process.stdout.readline() or "nan")
+        out, err = process.communicate(timeout=60)
+        exited = time.monotonic()
+    assert process.returncode == 0, err
+    assert out.strip() == "False"  # dropped, and said so
+    assert "did not take the last spans and metrics" in err
+    assert exited - stopping < SHUTDOWN_S + 1.5, err
