@@ -370,3 +370,26 @@ def test_tracing_is_on_where_an_otlp_endpoint_is_configured(
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     assert load_settings().otel == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "capture", "exported"),
+    [
+        ("clock_now", False, "clock_now"),  # offered: named, captured or not
+        ("clock_now", True, "clock_now"),
+        ("clock_now_v2", False, "_OTHER"),  # not offered: content
+        ("clock_now\u200b", False, "_OTHER"),
+        ("x" * 3016, False, "_OTHER"),
+        ("x" * 3016, True, "x" * 128 + "…"),  # captured: cut
+        ("a\x1b[31m\u202e", True, "a\\u001b[31m\\u202e"),  # and escaped
+        ("\u202e" * 100, True, "\\u202e" * 21 + "\\u…"),  # escapes count toward the cut
+        ("工具_🛠️", True, "工具_🛠️"),
+        ("", False, "_OTHER"),
+    ],
+)
+def test_a_tool_name_is_exported_only_when_offered_or_captured_and_always_bounded(
+    name: str, capture: bool, exported: str
+) -> None:
+    from worker.tracing.chosen import tool_name
+
+    assert tool_name(name, {"clock_now", "notes_add"}, capture_content=capture) == exported
