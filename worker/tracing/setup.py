@@ -22,7 +22,7 @@ and the metrics to the reader, whose threads export them. One export waits for t
 ``OTEL_EXPORTER_OTLP_TIMEOUT`` at most, retries and their backoff included (the SDK reads it
 in **seconds**, default 10, though the OpenTelemetry specification says milliseconds), in
 those threads only. Nothing waits for them but the stop: ``Tracing.shutdown`` gives the last
-spans and metrics ``SHUTDOWN_S`` (0.5 s) in all to go out, and then drops them. The SDK's own
+spans and metrics ``SHUTDOWN_S`` (0.3 s) in all to go out, and then drops them. The SDK's own
 exit hooks (``atexit``: a provider's shutdown, which joins its export threads and, for the
 meter provider, exports one last time with the exporter's whole timeout) are not
 registered, so the interpreter's exit waits for nothing of tracing either.
@@ -67,10 +67,13 @@ otherwise: a chat span's prompt is the whole conversation, and uncut, one batch 
 passes the exporter's 64 MiB request limit and is dropped whole (spans of other missions
 with it)."""
 
-SHUTDOWN_S = 0.5
+SHUTDOWN_S = 0.3
 """Seconds a stopping worker or command waits in all for its last spans and metrics to go
-out (both at once); a collector that answers takes milliseconds, and one that does not
-cannot hold a stop longer than this (module docstring: **Bounds**)."""
+out (both at once). A collector beside the workers takes 10-15 ms (measured: `tick --once`
+with a local one), and one that does not answer cannot hold a stop longer than this (module
+docstring: **Bounds**); one far away may miss the last spans of a short command that opens
+its first connection then (a TLS handshake across a continent): run an agent or collector
+near the workers."""
 
 _LIMIT_VARIABLES = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
 _ENDPOINT_VARIABLES = (
