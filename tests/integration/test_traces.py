@@ -382,6 +382,7 @@ async def test_names_a_model_invented_are_content_and_what_the_endpoint_chose_is
         str(value) for point in receiver.metric_points() for value in point.attributes.values()
     ]
     prometheus = generate_latest(REGISTRY).decode()
+    assert 'mana_ai_tool_calls_total{outcome="error",tool="(unknown)"}' in prometheus
 
     tools = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
     assert sorted(s.name for s in tools) == ["execute_tool"] * len(INVENTED) + [
