@@ -88,6 +88,7 @@ def tracing_on(capture_content: bool, metrics: bool) -> tuple[RunTracing, Any, A
 
 async def measure(rounds: int, k: int, loops: int, repeat: int) -> dict[str, float]:
     tools = noop_tools(k)
+    offered = frozenset(t.name for t in tools)  # as the runner gives them: named on spans
     responses = script(rounds, k)
     results: dict[str, float] = {}
     for name in ("off", "spans", "spans + metrics", "+ content"):
@@ -115,7 +116,9 @@ async def measure(rounds: int, k: int, loops: int, repeat: int) -> dict[str, flo
         async def one(inp: PlannerLoopInput, tracer: RunTracing | None, wrapper: Any) -> None:
             model = ReplayModel(responses)
             llm = wrapper(model) if wrapper is not None else model
-            async with traced_run(tracer, MISSION, ITERATION, "bench-model", _sink) as sink:
+            async with traced_run(
+                tracer, MISSION, ITERATION, "bench-model", _sink, offered
+            ) as sink:
                 await run_planner_loop(inp, llm=llm, sink=sink)
 
         for inp in inputs(loops // 10):  # warm up

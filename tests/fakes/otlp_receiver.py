@@ -9,17 +9,21 @@ answered 200 with an empty export response, as a collector does. ``spans()`` fla
 arrived into ``ReceivedSpan`` values (attributes decoded to Python values, ids as hex) for
 tests to check a span tree attribute by attribute; ``metric_points()`` does the same for
 histogram data points.
+
+``DeadCollector`` is the opposite: an OTLP endpoint that never answers, in the three ways a
+collector can be down (``DEAD_MODES``), for tests that hold a stop or an exit to its bound.
 """
 
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -32,7 +36,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-__all__ = ["OtlpReceiver", "ReceivedEvent", "ReceivedPoint", "ReceivedSpan"]
+__all__ = [
+    "DEAD_MODES",
+    "DeadCollector",
+    "DeadMode",
+    "OtlpReceiver",
+    "ReceivedEvent",
+    "ReceivedPoint",
+    "ReceivedSpan",
+]
 
 SPAN_KINDS = {
     Span.SPAN_KIND_INTERNAL: "INTERNAL",
@@ -158,6 +170,77 @@ class OtlpReceiver:
         with self._store.lock:
             requests = list(self._store.metrics)
         return [point for request in requests for point in _points(request)]
+
+
+DeadMode = Literal["black_hole", "dropping", "refused"]
+DEAD_MODES: tuple[DeadMode, ...] = ("black_hole", "dropping", "refused")
+
+
+class DeadCollector:
+    """An OTLP/HTTP endpoint on 127.0.0.1 that never answers (``endpoint`` is what
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` takes), in one of three ways:
+
+    * ``black_hole``: accepts every connection, then reads nothing, answers nothing and
+      closes nothing (a collector that hangs, or a proxy in front of a dead one): a request
+      waits for its timeout; ``accepted`` counts the connections;
+    * ``dropping``: its listen backlog (0) is kept full by a connection of its own that it
+      never accepts, so the kernel drops every SYN: a connect waits for its timeout, as with a
+      host that drops packets;
+    * ``refused``: the port is bound but not listening: every connect is refused at once
+      (a port nobody listens on, which no other test can take meanwhile).
+
+    Use as a context manager (``stop()`` at exit closes every socket).
+    """
+
+    def __init__(self, mode: DeadMode) -> None:
+        self.mode = mode
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        self._closed = threading.Event()
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._thread: threading.Thread | None = None
+        if mode == "black_hole":
+            self._socket.listen(64)
+            self._socket.settimeout(0.1)
+            self._thread = threading.Thread(target=self._accept, name="dead-collector", daemon=True)
+            self._thread.start()
+        elif mode == "dropping":
+            self._socket.listen(0)
+            filler = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            self._held.append(filler)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._socket.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed by stop()
+                return
+            self._held.append(connection)
+            self.accepted += 1
+
+    def stop(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        for held in self._held:
+            held.close()
+        self._socket.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 def _spans(request: ExportTraceServiceRequest) -> Iterator[ReceivedSpan]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.fakes import FakeLLMServer
+from tests.fakes import FakeLLMServer, chat_completion_body
 from tests.integration.worker_harness import add_mission, iterations
 from worker.daemon.app import open_app
 from worker.settings import load_settings
@@ -265,3 +266,156 @@ def test_with_tracing_off_no_opentelemetry_module_is_loaded() -> None:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+EXITING = """
+import sys, time
+from worker.tracing.setup import open_tracing
+
+tracing = open_tracing(worker_id="w", capture_content=False, environ={
+    "OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1]})
+for n in range(50):
+    tracing.tracer.start_span(f"span {n}").end()
+tracing.operation_duration.record(1.5, {"gen_ai.operation.name": "chat"})
+print(time.monotonic(), flush=True)
+print(tracing.shutdown(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["black_hole", "dropping", "refused"])
+def test_a_dead_collector_holds_the_stop_and_the_exit_of_a_process_for_the_bound_only(
+    mode: str,
+) -> None:
+    # before: Tracing.shutdown waited 5 s, then the meter provider's atexit hook exported
+    # once more (10 s against a black hole); measured from the moment the process starts
+    # stopping, so that its start-up (imports) is not in the figure
+    pytest.importorskip("opentelemetry.sdk", reason="tracing needs the [otel] extra")
+    from tests.fakes.otlp_receiver import DeadCollector
+    from worker.tracing.setup import SHUTDOWN_S
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MANA_AI_"))}
+    with DeadCollector(mode) as dead:  # type: ignore[arg-type]
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = dead.endpoint
+        process = subprocess.Popen(
+            [sys.executable, "-c", EXITING, dead.endpoint],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        stopping = float(process.stdout.readline() or "nan")
+        out, err = process.communicate(timeout=60)
+        exited = time.monotonic()
+    assert process.returncode == 0, err
+    assert out.strip() == "False"  # dropped, and said so
+    assert "did not take the last spans and metrics" in err
+    assert exited - stopping < SHUTDOWN_S + 1.5, err
+
+
+INVENTED = [  # (what kind, the name a model invents, what would give it away in any form)
+    ("very long", "zz_long_" + "y" * 3008, ("zz_long_",)),
+    ("control characters", "zz_ctrl\x1b]0;pwned\x07\u202e\r\n\x00", ("zz_ctrl",)),
+    ("an offered name and a suffix", "clock_now_zz_suffix", ("clock_now_zz",)),
+    ("an offered name and an invisible one", "clock_now\u200b", ("clock_now\u200b", "u200b")),
+    ("unicode", "zz_ünïcødé_工具_🛠️", ("zz_ünïcødé", "工具")),
+    ("an MCP server's shape", "zz_server__tool", ("zz_server",)),
+]
+ENDPOINT_CHOSE = {  # what the endpoint answers besides: an id, a model, a finish reason
+    "id": "zz_id_\x1b[2J" + "i" * 3000,
+    "model": "zz_model_\u202e" + "m" * 3000,
+    "finish_reason": "zz_finish_" + "f" * 3000,
+}
+
+
+def exported_texts(spans: list[ReceivedSpan]) -> list[str]:
+    """Every text a span carries: its name, status message, attribute values (arrays
+    flattened), its events' names and attribute values."""
+
+    def texts(attributes: dict[str, Any]) -> list[str]:
+        found = []
+        for value in attributes.values():
+            values = value if isinstance(value, tuple) else (value,)
+            found += [str(v) for v in values]
+        return found
+
+    found = []
+    for span in spans:
+        found += [span.name, span.status_message, *texts(span.attributes)]
+        for event in span.events:
+            found += [event.name, *texts(event.attributes)]
+    return found
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["content off", "content on"])
+async def test_names_a_model_invented_are_content_and_what_the_endpoint_chose_is_bounded(
+    db: AsyncEngine, database_url: str, receiver: OtlpReceiver, capture: bool
+) -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    from worker.terminal_text import is_hidden
+    from worker.tracing.chosen import MAX_CHOSEN_CHARS, OTHER, bounded
+    from worker.tracing.setup import CONTENT_CHARS
+
+    await add_mission(db, cron=None, agent="inventor", objective="What time is it?")
+    async with db.begin() as conn:
+        await conn.execute(update(agents).values(allowed_tools=["clock_now"]))
+    invented = [name for _, name, _ in INVENTED]
+    with FakeLLMServer() as llm:
+        first = chat_completion_body(tool_calls=[("clock_now", {}), *((n, {}) for n in invented)])
+        first |= {"id": ENDPOINT_CHOSE["id"], "model": ENDPOINT_CHOSE["model"]}
+        first["choices"][0]["finish_reason"] = ENDPOINT_CHOSE["finish_reason"]
+        llm.enqueue(json=first)
+        llm.enqueue_completion(content="It is noon.")
+        settings = load_settings(
+            database_url=database_url,
+            llm_base_url=llm.base_url,
+            worker_id="inventor-1",
+            otel="on",
+            otel_capture_content=capture,
+        )
+        async with open_app(settings) as app:
+            assert await app.worker.run_once() == ["succeeded"]
+    spans = receiver.spans()
+    texts = exported_texts(spans)
+    labels = [
+        str(value) for point in receiver.metric_points() for value in point.attributes.values()
+    ]
+    prometheus = generate_latest(REGISTRY).decode()
+    assert 'mana_ai_tool_calls_total{outcome="error",tool="(unknown)"}' in prometheus
+
+    tools = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
+    assert sorted(s.name for s in tools) == ["execute_tool"] * len(INVENTED) + [
+        "execute_tool clock_now"
+    ]
+    unknown = [s for s in tools if s.name == "execute_tool"]
+    assert all(s.attributes["error.type"] == "not_run" for s in unknown)
+    names = sorted(s.attributes["gen_ai.tool.name"] for s in unknown)
+    for kind, _, giveaways in INVENTED:
+        # never a metric label, captured or not: each would be a new series
+        for giveaway in giveaways:
+            assert all(giveaway not in label for label in labels), kind
+            assert giveaway not in prometheus, kind
+        if not capture:
+            for giveaway in giveaways:
+                assert all(giveaway not in text for text in texts), kind
+    if capture:  # each one, cut and escaped, as the tool's name of its span
+        assert names == sorted(bounded(name) for name in invented)
+        assert all(len(n) <= MAX_CHOSEN_CHARS + 1 and not any(map(is_hidden, n)) for n in names)
+        assert all(len(text) <= CONTENT_CHARS + 1 for text in texts)  # prompts, payloads: cut
+    else:
+        assert names == [OTHER] * len(INVENTED)
+
+    # what the endpoint chose: there, cut and escaped, captured or not
+    chat = next(s for s in spans if "gen_ai.response.id" in s.attributes)
+    chosen = [
+        chat.attributes["gen_ai.response.id"],
+        chat.attributes["gen_ai.response.model"],
+        *chat.attributes["gen_ai.response.finish_reasons"],
+    ]
+    assert [c[:7] for c in chosen] == ["zz_id_\\", "zz_mode", "zz_fini"]
+    assert all(len(c) <= MAX_CHOSEN_CHARS + 1 and not any(map(is_hidden, c)) for c in chosen)
+    for value in ENDPOINT_CHOSE.values():
+        assert all(value[10:60] not in label for label in labels)
+    ids = [s.attributes["gen_ai.tool.call.id"] for s in tools]
+    assert all(len(i) <= MAX_CHOSEN_CHARS + 1 for i in ids)

@@ -274,17 +274,50 @@ def test_a_collector_that_never_answers_holds_the_exit_for_the_timeout_only() ->
     import time
 
     release = threading.Event()
+    called: list[tuple[str, dict[str, Any]]] = []
 
     class Stuck:
-        def shutdown(self) -> None:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def shutdown(self, **kwargs: Any) -> None:
+            called.append((self.name, kwargs))
             release.wait(30)
 
     traced = Traced(conventions.DEFAULT, capture_content=False)
-    traced.tracing._tracer_provider = Stuck()
+    traced.tracing._tracer_provider = Stuck("traces")
+    traced.tracing._meter_provider = Stuck("metrics")
     started = time.monotonic()
     assert traced.tracing.shutdown(timeout_s=0.2) is False
     assert time.monotonic() - started < 5
+    # side by side: the meter provider is stopped (and told the wait) while the tracer's
+    # shutdown hangs, not left to an exit hook that would export with the exporter's timeout
+    assert sorted(called) == [("metrics", {"timeout_millis": 200.0}), ("traces", {})]
     release.set()
+
+
+def test_the_sdk_registers_no_exit_hook_that_could_wait_for_a_collector() -> None:
+    import atexit
+
+    registered: list[Any] = []
+    real_register = atexit.register
+
+    def register(function: Any, *args: Any, **kwargs: Any) -> Any:
+        registered.append(function)
+        return real_register(function, *args, **kwargs)
+
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(atexit, "register", register)
+        import opentelemetry.sdk.metrics._internal as metrics_internal
+
+        patch.setattr(metrics_internal, "register", register)  # imported by name there
+        tracing = open_tracing(worker_id="w", capture_content=False, environ=environ)
+    try:
+        assert tracing.operation_duration is not None  # the meter provider was made
+        assert registered == []
+    finally:
+        tracing.shutdown(timeout_s=0.1)
 
 
 async def test_captured_content_is_cut_and_hostile_names_are_escaped() -> None:
@@ -337,3 +370,26 @@ def test_tracing_is_on_where_an_otlp_endpoint_is_configured(
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     assert load_settings().otel == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "capture", "exported"),
+    [
+        ("clock_now", False, "clock_now"),  # offered: named, captured or not
+        ("clock_now", True, "clock_now"),
+        ("clock_now_v2", False, "_OTHER"),  # not offered: content
+        ("clock_now\u200b", False, "_OTHER"),
+        ("x" * 3016, False, "_OTHER"),
+        ("x" * 3016, True, "x" * 128 + "…"),  # captured: cut
+        ("a\x1b[31m\u202e", True, "a\\u001b[31m\\u202e"),  # and escaped
+        ("\u202e" * 100, True, "\\u202e" * 21 + "\\u…"),  # escapes count toward the cut
+        ("工具_🛠️", True, "工具_🛠️"),
+        ("", False, "_OTHER"),
+    ],
+)
+def test_a_tool_name_is_exported_only_when_offered_or_captured_and_always_bounded(
+    name: str, capture: bool, exported: str
+) -> None:
+    from worker.tracing.chosen import tool_name
+
+    assert tool_name(name, {"clock_now", "notes_add"}, capture_content=capture) == exported

@@ -727,7 +727,9 @@ class MissionRunner:
                 observed(event)
                 return journal(event)
 
-            async with traced_run(self.tracing, mission, iteration, model, sink) as traced:
+            async with traced_run(
+                self.tracing, mission, iteration, model, sink, run.tool_names
+            ) as traced:
                 return await run_planner_loop(inp, llm=self.llm, sink=traced)
 
     def _database_clock(self, mission: ClaimedMission) -> Callable[[], datetime]:

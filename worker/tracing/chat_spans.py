@@ -12,10 +12,11 @@ when the request starts: the run's ``invoke_agent``, or, for the summariser
   and for a mission's request its round (``mana_ai.round``) and the producers of the
   reminders it carried (``mana_ai.reminders``);
 * at the end: ``gen_ai.response.finish_reasons``, ``gen_ai.response.model`` and ``.id``
-  (what the answer says), ``gen_ai.usage.input_tokens`` / ``.output_tokens`` (failed
-  attempts included, as billed), the endpoint that answered (``mana_ai.llm.endpoint``:
-  ``primary``, ``fallback``, ``compaction``; ``server.*`` become the fallback's when it
-  answered);
+  (what the answer says: the endpoint chose them, so each is cut to 128 characters and its
+  hidden characters escaped, ``worker.tracing.chosen.bounded``),
+  ``gen_ai.usage.input_tokens`` / ``.output_tokens`` (failed attempts included, as billed),
+  the endpoint that answered (``mana_ai.llm.endpoint``: ``primary``, ``fallback``,
+  ``compaction``; ``server.*`` become the fallback's when it answered);
 * events ``mana_ai.llm.retry`` (attempt, ``error.type`` = ``http_<status>``, ``timeout``,
   ``connection``) and ``mana_ai.llm.fallback`` (the primary's error class), from the
   providers' hooks (``worker.tracing.hooks``);
@@ -42,6 +43,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from planner import ChatModel, CompletionRequest, CompletionResponse, LLMError
 from planner.errors import LLMStatusError
 from worker.tracing import content
+from worker.tracing.chosen import bounded
 from worker.tracing.hooks import CURRENT_CHAT_SPAN
 from worker.tracing.run_spans import CURRENT_RUN
 from worker.tracing.setup import Tracing
@@ -152,11 +154,11 @@ class TracedChatModel:
                 common["server.address"], common["server.port"] = served_by
                 answered["server.address"], answered["server.port"] = served_by
         if response.finish_reason is not None:
-            answered["gen_ai.response.finish_reasons"] = (response.finish_reason,)
+            answered["gen_ai.response.finish_reasons"] = (bounded(response.finish_reason),)
         if response.response_model is not None:
-            answered["gen_ai.response.model"] = response.response_model
+            answered["gen_ai.response.model"] = bounded(response.response_model)
         if response.response_id is not None:
-            answered["gen_ai.response.id"] = response.response_id
+            answered["gen_ai.response.id"] = bounded(response.response_id)
         if self.capture_content:
             answered["gen_ai.output.messages"] = content.output_messages(
                 response.message, response.finish_reason

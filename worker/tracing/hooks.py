@@ -1,9 +1,10 @@
 """Where the runner and the chat models meet tracing, without loading OpenTelemetry.
 
-* ``traced_run(tracing, mission, iteration, model, sink)``: the context a run of the planner
-  loop goes in; yields the sink to give the loop. With ``tracing=None`` (off) it yields
-  ``sink`` itself (``contextlib.nullcontext``); else ``tracing.run(...)`` opens the run's
-  ``invoke_agent`` span and yields a sink that also turns the events into spans.
+* ``traced_run(tracing, mission, iteration, model, sink, tools)``: the context a run of the
+  planner loop goes in; yields the sink to give the loop. With ``tracing=None`` (off) it
+  yields ``sink`` itself (``contextlib.nullcontext``); else ``tracing.run(...)`` opens the
+  run's ``invoke_agent`` span and yields a sink that also turns the events into spans
+  (``tools``: the names of the tools the run offers; a call to any other name is content).
 * ``note_retry`` / ``note_fallback``: called by the chat models' retry and fallback hooks
   (``worker.run.chat_models``); they add an event to the ``chat`` span of the request under
   way in this task, when there is one (``CURRENT_CHAT_SPAN``, set by ``TracedChatModel``).
@@ -12,7 +13,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,8 +34,10 @@ class RunTracing(Protocol):
         iteration: StartedIteration,
         model: str | None,
         sink: RunSink,
+        tools: Collection[str] = (),
     ) -> AbstractAsyncContextManager[RunSink]:
-        """The run's span around the loop; yields the sink to give the loop."""
+        """The run's span around the loop; yields the sink to give the loop. ``tools``: the
+        names of the tools the run offers."""
         ...
 
 
@@ -44,12 +47,13 @@ def traced_run(
     iteration: StartedIteration,
     model: str | None,
     sink: RunSink,
+    tools: Collection[str] = (),
 ) -> AbstractAsyncContextManager[RunSink]:
     """``sink`` unchanged when ``tracing`` is ``None``, else ``tracing.run(...)`` (see the
     module docstring)."""
     if tracing is None:
         return contextlib.nullcontext(sink)
-    return tracing.run(mission, iteration, model, sink)
+    return tracing.run(mission, iteration, model, sink, tools)
 
 
 CURRENT_CHAT_SPAN: ContextVar[Callable[[str, dict[str, Any]], None] | None] = ContextVar(

@@ -20,6 +20,12 @@ are a call parked for a person's approval (``mana_ai.approval_requested``: its t
 position; the run then stops ``awaiting_approval``) and, in the attempt that goes on, the
 decision it found (``mana_ai.approval_decided``, with the request's id and status).
 
+A call's tool is named (``gen_ai.tool.name``, and the span ``execute_tool {tool}``) only
+when the run offered it: a name the model invented is content, exported as ``_OTHER`` (or, with
+``MANA_AI_OTEL_CAPTURE_CONTENT``, cut and escaped) under a span named ``execute_tool``
+(``worker.tracing.chosen``); the call's id, which the model or the endpoint chose, is cut and
+escaped.
+
 ``execute_tool`` spans are made when the call's outcome is known, back-dated by the call's own
 duration (checks, gate and handler; not the wait for a slot). They carry the policy gate's
 decision (``mana_ai.policy.verdict`` / ``.reason`` / ``.mode`` / ``.flags`` / ``.markers``:
@@ -39,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Collection
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +74,7 @@ from planner.events import ApprovalDecided, ApprovalRequested
 from planner.replies import FAILED_STOP_REASONS
 from worker.terminal_text import visible_line
 from worker.tracing import content
+from worker.tracing.chosen import bounded, tool_name
 from worker.tracing.setup import Tracing
 
 if TYPE_CHECKING:
@@ -76,9 +83,6 @@ if TYPE_CHECKING:
 __all__ = ["CURRENT_RUN", "RunSpans", "RunTracer"]
 
 logger = logging.getLogger(__name__)
-
-MAX_ATTRIBUTE_CHARS = 200
-"""Characters of a name a model chose (a tool it invented) kept on a span."""
 
 CURRENT_RUN: ContextVar[RunSpans | None] = ContextVar("mana_ai_current_run", default=None)
 """The spans of the run under way in this task (``None``: no traced run): the chat model
@@ -100,10 +104,12 @@ class RunTracer:
         iteration: StartedIteration,
         model: str | None,
         sink: RunSink,
+        tools: Collection[str] = (),
     ) -> AsyncIterator[RunSink]:
         """The run's ``invoke_agent`` span, current while the run goes on; yields ``sink``
-        composed with the one that turns the events into spans (called first)."""
-        spans = RunSpans(self.tracing, self.provider, mission, iteration, model)
+        composed with the one that turns the events into spans (called first). ``tools``:
+        the names of the tools the run offers (any other is not exported, module docstring)."""
+        spans = RunSpans(self.tracing, self.provider, mission, iteration, model, tools)
         attached = otel_context.attach(trace.set_span_in_context(spans.span))
         current = CURRENT_RUN.set(spans)
         try:
@@ -127,8 +133,11 @@ class RunSpans:
         mission: ClaimedMission,
         iteration: StartedIteration,
         model: str | None,
+        tools: Collection[str] = (),
     ) -> None:
         self.tracing = tracing
+        self.tools = tools
+        """The names of the tools the run offers."""
         self.tracer = tracing.tracer
         self.provider_attribute = tracing.conventions.provider_attribute
         self.provider = provider
@@ -227,7 +236,7 @@ class RunSpans:
             self.span.add_event(
                 "mana_ai.approval_requested",
                 {
-                    "gen_ai.tool.name": visible_line(event.call.name[:MAX_ATTRIBUTE_CHARS]),
+                    "gen_ai.tool.name": self._tool_name(event.call.name),
                     "mana_ai.round": event.round,
                     "mana_ai.tool.position": event.position,
                 },
@@ -238,13 +247,17 @@ class RunSpans:
             self.span.add_event(
                 "mana_ai.approval_decided",
                 {
-                    "gen_ai.tool.name": visible_line(event.call.name[:MAX_ATTRIBUTE_CHARS]),
+                    "gen_ai.tool.name": self._tool_name(event.call.name),
                     "mana_ai.round": event.round,
                     "mana_ai.tool.position": event.position,
                     "mana_ai.approval.request_id": approval.request_id,
                     "mana_ai.approval.status": str(approval.status),
                 },
             )
+
+    def _tool_name(self, name: str) -> str:
+        """``gen_ai.tool.name`` of a call to ``name`` (``worker.tracing.chosen.tool_name``)."""
+        return tool_name(name, self.tools, capture_content=self.capture_content)
 
     def take_request(self) -> RequestSent | None:
         """The request about to go out (for its chat span), once."""
@@ -299,12 +312,12 @@ class RunSpans:
         call = executed.call
         position = (executed.round, executed.index)
         hint = self.hints.pop(position, None)
-        known = hint is not None or executed.decision is not None
-        tool = visible_line(call.name[:MAX_ATTRIBUTE_CHARS])  # a model may invent any name
+        offered = call.name in self.tools  # else a name the model invented: content
+        tool = self._tool_name(call.name)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
-            "gen_ai.tool.call.id": visible_line(call.id[:MAX_ATTRIBUTE_CHARS]),
+            "gen_ai.tool.call.id": bounded(call.id),
             "gen_ai.tool.type": "function",
             "mana_ai.round": executed.round,
             "mana_ai.tool.position": executed.index,
@@ -331,7 +344,7 @@ class RunSpans:
             attributes["gen_ai.tool.call.result"] = content.tool_result(executed)
         ended = time.time_ns()
         span = self.tracer.start_span(
-            f"execute_tool {tool}" if known else "execute_tool",
+            f"execute_tool {tool}" if offered else "execute_tool",
             context=self.context,
             kind=SpanKind.INTERNAL,
             attributes=attributes,

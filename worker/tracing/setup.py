@@ -16,6 +16,17 @@ loop. The SDK reads its standard variables itself: ``OTEL_EXPORTER_OTLP_ENDPOINT
 ``OTEL_EXPORTER_OTLP_PROTOCOL`` (only ``http/protobuf``, the default, is installed by
 ``[otel]``).
 
+**Bounds.** Export never holds a tick, a run or a stop: spans are handed to the
+``BatchSpanProcessor``'s queue (2,048 spans, ``OTEL_BSP_MAX_QUEUE_SIZE``; more are dropped)
+and the metrics to the reader, whose threads export them. One export waits for the collector
+``OTEL_EXPORTER_OTLP_TIMEOUT`` at most, retries and their backoff included (the SDK reads it
+in **seconds**, default 10, though the OpenTelemetry specification says milliseconds), in
+those threads only. Nothing waits for them but the stop: ``Tracing.shutdown`` gives the last
+spans and metrics ``SHUTDOWN_S`` (0.3 s) in all to go out, and then drops them. The SDK's own
+exit hooks (``atexit``: a provider's shutdown, which joins its export threads and, for the
+meter provider, exports one last time with the exporter's whole timeout) are not
+registered, so the interpreter's exit waits for nothing of tracing either.
+
 The providers are the app's own, not OpenTelemetry's global ones (two apps in one process,
 as in tests, do not share them); the parent of a run's spans is whatever span is current
 when the run starts, and a run's span is current while it runs, so spans of other
@@ -24,9 +35,11 @@ instrumentation in the process nest under it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,8 +67,13 @@ otherwise: a chat span's prompt is the whole conversation, and uncut, one batch 
 passes the exporter's 64 MiB request limit and is dropped whole (spans of other missions
 with it)."""
 
-SHUTDOWN_S = 5.0
-"""Seconds a stopping worker waits for its last spans and metrics to go out."""
+SHUTDOWN_S = 0.3
+"""Seconds a stopping worker or command waits in all for its last spans and metrics to go
+out (both at once). A collector beside the workers takes 10-15 ms (measured: `tick --once`
+with a local one), and one that does not answer cannot hold a stop longer than this (module
+docstring: **Bounds**); one far away may miss the last spans of a short command that opens
+its first connection then (a TLS handshake across a continent): run an agent or collector
+near the workers."""
 
 _LIMIT_VARIABLES = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
 _ENDPOINT_VARIABLES = (
@@ -96,22 +114,23 @@ class Tracing:
         return text if len(text) <= self.text_limit else text[: self.text_limit] + "…"
 
     def shutdown(self, timeout_s: float = SHUTDOWN_S) -> bool:
-        """Export what is still buffered and stop the exporters, waiting ``timeout_s`` at most
-        (a collector that does not answer would hold the exit for the exporters' retries):
-        what is not out by then is dropped, and a warning says so. Blocks: call it off the
-        event loop. True when everything went out in time."""
-        done = threading.Event()
-
-        def stop() -> None:
-            try:
-                for provider in (self._tracer_provider, self._meter_provider):
-                    if provider is not None:
-                        provider.shutdown()
-            finally:
-                done.set()
-
-        threading.Thread(target=stop, name="otel-shutdown", daemon=True).start()
-        if done.wait(timeout_s):
+        """Export what is still buffered and stop the exporters, waiting ``timeout_s`` seconds
+        at most in all (default ``SHUTDOWN_S``): the tracer and the meter provider stop side by
+        side, each in a daemon thread of its own, so a collector that does not answer (the
+        providers join their export threads, the meter provider exports once more) holds
+        nothing past ``timeout_s``, the process's exit included. What is not out by then is
+        dropped, and a warning says so. Blocks: call it off the event loop. True when
+        everything went out in time."""
+        deadline = time.monotonic() + timeout_s
+        stopping = []
+        if self._tracer_provider is not None:
+            stopping.append(_stopping(self._tracer_provider.shutdown, "otel-shutdown-traces"))
+        if self._meter_provider is not None:  # told the wait too: its thread ends with it
+            meter_shutdown = functools.partial(
+                self._meter_provider.shutdown, timeout_millis=timeout_s * 1000
+            )
+            stopping.append(_stopping(meter_shutdown, "otel-shutdown-metrics"))
+        if all(done.wait(max(0.0, deadline - time.monotonic())) for done in stopping):
             return True
         logger.warning(
             "the trace collector did not take the last spans and metrics within %g s: they are "
@@ -119,6 +138,23 @@ class Tracing:
             timeout_s,
         )
         return False
+
+
+def _stopping(shutdown: Callable[[], object], name: str) -> threading.Event:
+    """``shutdown()`` (a provider's) started in daemon thread ``name``; the event is set once
+    it returned or raised (a failure is logged)."""
+    done = threading.Event()
+
+    def stop() -> None:
+        try:
+            shutdown()
+        except Exception:
+            logger.warning("stopping OpenTelemetry (%s) failed", name, exc_info=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=stop, name=name, daemon=True).start()
+    return done
 
 
 def open_tracing(*, worker_id: str, capture_content: bool, environ: Mapping[str, str]) -> Tracing:
@@ -204,7 +240,8 @@ def _pipeline(
 
     limit = text_limit if text_limit is not None else CONTENT_CHARS
     limits = SpanLimits(max_span_attribute_length=limit) if text_limit is None else None
-    tracer_provider = TracerProvider(resource=resource, span_limits=limits)
+    # shutdown_on_exit=False: no atexit hook that waits for the collector (module docstring)
+    tracer_provider = TracerProvider(resource=resource, span_limits=limits, shutdown_on_exit=False)
     if traces_exporter == "otlp":
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     elif traces_exporter == "console":
@@ -216,7 +253,9 @@ def _pipeline(
     if metrics_exporter in ("otlp", "console"):
         exporter = OTLPMetricExporter() if metrics_exporter == "otlp" else ConsoleMetricExporter()
         reader = PeriodicExportingMetricReader(exporter)
-        meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        meter_provider = MeterProvider(
+            resource=resource, metric_readers=[reader], shutdown_on_exit=False
+        )
 
     schema_url = conventions.schema_url
     tracer = tracer_provider.get_tracer(
