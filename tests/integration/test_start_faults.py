@@ -183,6 +183,38 @@ async def test_the_daemon_runs_its_mission_whichever_start_up_round_trip_breaks(
             assert (running.result(), proxy.faults) == (0, 1), f"{fault} {n} of {start}"
 
 
+async def test_a_migration_broken_in_its_middle_or_at_its_commit_is_run_again_or_found_done(
+    postgres_admin_url: str, llm: FakeLLMServer
+) -> None:
+    # a worker migrates a database that is not at head in one transaction (100+ round trips,
+    # a second each: two points, not every one); cut, it rolled back and runs again; with
+    # its commit's answer lost (the last round trip), it is found at head by the next attempt
+    from tests.conftest import create_database, drop_database
+    from worker.store.engine import create_engine
+    from worker.store.migrate import current_revision
+
+    url = await create_database(postgres_admin_url, prefix="mana_ai_start")
+    try:
+        start = await counted(url, llm, open_as_worker)
+    finally:
+        await drop_database(postgres_admin_url, url)
+    points: list[tuple[Fault, int]] = [("cut", start.round_trips // 2), ("lost", start.round_trips)]
+    for fault, n in points:
+        url = await create_database(postgres_admin_url, prefix="mana_ai_start")
+        try:
+            async with FlakyProxy(url) as proxy:
+                breaking(proxy, fault, n)
+                await open_as_worker(settings_through(proxy, url, llm))
+                assert proxy.faults == 1, f"{fault} {n} of {start}"
+            engine = create_engine(url)
+            try:
+                assert await current_revision(engine) == HEAD_REVISION
+            finally:
+                await engine.dispose()
+        finally:
+            await drop_database(postgres_admin_url, url)
+
+
 async def test_a_start_gives_up_after_the_wait_naming_what_it_waited_for(
     db: AsyncEngine, database_url: str, llm: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
