@@ -198,6 +198,20 @@ class Settings(PolicySettings, ApiSettings):
             "tick). auto (default): true when the URL's port is 6432, PgBouncer's default."
         ),
     )
+    db_start_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        le=DAY_S,
+        description=(
+            "Seconds (0 to 86400) worker, tick, serve and mcp serve wait at start for a "
+            "database that does not answer: every round trip of the start (connecting, the "
+            "schema's revision, the migration) that fails for a transient fault (refused, "
+            "reset, the server starting or shutting down, an answer lost) is retried with "
+            "backoff until then, then the command fails naming what it waited for (exit 1). "
+            "A failure that is not transient (a wrong password, no such database, a newer "
+            "schema) fails at once. 0: no retry. Default 60."
+        ),
+    )
     wake_up: bool = Field(
         default=True,
         description=(

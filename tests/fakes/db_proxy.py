@@ -15,8 +15,18 @@ reaches the server, which runs and commits it, and the connection is cut before 
 the answer reaches the client (a network that drops as the server answers). The client
 cannot tell whether it committed.
 
+``refuse_connection(n)`` and ``break_round_trip(n)`` are one fault at one moment, the same
+every time: the ``n``-th connection accepted (counted from 1 since the proxy started) is
+refused, or the connection is cut as a client sends its ``n``-th round trip (PostgreSQL's
+protocol: a Sync of the extended protocol, or a simple Query; a connection's start-up is not
+one), before it reaches the server or, with ``lose_answer=True``, after (the server runs and
+commits it, its answer is lost). A test counts a clean run's ``connections`` and
+``round_trips`` first, then breaks each of them in turn.
+
 ``url_for(url)`` is ``url`` through the proxy. ``outages`` counts the outages so far,
-``connections`` the client connections accepted and ``lost_answers`` the answers lost.
+``connections`` the client connections accepted, ``round_trips`` the round trips clients
+sent, ``lost_answers`` the answers lost and ``faults`` the connections refused and round
+trips cut or lost that ``refuse_connection`` and ``break_round_trip`` asked for.
 
 Example::
 
@@ -30,9 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self
 
 from sqlalchemy.engine import make_url
 
@@ -56,9 +67,13 @@ class FlakyProxy:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._lose_next = False
+        self._refused: set[int] = set()
+        self._broken: dict[int, bool] = {}  # round trip -> lose its answer (else: cut it)
         self.outages = 0
         self.connections = 0
+        self.round_trips = 0
         self.lost_answers = 0
+        self.faults = 0
 
     @property
     def port(self) -> int:
@@ -111,12 +126,32 @@ class FlakyProxy:
         docstring."""
         self._lose_next = True
 
-    def _marks(self, data: bytes) -> bool:
-        """Whether ``data`` from a client is the statement whose answer is to be lost."""
-        if self._lose_next and data[:1] == b"B":
-            self._lose_next = False
-            return True
-        return False
+    def refuse_connection(self, n: int) -> None:
+        """Refuse the ``n``-th connection (counted from 1 since the proxy started; see the
+        module docstring)."""
+        self._refused.add(n)
+
+    def break_round_trip(self, n: int, *, lose_answer: bool = False) -> None:
+        """Cut the connection of the ``n``-th round trip (counted from 1 since the proxy
+        started) as the client sends it: before the server gets it, or after it answered
+        with ``lose_answer`` (see the module docstring)."""
+        self._broken[n] = lose_answer
+
+    def _judge(self, kinds: list[bytes]) -> _Verdict:
+        """What becomes of a client's data holding whole messages of ``kinds`` (their type
+        bytes): sent on (``None``), cut before it reaches the server, or its answer lost."""
+        verdict: _Verdict = None
+        for kind in kinds:
+            if kind == b"B" and self._lose_next:
+                self._lose_next = False
+                verdict = verdict or "lose"
+            if kind in (b"S", b"Q"):
+                self.round_trips += 1
+                broken = self._broken.pop(self.round_trips, None)
+                if broken is not None:
+                    self.faults += 1
+                    return "lose" if broken else "cut"
+        return verdict
 
     async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -137,7 +172,9 @@ class FlakyProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        if self.down:
+        refused = self.connections in self._refused
+        self.faults += refused
+        if self.down or refused:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
@@ -152,8 +189,15 @@ class FlakyProxy:
             else:
                 up_reader, upstream_writer = await asyncio.open_connection(self._host, self._port)
             marked = asyncio.Event()  # this connection's next answer is lost
+            messages = _ClientMessages()
             await asyncio.gather(
-                _pump(reader, upstream_writer, self._flowing, mark=self._marks, marked=marked),
+                _pump(
+                    reader,
+                    upstream_writer,
+                    self._flowing,
+                    judge=lambda data: self._judge(messages.feed(data)),
+                    marked=marked,
+                ),
                 _pump(up_reader, writer, self._flowing, lose=marked, lost=self._lost),
                 return_exceptions=True,
             )
@@ -169,6 +213,53 @@ class FlakyProxy:
         self.lost_answers += 1
 
 
+_Verdict = Literal["cut", "lose"] | None
+
+_STARTUP_REQUESTS = {80877103, 80877104}
+"""The codes of an SSLRequest and a GSSENCRequest: a StartupMessage follows them."""
+
+
+class _ClientMessages:
+    """The type bytes of the messages a client's bytes complete (PostgreSQL's frontend
+    protocol: untyped start-up messages first, an int32 length that counts itself and an
+    int32 code; then a type byte and an int32 length that counts itself). Only headers are
+    kept: a message's body is counted off as it passes."""
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._skip = 0  # bytes of the current message's body still to pass
+        self._kind = b""  # its type byte (empty: an untyped start-up message)
+        self._started = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        kinds: list[bytes] = []
+        pos = 0
+        while pos < len(data):
+            if self._skip:
+                step = min(self._skip, len(data) - pos)
+                pos, self._skip = pos + step, self._skip - step
+                if not self._skip and self._kind:
+                    kinds.append(self._kind)
+                continue
+            size = 8 if not self._started else 5  # start-up: length and code
+            step = min(size - len(self._header), len(data) - pos)
+            self._header += data[pos : pos + step]
+            pos += step
+            if len(self._header) < size:
+                break
+            if not self._started:
+                length, code = struct.unpack("!ii", self._header)
+                self._started = code not in _STARTUP_REQUESTS
+                self._kind, self._skip = b"", length - 8
+            else:
+                (length,) = struct.unpack_from("!i", self._header, 1)
+                self._kind, self._skip = bytes(self._header[:1]), length - 4
+                if not self._skip:
+                    kinds.append(self._kind)
+            self._header.clear()
+        return kinds
+
+
 ANSWER_SETTLE_S = 0.05
 """Seconds a lost answer's connection stays open after the answer's first bytes came: the
 server commits at the statement's Sync, before it answers, and ends its reply meanwhile."""
@@ -179,13 +270,15 @@ async def _pump(
     writer: asyncio.StreamWriter,
     flowing: asyncio.Event,
     *,
-    mark: Callable[[bytes], bool] | None = None,
+    judge: Callable[[bytes], _Verdict] | None = None,
     marked: asyncio.Event | None = None,
     lose: asyncio.Event | None = None,
     lost: Callable[[], None] | None = None,
 ) -> None:
-    """Copy ``reader`` to ``writer``. Client to server: data ``mark`` picks sets ``marked``.
-    Server to client: once ``lose`` is set, the next data is swallowed and both sides cut."""
+    """Copy ``reader`` to ``writer``. Client to server: data ``judge`` says to cut ends the
+    copy before it is sent (the finally cuts both sides), and data whose answer it says to
+    lose sets ``marked``. Server to client: once ``lose`` is set, the next data is swallowed
+    and both sides cut."""
     try:
         while data := await reader.read(65536):
             await flowing.wait()
@@ -194,7 +287,10 @@ async def _pump(
                 if lost is not None:
                     lost()
                 return  # the finally cuts this side; the other pump ends with it
-            if mark is not None and marked is not None and mark(data):
+            verdict = judge(data) if judge is not None else None
+            if verdict == "cut":
+                return
+            if verdict == "lose" and marked is not None:
                 marked.set()
             writer.write(data)
             await writer.drain()

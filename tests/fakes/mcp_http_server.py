@@ -15,6 +15,8 @@ the server could send its whole answer (``finished``: ``False`` when the client 
 first) and how many bytes it sent; ``wait_for_call(name)`` waits until the server is done
 with one (a call cut while read is recorded only when the server notices the hang-up).
 
+``version="2026-07-28"`` speaks that protocol version (``mcp_raw.replies``' ``version``).
+
 ``errors={"tools/call": (500, "upstream died")}`` answers every POST of that method with
 that status and body (``application/json`` when the body starts with ``{``, else text), as
 a server behind a proxy that refuses the token (401) or fails (500) does.
@@ -60,9 +62,11 @@ class FakeMcpHttpServer:
         sse: bool = False,
         gzip: bool = False,
         errors: dict[str, tuple[int, str]] | None = None,
+        version: str | None = None,
     ) -> None:
         self.sse = sse
         self.gzip = gzip
+        self.version = version
         self.errors = dict(errors or {})
         self.calls: list[RecordedCall] = []
         self._recorded = threading.Condition()
@@ -166,7 +170,7 @@ def _make_handler(server: FakeMcpHttpServer) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(text.encode())
                 return
-            outgoing = replies(message) if isinstance(message, dict) else []
+            outgoing = replies(message, version=server.version) if isinstance(message, dict) else []
             if not outgoing:
                 self._status(202)
                 return

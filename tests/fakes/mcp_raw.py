@@ -16,7 +16,8 @@ Tools:
 * ``note`` (a write): returns ``noted: text``.
 * ``huge`` (readOnlyHint): ``size`` characters of ``x`` as one text block, sent in 64 KiB
   chunks over ``seconds`` (0: as fast as the pipe takes them); ``id_last`` writes the reply's
-  id after its result, as the TypeScript SDK does.
+  id after its result, as the TypeScript SDK does; ``is_error`` marks it as an error
+  (``isError`` first, where the cut's first bytes show it).
 * ``garbled`` (readOnlyHint) and ``garbled_note`` (a write): a reply the SDK's parser refuses,
   by ``kind``: ``surrogate`` (a lone ``\\ud800`` in the text), ``truncated`` (JSON that stops
   short), ``not_jsonrpc`` (JSON whose ``result`` is a number), ``no_id`` (a broken reply that
@@ -25,6 +26,14 @@ Tools:
   then its reply ``chatted``.
 * ``wrong_id`` (readOnlyHint): replies to a request id it was never sent.
 * ``flood`` (readOnlyHint): ``count`` log notifications, then its reply ``flooded``.
+
+``replies(message, version=V)`` speaks protocol version ``V``, whatever the client asks: a
+version of ``MODERN_VERSIONS`` (negotiated with ``server/discover``, the SDK's
+``MODERN_PROTOCOL_VERSIONS``) answers ``server/discover`` with it, and every result with what
+that version requires (``resultType``; ``ttlMs`` and ``cacheScope`` on the listing), after
+its content as the SDK writes it; another one answers ``initialize`` with it and refuses
+``server/discover`` (method not found), as a server of that time. Without ``version`` it
+echoes the version the client offers in ``initialize``.
 """
 
 from __future__ import annotations
@@ -34,7 +43,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHUNK", "GOOD_TOOLS", "LEFT_OUT", "LISTING", "Outgoing", "replies"]
+__all__ = ["CHUNK", "GOOD_TOOLS", "LEFT_OUT", "LISTING", "MODERN_VERSIONS", "Outgoing", "replies"]
+
+MODERN_VERSIONS = ("2026-07-28",)
+"""Protocol versions negotiated with ``server/discover`` (the SDK's
+``MODERN_PROTOCOL_VERSIONS``, written out: this module imports nothing but the standard
+library)."""
 
 CHUNK = 64 * 1024
 _XS = b"x" * CHUNK  # one buffer for every chunk of a huge reply
@@ -109,19 +123,34 @@ def _message(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _text_result(request_id: Any, text: str) -> Outgoing:
-    result = {"content": [{"type": "text", "text": text}]}
-    return Outgoing([_message({"jsonrpc": "2.0", "id": request_id, "result": result})])
+def _result(request_id: Any, result: dict[str, Any], required: dict[str, Any]) -> Outgoing:
+    """A reply with ``result`` and, after it, the fields its protocol version ``required``."""
+    return Outgoing([_message({"jsonrpc": "2.0", "id": request_id, "result": result | required})])
 
 
-def _huge(request_id: Any, size: int, seconds: float, id_last: bool) -> Outgoing:
+def _text_result(request_id: Any, text: str, required: dict[str, Any]) -> Outgoing:
+    return _result(request_id, {"content": [{"type": "text", "text": text}]}, required)
+
+
+def _huge(
+    request_id: Any,
+    size: int,
+    seconds: float,
+    id_last: bool,
+    is_error: bool,
+    required: dict[str, Any],
+) -> Outgoing:
     rid = json.dumps(request_id).encode()
+    first = b'"isError":true,' if is_error else b""
+    content = b'{"content":[{"type":"text","text":"'
+    after = b"".join(b"," + _message({k: v})[1:-1] for k, v in required.items())
     if id_last:
-        start = b'{"result":{"content":[{"type":"text","text":"'
-        end = b'"}]},"jsonrpc":"2.0","id":' + rid + b"}"
+        start = b'{"result":' + content.replace(b"{", b"{" + first, 1)
+        end = b'"}]' + after + b'},"jsonrpc":"2.0","id":' + rid + b"}"
     else:
-        start = b'{"jsonrpc":"2.0","id":' + rid + b',"result":{"content":[{"type":"text","text":"'
-        end = b'"}]}}'
+        start = b'{"jsonrpc":"2.0","id":' + rid + b',"result":'
+        start += content.replace(b"{", b"{" + first, 1)
+        end = b'"}]' + after + b"}}"
     full, rest = divmod(size, CHUNK)
 
     def chunks() -> Iterator[bytes]:
@@ -145,48 +174,59 @@ def _garbled(request_id: Any, kind: str) -> Outgoing:
     return Outgoing([data])
 
 
-def replies(message: dict[str, Any]) -> list[Outgoing]:
-    """What the server sends for ``message`` (nothing for a notification or a reply)."""
+def replies(message: dict[str, Any], *, version: str | None = None) -> list[Outgoing]:
+    """What the server sends for ``message`` (nothing for a notification or a reply),
+    speaking protocol ``version`` (see the module docstring)."""
     if "id" not in message or "method" not in message:
         return []
     request_id, method = message["id"], message["method"]
     params = message.get("params") or {}
-    if method == "initialize":
+    modern = version in MODERN_VERSIONS
+    required: dict[str, Any] = {"resultType": "complete"} if modern else {}
+    if method == "server/discover" and modern:
         result = {
-            "protocolVersion": params.get("protocolVersion"),
+            "supportedVersions": [version],
             "capabilities": {"tools": {}},
             "serverInfo": {"name": "raw", "version": "1"},
         }
-        return [Outgoing([_message({"jsonrpc": "2.0", "id": request_id, "result": result})])]
+        return [_result(request_id, result, {"ttlMs": 0, "cacheScope": "private", **required})]
+    if method == "initialize":
+        result = {
+            "protocolVersion": version or params.get("protocolVersion"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "raw", "version": "1"},
+        }
+        return [_result(request_id, result, {})]
     if method == "tools/list":
-        result = {"tools": LISTING}
-        return [Outgoing([_message({"jsonrpc": "2.0", "id": request_id, "result": result})])]
+        listed = {"ttlMs": 0, "cacheScope": "private", **required} if modern else {}
+        return [_result(request_id, {"tools": LISTING}, listed)]
     if method == "ping":
-        return [Outgoing([_message({"jsonrpc": "2.0", "id": request_id, "result": {}})])]
+        return [_result(request_id, {}, required)]
     if method != "tools/call":
         error = {"code": -32601, "message": f"method not found: {method}"}
         return [Outgoing([_message({"jsonrpc": "2.0", "id": request_id, "error": error})])]
     name, args = params.get("name"), params.get("arguments") or {}
     if name == "echo":
-        return [_text_result(request_id, str(args.get("text", "")))]
+        return [_text_result(request_id, str(args.get("text", "")), required)]
     if name == "note":
-        return [_text_result(request_id, f"noted: {args.get('text', '')}")]
+        return [_text_result(request_id, f"noted: {args.get('text', '')}", required)]
     if name == "huge":
         size, seconds = int(args.get("size", 1_000_000)), float(args.get("seconds", 0))
-        return [_huge(request_id, size, seconds, bool(args.get("id_last")))]
+        id_last, is_error = bool(args.get("id_last")), bool(args.get("is_error"))
+        return [_huge(request_id, size, seconds, id_last, is_error, required)]
     if name in ("garbled", "garbled_note"):
         return [_garbled(request_id, str(args.get("kind", "surrogate")))]
     if name == "chatty":
         log_line = Outgoing([b"raw server: working on it..."], reply=False)
-        return [log_line, _text_result(request_id, "chatted")]
+        return [log_line, _text_result(request_id, "chatted", required)]
     if name == "wrong_id":
-        return [_text_result(987_654, "an answer to nobody")]
+        return [_text_result(987_654, "an answer to nobody", required)]
     if name == "flood":
         note = {"method": "notifications/message", "params": {"level": "info", "data": "."}}
         flood = [
             Outgoing([_message({"jsonrpc": "2.0", **note})], reply=False)
             for _ in range(int(args.get("count", 1000)))
         ]
-        return [*flood, _text_result(request_id, "flooded")]
+        return [*flood, _text_result(request_id, "flooded", required)]
     error = {"code": -32602, "message": f"unknown tool {name}"}
     return [Outgoing([_message({"jsonrpc": "2.0", "id": request_id, "error": error})])]

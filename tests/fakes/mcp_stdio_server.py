@@ -26,7 +26,8 @@ schema) next to ``echo``, which it runs.
 ``--mode raw`` is ``tests.fakes.mcp_raw`` on stdio, one message a line: tools that answer with
 50 MB, garbled replies, log lines on stdout, replies to nobody or a flood of notifications,
 listed next to entries that break the MCP specification. With ``--log FILE`` it appends
-``sent NAME`` to FILE once it has written the whole reply of a call of tool NAME.
+``sent NAME`` to FILE once it has written the whole reply of a call of tool NAME; with
+``--protocol VERSION`` it speaks that protocol version (``mcp_raw.replies``' ``version``).
 Environment variable ``FAKE_MCP_SECRET`` (when set) is echoed by ``echo`` with ``text`` equal
 to ``$secret``, so a test can check that an agent's ``--mcp-env`` reaches the server.
 """
@@ -148,8 +149,9 @@ def write_stderr(mode: str, log: Path | None) -> None:
             f.write("flooded\n")
 
 
-def serve_raw(log: Path | None) -> None:
-    """``tests.fakes.mcp_raw`` on stdin/stdout, one message a line, each chunk flushed."""
+def serve_raw(log: Path | None, version: str | None = None) -> None:
+    """``tests.fakes.mcp_raw`` on stdin/stdout, one message a line, each chunk flushed,
+    speaking protocol ``version`` (``None``: the client's)."""
     from tests.fakes.mcp_raw import replies
 
     out = sys.stdout.buffer
@@ -158,7 +160,7 @@ def serve_raw(log: Path | None) -> None:
             if not line.strip():
                 continue
             message = json.loads(line)
-            for outgoing in replies(message):
+            for outgoing in replies(message, version=version):
                 for index, chunk in enumerate(outgoing.chunks):
                     if index and outgoing.pause_s:
                         time.sleep(outgoing.pause_s)
@@ -265,6 +267,7 @@ def main() -> None:
         choices=("serve", "hang", "exit", "odd", "raw", "stderr", "stderrflood"),
     )
     parser.add_argument("--log", type=Path)
+    parser.add_argument("--protocol", help="with --mode raw: the protocol version it speaks")
     args = parser.parse_args()
     if args.mode in ("stderr", "stderrflood"):
         write_stderr(args.mode, args.log)
@@ -280,7 +283,7 @@ def main() -> None:
         serve_odd()
         return
     if args.mode == "raw":
-        serve_raw(args.log)
+        serve_raw(args.log, args.protocol)
         return
     anyio.run(serve, args.log)
 

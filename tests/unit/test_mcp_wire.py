@@ -11,6 +11,7 @@ from typing import Any
 import mcp.types as types
 import pytest
 from mcp.shared.message import SessionMessage
+from mcp_types.methods import parse_server_result, validate_server_result
 
 from worker.mcp.guard import SessionGuard
 from worker.mcp.http_transport import SseFramer
@@ -22,6 +23,7 @@ from worker.mcp.wire import (
     MessageBuffer,
     WireLimits,
     cut_message,
+    encode,
     is_lost_reply,
     read_message,
 )
@@ -326,4 +328,85 @@ def test_a_listing_keeps_the_tools_the_sdk_takes_and_says_why_the_others_went() 
         "(inputSchema: Input should be a valid dictionary)",
         "tool without a usable name was left out: its entry in the tool list breaks the MCP "
         "specification (name: Field required)",
+    ]
+
+
+VERSIONS = types.version.KNOWN_PROTOCOL_VERSIONS
+"""Every protocol version the SDK knows, oldest first: a session may negotiate any of them."""
+
+
+def huge_reply(version: str, *, head: str = "") -> bytes:
+    """A reply of 5,000 ``x`` as a server of ``version`` writes it: ``head`` (fields written
+    before the content), the content, then what the version requires (2026-07-28:
+    ``resultType``, after the content as the SDK writes it)."""
+    after = ',"resultType":"complete"' if version in types.version.MODERN_PROTOCOL_VERSIONS else ""
+    text = "x" * 5_000
+    return (
+        f'{{"jsonrpc":"2.0","id":3,"result":{{{head}"content":[{{"text":"{text}",'
+        f'"type":"text"}}]{after}}}}}'
+    ).encode()
+
+
+@pytest.mark.parametrize("is_error", [False, True])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_cut_result_is_one_the_sdk_takes_under_every_protocol_version(
+    version: str, is_error: bool
+) -> None:
+    # the cut result lacked resultType, which 2026-07-28 requires: the agent's call failed
+    # with "CallToolResult.resultType: Field required" instead of getting the cut result
+    full = huge_reply(version, head='"isError":true,' if is_error else "")
+    message, _ = cut_message(full[:300], limit=300)
+    assert isinstance(message, types.JSONRPCResponse) and message.id == 3
+    wire = json.loads(encode(message))["result"]  # what the SDK's client reads
+    validate_server_result("tools/call", version, wire)  # the version's own schema
+    result = parse_server_result("tools/call", version, wire)
+    assert isinstance(result, types.CallToolResult)
+    note = "\n[cut while it was read: the reply had more than 300 bytes"
+    if is_error:
+        with pytest.raises(McpToolError, match=r"^x+\n\[cut while it was read"):
+            result_value(result, 100)
+    else:
+        assert result_value(result, 100).startswith("x" * 100 + note)
+
+
+def test_a_cut_result_keeps_every_field_its_first_bytes_hold_whole() -> None:
+    meta = '"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"s","version":"1"}},'
+    full = huge_reply("2026-07-28", head=f'{meta}"resultType":"complete",')
+    message, _ = cut_message(full[:400], limit=400)
+    assert isinstance(message, types.JSONRPCResponse)
+    assert message.result["_meta"] == {
+        "io.modelcontextprotocol/serverInfo": {"name": "s", "version": "1"},
+        CUT_META_KEY: {"limit_bytes": 400, "is_error": False},
+    }
+    assert message.result["resultType"] == "complete"
+    assert message.result["isError"] is True  # so that no output schema is checked
+
+
+def test_the_guard_learns_the_version_a_session_negotiated_either_way() -> None:
+    legacy = SessionGuard("fake")
+    legacy.outbound(types.JSONRPCRequest(jsonrpc="2.0", id=1, method="initialize"))
+    answer = {"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {}}
+    inbound(legacy, types.JSONRPCResponse(jsonrpc="2.0", id=1, result=answer))
+    assert legacy.version == "2025-06-18"
+    modern = SessionGuard("fake")  # server/discover: the SDK stamps each request with it
+    stamp = {"_meta": {types.PROTOCOL_VERSION_META_KEY: "2026-07-28"}}
+    modern.outbound(types.JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/list", params=stamp))
+    assert modern.version == "2026-07-28"
+
+
+def test_a_listing_of_a_2026_session_is_judged_by_that_version() -> None:
+    # {"type": "nonsense"} passes the SDK's own model but not 2026-07-28's schema, which the
+    # SDK checks the page against: the whole listing was refused, every tool of the server lost
+    guard = SessionGuard("fake")
+    stamp = {"_meta": {types.PROTOCOL_VERSION_META_KEY: "2026-07-28"}}
+    guard.outbound(types.JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/list", params=stamp))
+    good = {"name": "good", "inputSchema": {"type": "object"}}
+    odd = {"name": "odd", "inputSchema": {"type": "nonsense"}}
+    page = {"tools": [good, odd], "ttlMs": 0, "cacheScope": "private", "resultType": "complete"}
+    [kept] = inbound(guard, types.JSONRPCResponse(jsonrpc="2.0", id=1, result=page))
+    assert kept.result == {**page, "tools": [good]}
+    validate_server_result("tools/list", "2026-07-28", kept.result)
+    assert guard.listing_problems() == [
+        "tool 'odd' was left out: its entry in the tool list breaks the MCP specification "
+        "(inputSchema.type: Input should be 'object')"
     ]

@@ -31,8 +31,8 @@ def register(commands: Any) -> None:
     worker = commands.add_parser(
         "worker",
         help="Run the daemon: tick every MANA_AI_TICK_INTERVAL_S until SIGTERM/SIGINT.",
-        description="Run the daemon. Waits up to a minute for an external database that "
-        "does not answer yet, migrates the schema, serves /metrics and "
+        description="Run the daemon. Waits up to MANA_AI_DB_START_WAIT_S (60 s) for an "
+        "external database that does not answer yet, migrates the schema, serves /metrics and "
         "/healthz on MANA_AI_METRICS_PORT, and on SIGTERM/SIGINT stops claiming, lets running "
         "missions finish within MANA_AI_SHUTDOWN_GRACE_S and exits 0.",
     )

@@ -38,8 +38,9 @@ def register(commands: Any) -> None:
         "'Authorization: Bearer TOKEN' (`mana-ai mcp token create`); with --stdio the "
         "client starts this command and every call runs for --user. Every call passes the "
         "policy gate (MANA_AI_POLICY_MODE, the user's opt-ins and rate limits, "
-        "MANA_AI_MCP_SCOPES) and is recorded with consumer 'mcp'. Runs until SIGTERM/SIGINT "
-        "(or the stdio client closes).",
+        "MANA_AI_MCP_SCOPES) and is recorded with consumer 'mcp'. A database that does not "
+        "answer yet is waited for up to MANA_AI_DB_START_WAIT_S (60 s). Runs until "
+        "SIGTERM/SIGINT (or the stdio client closes).",
     )
     serve.add_argument(
         "--stdio", action="store_true", help="talk MCP on stdin/stdout instead of HTTP"
@@ -87,7 +88,9 @@ def register(commands: Any) -> None:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.cli.stores import served_tools
+    from worker.cli.stores import database_answers, served_tools
+    from worker.daemon.app import check_policy_settings
+    from worker.tools import builtin_tool_catalog
 
     if args.stdio:
         if args.user is None:
@@ -96,6 +99,9 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     elif args.user is not None:
         raise UsageError("--user goes with --stdio; over HTTP each client's token names its user")
     scopes = ", ".join(settings.mcp_scopes) or "every scope"
+    check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
+    if not await database_answers(settings):  # started before its database: wait for it
+        return 0
     async with served_tools(settings) as (served, store):
         if args.stdio:
             from worker.mcp.server import serve_stdio

@@ -25,7 +25,7 @@ def register(commands: Any) -> None:
         "MANA_AI_API_MAX_BODY_BYTES (1048576), MANA_AI_CONSOLE_URL (the address people use, "
         "behind a proxy), and MANA_AI_DATABASE_URL (unset: the embedded PostgreSQL; a database "
         "of your own needs `mana-ai db upgrade` first). A database that does not answer yet "
-        "is waited for up to a minute. Runs until SIGTERM/SIGINT.",
+        "is waited for up to MANA_AI_DB_START_WAIT_S (60 s). Runs until SIGTERM/SIGINT.",
     )
     serve.set_defaults(command_fn=_serve, verbose_logs=True)
 
@@ -56,7 +56,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if not await database_answers(settings):  # started before its database: wait for it
         server.close()
         return 0
-    async with database(settings) as engine:
+    async with database(settings, wait_s=settings.db_start_wait_s) as engine:
         app.app = build_app(
             engine,
             settings,

@@ -69,10 +69,12 @@ def announce_database(settings: Settings) -> None:
 
 @asynccontextmanager
 async def database(
-    settings: Settings, *, migrate: bool | None = None
+    settings: Settings, *, migrate: bool | None = None, wait_s: float = 0.0
 ) -> AsyncIterator[AsyncEngine]:
     """The configured (or embedded) database, announced (``announce_database``) and opened
-    (``worker.store.database.open_database``, which ``migrate`` is passed to), disposed on exit.
+    (``worker.store.database.open_database``, which ``migrate`` and ``wait_s`` are passed
+    to: a command run by hand does not wait, one that serves waits
+    ``MANA_AI_DB_START_WAIT_S``), disposed on exit.
 
     Raises:
         DatabaseError: the database is unreachable, or not migrated (see ``open_database``).
@@ -80,7 +82,7 @@ async def database(
     from worker.store.database import open_database
 
     announce_database(settings)
-    async with open_database(settings, migrate=migrate) as engine:
+    async with open_database(settings, migrate=migrate, wait_s=wait_s) as engine:
         yield engine
 
 
@@ -105,10 +107,10 @@ async def read_only(settings: Settings, read: Callable[[Fetch], Awaitable[T]]) -
 
 
 async def database_answers(settings: Settings) -> bool:
-    """Wait until the configured database answers (``worker.daemon.app.wait_for_database``:
-    a daemon started during an outage, or before its database, rides it out for up to a
-    minute, a log line per attempt); False when SIGTERM / SIGINT came first (said on stderr:
-    the daemon then ends with status 0, as a running one does).
+    """Wait until the configured database answers (``worker.store.database.wait_for_database``:
+    a daemon started during an outage, or before its database, rides it out for up to
+    ``MANA_AI_DB_START_WAIT_S``, a log line per attempt); False when SIGTERM / SIGINT came
+    first (said on stderr: the daemon then ends with status 0, as a running one does).
 
     Raises:
         DatabaseError: still unreachable after the wait, or refused for good.
@@ -116,7 +118,7 @@ async def database_answers(settings: Settings) -> bool:
     import asyncio
     import signal
 
-    from worker.daemon.app import wait_for_database
+    from worker.store.database import wait_for_database
 
     loop = asyncio.get_running_loop()
     waiting = asyncio.ensure_future(wait_for_database(settings))

@@ -28,8 +28,12 @@ from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner
 from worker.settings import Settings, otel_variables
 from worker.store.base import ClaimedMission, MissionStore
-from worker.store.database import application_name, configured_engine, open_database
-from worker.store.engine import check_connection
+from worker.store.database import (
+    application_name,
+    configured_engine,
+    open_database,
+    wait_for_database,
+)
 from worker.store.ledger import PostgresCallLedger
 from worker.store.postgres import PostgresMissionStore
 from worker.store.user_policy import PolicyStore
@@ -65,30 +69,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-DATABASE_START_WAIT_S = 60.0
-"""Seconds ``mana-ai worker`` waits at start for a database that is not reachable yet."""
-
-
-async def wait_for_database(settings: Settings, *, wait_s: float = DATABASE_START_WAIT_S) -> None:
-    """Return once the configured database answers, retrying transient failures (refused,
-    reset, the server starting up) with backoff for up to ``wait_s`` seconds, a log line per
-    attempt (``check_connection``): a daemon started during an outage, or before its
-    database in a deployment, rides it out as a running one does. The embedded database
-    (``MANA_AI_DATABASE_URL`` unset) is started, not waited for: nothing to do.
-
-    Raises:
-        DatabaseError: still unreachable after ``wait_s``, or a failure that is not
-            transient (at once): the error ``open_database`` gives.
-    """
-    if settings.database_url is None:
-        return
-    engine = configured_engine(settings, settings.database_url)
-    try:
-        await check_connection(engine, wait_s=wait_s)
-    finally:
-        await engine.dispose()
 
 
 GATE_LANE_MIN_POOL = 4
@@ -221,9 +201,12 @@ def _policy_setup(
 
 
 @asynccontextmanager
-async def open_served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, McpStore]]:
+async def open_served_tools(
+    settings: Settings, *, wait_s: float | None = None
+) -> AsyncIterator[tuple[ServedTools, McpStore]]:
     """The tools ``mana-ai mcp serve`` offers (every built-in tool, behind the MCP consumer's
-    gate) and the store of its tokens and calls, on the configured database.
+    gate) and the store of its tokens and calls, on the configured database, waited for up
+    to ``wait_s`` seconds (``None``: ``MANA_AI_DB_START_WAIT_S``; ``open_database``).
 
     Raises:
         SettingsError: a policy setting names an unknown tool or scope (before the database
@@ -234,7 +217,8 @@ async def open_served_tools(settings: Settings) -> AsyncIterator[tuple[ServedToo
     from worker.store.mcp_tokens import McpStore
 
     check_policy_settings(settings, builtin_tool_catalog())
-    async with open_database(settings) as engine:
+    wait_s = settings.db_start_wait_s if wait_s is None else wait_s
+    async with open_database(settings, wait_s=wait_s) as engine:
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         store = McpStore(engine)
         policy = mcp_policy_setup(settings, engine, tools)
@@ -361,9 +345,16 @@ class App:
 
 @asynccontextmanager
 async def open_app(
-    settings: Settings, *, llm: ChatModel | None = None, migrate: bool | None = None
+    settings: Settings,
+    *,
+    llm: ChatModel | None = None,
+    migrate: bool | None = None,
+    wait_s: float | None = None,
 ) -> AsyncIterator[App]:
-    """Wire a Worker from ``settings``; ``llm`` overrides the configured chat model.
+    """Wire a Worker from ``settings``; ``llm`` overrides the configured chat model. The
+    database is waited for up to ``wait_s`` seconds (``None``: ``MANA_AI_DB_START_WAIT_S``):
+    each round trip of its opening that fails for a transient fault is tried again until
+    then (``open_database``).
 
     Raises:
         SettingsError: a policy setting names an unknown tool or scope (before the database
@@ -381,7 +372,10 @@ async def open_app(
             environ=otel_variables(),
         )
     try:
-        async with _wired_app(settings, llm=llm, migrate=migrate, tracing=tracing) as app:
+        wait_s = settings.db_start_wait_s if wait_s is None else wait_s
+        async with _wired_app(
+            settings, llm=llm, migrate=migrate, wait_s=wait_s, tracing=tracing
+        ) as app:
             yield app
     finally:
         if tracing is not None:  # what is buffered goes out (off the loop: it may wait)
@@ -390,11 +384,17 @@ async def open_app(
 
 @asynccontextmanager
 async def _wired_app(
-    settings: Settings, *, llm: ChatModel | None, migrate: bool | None, tracing: Tracing | None
+    settings: Settings,
+    *,
+    llm: ChatModel | None,
+    migrate: bool | None,
+    wait_s: float,
+    tracing: Tracing | None,
 ) -> AsyncIterator[App]:
     lane = gate_lane_size(settings)
+    pool_size = settings.db_pool_size - lane
     async with (
-        open_database(settings, migrate=migrate, pool_size=settings.db_pool_size - lane) as engine,
+        open_database(settings, migrate=migrate, pool_size=pool_size, wait_s=wait_s) as engine,
         gate_lane(settings, engine) as ledger_engine,
     ):
         store = PostgresMissionStore(engine)

@@ -14,7 +14,10 @@ their reply). On the way in:
   that can have been its own; reads in flight beside each other fail together;
 * a reply to ``tools/list``: a tool whose entry breaks the MCP specification (an input schema
   that is not an object, a name that is not a string …) would make the SDK refuse the whole
-  page; it is taken out alone, with the reason in ``left_out``, and the others pass.
+  page; it is taken out alone, with the reason in ``left_out``, and the others pass. An entry
+  is judged by the protocol version the session negotiated (``version``: the server's answer
+  to ``initialize``, or the version the SDK stamps on each request of a 2026-07-28 session,
+  which negotiates with ``server/discover``), as the SDK judges the page.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import anyio
 import mcp.types as types
 from mcp.shared.dispatcher import as_request_id, coerce_request_id
 from mcp.shared.message import SessionMessage
+from mcp.types import PROTOCOL_VERSION_META_KEY
 from mcp_types.methods import validate_server_result
 from pydantic import ValidationError
 
@@ -112,6 +116,22 @@ class SessionGuard:
         self._more_left_out = 0
         self._version: str | None = None
 
+    @property
+    def version(self) -> str | None:
+        """The protocol version the session negotiated, once it is known."""
+        return self._version
+
+    def outbound(self, message: types.JSONRPCMessage) -> None:
+        """Note a message the session sends: in the ledger, and the protocol version a
+        request carries in its ``_meta`` (the SDK stamps it on every request of a session
+        that negotiated with ``server/discover``)."""
+        self.ledger.sent(message)
+        if isinstance(message, types.JSONRPCRequest):
+            meta = (message.params or {}).get("_meta")
+            version = meta.get(PROTOCOL_VERSION_META_KEY) if isinstance(meta, dict) else None
+            if isinstance(version, str):
+                self._version = version
+
     @contextlib.asynccontextmanager
     async def wrap(self, transport: Any) -> AsyncIterator[tuple[_GuardedRead, _GuardedWrite]]:
         """``transport`` (an SDK ``Transport``) with this guard between it and the session."""
@@ -167,34 +187,43 @@ class SessionGuard:
         tools = message.result.get("tools")
         if not isinstance(tools, list):
             return item  # the listing itself is broken: the SDK says how
-        kept = [tool for tool in tools if self._tool_fits(tool)]
+        if self._refusal({**message.result, "tools": []}) is not None:
+            return item  # the page itself is broken, whatever its tools: the SDK says how
+        kept = [tool for tool in tools if self._tool_fits(message.result, tool)]
         if len(kept) == len(tools):
             return item
         result = {**message.result, "tools": kept}
         reply = types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
         return SessionMessage(reply, metadata=item.metadata)
 
-    def _tool_fits(self, tool: Any) -> bool:
-        """True when ``tool`` (one entry of a listing) is one the SDK takes; else the reason
-        goes to ``left_out``."""
-        page = {"tools": [tool]}
+    def _refusal(self, page: dict[str, Any]) -> ValidationError | None:
+        """Why the SDK refuses ``page`` (a ``tools/list`` result) under the session's
+        protocol version; ``None`` when it takes it (or does not know the version)."""
         try:
             types.ListToolsResult.model_validate(page, by_name=False)
             if self._version is not None:
                 validate_server_result("tools/list", self._version, page)
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"][2:]) or "the entry"
-            name = tool.get("name") if isinstance(tool, dict) else None
-            shown = repr(name[:80]) if isinstance(name, str) else "without a usable name"
-            self._note_left_out(
-                f"tool {shown} was left out: its entry in the tool list breaks the MCP "
-                f"specification ({where}: {first['msg']})"
-            )
-            return False
+            return exc
         except (KeyError, ValueError):  # a protocol version the SDK's tables do not know
             pass
-        return True
+        return None
+
+    def _tool_fits(self, page: dict[str, Any], tool: Any) -> bool:
+        """True when ``tool`` (one entry of the listing ``page``) is one the SDK takes in
+        that page; else the reason goes to ``left_out``."""
+        exc = self._refusal({**page, "tools": [tool]})
+        if exc is None:
+            return True
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"][2:]) or "the entry"
+        name = tool.get("name") if isinstance(tool, dict) else None
+        shown = repr(name[:80]) if isinstance(name, str) else "without a usable name"
+        self._note_left_out(
+            f"tool {shown} was left out: its entry in the tool list breaks the MCP "
+            f"specification ({where}: {first['msg']})"
+        )
+        return False
 
     def _note_left_out(self, reason: str) -> None:
         if len(self.left_out) < MAX_LEFT_OUT:
@@ -245,14 +274,15 @@ class _GuardedRead:
 
 
 class _GuardedWrite:
-    """The transport's write stream, noting each message in the guard's ledger first."""
+    """The transport's write stream, noting each message in the guard first
+    (``SessionGuard.outbound``)."""
 
     def __init__(self, inner: Any, guard: SessionGuard) -> None:
         self._inner = inner
         self._guard = guard
 
     async def send(self, item: SessionMessage, /) -> None:
-        self._guard.ledger.sent(item.message)
+        self._guard.outbound(item.message)
         await self._inner.send(item)
 
     async def aclose(self) -> None:

@@ -18,7 +18,9 @@ with what the peer sends. What the SDK then gets (``cut_message``):
 
 * a tool result (its first bytes show ``result.content`` …): the text its first bytes hold,
   as a result marked with ``CUT_META_KEY`` that ``translate.result_value`` shows with a note
-  saying it was cut. The model gets the start of the result, as it does for a long result
+  saying it was cut (``cut_result``: the SDK's ``CallToolResult`` with the fields its first
+  bytes hold whole, valid under every protocol version the SDK speaks, ``resultType``
+  included). The model gets the start of the result, as it does for a long result
   that fits: what it asked for is there, and it can ask for less. The cut result is sent as
   ``isError`` (so the SDK does not check a structured content it cannot see whole against
   the tool's output schema); ``result_value`` tells it apart by its mark;
@@ -58,6 +60,7 @@ __all__ = [
     "MessageBuffer",
     "WireLimits",
     "cut_message",
+    "cut_result",
     "encode",
     "is_lost_reply",
     "looks_like_call_result",
@@ -238,15 +241,9 @@ def cut_message(
     result = partial.get("result")
     error = partial.get("error")
     if isinstance(result, dict) and looks_like_call_result(head):
-        cut = {"limit_bytes": limit, "is_error": result.get("isError") is True}
-        cut_result = {
-            "content": [{"type": "text", "text": _partial_text(result)}],
-            "isError": True,
-            "_meta": {CUT_META_KEY: cut},
-        }
         if found is not None:
             return (
-                types.JSONRPCResponse(jsonrpc="2.0", id=found, result=cut_result),
+                types.JSONRPCResponse(jsonrpc="2.0", id=found, result=cut_result(result, limit)),
                 f"cut a tool result of more than {limit} bytes while reading it",
             )
     elif isinstance(error, dict) and found is not None:
@@ -270,6 +267,37 @@ def cut_message(
     return reply, f"a reply of more than {limit} bytes was not read"
 
 
+_REPLACED = frozenset({"content", "structuredContent", "isError"})
+"""The fields of a tool result its cut replaces (``cut_result``)."""
+
+
+def cut_result(partial: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The tool result the SDK gets for one cut after ``limit`` bytes, whose first bytes
+    hold ``partial`` (its fields in the server's order, the last one perhaps cut short).
+
+    It is the SDK's own ``CallToolResult`` (what its server sends for every protocol version:
+    ``resultType``, which 2026-07-28 requires, always serialized; older versions ignore it),
+    made from the fields the first bytes hold whole (all but the last, so that nothing the
+    server sent whole is lost: its ``resultType``, its ``_meta``), with the text they hold
+    (``_partial_text``) as its one text block, ``isError``, and ``CUT_META_KEY`` added to its
+    ``_meta``; its JSON as the SDK writes a result (by alias, without ``None``s).
+    """
+    cut = {"limit_bytes": limit, "is_error": partial.get("isError") is True}
+    whole = {k: v for k, v in list(partial.items())[:-1] if k not in _REPLACED}
+    try:
+        received = types.CallToolResult.model_validate({**whole, "content": []}, by_name=False)
+    except ValidationError:  # a field the SDK refuses: the server's, not kept
+        received = types.CallToolResult(content=[])
+    made = received.model_copy(
+        update={
+            "content": [types.TextContent(text=_partial_text(partial))],
+            "is_error": True,
+            "meta": {**(received.meta or {}), CUT_META_KEY: cut},
+        }
+    )
+    return made.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
 def _partial(head: bytes) -> dict[str, Any]:
     """``head`` (the start of a JSON object) as far as it goes; ``{}`` when it is no JSON."""
     try:
@@ -280,13 +308,16 @@ def _partial(head: bytes) -> dict[str, Any]:
 
 
 def _partial_text(result: dict[str, Any]) -> str:
-    """The text a cut tool result holds: its text blocks, else its structured content."""
+    """The text a cut tool result holds: its text blocks (the last one's ``type`` may be
+    past the cut: the SDK writes ``text`` first), else its structured content."""
     content = result.get("content")
     blocks = content if isinstance(content, list) else []
     texts = [
         b["text"]
         for b in blocks
-        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        if isinstance(b, dict)
+        and b.get("type", "text") == "text"
+        and isinstance(b.get("text"), str)
     ]
     if texts:
         return "\n".join(texts)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,8 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.database_url import redact_url
 from worker.errors import DatabaseError
-from worker.store.revision import HEAD_REVISION, REVISION_QUERY
-from worker.store.transient import describe_error, sqlstate_of
+from worker.store.revision import HEAD_REVISION, REVISION_QUERY, revision_problem
+from worker.store.transient import describe_error, retry_transient, sqlstate_of
 
 if TYPE_CHECKING:  # alembic is loaded only to migrate: a command that checks does without it
     from alembic.config import Config
@@ -103,7 +104,7 @@ def _script_location() -> Path:
     raise DatabaseError(f"no alembic env.py in the migrations package ({locations})")
 
 
-async def upgrade_database(engine: AsyncEngine) -> str:
+async def upgrade_database(engine: AsyncEngine, *, wait_s: float = 0.0) -> str:
     """Migrate the database behind ``engine`` to head and return the head revision.
 
     Idempotent: at head already, it only reads the revision (one statement; neither the lock
@@ -112,6 +113,11 @@ async def upgrade_database(engine: AsyncEngine) -> str:
     whole upgrade and the read of the resulting revision are one transaction (PostgreSQL has
     transactional DDL), so a failure leaves the schema as it was. Works through PgBouncer in
     transaction pooling mode (no session state; see the module docstring).
+
+    With ``wait_s`` > 0 the read of the revision and the upgrade's transaction are each tried
+    again after a transient failure (``worker.store.transient.retry_transient``) until
+    ``wait_s`` seconds after the call: a transaction whose connection broke was rolled back,
+    and one whose commit's answer was lost is found at head by the next attempt.
 
     Not for concurrent use in one process against *different* databases: alembic keeps the
     running migration context in module globals.
@@ -122,18 +128,28 @@ async def upgrade_database(engine: AsyncEngine) -> str:
             migrated it). The message names the database without its password.
     """
     where = redact_url(engine.url.render_as_string(hide_password=False))
+    deadline = time.monotonic() + wait_s
     try:
-        at_head = await current_revision(engine) == HEAD_REVISION
+        current = await retry_transient(
+            lambda: current_revision(engine),
+            deadline=deadline,
+            what=f"reading the schema revision of {where}",
+        )
     except (SQLAlchemyError, OSError) as exc:
         raise DatabaseError(f"could not migrate {where}: {describe_error(exc)}") from exc
-    if at_head:  # the usual start of a replica: one statement, no lock, no alembic
+    if current == HEAD_REVISION:  # the usual start of a replica: one statement, no lock, no alembic
         logger.info("database %s is at schema revision %s", where, HEAD_REVISION)
         return HEAD_REVISION
+    if current is not None and current > HEAD_REVISION:  # alembic would not find it
+        raise DatabaseError(f"could not migrate {where}: {revision_problem(current)}")
     from alembic.util import CommandError
 
-    try:
+    async def upgrade() -> str:
         async with engine.connect() as conn, migration_lock(conn):
-            revision = await conn.run_sync(_upgrade_to_head)
+            return await conn.run_sync(_upgrade_to_head)
+
+    try:
+        revision = await retry_transient(upgrade, deadline=deadline, what=f"migrating {where}")
     except CommandError as exc:
         raise DatabaseError(f"could not migrate {where}: {exc}") from exc
     except (SQLAlchemyError, OSError) as exc:
