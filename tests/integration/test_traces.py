@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from planner.json_text import storable_text
 from tests.fakes import FakeLLMServer, chat_completion_body
 from tests.integration.worker_harness import add_mission, iterations
 from worker.daemon.app import open_app
@@ -400,7 +401,8 @@ async def test_names_a_model_invented_are_content_and_what_the_endpoint_chose_is
             for giveaway in giveaways:
                 assert all(giveaway not in text for text in texts), kind
     if capture:  # each one, cut and escaped, as the tool's name of its span
-        assert names == sorted(bounded(name) for name in invented)
+        # (as the model's text enters a run: made storable, planner.json_text.storable_text)
+        assert names == sorted(bounded(storable_text(name)) for name in invented)
         assert all(len(n) <= MAX_CHOSEN_CHARS + 1 and not any(map(is_hidden, n)) for n in names)
         assert all(len(text) <= CONTENT_CHARS + 1 for text in texts)  # prompts, payloads: cut
     else:

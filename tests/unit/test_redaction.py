@@ -109,3 +109,33 @@ def test_every_secret_an_operator_configures_is_known() -> None:
     assert {"Bearer hdrtoken", "hdrtoken", "xkey-value", "qtoken"} <= server.secrets()
     stdio = McpServerConfig(name="fs", transport="stdio", command="x", env={"TOKEN": "envtok"})
     assert stdio.secrets() == {"envtok"}
+
+
+def test_spans_leave_the_process_with_its_secrets_masked() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Status, StatusCode
+
+    from worker.tracing.masking import MaskingSpanExporter
+
+    secret = "sk-spanned-0123456789"
+    redaction.add_secrets([secret])
+    caught = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(MaskingSpanExporter(caught)))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span(f"chat {secret}") as span:
+        span.set_attribute("error.message", f"refused {secret}")
+        span.set_attribute("list", [secret, "plain", 3])
+        span.add_event("retry", {"why": json.dumps({"key": secret})})
+        span.set_status(Status(StatusCode.ERROR, f"401 {secret}"))
+    with tracer.start_as_current_span("clean") as span:
+        span.set_attribute("n", 1)
+    masked, clean = caught.get_finished_spans()
+    text = repr((masked.name, dict(masked.attributes or {}), masked.events, masked.status))
+    text += repr([dict(e.attributes or {}) for e in masked.events]) + str(masked.status.description)
+    assert secret not in text and MASK in text
+    assert clean.name == "clean" and dict(clean.attributes or {}) == {"n": 1}
+    provider.shutdown()

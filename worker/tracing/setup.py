@@ -228,6 +228,8 @@ def _pipeline(
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+    from worker.tracing.masking import MaskingSpanExporter
+
     conventions = conventions_for(environ)
     # mana-ai's defaults, then what OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME say over them
     resource = Resource.create(
@@ -243,9 +245,11 @@ def _pipeline(
     # shutdown_on_exit=False: no atexit hook that waits for the collector (module docstring)
     tracer_provider = TracerProvider(resource=resource, span_limits=limits, shutdown_on_exit=False)
     if traces_exporter == "otlp":
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        exporter: Any = OTLPSpanExporter()
+        tracer_provider.add_span_processor(BatchSpanProcessor(MaskingSpanExporter(exporter)))
     elif traces_exporter == "console":
-        tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        exporter = ConsoleSpanExporter()
+        tracer_provider.add_span_processor(BatchSpanProcessor(MaskingSpanExporter(exporter)))
     if metrics_exporter == "otlp" and "traces" in endpoints and "metrics" not in endpoints:
         # only a traces endpoint: the metrics would go to localhost:4318 and fail every minute
         metrics_exporter = "none (no OTLP endpoint for metrics)"
