@@ -130,6 +130,10 @@ class Checkpoint:
         approvals: people's decisions on calls of the pending round that the gate asked
             about, by 0-based position (``planner.approvals``): a granted one lets exactly
             that call run, a denied or expired one answers it with its refusal.
+        standing_approvals: granted approvals of calls whose outcome is unknown (their worker
+            died while they ran; they are in ``settled``): each still lets exactly that call
+            (the same tool and arguments) run once more in this run, should the model find it
+            did not take effect and call it again, without asking a person again.
     """
 
     messages: Sequence[ChatMessage]
@@ -141,6 +145,7 @@ class Checkpoint:
     context_tokens: int | None = None
     reminders: Sequence[SentReminder] = ()
     approvals: Mapping[int, Approval] = field(default_factory=dict)
+    standing_approvals: Sequence[Approval] = ()
 
     def pending_calls(self) -> tuple[ToolCall, ...]:
         """The calls of the round under way when the checkpoint was taken (none when the log

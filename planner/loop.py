@@ -293,7 +293,11 @@ async def run_planner_loop(
         settled: Mapping[int, ExecutedCall] | None = None,
         approvals: Mapping[int, Approval] | None = None,
     ) -> bool:
-        """Run the round's calls; False when it parked at a call waiting for approval."""
+        """Run the round's calls; False when it parked at a call waiting for approval. A
+        call without an approval of its own that matches a standing approval runs with it,
+        which is then used up (``Checkpoint.standing_approvals``)."""
+        if standing:
+            approvals = {**_standing_for(calls, standing, settled), **(approvals or {})}
         executed = await execute_round(
             calls,
             round=round_no,
@@ -308,6 +312,10 @@ async def run_planner_loop(
             reply_text=reply_text,
         )
         outcomes = executed.calls
+        for outcome in outcomes:  # a standing approval that let its call run is used up
+            used = approvals.get(outcome.index) if approvals else None
+            if used is not None and used in standing and outcome.ran:
+                standing.remove(used)
         if executed.parked is not None:  # the round waits: no RoundEnded, no results logged
             for outcome in outcomes:
                 log.fold_call_finished(CallFinished(outcome))
@@ -328,6 +336,7 @@ async def run_planner_loop(
 
     first_round = 1
     resume = inp.resume
+    standing = list(resume.standing_approvals) if resume is not None else []
     if resume is None:
         head = (
             ChatMessage(role="system", content=inp.system_prompt),
@@ -539,6 +548,26 @@ async def _decided(
         error = message if approval.granted else denial_text(decision)
         settled[position] = ExecutedCall(round_no, call, None, error, decision, index=position)
     return settled, approved
+
+
+def _standing_for(
+    calls: Sequence[ToolCall],
+    standing: Sequence[Approval],
+    settled: Mapping[int, ExecutedCall] | None,
+) -> dict[int, Approval]:
+    """The standing approvals that go with ``calls``, by position: each to the first call not
+    settled already whose tool and arguments it was given for (``Approval.matches``), at most
+    once."""
+    given: dict[int, Approval] = {}
+    left = list(standing)
+    for position, call in enumerate(calls):
+        if settled and position in settled:
+            continue
+        match = next((a for a in left if a.matches(call)), None)
+        if match is not None:
+            given[position] = match
+            left.remove(match)
+    return given
 
 
 def _tools_tokens(specs: Sequence[ToolSpec]) -> int:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from planner.approvals import Approval
 
 __all__ = [
+    "EffectHandler",
     "OutcomeLookup",
     "PolicyHint",
     "ToolContext",
@@ -80,6 +81,8 @@ class ToolContext:
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 OutcomeLookup = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+EffectHandler = Callable[[dict[str, Any], ToolContext, Any], Awaitable[Any]]
+"""``async (arguments, ctx, connection) -> result``: ``ToolSpec.effect``."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,13 @@ class ToolSpec:
             answers what the first did; MCP's ``idempotentHint``). A ``write`` of such a tool
             that was in flight when its run stopped runs again on resume, with the same key,
             instead of being reported as of unknown outcome. Default ``False``.
+        effect: for a tool whose effect lives in its consumer's own database (mana-ai's
+            notes): ``async (arguments, ctx, connection) -> result``, the handler's work on
+            ``connection``, inside a transaction its consumer owns. A consumer that journals
+            its calls (the mission runner) commits that transaction together with the call's
+            record, so the call's outcome is never unknown: a call found started after its
+            worker died never took effect, and runs again (with its approval, if it had
+            one). ``handler`` runs it in a transaction of its own. ``None`` (default): none.
 
     Raises:
         ToolRegistryError: at construction, for an invalid name, JSON schema or timeout.
@@ -121,6 +131,7 @@ class ToolSpec:
     timeout_s: float | None = None
     outcome_of: OutcomeLookup | None = None
     idempotent: bool = False
+    effect: EffectHandler | None = None
 
     def __post_init__(self) -> None:
         """Check the name, the schema and the timeout once, at construction (raises

@@ -23,6 +23,9 @@ one), before it reaches the server or, with ``lose_answer=True``, after (the ser
 commits it, its answer is lost). A test counts a clean run's ``connections`` and
 ``round_trips`` first, then breaks each of them in turn.
 
+``die_at(n)`` is a client killed at its ``n``-th round trip: that round trip broken as
+``break_round_trip`` breaks it, then nothing more gets through until ``end_outage()``.
+
 ``url_for(url)`` is ``url`` through the proxy. ``outages`` counts the outages so far,
 ``connections`` the client connections accepted, ``round_trips`` the round trips clients
 sent, ``lost_answers`` the answers lost and ``faults`` the connections refused and round
@@ -70,6 +73,8 @@ class FlakyProxy:
         self._refused: set[int] = set()
         self._broken: dict[int, bool] = {}  # round trip -> lose its answer (else: cut it)
         self.outages = 0
+        self._dying: int | None = None
+        self.died = asyncio.Event()
         self.connections = 0
         self.round_trips = 0
         self.lost_answers = 0
@@ -137,6 +142,20 @@ class FlakyProxy:
         with ``lose_answer`` (see the module docstring)."""
         self._broken[n] = lose_answer
 
+    def die_at(self, n: int, *, lose_answer: bool = False) -> None:
+        """A client that dies at its ``n``-th round trip: that round trip is broken as
+        ``break_round_trip`` breaks it, and from then on every connection is cut and every
+        new one refused (as after a ``kill -9``: nothing more of the client reaches the
+        server) until ``end_outage()``; ``died`` is set then."""
+        self._broken[n] = lose_answer
+        self._dying = n
+
+    def _die(self) -> None:
+        self._down_until = float("inf")
+        self.died.set()
+        for pipe in list(self._pipes):
+            pipe.cancel()
+
     def _judge(self, kinds: list[bytes]) -> _Verdict:
         """What becomes of a client's data holding whole messages of ``kinds`` (their type
         bytes): sent on (``None``), cut before it reaches the server, or its answer lost."""
@@ -150,6 +169,11 @@ class FlakyProxy:
                 broken = self._broken.pop(self.round_trips, None)
                 if broken is not None:
                     self.faults += 1
+                    if self._dying == self.round_trips:
+                        # the others now; this one as its verdict says (after its answer's
+                        # settle time when it is lost)
+                        delay = ANSWER_SETTLE_S * 2 if broken else 0.0
+                        asyncio.get_running_loop().call_later(delay, self._die)
                     return "lose" if broken else "cut"
         return verdict
 

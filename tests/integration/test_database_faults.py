@@ -216,14 +216,15 @@ async def test_a_write_whose_database_fails_under_it_is_made_again_by_the_resume
     idempotent): one note, and the model never had to decide anything about the fault."""
     await add_mission(db, cron=None, objective="note")
     tools = {t.name: t for t in builtin_tools(flaky_engine)}
-    real_create = tools["notes_create"].handler
+    real_create = tools["notes_create"].effect
+    assert real_create is not None  # a run commits it with the call's record
 
-    async def create_in_an_outage(args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def create_in_an_outage(args: dict[str, Any], ctx: ToolContext, conn: Any) -> Any:
         await proxy.outage(0.5)
-        return await real_create(args, ctx)
+        return await real_create(args, ctx, conn)
 
     flaky = [
-        dataclasses.replace(t, handler=create_in_an_outage) if t.name == "notes_create" else t
+        dataclasses.replace(t, effect=create_in_an_outage) if t.name == "notes_create" else t
         for t in tools.values()
     ]
     steady = list(tools.values())
@@ -240,7 +241,7 @@ async def test_a_write_whose_database_fails_under_it_is_made_again_by_the_resume
     assert await first.run_once() == ["interrupted"]
     [it] = await iterations(db)
     assert (it["status"], it["stop_reason"]) == ("failed", "interrupted")
-    assert "notes database did not answer" in it["error"]
+    assert "notes_create: its database did not answer" in it["error"]
 
     second = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: steady)
     assert await second.run_once() == ["succeeded"]
@@ -257,8 +258,9 @@ async def test_a_write_whose_database_fails_under_it_is_made_again_by_the_resume
 async def test_a_write_that_is_not_idempotent_is_reported_not_made_again(
     db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
 ) -> None:
-    """A write whose tool cannot promise to apply a key once (notes_update) is not made
-    again on resume: the model reads what the tool can tell about it."""
+    """A write whose tool cannot promise to apply a key once, and whose effect does not commit
+    with its record (here notes_update without its ``effect``), is not made again on resume:
+    the model reads what the tool can tell about it."""
     async with db.begin() as conn:
         note_id = (
             await conn.execute(
@@ -274,7 +276,9 @@ async def test_a_write_that_is_not_idempotent_is_reported_not_made_again(
         return await real_update(args, ctx)
 
     flaky = [
-        dataclasses.replace(t, handler=update_in_an_outage) if t.name == "notes_update" else t
+        dataclasses.replace(t, handler=update_in_an_outage, effect=None)
+        if t.name == "notes_update"
+        else t
         for t in tools.values()
     ]
     seen: list[str] = []
@@ -288,11 +292,55 @@ async def test_a_write_that_is_not_idempotent_is_reported_not_made_again(
 
     first = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: flaky)
     assert await first.run_once() == ["interrupted"]
-    second = make_worker(flaky_engine, FunctionChatModel(model))
+    unlike = [dataclasses.replace(t, effect=None) for t in tools.values()]
+    second = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: unlike)
     assert await second.run_once() == ["succeeded"]
     [report] = seen
     assert "its outcome is unknown" in report and f"note {note_id} exists now" in report
     assert not any(TRY_AGAIN in r for r in seen)
+
+
+async def test_a_built_in_write_whose_database_fails_under_it_is_made_again_once(
+    db: AsyncEngine, proxy: FlakyProxy, flaky_engine: AsyncEngine
+) -> None:
+    """notes_update is not idempotent, but its effect commits with its call's record: a
+    database that fails under it rolls both back, so the resume makes it again, once, and the
+    model reads the update's own result, never that its outcome is unknown."""
+    async with db.begin() as conn:
+        note_id = (
+            await conn.execute(
+                notes.insert().values(user_id="u1", title="old").returning(notes.c.id)
+            )
+        ).scalar_one()
+    await add_mission(db, cron=None, objective="rename")
+    tools = {t.name: t for t in builtin_tools(flaky_engine)}
+    real_update = tools["notes_update"].effect
+    assert real_update is not None
+
+    async def update_in_an_outage(args: dict[str, Any], ctx: ToolContext, conn: Any) -> Any:
+        await proxy.outage(0.5)
+        return await real_update(args, ctx, conn)
+
+    flaky = [
+        dataclasses.replace(t, effect=update_in_an_outage) if t.name == "notes_update" else t
+        for t in tools.values()
+    ]
+    seen: list[str] = []
+
+    def model(request: CompletionRequest) -> CompletionResponse:
+        results = tool_results(request)
+        seen.extend(results)
+        if not results:
+            return tool_calls(("notes_update", {"id": note_id, "title": "new"}))
+        return final_answer("Renamed.")
+
+    first = make_worker(flaky_engine, FunctionChatModel(model), tools_for=lambda m: flaky)
+    assert await first.run_once() == ["interrupted"]
+    second = make_worker(flaky_engine, FunctionChatModel(model))
+    assert await second.run_once() == ["succeeded"]
+    [result] = seen
+    assert json.loads(result)["title"] == "new" and json.loads(result)["changed"] == ["title"]
+    assert await note_titles(db) == ["new"]
 
 
 async def test_data_the_database_refuses_is_stored_as_a_failure_with_its_log(

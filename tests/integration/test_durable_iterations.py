@@ -104,9 +104,12 @@ async def test_a_write_in_flight_is_not_run_again_and_the_model_is_told_what_it_
         await asyncio.Event().wait()  # the worker "dies" before the outcome is recorded
         return result
 
-    # a write whose tool does not promise to apply a key once (an idempotent one is made
-    # again on resume instead: tests/e2e/test_durable_replicas.py)
-    dying = dataclasses.replace(builtin["notes_create"], handler=create_then_die, idempotent=False)
+    # a write whose tool does not promise to apply a key once, and whose effect does not
+    # commit with its record (an idempotent one, or a built-in's effect, is made again on
+    # resume instead: tests/e2e/test_durable_replicas.py, test_approval_crash.py)
+    dying = dataclasses.replace(
+        builtin["notes_create"], handler=create_then_die, idempotent=False, effect=None
+    )
     others = [t for t in builtin.values() if t.name != "notes_create"]
 
     def victim_model(request: CompletionRequest) -> CompletionResponse:
@@ -128,7 +131,7 @@ async def test_a_write_in_flight_is_not_run_again_and_the_model_is_told_what_it_
         heir_requests.append(request)
         return final_answer("Done.")
 
-    unpromised = dataclasses.replace(builtin["notes_create"], idempotent=False)
+    unpromised = dataclasses.replace(builtin["notes_create"], idempotent=False, effect=None)
     heir = make_worker(
         db,
         FunctionChatModel(heir_model),

@@ -1,9 +1,10 @@
 """The round trips of a durable run, counted at the wire (``bench/round_trips.py``): a run of
-three write rounds needs at most 12 in all, and no phase more than its budget (claim 1; per
-write round: the gate's reservation with the journal's start 1, the tool's own write 1, the
-checkpoint with the outcome 1; finish 1). A count, not a timing: one more statement anywhere
-in the path fails here. And the one statement ``notes_create`` now is keeps its promise of
-one note per call when two attempts at the call race."""
+three write rounds needs at most 20 in all, and no phase more than its budget (claim 1; per
+write round: the gate's reservation with the journal's start 1, the tool's own write in one
+transaction with its call's record 4, the checkpoint with the outcome 1; finish 1). A count,
+not a timing: one more statement anywhere in the path fails here. And the one statement
+``notes_create`` makes keeps its promise of one note per call when two attempts at the call
+race."""
 
 from __future__ import annotations
 

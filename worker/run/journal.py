@@ -65,6 +65,7 @@ from planner.compaction import estimate_message_tokens
 from worker.run.leases import HeldLease
 from worker.store.base import (
     ClaimedMission,
+    LeaseLostError,
     MissionStore,
     RoundCheckpoint,
     StartedIteration,
@@ -231,6 +232,41 @@ class MissionJournal:
         if checkpoint.archive:
             self._archived = max(r.compaction_index for r in checkpoint.archive)
 
+    def bound(self, spec: ToolSpec) -> ToolSpec:
+        """``spec`` as this run calls it: a write or destructive tool with an ``effect`` runs
+        it in the store's transaction that also marks its ``started`` row ``ok``
+        (``MissionStore.run_effect``), so its outcome is never unknown; any other as it is.
+
+        The handler raises ``RunInterrupted`` when the database stays unreachable or the lease
+        was lost (nothing committed: the takeover runs the call again)."""
+        effect = spec.effect
+        if effect is None or spec.policy_hint == "read":
+            return spec
+        handler = spec.handler
+
+        async def handle(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+            row_id = self.rows.ids.get((ctx.round or 0, ctx.position or 0))
+            if row_id is None:  # never journaled (no started row): its own transaction
+                return await handler(arguments, ctx)
+            try:
+                return await self.store.run_effect(
+                    self.mission,
+                    row_id,
+                    lambda connection: effect(arguments, ctx, connection),
+                    worker_id=self.worker_id,
+                )
+            except LeaseLostError as exc:
+                raise RunInterrupted(f"{spec.name} was not run: {exc}") from exc
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                raise RunInterrupted(
+                    f"{spec.name}: its database did not answer ({describe_error(exc)}); "
+                    "nothing was committed, and the call runs again when the run resumes"
+                ) from exc
+
+        return dataclasses.replace(spec, handler=handle)
+
     async def start_reserved(
         self,
         call: ToolCall,
@@ -242,10 +278,12 @@ class MissionJournal:
         limit: RateLimit,
         consumer: str,
         run_anyway: bool,
+        decision: PolicyDecision | None = None,
     ) -> Reservation:
         """The policy gate's statement for a write or destructive call: reserve its
         rate-limit slot and, when one was taken (or ``run_anyway``: log-only runs a refused
-        call too), store the log so far and the call's ``started`` row, in one statement.
+        call too), store the log so far and the call's ``started`` row (with the rules'
+        ``decision`` that lets it start), in one statement.
 
         Raises:
             RunInterrupted: the database stayed unreachable while the lease held (the call
@@ -258,6 +296,7 @@ class MissionJournal:
             attempt=self.attempt,
             idempotency_key=ctx.idempotency_key,
             policy_mode=self.policy_mode,
+            decision=decision,
         )
         row = dataclasses.replace(row, row_id=self.rows.ids.get((round, position)))
         rows = [*self.pending_rows(), row]
@@ -381,6 +420,8 @@ async def resume_checkpoint(
     for stored_row in started.pending_rows:  # ordered by id: a later one of a position wins
         latest[int(stored_row["position"])] = stored_row
     settled: dict[int, ExecutedCall] = {}
+    again: set[int] = set()  # started calls that run again, with their approval if any
+    standing: list[Approval] = []
     for position, call in enumerate(pending):
         row = latest.get(position)
         if row is None:
@@ -395,11 +436,19 @@ async def resume_checkpoint(
             rows.parked.add(key)  # it goes on with its approval (or is asked about again)
             continue
         spec = specs.get(call.name)
-        if spec is not None and spec.idempotent:
-            continue  # in flight, but safe to run again with its key: it runs now
+        if spec is not None and (spec.idempotent or spec.effect is not None):
+            # in flight, but safe to run again with its key, or it never took effect (its
+            # effect commits with its record, which says started): it runs now
+            again.add(position)
+            continue
         # started or unknown: it may have taken effect
+        approval = approvals.get(position)
+        if approval is not None and approval.granted:
+            standing.append(approval)  # not spent on a call that may not have run
         report = await _outcome_report(spec, call, ctx.for_call(started.rounds, position))
-        settled[position] = _unknown_call(started.rounds, position, call, started, report)
+        settled[position] = _unknown_call(
+            started.rounds, position, call, started, report, row, standing=approval in standing
+        )
     return (
         Checkpoint(
             messages=messages,
@@ -410,7 +459,12 @@ async def resume_checkpoint(
             compaction_attempts=started.compaction_attempts,
             context_tokens=checkpoint.context_tokens,
             reminders=checkpoint.reminders,
-            approvals={p: a for p, a in approvals.items() if (started.rounds, p) in rows.parked},
+            approvals={
+                p: a
+                for p, a in approvals.items()
+                if (started.rounds, p) in rows.parked or p in again
+            },
+            standing_approvals=tuple(standing),
         ),
         rows,
     )
@@ -445,15 +499,35 @@ def _finished_call(
 
 
 def _unknown_call(
-    round_no: int, position: int, call: ToolCall, started: StartedIteration, report: str
+    round_no: int,
+    position: int,
+    call: ToolCall,
+    started: StartedIteration,
+    report: str,
+    row: Mapping[str, Any],
+    *,
+    standing: bool = False,
 ) -> ExecutedCall:
     error = (
         f"{call.name} was running when attempt {started.attempt - 1} of this run stopped (its "
         f"worker stopped, or lost its database); it was not run again, and its outcome is "
         f"unknown: it may or may not have taken effect. {report}"
     )
+    if standing:
+        error += (
+            " A person approved this call; the approval still stands for exactly this call: "
+            "if it did not take effect, call it again with the same arguments."
+        )
+    decision = row.get("policy_decision")  # what let it start (an approval, say)
     return ExecutedCall(
-        round_no, call, None, error, None, index=position, ran=True, outcome_unknown=True
+        round_no,
+        call,
+        None,
+        error,
+        PolicyDecision.model_validate(decision) if isinstance(decision, dict) else None,
+        index=position,
+        ran=True,
+        outcome_unknown=True,
     )
 
 

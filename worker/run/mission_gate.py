@@ -95,6 +95,7 @@ class MissionGate:
                 limit=gate.limit_for(spec),
                 consumer=gate.consumer,
                 run_anyway=gate.mode != "enforce",
+                decision=decision,
             )
             decision = gate.counted(inp, decision, reservation)
         gate.report(spec, call, ctx, decision)

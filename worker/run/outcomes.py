@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from planner import ApprovalRequested, PlannerLoopResult, StopReason, arguments_hash
+from planner import (
+    Approval,
+    ApprovalRequested,
+    PlannerLoopResult,
+    StopReason,
+    arguments_hash,
+)
+from planner.policy import DecisionReason
 from worker.mcp.sources import ToolSourceError
 from worker.run.journal import MissionJournal
 from worker.schedule import ScheduleError, next_run_after
@@ -36,6 +43,7 @@ __all__ = [
     "no_run",
     "notice_fields",
     "problems_text",
+    "unconfirmed_approvals",
 ]
 
 
@@ -75,6 +83,26 @@ def loop_outcome(
         reminders=checkpoint.reminders,
         archive=checkpoint.archive,
     )
+
+
+def unconfirmed_approvals(standing: Sequence[Approval], result: PlannerLoopResult) -> list[str]:
+    """For the iteration's error: each approved call whose outcome a takeover found unknown
+    (``Checkpoint.standing_approvals``) and that did not run again in this run: it is not
+    reported as done, and its approval was not spent on it."""
+    ran = [
+        c
+        for c in result.record.calls
+        if c.ran
+        and not c.outcome_unknown
+        and c.decision is not None
+        and c.decision.reason == DecisionReason.APPROVED
+    ]
+    return [
+        f"{approval.tool} was approved ({approval.describe()}) but its worker stopped while it "
+        "ran: its outcome is unknown, it was not run again, and the approval was not used up"
+        for approval in standing
+        if not any(approval.matches(c.call) for c in ran)
+    ]
 
 
 MAX_PROBLEMS_SHOWN = 5

@@ -41,6 +41,7 @@ from enum import StrEnum
 from typing import Any
 
 from planner import (
+    Approval,
     ChatModel,
     PlannerLoopInput,
     PlannerLoopResult,
@@ -77,6 +78,7 @@ from worker.run.outcomes import (
     next_run_of,
     no_run,
     notice_fields,
+    unconfirmed_approvals,
 )
 from worker.run.reminder_channel import mission_reminder_channel
 from worker.run.run_metrics import RunMetrics, count_calls
@@ -355,7 +357,8 @@ class MissionRunner:
             )
         try:
             result = await self._run_loop(mission, iteration, model, run, channel, compactor)
-            outcome = loop_outcome(result, next_run, run.journal, run.source_problems)
+            problems = [*run.source_problems, *unconfirmed_approvals(run.standing, result)]
+            outcome = loop_outcome(result, next_run, run.journal, problems)
         except asyncio.CancelledError:
             if (lost := await self._cancelled(mission, iteration, run.journal, lease)) is not None:
                 return lost
@@ -684,12 +687,14 @@ class MissionRunner:
             opened = await self._open_tool_sources(mission, sources, tools, run.source_problems)
             tools += [self._with_timeout(t) for t in opened]
             run.tool_names = frozenset(t.name for t in tools)
+            tools = [journal.bound(t) for t in tools]
             journal.specs = {t.name: t for t in tools}
             resume = None
             if iteration.resumable:
                 resume, journal.rows = await resume_checkpoint(
                     iteration, specs=journal.specs, ctx=ctx
                 )
+                run.standing = tuple(resume.standing_approvals)
                 unknown = sum(c.outcome_unknown for c in resume.settled.values())
                 decided = ", ".join(
                     f"request {a.request_id} {a.status.value}" for a in resume.approvals.values()
@@ -813,11 +818,13 @@ class MissionRunner:
 @dataclass
 class _Run:
     """What one run keeps besides its record: the journal (which folds the record), the
-    names of the tools it offered (metric labels), and what its tool sources left out."""
+    names of the tools it offered (metric labels), what its tool sources left out, and the
+    approvals of calls whose outcome a takeover found unknown (``standing``)."""
 
     journal: MissionJournal
     tool_names: frozenset[str] = frozenset()
     source_problems: list[str] = field(default_factory=list)
+    standing: tuple[Approval, ...] = ()
 
 
 def _masking(handler: ToolHandler) -> ToolHandler:

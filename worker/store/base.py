@@ -26,7 +26,7 @@ and ``LeaseLostError`` where a method says so.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -375,6 +375,28 @@ class MissionStore(Protocol):
 
         Raises:
             LeaseLostError: ``worker_id`` no longer owns the mission (nothing was stored).
+        """
+        ...
+
+    async def run_effect(
+        self,
+        mission: ClaimedMission,
+        row_id: int,
+        effect: Callable[[Any], Awaitable[Any]],
+        *,
+        worker_id: str,
+    ) -> Any:
+        """Run a call's ``effect`` (``ToolSpec.effect``: ``connection -> result``) and store
+        the call's outcome, ``ok`` with the result, on its ``started`` row ``row_id``, in one
+        transaction under the lease: both commit or neither does, so a call whose row still
+        says ``started`` never took effect. The effect's result.
+
+        Raises:
+            LeaseLostError: ``worker_id`` no longer owns the mission, or the row is no longer
+                this run's ``started`` one (a takeover made the call its own); nothing is
+                committed.
+            Whatever ``effect`` raises (nothing is committed; the call's error is stored
+            with the run's next write).
         """
         ...
 

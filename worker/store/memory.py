@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -463,6 +463,23 @@ class InMemoryMissionStore:
                 mission["lease_expires_at"] = self.clock() + lease
                 owned.add(mission_id)
         return owned
+
+    async def run_effect(
+        self,
+        mission: ClaimedMission,
+        row_id: int,
+        effect: Callable[[Any], Awaitable[Any]],
+        *,
+        worker_id: str,
+    ) -> Any:
+        """See ``MissionStore.run_effect``; ``effect`` gets no connection (``None``)."""
+        self._enter("run_effect")
+        row = next((r for r in self.invocations if r["id"] == row_id), None)
+        if not self._owns(mission.id, worker_id) or row is None or row["outcome"] != "started":
+            raise LeaseLostError(f"mission {mission.id}: lease lost; the call was not run")
+        result = await effect(None)
+        row |= {"outcome": "ok", "result": result, "error": None}
+        return result
 
     async def record_call_start(
         self,

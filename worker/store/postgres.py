@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -310,6 +310,53 @@ class PostgresMissionStore:
             created=bool(row["approval_created"]),
             expires_at=row["approval_expires_at"],
         )
+
+    async def run_effect(
+        self,
+        mission: ClaimedMission,
+        row_id: int,
+        effect: Callable[[Any], Awaitable[Any]],
+        *,
+        worker_id: str,
+    ) -> Any:
+        """See ``MissionStore.run_effect``: the effect, then one statement that marks the row
+        when the lease is still this worker's, holding the mission's row ``FOR KEY SHARE``
+        until the commit (a takeover's claim, ``FOR UPDATE SKIP LOCKED``, passes it by
+        meanwhile; the lease renewal, which changes no key, is not held up): four round
+        trips with BEGIN and COMMIT. Never run again by the store when its connection
+        breaks: the run is interrupted and its takeover, which finds the row ``started``,
+        runs the call again."""
+        async with self.engine.begin() as conn:
+            result = await effect(conn)
+            # after the effect, in its transaction: the lease still this worker's (the
+            # mission's row then held FOR KEY SHARE until the commit) and the row still the
+            # call's started one, or nothing of it commits
+            held = (
+                select(missions.c.id)
+                .where(
+                    missions.c.id == mission.id,
+                    missions.c.lease_owner == worker_id,
+                    missions.c.lease_expires_at > func.now(),
+                )
+                .with_for_update(read=True, key_share=True)
+                .cte("held")
+            )
+            marked = await conn.execute(
+                update(tool_invocations)
+                .where(
+                    tool_invocations.c.id == row_id,
+                    tool_invocations.c.outcome == "started",
+                    select(held.c.id).exists(),
+                )
+                .values(outcome="ok", result=json_safe(result), error=None)
+                .returning(tool_invocations.c.id)
+            )
+            if marked.first() is None:  # rolled back: the effect never happened
+                raise LeaseLostError(
+                    f"lease lost: mission {mission.id} is no longer this worker's, or its "
+                    "call's record moved on (a takeover made the call its own)"
+                )
+        return result
 
     async def record_call_start(
         self,

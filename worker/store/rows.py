@@ -25,7 +25,7 @@ from planner import (
     messages_to_json,
 )
 from planner.json_text import compact_encoder, storable_text
-from planner.policy import PolicyMode
+from planner.policy import PolicyDecision, PolicyMode
 from worker import redaction
 from worker.store.base import ArchiveRow, ToolInvocationRow
 from worker.store.prepared import EncodedJSON
@@ -231,9 +231,12 @@ def started_row(
     attempt: int,
     idempotency_key: str | None,
     policy_mode: PolicyMode,
+    decision: PolicyDecision | None = None,
 ) -> ToolInvocationRow:
-    """The ``started`` row of a write or destructive call about to run (its decision and
-    outcome come with its next write)."""
+    """The ``started`` row of a write or destructive call about to run, with the gate's
+    ``decision`` that lets it start when there is one (an approval, say: what a takeover that
+    finds the call in flight reads); its outcome, and its decision as counted, come with its
+    next write."""
     return ToolInvocationRow(
         attempt=attempt,
         round=round,
@@ -245,8 +248,8 @@ def started_row(
         error=None,
         outcome=CallOutcome.STARTED,
         duration_ms=0.0,
-        policy_decision=None,
-        policy_mode=policy_mode,
+        policy_decision=json_safe(decision.model_dump(mode="json")) if decision else None,
+        policy_mode=(decision.mode if decision and decision.mode else policy_mode),
         idempotency_key=idempotency_key,
     )
 

@@ -4,11 +4,14 @@ Every query is filtered by ``ctx.user_id``: a user's agents see, change and dele
 user's notes. A note id that belongs to another user is answered exactly like an id that does
 not exist, so ids leak nothing.
 
-Writes are safe to retry: ``notes_create`` makes at most one note per idempotency key (a
-second attempt at the same call returns the note the first made: ``ToolSpec.idempotent``, so a
-resumed run makes a call that was in flight again itself), and each write tool's
-``outcome_of`` tells a resuming worker what a call that was in flight did (``notes_update``
-is not idempotent: re-applying an old change could undo a newer one).
+The writes' effects live in mana-ai's own database, so each write tool has an ``effect``
+(``ToolSpec.effect``: its statement on a connection in a transaction its caller owns): a
+mission run commits it together with the call's record (``MissionStore.run_effect``), so a
+call found started after its worker died never took effect and runs again, with its approval
+if a person gave one; the handler runs it in a transaction of its own (``mcp serve``).
+``notes_create`` also makes at most one note per idempotency key (a second attempt at the same
+call returns the note the first made: ``ToolSpec.idempotent``), and each write tool's
+``outcome_of`` tells what a call did.
 
 Results are JSON objects (timestamps as ISO-8601 strings in UTC). Failures the model should
 react to (an unknown id, an update with nothing to change) raise ``LookupError`` /
@@ -25,14 +28,13 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, RowMapping, Select, delete, func, or_, select, union_all, update
+from sqlalchemy import RowMapping, Select, delete, func, or_, select, union_all, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.expression import Executable
 
 from planner.errors import RunInterrupted
-from planner.tools import ToolContext, ToolSpec
-from worker.store.engine import behind_pgbouncer
+from planner.tools import EffectHandler, ToolContext, ToolSpec
 from worker.store.tables import notes
 from worker.store.transient import describe_error, is_transient
 
@@ -132,21 +134,22 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             raise LookupError(_missing(note_id))
         return _full(row)
 
-    async def notes_create(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def notes_create(
+        args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
+    ) -> dict[str, Any]:
         # At most one note per call: a second attempt at the same call (same idempotency
-        # key) returns the note the first one made. One statement, in autocommit: one round
-        # trip (``_created_or_earlier``).
+        # key) returns the note the first one made.
         values = {
             "user_id": ctx.user_id,
             "title": _text(args, "title"),
             "body": _text(args, "body"),
             "idempotency_key": ctx.idempotency_key,
         }
-        row = await _run_alone(engine, _created_or_earlier(values))
+        row = (await conn.execute(_created_or_earlier(values))).first()
         if row is None:
             # the attempt that made it committed while this statement ran (its snapshot is
             # older than the note): a statement of its own sees it
-            row = await _run_alone(engine, _note_of_call(ctx.user_id, ctx.idempotency_key))
+            row = (await conn.execute(_note_of_call(ctx.user_id, ctx.idempotency_key))).first()
             if row is None:
                 raise RuntimeError(f"note of call {ctx.idempotency_key} neither created nor found")
         return {
@@ -181,7 +184,9 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             f"note {note_id} exists now, titled {row.title!r}, last changed {_iso(row.updated_at)}"
         )
 
-    async def notes_update(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def notes_update(
+        args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
+    ) -> dict[str, Any]:
         note_id = int(args["id"])
         changes = {key: _text(args, key) for key in ("title", "body") if key in args}
         if not changes:
@@ -192,21 +197,21 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             .values(**changes, updated_at=func.now())
             .returning(notes.c.id, notes.c.title, notes.c.updated_at)
         )
-        async with engine.begin() as conn:
-            row = (await conn.execute(statement)).mappings().one_or_none()
+        row = (await conn.execute(statement)).mappings().one_or_none()
         if row is None:
             raise LookupError(_missing(note_id))
         return {**_summary(row), "changed": sorted(changes)}
 
-    async def notes_delete(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def notes_delete(
+        args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
+    ) -> dict[str, Any]:
         note_id = int(args["id"])
         statement = (
             delete(notes)
             .where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
             .returning(notes.c.id, notes.c.title)
         )
-        async with engine.begin() as conn:
-            row = (await conn.execute(statement)).one_or_none()
+        row = (await conn.execute(statement)).one_or_none()
         if row is None:
             raise LookupError(_missing(note_id))
         return {"deleted": row.id, "title": row.title}
@@ -260,7 +265,8 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             input_schema=_object({"title": _TITLE, "body": _BODY}, ["title"]),
             policy_hint="write",
             scope=SCOPE,
-            handler=notes_create,
+            handler=_in_own_transaction(engine, notes_create),
+            effect=notes_create,
             outcome_of=notes_create_outcome,
             idempotent=True,  # at most one note per idempotency key
         ),
@@ -275,7 +281,8 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             ),
             policy_hint="write",
             scope=SCOPE,
-            handler=notes_update,
+            handler=_in_own_transaction(engine, notes_update),
+            effect=notes_update,
             outcome_of=note_state,
         ),
         ToolSpec(
@@ -284,7 +291,8 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             input_schema=_object({"id": _ID}, ["id"]),
             policy_hint="destructive",
             scope=SCOPE,
-            handler=notes_delete,
+            handler=_in_own_transaction(engine, notes_delete),
+            effect=notes_delete,
             outcome_of=note_state,
         ),
     ]
@@ -292,6 +300,17 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
         dataclasses.replace(spec, handler=_interrupting_on_outage(spec.name, spec.handler))
         for spec in specs
     ]
+
+
+def _in_own_transaction(engine: AsyncEngine, effect: EffectHandler) -> Handler:
+    """A handler running ``effect`` in a transaction of its own (a consumer that journals
+    its calls runs the spec's ``effect`` in its own, with the call's record)."""
+
+    async def handle(args: dict[str, Any], ctx: ToolContext) -> Any:
+        async with engine.begin() as conn:
+            return await effect(args, ctx, conn)
+
+    return handle
 
 
 _CREATED = (notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
@@ -331,20 +350,6 @@ def _note_of_call(user_id: str, key: str | None) -> Select[Any]:
         notes.c.idempotency_key.is_not(None),
         notes.c.idempotency_key == key,
     )
-
-
-async def _run_alone(engine: AsyncEngine, statement: Executable) -> Row[Any] | None:
-    """The first row of ``statement``, run on its own: in autocommit (one round trip; a
-    statement is atomic by itself), in BEGIN/COMMIT behind PgBouncer in transaction mode
-    (``worker.store.engine.behind_pgbouncer``). Not run again when the connection breaks
-    (``run_statement`` would): a note made without an idempotency key would be made twice;
-    the failure is the caller's (``RunInterrupted``)."""
-    async with engine.connect() as conn:
-        if behind_pgbouncer(engine):
-            async with conn.begin():
-                return (await conn.execute(statement)).first()
-        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-        return (await conn.execute(statement)).first()
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
