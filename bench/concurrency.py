@@ -48,7 +48,6 @@ from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import add_missions, run_all
 from tests.fakes.async_llm_server import serve_in_process
 from worker.daemon.app import application_name, open_app
-from worker.daemon.heap import settled_heap
 from worker.settings import load_settings
 
 
@@ -150,8 +149,7 @@ async def bench(server_url: str, args: argparse.Namespace, llm_url: str) -> None
             started = time.perf_counter()
             cpu_before = time.process_time()
             try:
-                with settled_heap():  # as `mana-ai worker` runs once started
-                    await run_all(app.worker, url, args.missions)
+                await run_all(app.worker, url, args.missions)
             finally:
                 elapsed = time.perf_counter() - started
                 cpu = time.process_time() - cpu_before

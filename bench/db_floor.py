@@ -24,9 +24,7 @@ no planner loop, no tool run, no statement built, no JSON encoded per mission.
 it (the real tick, runner, planner loop, stores and ``clock_now``; an instant in-process LLM,
 two rounds; the policy gate off), claiming as the daemon does (a tick for every slot, then,
 while missions are due, each run's finish for the slot it frees, and a tick on a wake-up for
-what the finishes did not claim), until every mission's iteration is stored; its garbage collector
-set as the daemon sets it once started (``worker.daemon.heap.settled_heap``; CPython's
-defaults with ``--default-gc``).
+what the finishes did not claim), until every mission's iteration is stored.
 
 Each side runs a warm-up mission first (not counted), then the missions measured are added
 and ``ANALYZE missions`` is run (``analyze``); each side's pool of ``pool`` connections is open
@@ -43,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -55,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import insert, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -62,8 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
 from planner.testing import FunctionChatModel
-from worker.daemon.heap import settled_heap
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.run.runner import MissionRunner
 from worker.store.engine import create_engine
 from worker.store.migrate import upgrade_database
@@ -191,16 +188,16 @@ def mana_ai_worker(url: str, concurrency: int, pool: int) -> tuple[Worker, Any, 
     engine = create_engine(url, pool_size=pool, max_overflow=0)
     store = PostgresMissionStore(engine)
     stored = Stored()
-    finish = store.finish_iteration
+    end_run = store.end_run
 
-    async def counted(*args: Any, **kwargs: Any) -> bool:
-        done = await finish(*args, **kwargs)
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        done = await end_run(*args, **kwargs)
         stored.count += 1
         if stored.count >= stored.target:
             stored.reached.set()
         return done
 
-    store.finish_iteration = counted  # type: ignore[method-assign]
+    store.end_run = counted  # type: ignore[method-assign]
     tools = builtin_tools(engine)
     runner = MissionRunner(
         store=store,
@@ -225,11 +222,13 @@ async def run_mana_ai(worker: Worker, stored: Stored, count: int) -> float:
     stored.reached.clear()
     worker.stopping = False
     started = time.perf_counter()
-    ticking = asyncio.create_task(worker.run(interval_s=3600))
+    scheduler = AsyncIOScheduler()
+    worker.schedule(scheduler, 3600)
+    scheduler.start()
     await stored.reached.wait()
     elapsed = time.perf_counter() - started
-    worker.stop()
-    await ticking
+    await worker.drain(60)
+    scheduler.shutdown(wait=False)
     return elapsed
 
 
@@ -327,9 +326,7 @@ def _proc_cpu(pids: list[int]) -> dict[int, float]:
     return cpu
 
 
-async def measure(
-    side: str, server_url: str, count: int, concurrency: int, pool: int, default_gc: bool
-) -> None:
+async def measure(side: str, server_url: str, count: int, concurrency: int, pool: int) -> None:
     """One measurement in a fresh database; prints one JSON line."""
     async with throwaway_database(server_url) as url:
         engine = create_engine(url, pool_size=1, max_overflow=0)
@@ -353,8 +350,7 @@ async def measure(
             if side == "floor":
                 elapsed, after = await run_floor(url, count, concurrency, pool)
             else:
-                with contextlib.nullcontext() if default_gc else settled_heap():
-                    elapsed = await run_mana_ai(worker, stored, count)
+                elapsed = await run_mana_ai(worker, stored, count)
                 after = await backend_cpu(url)
             cpu = time.process_time() - cpu
             server = sum(max(0.0, t - before.get(pid, 0.0)) for pid, t in after.items())
@@ -379,12 +375,6 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=at_least(1), default=3, help="pairs per concurrency")
     parser.add_argument("--pool", type=at_least(1), default=10, help="database connections")
-    parser.add_argument(
-        "--default-gc",
-        action="store_true",
-        help="run mana-ai with CPython's default garbage collection, not as the daemon runs "
-        "it (worker.daemon.heap.settled_heap)",
-    )
     parser.add_argument("--side", choices=("floor", "mana-ai"), help=argparse.SUPPRESS)
     parser.add_argument("--server", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -396,7 +386,6 @@ def main() -> None:
                 args.missions,
                 args.concurrency[0],
                 args.pool,
-                args.default_gc,
             )
         )
         return
@@ -429,7 +418,7 @@ def one_process(
     """One measurement in a fresh process (``--side``); its figures."""
     argv = [sys.executable, __file__, "--side", side, "--server", server]
     argv += ["--missions", str(args.missions), "--concurrency", str(concurrency)]
-    argv += ["--pool", str(args.pool), *(["--default-gc"] if args.default_gc else [])]
+    argv += ["--pool", str(args.pool)]
     done = subprocess.run(argv, capture_output=True, text=True, env=os.environ, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{side} failed: {done.stderr[-3000:]}")

@@ -46,7 +46,7 @@ from bench.common import RoundTripCounter, at_least, database_server, throwaway_
 from planner import CompletionRequest, CompletionResponse
 from planner.policy import PolicyConfig, PolicyMode, RateLimit
 from planner.testing import ScriptedChatModel, ScriptStep, final_answer, tool_calls
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
 from worker.store.engine import create_engine

@@ -34,8 +34,8 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import event, func, insert, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,10 +50,9 @@ from bench.common import (
 from planner import ChatModel, CompletionRequest, CompletionResponse
 from planner.policy import PolicyConfig
 from planner.testing import FunctionChatModel, final_answer, tool_calls
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
-from worker.store import postgres
 from worker.store.engine import create_engine
 from worker.store.ledger import PostgresCallLedger
 from worker.store.migrate import upgrade_database
@@ -107,7 +106,9 @@ async def run_all(worker: Worker, engine_url: str, count: int) -> int:
     watcher = create_engine(
         engine_url, pool_size=1, max_overflow=0, application_name="mana-ai-bench-watcher"
     )
-    ticking = asyncio.create_task(worker.run(interval_s=3600))
+    scheduler = AsyncIOScheduler()
+    worker.schedule(scheduler, 3600)
+    scheduler.start()
     try:
         while True:
             await asyncio.sleep(0.05)
@@ -120,8 +121,8 @@ async def run_all(worker: Worker, engine_url: str, count: int) -> int:
             if done >= count and not worker.running:
                 return done
     finally:
-        worker.stop()
-        await ticking
+        await worker.drain(60)
+        scheduler.shutdown(wait=False)
         await watcher.dispose()
 
 
@@ -157,15 +158,6 @@ async def bench(
                 statements += 1
 
             event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
-            # the claim and the runs' writes go to asyncpg directly (worker.store.prepared),
-            # past SQLAlchemy's events: counted where the store calls them
-            prepared = postgres.run_prepared
-
-            async def counted(*args: Any, **kwargs: Any) -> Any:
-                on_execute()
-                return await prepared(*args, **kwargs)
-
-            postgres.run_prepared = counted  # type: ignore[assignment]
             try:
                 store = PostgresMissionStore(engine)
                 tools = builtin_tools(engine)
@@ -198,7 +190,6 @@ async def bench(
                     await asyncio.to_thread(traced.shutdown)
                 elapsed = time.perf_counter() - started
             finally:
-                postgres.run_prepared = prepared  # type: ignore[assignment]
                 await engine.dispose()
         print(f"missions              {count}")
         print(f"concurrency           {concurrency}")

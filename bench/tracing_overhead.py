@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import at_least, otlp_sink
 from bench.loop_overhead import ReplayModel, noop_tools, script
 from planner import PlannerLoopInput, RunEvent, ToolContext, run_planner_loop
-from worker.store.base import ClaimedMission, StartedIteration
+from worker.store.records import ClaimedMission, StartedIteration
 from worker.tracing.hooks import RunTracing, traced_run
 
 

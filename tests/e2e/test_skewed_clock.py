@@ -31,7 +31,6 @@ from worker.store.tables import missions
 LIBFAKETIME = next(
     (p for p in Path("/usr/lib").glob("*/faketime/libfaketime.so.1") if p.exists()), None
 )
-CRON = "*/5 * * * *"
 SKEWS = {"-10m": timedelta(minutes=-10), "+10m": timedelta(minutes=10)}
 
 
@@ -46,6 +45,8 @@ async def database_now(db: AsyncEngine) -> datetime:
 async def test_a_worker_whose_clock_is_off_runs_a_due_mission_once_on_the_databases_clock(
     db: AsyncEngine, database_url: str, offset: str
 ) -> None:
+    # hourly, half an hour from now: no run falls due again while the test watches
+    cron = f"{((await database_now(db)).minute + 30) % 60} * * * *"
     with FakeLLMServer(final_answer_responder("Done.")) as llm:
         env = env_for(database_url, llm.base_url, MANA_AI_TICK_INTERVAL_S="0.2")
         await cli(env, "agents", "add", "--name", "skewed", "--owner", "u1")
@@ -58,7 +59,7 @@ async def test_a_worker_whose_clock_is_off_runs_a_due_mission_once_on_the_databa
             "--objective",
             "Go.",
             "--cron",
-            CRON,
+            cron,
             "--due-now",
         )
         before = await database_now(db)
@@ -81,4 +82,4 @@ async def test_a_worker_whose_clock_is_off_runs_a_due_mission_once_on_the_databa
         next_run = (
             await conn.execute(select(missions.c.next_run_at).where(missions.c.id == mission["id"]))
         ).scalar_one()
-    assert next_run in {next_run_after(CRON, "UTC", before), next_run_after(CRON, "UTC", after)}
+    assert next_run in {next_run_after(cron, "UTC", before), next_run_after(cron, "UTC", after)}

@@ -1,4 +1,4 @@
-"""A finish that claims (``finish_iteration(..., claim=ClaimOrder)``) on real PostgreSQL: one
+"""A finish that claims (``end_run(..., claim=ClaimOrder)``) on real PostgreSQL: one
 statement stores the run's end and leases the worker's next due missions, exactly as a claim
 made after the finish would (their iterations started, the agent's settings read, the
 finished run's tokens counted toward its agent's daily budget), never the finished mission
@@ -25,9 +25,15 @@ from tests.integration.worker_harness import (
     make_worker,
     mission_row,
 )
-from worker.daemon.tick import Worker
-from worker.store.base import ClaimedMission, ClaimOrder, IterationOutcome, RoundCheckpoint
+from worker.daemon.worker import Worker
 from worker.store.postgres import PostgresMissionStore
+from worker.store.records import (
+    ClaimedMission,
+    ClaimOrder,
+    Finished,
+    IterationOutcome,
+    RoundCheckpoint,
+)
 from worker.store.statuses import IterationStatus, MissionStatus
 from worker.store.tables import agents, missions
 
@@ -48,6 +54,11 @@ def ended(tokens: int, next_run_at: datetime | None) -> IterationOutcome:
     )
 
 
+def run_end(mission: ClaimedMission, outcome: IterationOutcome) -> Finished:
+    assert mission.iteration is not None
+    return Finished(mission.iteration.id, mission.iteration.attempt, outcome)
+
+
 async def claim_one(store: PostgresMissionStore) -> ClaimedMission:
     [mission] = await store.claim_due(worker_id="w1", limit=1, lease=LEASE)
     assert mission.iteration is not None
@@ -64,11 +75,12 @@ async def test_a_finish_claims_what_a_claim_after_it_would(db: AsyncEngine) -> N
     assert mission.id == first
     order = ClaimOrder(limit=5, lease=LEASE)
     next_hour = datetime.now(UTC) + timedelta(hours=1)
-    assert await store.finish_iteration(
-        mission, mission.iteration.id, ended(40, next_hour), worker_id="w1", claim=order
+    result = await store.end_run(
+        mission, run_end(mission, ended(40, next_hour)), worker_id="w1", claim=order
     )
-    assert [m.id for m in order.claimed] == later
-    for claimed in order.claimed:
+    assert result.lease_held
+    assert [m.id for m in result.claimed] == later
+    for claimed in result.claimed:
         assert claimed.iteration is not None and claimed.iteration.attempt == 1
         assert (claimed.agent_name, claimed.model, claimed.max_tokens_per_day) == ("a1", "m1", 1000)
         assert claimed.tokens_used_24h == 41  # the finished run's tokens, as stored just now
@@ -81,11 +93,8 @@ async def test_a_finish_claims_what_a_claim_after_it_would(db: AsyncEngine) -> N
     assert [i["status"] for i in started] == ["running", "running"]
 
     # the same budget a claim made after the finish reads
-    await store.finish_iteration(
-        order.claimed[0],
-        order.claimed[0].iteration.id,
-        ended(0, None),
-        worker_id="w1",  # type: ignore[union-attr]
+    await store.end_run(
+        result.claimed[0], run_end(result.claimed[0], ended(0, None)), worker_id="w1"
     )
     async with db.begin() as conn:
         await conn.execute(
@@ -111,14 +120,10 @@ async def test_a_finish_never_claims_its_own_mission_even_when_it_is_due_again(
         )
     order = ClaimOrder(limit=5, lease=LEASE)
     due_again = datetime.now(UTC) - timedelta(seconds=1)
-    assert await store.finish_iteration(
-        mission,
-        mission.iteration.id,
-        ended(1, due_again),
-        worker_id="w1",
-        claim=order,  # type: ignore[union-attr]
+    result = await store.end_run(
+        mission, run_end(mission, ended(1, due_again)), worker_id="w1", claim=order
     )
-    assert order.claimed == []
+    assert result.lease_held and result.claimed == ()
     [again] = await store.claim_due(worker_id="w1", limit=5, lease=LEASE)
     assert (again.id, again.scheduled_for) == (mission_id, due_again)
 
@@ -136,20 +141,17 @@ async def test_a_finish_whose_lease_was_lost_stores_nothing_and_still_claims(
     checkpoint = RoundCheckpoint(
         messages=[], rounds=1, prompt_tokens=50, completion_tokens=10, reminders=[]
     )
-    committed = await store.commit_round(
-        mission, mission.iteration.id, checkpoint, [], worker_id="w1"
-    )
-    assert committed is not None
+    await store.commit_round(mission, mission.iteration.id, checkpoint, [], worker_id="w1")
     async with db.begin() as conn:  # another worker took it over
         await conn.execute(
             update(missions).where(missions.c.id == mission.id).values(lease_owner="w2")
         )
     order = ClaimOrder(limit=5, lease=LEASE)
-    stored = await store.finish_iteration(
-        mission, mission.iteration.id, ended(500, None), worker_id="w1", claim=order
+    result = await store.end_run(
+        mission, run_end(mission, ended(500, None)), worker_id="w1", claim=order
     )
-    assert not stored
-    [claimed] = order.claimed
+    assert not result.lease_held
+    [claimed] = result.claimed
     # the run's tokens as its row has them (its last checkpoint): the finish stored nothing
     assert claimed.id == other and claimed.tokens_used_24h == 60
     row = await mission_row(db, mission.id)

@@ -67,7 +67,7 @@ async def test_a_blip_while_finished_runs_are_stored_loses_none(
 
     class StoreMetOutage(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "storing the iteration failed" in record.getMessage():
+            if "storing the end of the run failed" in record.getMessage():
                 met.set()
 
     async def model(request: CompletionRequest) -> CompletionResponse:
@@ -95,7 +95,7 @@ async def test_a_blip_while_finished_runs_are_stored_loses_none(
         back.cancel()
     assert proxy.outages == 1
     # the stores did meet the outage, and were retried
-    assert any("storing the iteration failed" in r.message for r in caplog.records)
+    assert any("storing the end of the run failed" in r.message for r in caplog.records)
     its = await iterations(db)
     assert [(it["status"], it["stop_reason"], it["rounds"]) for it in its] == [
         ("succeeded", "final_answer", 2)

@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.worker_harness import add_mission, iterations, mission_row
 from tests.parks import CHECKPOINT, approval_request_of
-from worker.store.base import ClaimedMission, ClaimOrder, IterationOutcome
 from worker.store.engine import create_engine
 from worker.store.postgres import PostgresMissionStore
+from worker.store.records import ClaimedMission, ClaimOrder, Finished, IterationOutcome, Parked
 from worker.store.statuses import IterationStatus, MissionStatus
 from worker.store.tables import missions
 
@@ -47,7 +47,13 @@ async def leased_to(db: AsyncEngine, worker_id: str) -> list[int]:
         return list(rows.scalars())
 
 
-def ended() -> IterationOutcome:
+def ended(mission: ClaimedMission) -> Finished:
+    """``mission``'s run, finished (the first attempt)."""
+    assert mission.iteration is not None
+    return Finished(mission.iteration.id, mission.iteration.attempt, outcome())
+
+
+def outcome() -> IterationOutcome:
     return IterationOutcome(
         status=IterationStatus.SUCCEEDED,
         messages=[{"role": "assistant", "content": "Done."}],
@@ -93,15 +99,13 @@ async def test_a_finish_that_claims_is_not_run_again_when_its_answer_is_lost(
     order = ClaimOrder(limit=1, lease=LEASE)
     proxy.lose_next_answer()
     with pytest.raises(DBAPIError):
-        await store.finish_iteration(
-            mission, mission.iteration.id, ended(), worker_id="w1", claim=order
-        )
-    assert proxy.lost_answers == 1 and order.claimed == []
+        await store.end_run(mission, ended(mission), worker_id="w1", claim=order)
+    assert proxy.lost_answers == 1
     # stored, and one mission claimed with it: the statement ran once
     assert (await mission_row(db, first))["lease_owner"] is None
     assert await leased_to(db, "w1") == later[:1]
-    # the runner's repeat carries no claim (``FinishClaim``): it finds the finish stored
-    assert await store.finish_iteration(mission, mission.iteration.id, ended(), worker_id="w1")
+    # the runner's repeat carries no claim (``worker.run.ending``): it finds the finish stored
+    assert (await store.end_run(mission, ended(mission), worker_id="w1")).lease_held
     assert await leased_to(db, "w1") == later[:1]
     assert [it["status"] for it in await iterations(db)] == ["succeeded", "running"]
 
@@ -113,7 +117,7 @@ async def test_a_finish_whose_answer_is_lost_is_run_again_and_finds_itself_store
     mission = await claimed_one(store)
     assert mission.iteration is not None
     proxy.lose_next_answer()
-    assert await store.finish_iteration(mission, mission.iteration.id, ended(), worker_id="w1")
+    assert (await store.end_run(mission, ended(mission), worker_id="w1")).lease_held
     assert proxy.lost_answers == 1
     assert (await mission_row(db, first))["lease_owner"] is None
     [stored] = await iterations(db)
@@ -128,14 +132,8 @@ async def test_a_park_whose_answer_is_lost_says_its_request_is_new_when_run_agai
     assert mission.iteration is not None
     iteration = mission.iteration
     proxy.lose_next_answer()
-    parked = await store.park_iteration(
-        mission,
-        iteration.id,
-        approval_request_of(mission),
-        worker_id="w1",
-        checkpoint=CHECKPOINT,
-        attempt=iteration.attempt,
-    )
+    end = Parked(iteration.id, iteration.attempt, approval_request_of(mission), CHECKPOINT)
+    parked = (await store.end_run(mission, end, worker_id="w1")).parked
     assert proxy.lost_answers == 1
     assert parked is not None and parked.created  # the first run inserted it; nobody knew
     async with db.connect() as conn:

@@ -267,8 +267,7 @@ async def test_a_garbled_reply_fails_its_call_at_once_and_a_writes_outcome_is_un
             final_answer("ok"),
         ]
     )
-    worker = make_worker(db, llm, tool_sources=McpToolSources(call_timeout_s=35))
-    worker.runner.tool_timeout_s = 30
+    worker = make_worker(db, llm, tool_sources=McpToolSources(call_timeout_s=35), tool_timeout_s=30)
     started = time.monotonic()
     assert await worker.run_once() == ["succeeded"]
     assert time.monotonic() - started < 20  # generous: each call could have waited 30 s
@@ -324,8 +323,7 @@ async def test_results_are_cut_errors_are_errors_and_the_env_reaches_the_server(
 async def test_a_call_past_the_tool_timeout_is_stopped(db: AsyncEngine) -> None:
     await mission_for(db, [stdio("fs")])
     llm = ScriptedChatModel([tool_calls(("fs__slow", {"seconds": 30})), final_answer("ok")])
-    worker = make_worker(db, llm)
-    worker.runner.tool_timeout_s = 0.5
+    worker = make_worker(db, llm, tool_timeout_s=0.5)
     assert await worker.run_once() == ["succeeded"]
     [call] = await calls(db)
     assert call["error"] == "fs__slow timed out after 0.5 s and was stopped; it returned nothing"

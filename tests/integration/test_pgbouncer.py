@@ -27,7 +27,7 @@ from tests.integration.worker_harness import (
     policy_setup,
 )
 from tests.pgbouncer import PgBouncer
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.store.engine import create_engine
 from worker.store.migrate import current_revision, head_revision, upgrade_database
 from worker.store.tables import tool_invocations

@@ -1,5 +1,5 @@
 """A run's writes reach its calls' stored rows through an index, whatever the size of
-``tool_invocations``: PostgreSQL's plan of each round write (``worker.store.round_writes``) on a
+``tool_invocations``: PostgreSQL's plan of each run write (``worker.store.writes``) on a
 table of thousands of rows from other runs, analysed, never reads the whole table.
 
 Rows travel as ``jsonb_to_recordset``, which the planner costs at 100 rows: joined to the table,
@@ -17,8 +17,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.store.prepared import prepared
-from worker.store.round_writes import round_write_statement
+from worker.store.writes import ends, progress
 
 CALLS = 5000
 """Rows of other runs in ``tool_invocations``: past what a seq scan costs less than 100 probes
@@ -80,13 +79,18 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 async def _plan(db: AsyncEngine, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The plan nodes PostgreSQL picks for ``stmt`` run as the worker runs it."""
-    statement = prepared(stmt, db.dialect)
+    """The plan nodes PostgreSQL picks for ``stmt`` run as the worker runs it (compiled for
+    asyncpg, its parameters processed as SQLAlchemy processes them)."""
+    compiled = stmt.compile(dialect=db.dialect)
+    arguments = []
+    for name in compiled.positiontup:
+        bind = compiled.binds[name]
+        value = params[name] if name in params else bind.value
+        process = bind.type.dialect_impl(db.dialect).bind_processor(db.dialect)
+        arguments.append(process(value) if process is not None else value)
     async with db.connect() as conn:
         raw: Any = (await conn.get_raw_connection()).driver_connection
-        explained = await raw.fetchval(
-            "EXPLAIN (FORMAT JSON) " + statement.text, *statement.arguments(params)
-        )
+        explained = await raw.fetchval("EXPLAIN (FORMAT JSON) " + compiled.string, *arguments)
     [root] = json.loads(explained) if isinstance(explained, str) else explained
     return list(_nodes(root["Plan"]))
 
@@ -131,17 +135,12 @@ async def test_a_round_write_reads_tool_invocations_through_an_index(
         "p_rounds": 1,
         "p_prompt_tokens": 1,
         "p_completion_tokens": 1,
+        "p_new_calls": [],
+        "p_known_calls": [],
+        "p_archive": [],
     }
     if shape == "finish with new calls":
-        stmt = round_write_statement(
-            "finish",
-            iteration=True,
-            checkpoint=True,
-            end=True,
-            new_calls=True,
-            known_calls=False,
-            archive=False,
-        )
+        stmt = ends.finished()
         params = common | {
             "p_mission_status": "active",
             "p_next_run_at": datetime.now(UTC),
@@ -153,15 +152,7 @@ async def test_a_round_write_reads_tool_invocations_through_an_index(
             "p_attempt": 2,
         }
     else:
-        stmt = round_write_statement(
-            "check",
-            iteration=True,
-            checkpoint=True,
-            end=False,
-            new_calls=False,
-            known_calls=True,
-            archive=False,
-        )
+        stmt = progress.checkpoint()
         async with db.connect() as conn:
             row_id = (
                 await conn.execute(

@@ -26,9 +26,10 @@ from tests.integration.worker_harness import (
     iterations,
     make_worker,
     policy_setup,
+    ticking,
 )
 from worker.daemon.app import application_name, open_app
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.settings import load_settings
 from worker.store.admin import AdminStore
 from worker.store.engine import create_engine
@@ -57,22 +58,17 @@ async def add_due_missions(db: AsyncEngine, count: int) -> None:
 async def run_until_finished(worker: Worker, db: AsyncEngine, count: int) -> None:
     """The daemon's tick loop (a tick, then one on every wake-up: a freed slot; its interval
     is an hour) until ``count`` finished."""
-    ticking = asyncio.create_task(worker.run(interval_s=3600))
-    try:
-        async with asyncio.timeout(60):
-            while True:
-                await asyncio.sleep(0.05)
-                async with db.connect() as conn:
-                    done = (
-                        await conn.execute(
-                            select(func.count()).where(mission_iterations.c.finished_at.isnot(None))
-                        )
-                    ).scalar_one()
-                if done >= count and not worker.running:
-                    return
-    finally:
-        worker.stop()
-        await ticking
+    async with ticking(worker), asyncio.timeout(60):
+        while True:
+            await asyncio.sleep(0.05)
+            async with db.connect() as conn:
+                done = (
+                    await conn.execute(
+                        select(func.count()).where(mission_iterations.c.finished_at.isnot(None))
+                    )
+                ).scalar_one()
+            if done >= count and not worker.running:
+                return
 
 
 async def test_fifty_missions_at_once_hold_at_most_the_pool(

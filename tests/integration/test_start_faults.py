@@ -142,7 +142,7 @@ async def open_as_worker(settings: Settings) -> None:
 async def daemon(settings: Settings) -> AsyncIterator[asyncio.Task[int]]:
     """``mana-ai worker`` in this process (``_worker``'s wait, then ``serve``), stopped on
     exit; the task's result is the exit status."""
-    from worker.daemon.scheduler import serve
+    from worker.daemon.serve import serve
 
     stop = asyncio.Event()
 

@@ -32,7 +32,7 @@ from tests.integration.worker_harness import (
     make_worker,
     mission_row,
 )
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.store.admin import AdminStore
 from worker.store.engine import create_engine
 from worker.store.postgres import PostgresMissionStore
@@ -409,11 +409,11 @@ async def test_an_outcome_the_database_refuses_is_stored_as_a_failure_not_rerun(
     class RefusingStore(PostgresMissionStore):
         refused = 0
 
-        async def finish_iteration(self, mission, iteration_id, outcome, **kwargs):  # type: ignore[no-untyped-def]
-            if outcome.tool_invocations and not self.refused:
+        async def end_run(self, mission, end, **kwargs):  # type: ignore[no-untyped-def]
+            if end.outcome.tool_invocations and not self.refused:
                 self.refused += 1
                 raise ValueError("value out of range")
-            return await super().finish_iteration(mission, iteration_id, outcome, **kwargs)
+            return await super().end_run(mission, end, **kwargs)
 
     mission_id = await add_mission(db)
     worker = make_worker(db, FunctionChatModel(clock_then_answer), store=RefusingStore(db))
@@ -448,10 +448,10 @@ async def test_a_failing_tick_logs_one_traceback_per_streak_and_the_recovery(
         return await real_claim(**kwargs)
 
     worker.store.claim_due = flaky_claim  # type: ignore[method-assign]
-    with caplog.at_level("INFO", logger="worker.daemon.tick"):
+    with caplog.at_level("INFO", logger="worker.daemon.worker"):
         for _ in range(4):
             await worker.tick_safely()
-    records = [r for r in caplog.records if r.name == "worker.daemon.tick"]
+    records = [r for r in caplog.records if r.name == "worker.daemon.worker"]
     assert [r.levelname for r in records] == ["ERROR", "WARNING", "WARNING", "INFO"]
     assert records[0].exc_info is not None and "connection refused" in records[0].getMessage()
     assert all(r.exc_info is None for r in records[1:])
@@ -468,9 +468,9 @@ async def test_a_database_error_in_the_claim_is_one_short_line_not_the_statement
         raise DBAPIError(statement, {}, ConnectionResetError("connection is closed"))
 
     worker.store.claim_due = lost_claim  # type: ignore[method-assign]
-    with caplog.at_level("INFO", logger="worker.daemon.tick"):
+    with caplog.at_level("INFO", logger="worker.daemon.worker"):
         await worker.tick_safely()
-    [record] = [r for r in caplog.records if r.name == "worker.daemon.tick"]
+    [record] = [r for r in caplog.records if r.name == "worker.daemon.worker"]
     assert record.levelname == "ERROR" and record.exc_info is None
     message = record.getMessage()
     assert "ConnectionResetError: connection is closed" in message and len(message) < 300

@@ -255,7 +255,7 @@ def test_with_tracing_off_no_opentelemetry_module_is_loaded() -> None:
     # what `mana-ai worker` imports to run missions; tracing's own modules load only when on
     script = (
         "import sys\n"
-        "import worker.cli.daemon_cli, worker.daemon.app, worker.daemon.scheduler\n"
+        "import worker.cli.daemon_cli, worker.daemon.app, worker.daemon.serve\n"
         "import worker.run.runner, worker.run.chat_models, worker.tracing.hooks\n"
         "from worker.settings import load_settings\n"
         "assert load_settings().otel == 'off'\n"

@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import event, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -31,11 +32,12 @@ from tests.integration.worker_harness import (
     iterations,
     make_worker,
 )
-from worker.daemon.tick import Worker
 from worker.daemon.wakeup import WAKE_UP_CHANNEL, WakeUpListener, off_reason
+from worker.daemon.worker import Worker
 from worker.store.admin import AdminStore
 from worker.store.engine import create_engine
 from worker.store.postgres import PostgresMissionStore
+from worker.store.records import Interrupted
 from worker.store.tables import missions
 
 SENTINEL = "test-sentinel"
@@ -94,7 +96,9 @@ async def listening(db: AsyncEngine) -> AsyncIterator[tuple[Worker, WakeUpListen
     wake-ups (its listener on ``db``): its interval is an hour."""
     worker = make_worker(db, FunctionChatModel(clock_then_answer))
     listener = WakeUpListener(db, worker.wake, retry_min_s=0.05, retry_max_s=0.2)
-    ticking = asyncio.create_task(worker.run(interval_s=3600))
+    scheduler = AsyncIOScheduler()
+    worker.schedule(scheduler, interval_s=3600)
+    scheduler.start()
     listens = asyncio.create_task(listener.run())
     try:
         async with asyncio.timeout(10):
@@ -103,8 +107,9 @@ async def listening(db: AsyncEngine) -> AsyncIterator[tuple[Worker, WakeUpListen
     finally:
         listens.cancel()
         await asyncio.gather(listens, return_exceptions=True)
+        worker.stop()
         await worker.drain(10)
-        await ticking
+        scheduler.shutdown(wait=False)
 
 
 async def started_within(engine: AsyncEngine, count: int, timeout_s: float) -> float:
@@ -179,7 +184,7 @@ async def test_the_claim_and_a_finish_with_a_future_next_run_do_not_notify(
     assert [m.id for m in claimed] == [mission_id]
 
     async def run() -> None:  # start, checkpoint, renew, finish: next run an hour away at most
-        assert await worker.runner.run(claimed[0]) == "succeeded"
+        assert (await worker.runner.run(claimed[0])).outcome == "succeeded"
 
     assert await notifications.during(run) == 0
     assert [it["status"] for it in await iterations(db)] == ["succeeded"]
@@ -194,7 +199,9 @@ async def test_a_released_lease_a_resume_and_a_due_finish_notify(
     [mission] = await store.claim_due(worker_id="w1", limit=1, lease=LEASE)
 
     async def interrupt() -> None:  # another worker should take the run over at once
-        assert await store.interrupt_iteration(mission, None, worker_id="w1", reason="test")
+        assert mission.iteration is not None
+        ended = Interrupted(mission.iteration.id, 1, "test")
+        assert (await store.end_run(mission, ended, worker_id="w1")).lease_held
 
     assert await notifications.during(interrupt) == 1
     await admin.pause_mission(mission_id)

@@ -3,17 +3,19 @@ tests of the tick, the runner and the policy gate."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel, CompletionRequest, CompletionResponse, ToolSpec
 from planner.policy import PolicyConfig, PolicyMode
 from planner.testing import final_answer, tool_calls
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.mcp.sources import McpToolSources
 from worker.policy_setup import PolicySetup
 from worker.run.compaction_setup import CompactionSetup
@@ -33,6 +35,7 @@ __all__ = [
     "make_worker",
     "mission_row",
     "policy_setup",
+    "ticking",
 ]
 
 LEASE = timedelta(seconds=30)
@@ -59,6 +62,7 @@ def make_worker(
     compaction: CompactionSetup | None = None,
     tool_sources: McpToolSources | None = None,
     clock: Callable[[], datetime] | None = None,
+    tool_timeout_s: float | None = 60.0,
 ) -> Worker:
     """A worker on ``engine`` with the built-in tools (plus ``extra_tools``), the policy
     gate when ``policy`` is given (``policy_setup``), and agents' MCP servers opened by
@@ -74,6 +78,7 @@ def make_worker(
         policy=policy,
         compaction=compaction,
         tool_sources=tool_sources or McpToolSources(),
+        tool_timeout_s=tool_timeout_s,
         **({"clock": clock} if clock is not None else {}),
     )
     return Worker(
@@ -83,6 +88,22 @@ def make_worker(
         max_concurrent_missions=max_concurrent,
         lease=lease,
     )
+
+
+@asynccontextmanager
+async def ticking(worker: Worker, interval_s: float = 3600) -> AsyncIterator[Worker]:
+    """``worker`` ticking as the daemon has it tick (its job on a started APScheduler
+    scheduler: a tick at once, then every ``interval_s`` and on each wake-up); on exit it
+    stops claiming, drains its runs (10 s grace) and the scheduler shuts down."""
+    scheduler = AsyncIOScheduler()
+    worker.schedule(scheduler, interval_s)
+    scheduler.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await worker.drain(10)
+        scheduler.shutdown(wait=False)
 
 
 async def add_mission(

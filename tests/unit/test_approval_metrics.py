@@ -1,5 +1,6 @@
-"""The approval figures a worker exports: read from the store every interval, exported as
-they stand, and not exported (rather than stale) while the store does not answer."""
+"""The approval figures a worker exports: read from the store (the scheduler's job every
+interval), exported as they stand, and not exported (rather than stale) while the store does
+not answer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from worker import metrics
-from worker.daemon.scheduler import _approval_stats
+from worker.daemon.serve import _ApprovalFigures
 
 
 class Figures:
@@ -31,23 +32,16 @@ def sample(name: str, **labels: str) -> float | None:
 
 async def test_the_figures_are_exported_as_read_and_dropped_while_unreadable() -> None:
     figures = Figures()
-    task = asyncio.create_task(_approval_stats(figures, interval_s=3600))  # type: ignore[arg-type]
+    job = _ApprovalFigures(figures)  # type: ignore[arg-type]
     try:
-        await figures.read.wait()
+        await job.read()
         assert sample("mana_ai_approvals_total", decision="approved") == 3
         assert sample("mana_ai_approvals_total", decision="expired") == 0
         assert sample("mana_ai_approvals_pending") == 2
         assert sample("mana_ai_approval_oldest_pending_seconds") == 42.5
+        await job.read()  # the store does not answer: nothing exported, rather than stale
+        assert sample("mana_ai_approvals_pending") is None and job.failing
+        await job.read()  # back
+        assert sample("mana_ai_approvals_pending") == 0 and not job.failing
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    figures.read.clear()
-    task = asyncio.create_task(_approval_stats(figures, interval_s=3600))  # type: ignore[arg-type]
-    try:
-        await figures.read.wait()
-        await asyncio.sleep(0)  # the failure is handled after the read
-        assert sample("mana_ai_approvals_pending") is None
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         metrics.APPROVALS.clear()

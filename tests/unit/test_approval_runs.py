@@ -13,7 +13,7 @@ from typing import Any
 from planner import CompletionRequest, CompletionResponse, DestructivePolicy, ToolContext, ToolSpec
 from planner.policy import PolicyConfig
 from planner.testing import FunctionChatModel, final_answer, tool_calls
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
 from worker.store.memory import InMemoryMissionStore

@@ -1,8 +1,9 @@
-"""Claiming ahead (``worker.run.claim_ahead``): with more missions due than slots, a run's
-finish claims the worker's next missions in the same step, so a mission costs one store
-step instead of a finish and a claim; never more missions at once than the worker's slots,
-never the finishing mission itself, nothing left leased and not run when a finish fails or
-the worker stops. The in-memory store, whose ``calls`` count its steps.
+"""Claiming ahead (``MissionRunner.run(claim_ahead=...)``, ``MissionStore.end_run`` with a
+``ClaimOrder``): with more missions due than slots, a run's finish claims the mission that
+takes its slot in the same step, so a mission costs one store step instead of a finish and a
+claim; never more missions at once than the worker's slots, never the finishing mission
+itself, nothing left leased and not run when a finish fails or the worker stops. The
+in-memory store, whose ``calls`` count its steps.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
 from planner import CompletionRequest, CompletionResponse, TokenUsage
 from planner.testing import FunctionChatModel, final_answer
 from tests.backlog import run_until_stored
-from worker.daemon.tick import Worker
-from worker.run.runner import MissionRunner
-from worker.store.base import ClaimOrder, IterationOutcome
+from worker.daemon.worker import Worker
+from worker.run.runner import MissionRunner, RunOutcome, RunResult
 from worker.store.memory import InMemoryMissionStore
+from worker.store.records import ClaimOrder, EndResult, Finished, IterationOutcome
 from worker.store.statuses import IterationStatus, MissionStatus
 
 LEASE = timedelta(seconds=60)
@@ -88,22 +91,22 @@ async def test_a_backlog_is_claimed_by_the_finishes_one_step_per_mission() -> No
     await run_until_stored(worker, 12)
     assert [it["status"] for it in finished(store)] == ["succeeded"] * 12
     assert all(m["status"] == "completed" for m in store.missions.values())
-    # the first tick claimed 3 and every other mission came with a finish; the finish whose
-    # claim came back short (the backlog ran out) wakes one more tick
-    assert store.calls["claim_due"] <= 2 and store.calls["finish_iteration"] == 12
+    # the first tick claimed 3 and every other mission came with a finish; the finishes whose
+    # claim came back short (the backlog ran out) wake ticks for their slots
+    assert store.calls["claim_due"] <= 1 + 3 and store.calls["end_run"] == 12
     assert answers.most_asking == 3 and answers.most_leased == 3
 
 
 async def test_a_worker_with_a_free_slot_left_claims_nothing_with_its_finishes() -> None:
     store, worker, _ = backlog(2, slots=3)  # the first claim did not fill the slots
-    finish = store.finish_iteration
+    end_run = store.end_run
     orders: list[ClaimOrder | None] = []
 
-    async def noted(*args: Any, claim: ClaimOrder | None = None, **kwargs: Any) -> bool:
+    async def noted(*args: Any, claim: ClaimOrder | None = None, **kwargs: Any) -> EndResult:
         orders.append(claim)
-        return await finish(*args, claim=claim, **kwargs)
+        return await end_run(*args, claim=claim, **kwargs)
 
-    store.finish_iteration = noted  # type: ignore[method-assign]
+    store.end_run = noted  # type: ignore[method-assign]
     await run_until_stored(worker, 2)
     assert orders == [None, None]
 
@@ -118,7 +121,7 @@ async def test_a_one_shot_tick_runs_only_what_it_claimed() -> None:
 
 async def test_a_failed_finish_leaves_its_slots_to_the_tick_and_loses_nothing() -> None:
     store, worker, answers = backlog(9, slots=3)
-    store.fail_next(ConnectionResetError("reset"), times=4, methods={"finish_iteration"})
+    store.fail_next(ConnectionResetError("reset"), times=4, methods={"end_run"})
     await run_until_stored(worker, 9)
     assert [it["status"] for it in finished(store)] == ["succeeded"] * 9
     assert all(m["lease_owner"] is None for m in store.missions.values())
@@ -145,10 +148,10 @@ async def test_a_finish_never_claims_the_mission_it_finishes() -> None:
         next_run_at=due_again,
         mission_status=MissionStatus.ACTIVE,
     )
-    stored = await store.finish_iteration(
-        mission, mission.iteration.id, outcome, worker_id="w1", claim=order
+    stored = await store.end_run(
+        mission, Finished(mission.iteration.id, 1, outcome), worker_id="w1", claim=order
     )
-    assert stored and order.claimed == []
+    assert stored.lease_held and stored.claimed == ()
     assert store.missions[mission_id]["lease_owner"] is None  # due, for the next claim
     [again] = await store.claim_due(worker_id="w1", limit=5, lease=LEASE)
     assert again.id == mission_id and again.scheduled_for == due_again
@@ -162,16 +165,25 @@ class HeldFinish(InMemoryMissionStore):
         self.begun = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def finish_iteration(self, *args: Any, claim: Any = None, **kwargs: Any) -> bool:
+    async def end_run(self, *args: Any, claim: Any = None, **kwargs: Any) -> EndResult:
         if claim is not None and not self.begun.is_set():
             self.begun.set()
             await self.release.wait()
-        return await super().finish_iteration(*args, claim=claim, **kwargs)
+        return await super().end_run(*args, claim=claim, **kwargs)
+
+
+def ticking(worker: Worker) -> AsyncIOScheduler:
+    """``worker`` ticking as the daemon has it (a tick an hour: the first one, then wake-ups
+    and finishes claim)."""
+    scheduler = AsyncIOScheduler()
+    worker.schedule(scheduler, 3600)
+    scheduler.start()
+    return scheduler
 
 
 async def test_a_mission_a_finish_claimed_as_the_worker_stopped_is_run_within_the_grace() -> None:
     store, worker, _ = backlog(3, slots=1, store=HeldFinish())
-    loop = asyncio.create_task(worker.run(interval_s=3600))
+    scheduler = ticking(worker)
     async with asyncio.timeout(10):
         await store.begun.wait()  # the first mission's finish, claiming the second
         draining = asyncio.create_task(worker.drain(10))
@@ -179,7 +191,7 @@ async def test_a_mission_a_finish_claimed_as_the_worker_stopped_is_run_within_th
         assert worker.stopping
         store.release.set()
         await draining
-        await loop
+        scheduler.shutdown(wait=False)
     # the second mission was claimed before the stop: it ran; the third was never claimed
     assert [it["status"] for it in finished(store)] == ["succeeded", "succeeded"]
     assert not worker.running
@@ -192,7 +204,7 @@ async def test_a_stop_at_once_waits_for_a_claiming_finish_and_leaves_nothing_lea
     statement goes on (sent, it would commit anyway), what it claimed is started and
     interrupted like every run, and no mission is left leased until its lease expires."""
     store, worker, _ = backlog(3, slots=1, store=HeldFinish())
-    loop = asyncio.create_task(worker.run(interval_s=3600))
+    scheduler = ticking(worker)
     async with asyncio.timeout(10):
         await store.begun.wait()  # the first mission's finish, claiming the second
         draining = asyncio.create_task(worker.drain(0))
@@ -201,7 +213,7 @@ async def test_a_stop_at_once_waits_for_a_claiming_finish_and_leaves_nothing_lea
         assert not draining.done()  # the cancelled run waits for its statement
         store.release.set()
         await draining
-        await loop
+        scheduler.shutdown(wait=False)
     runs = sorted(store.iterations.values(), key=lambda it: it["mission_id"])
     assert [(it["status"], it["stop_reason"]) for it in runs] == [
         ("succeeded", "final_answer"),
@@ -216,19 +228,20 @@ async def test_a_run_a_finish_started_as_the_stop_came_begins_before_it_is_inter
     that run's first step: cancelled then, the run could not record anything."""
     store, worker, _ = backlog(3, slots=1)
     settling = asyncio.Event()
-    settle = worker.settle
+    end_run = store.end_run
 
-    def noted(order: ClaimOrder, *, made: bool) -> None:
-        if made and order.claimed:
+    async def noted(*args: Any, **kwargs: Any) -> EndResult:
+        ended = await end_run(*args, **kwargs)
+        if ended.claimed:
             settling.set()  # wakes the test before the claimed run's first step
-        settle(order, made=made)
+        return ended
 
-    worker.settle = noted  # type: ignore[method-assign]
-    loop = asyncio.create_task(worker.run(interval_s=3600))
+    store.end_run = noted  # type: ignore[method-assign]
+    scheduler = ticking(worker)
     async with asyncio.timeout(10):
         await settling.wait()
         await worker.drain(0)
-        await loop
+        scheduler.shutdown(wait=False)
     assert all(m["lease_owner"] is None for m in store.missions.values())
     statuses = sorted((it["status"], it["stop_reason"]) for it in store.iterations.values())
     assert statuses == [("failed", "interrupted"), ("succeeded", "final_answer")]
@@ -240,15 +253,15 @@ async def test_a_mission_claimed_by_a_finish_counts_that_run_toward_the_daily_bu
     first, second = store.add_mission(agent_id), store.add_mission(agent_id)
     costly = final_answer("Done.", usage=TokenUsage(prompt_tokens=55, completion_tokens=5))
     worker = worker_on(store, lambda request: costly, slots=1)
-    finish = store.finish_iteration
+    end_run = store.end_run
     claimed_by_finishes: list[int] = []
 
-    async def noted(*args: Any, claim: ClaimOrder | None = None, **kwargs: Any) -> bool:
-        stored = await finish(*args, claim=claim, **kwargs)
-        claimed_by_finishes.extend(m.id for m in (claim.claimed if claim else ()))
+    async def noted(*args: Any, **kwargs: Any) -> EndResult:
+        stored = await end_run(*args, **kwargs)
+        claimed_by_finishes.extend(m.id for m in stored.claimed)
         return stored
 
-    store.finish_iteration = noted  # type: ignore[method-assign]
+    store.end_run = noted  # type: ignore[method-assign]
     await run_until_stored(worker, 2)
     assert claimed_by_finishes == [second]  # it came with the first one's finish
     runs = {it["mission_id"]: it for it in finished(store)}
@@ -273,8 +286,8 @@ class SlowSecondClaim(InMemoryMissionStore):
             await self.second_finished.wait()
         return await super().claim_due(**kwargs)
 
-    async def finish_iteration(self, *args: Any, **kwargs: Any) -> bool:
-        stored = await super().finish_iteration(*args, **kwargs)
+    async def end_run(self, *args: Any, **kwargs: Any) -> EndResult:
+        stored = await super().end_run(*args, **kwargs)
         self.finishes += 1
         if self.finishes == 2:
             self.second_finished.set()
@@ -329,9 +342,9 @@ class Runs:
     def __init__(self) -> None:
         self.ends: dict[int, asyncio.Event] = {}
 
-    async def run(self, mission: Any, *, ahead: Any = None) -> str:
+    async def run(self, mission: Any, *, claim_ahead: int = 0) -> RunResult:
         await self.ends.setdefault(mission.id, asyncio.Event()).wait()
-        return "succeeded"
+        return RunResult(RunOutcome.SUCCEEDED)
 
     def end(self, mission_id: int) -> None:
         self.ends.setdefault(mission_id, asyncio.Event()).set()
@@ -367,7 +380,7 @@ async def test_a_slot_freed_while_a_ticks_claim_is_under_way_is_claimed_right_af
         max_concurrent_missions=2,
         lease=LEASE,
     )
-    loop = asyncio.create_task(worker.run(interval_s=3600))
+    scheduler = ticking(worker)
     async with asyncio.timeout(10):
         await claims.begun[0].wait()
         await asyncio.sleep(0)  # the first tick starts its two runs
@@ -381,4 +394,4 @@ async def test_a_slot_freed_while_a_ticks_claim_is_under_way_is_claimed_right_af
     for mission_id in (3, 4):
         runs.end(mission_id)
     await worker.drain(5)
-    await loop
+    scheduler.shutdown(wait=False)

@@ -35,7 +35,7 @@ async def test_lines_from_any_logger_carry_the_ids_bound_in_their_task(
         await asyncio.to_thread(logging.getLogger("llama").info, "in a thread")
 
     await asyncio.gather(mission(1), mission(2))
-    logging.getLogger("worker.daemon.tick").info("between missions")
+    logging.getLogger("worker.daemon.worker").info("between missions")
 
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     by_msg = {(line["msg"], line.get("mission_id")): line for line in lines}

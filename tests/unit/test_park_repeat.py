@@ -7,22 +7,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tests.parks import CHECKPOINT, approval_request_of
-from worker.store.base import ClaimedMission
 from worker.store.memory import InMemoryMissionStore
+from worker.store.records import ClaimedMission, Parked
 
 LEASE = timedelta(seconds=60)
 
 
 async def park(store: InMemoryMissionStore, mission: ClaimedMission) -> bool:
     assert mission.iteration is not None
-    parked = await store.park_iteration(
-        mission,
-        mission.iteration.id,
-        approval_request_of(mission),
-        worker_id="w1",
-        checkpoint=CHECKPOINT,
-        attempt=mission.iteration.attempt,
+    end = Parked(
+        mission.iteration.id, mission.iteration.attempt, approval_request_of(mission), CHECKPOINT
     )
+    parked = (await store.end_run(mission, end, worker_id="w1")).parked
     assert parked is not None
     return parked.created
 

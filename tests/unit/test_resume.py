@@ -29,7 +29,7 @@ from planner import (
 from planner.compaction import estimate_message_tokens
 from planner.testing import RecordingSink, ScriptedChatModel, final_answer, tool_calls
 from worker.run.journal import context_at_checkpoint
-from worker.store.base import StartedIteration
+from worker.store.records import StartedIteration
 
 ran: list[tuple[str, str | None]] = []
 

@@ -13,7 +13,7 @@ import pytest
 from planner import CompletionRequest, CompletionResponse, ToolContext, ToolSpec
 from planner.policy import PolicyConfig, RateLimit
 from planner.testing import FunctionChatModel, ScriptedChatModel, final_answer, tool_calls
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
 from worker.store.memory import InMemoryMissionStore
@@ -137,23 +137,23 @@ async def test_a_write_is_journaled_before_its_handler_runs_in_one_step() -> Non
         "claim_due": 1,
         "record_call_start": 1,
         "commit_round": 1,
-        "finish_iteration": 1,
+        "end_run": 1,
     }
 
 
 async def test_a_blip_while_the_run_is_stored_is_retried_and_nothing_is_lost() -> None:
     store, notebook, mission_id, worker = setup()
-    store.fail_next(ConnectionResetError("reset"), times=3, methods={"finish_iteration"})
+    store.fail_next(ConnectionResetError("reset"), times=3, methods={"end_run"})
     assert await worker(FunctionChatModel(save_then_answer)).run_once() == ["succeeded"]
     [it] = store.iterations.values()
     assert (it["status"], len(it["messages"])) == ("succeeded", 5)
-    assert store.calls["finish_iteration"] == 4 and len(notebook.saved) == 1
+    assert store.calls["end_run"] == 4 and len(notebook.saved) == 1
     assert store.missions[mission_id]["status"] == "completed"
 
 
 async def test_data_the_store_refuses_is_stored_as_a_failure_with_its_log() -> None:
     store, _, mission_id, worker = setup()
-    store.fail_next(ValueError("value out of range"), methods={"finish_iteration"})
+    store.fail_next(ValueError("value out of range"), methods={"end_run"})
     assert await worker(FunctionChatModel(save_then_answer)).run_once() == ["failed"]
     [it] = store.iterations.values()
     assert (it["status"], it["stop_reason"]) == ("failed", "store_failed")

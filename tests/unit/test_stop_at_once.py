@@ -15,14 +15,16 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from planner import CompletionRequest, CompletionResponse
 from planner.testing import FunctionChatModel, final_answer
-from worker.daemon import tick
-from worker.daemon.tick import Worker
-from worker.run import runner
+from worker.daemon import worker as worker_module
+from worker.daemon.worker import Worker
+from worker.run import ending
 from worker.run.runner import MissionRunner
 from worker.store.memory import InMemoryMissionStore
+from worker.store.records import Interrupted
 
 LEASE = timedelta(seconds=60)
 
@@ -41,27 +43,34 @@ def worker_on(store: InMemoryMissionStore, llm: Any, *, worker_id: str) -> Worke
 
 
 class Gated(InMemoryMissionStore):
-    """``resume_details``, ``interrupt_iteration`` or ``claim_due`` wait for ``go`` once
-    ``held`` names them (the database does not answer them meanwhile)."""
+    """``resume_details``, an interruption's ``end_run`` (``interrupt``) or ``claim_due`` wait
+    for ``go`` once ``held`` names them (the database does not answer them meanwhile);
+    ``cancelled``: one of those waits was cancelled."""
 
     def __init__(self, *held: str) -> None:
         super().__init__()
         self.held = set(held)
         self.waiting = asyncio.Event()
         self.go = asyncio.Event()
+        self.cancelled = False
 
     async def _gate(self, name: str) -> None:
         if name in self.held:
             self.waiting.set()
-            await self.go.wait()
+            try:
+                await self.go.wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
 
     async def resume_details(self, *args: Any, **kwargs: Any) -> Any:
         await self._gate("resume_details")
         return await super().resume_details(*args, **kwargs)
 
-    async def interrupt_iteration(self, *args: Any, **kwargs: Any) -> bool:
-        await self._gate("interrupt_iteration")
-        return await super().interrupt_iteration(*args, **kwargs)
+    async def end_run(self, mission: Any, end: Any, **kwargs: Any) -> Any:
+        if isinstance(end, Interrupted):
+            await self._gate("interrupt")
+        return await super().end_run(mission, end, **kwargs)
 
     async def claim_due(self, **kwargs: Any) -> list[Any]:
         await self._gate("claim_due")
@@ -114,8 +123,8 @@ async def test_a_run_resuming_when_the_stop_comes_stores_its_interruption() -> N
 async def test_an_interruption_the_database_does_not_answer_is_given_up_in_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runner, "SHUTDOWN_STORE_S", 0.2)
-    store = Gated("interrupt_iteration")
+    monkeypatch.setattr(ending, "SHUTDOWN_STORE_S", 0.2)
+    store = Gated("interrupt")
     store.add_mission(store.add_agent("a1"))
     stuck, asking = stuck_model()
     worker = worker_on(store, stuck, worker_id="w1")
@@ -133,16 +142,19 @@ async def test_an_interruption_the_database_does_not_answer_is_given_up_in_time(
 async def test_a_tick_whose_claim_gets_no_answer_is_not_waited_for_past_the_answer_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tick, "ANSWER_WAIT_S", 0.2)
+    monkeypatch.setattr(worker_module, "ANSWER_WAIT_S", 0.2)
     store = Gated("claim_due")
     store.add_mission(store.add_agent("a1"))
     worker = worker_on(store, lambda request: final_answer("Done."), worker_id="w1")
-    ticking = asyncio.create_task(worker.run(interval_s=3600))
+    scheduler = AsyncIOScheduler()
+    worker.schedule(scheduler, 3600)
+    scheduler.start()
     await asyncio.wait_for(store.waiting.wait(), 5)
     began = time.monotonic()
     await asyncio.wait_for(worker.drain(0), 5)
     assert time.monotonic() - began < 2
-    assert not ticking.done()  # the daemon cancels it next (``worker.daemon.scheduler``)
-    ticking.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await ticking
+    assert not store.cancelled  # the daemon cancels it next (``worker.daemon.serve``): the
+    scheduler.shutdown(wait=False)  # scheduler's shutdown cancels the tick in flight
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert store.cancelled

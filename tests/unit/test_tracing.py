@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from planner import ChatModel, ToolContext, ToolSpec
 from planner.errors import LLMStatusError
 from planner.testing import ScriptedChatModel, final_answer, tool_calls
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.errors import SettingsError
 from worker.run.runner import MissionRunner
 from worker.settings import load_settings

@@ -87,7 +87,7 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from worker.cli.stores import announce_database, database_answers
     from worker.daemon.app import check_policy_settings
-    from worker.daemon.scheduler import serve
+    from worker.daemon.serve import serve
     from worker.tools import builtin_tool_catalog
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database

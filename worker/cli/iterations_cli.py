@@ -14,8 +14,9 @@ from worker.store.stored import StoredAttempt
 from worker.terminal_text import visible, visible_line
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from worker.settings import Settings
-    from worker.store.reads import Fetch
 
 __all__ = ["register"]
 
@@ -44,10 +45,10 @@ def register(commands: Any) -> None:
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from worker.store.reads import get_mission, list_iterations
 
-    async def read(fetch: Fetch) -> list[dict[str, Any]]:
+    async def read(conn: AsyncConnection) -> list[dict[str, Any]]:
         if args.mission is not None:
-            await get_mission(fetch, args.mission)  # NotFoundError (exit 1) rather than "(none)"
-        return await list_iterations(fetch, mission_id=args.mission, limit=args.limit)
+            await get_mission(conn, args.mission)  # NotFoundError (exit 1) rather than "(none)"
+        return await list_iterations(conn, mission_id=args.mission, limit=args.limit)
 
     rows = await read_only(settings, read)
     if args.json:

@@ -23,8 +23,9 @@ from worker.cli.stores import admin_store, read_only
 from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from worker.settings import Settings
-    from worker.store.reads import Fetch
 
 __all__ = ["register"]
 
@@ -185,9 +186,9 @@ def _read_objective(path: str) -> str:
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from worker.store.reads import list_missions, pending_by_mission
 
-    async def read(fetch: Fetch) -> tuple[list[dict[str, Any]], dict[int, int]]:
-        rows = await list_missions(fetch, status=args.status, limit=args.limit)
-        return rows, await pending_by_mission(fetch, [r["id"] for r in rows])
+    async def read(conn: AsyncConnection) -> tuple[list[dict[str, Any]], dict[int, int]]:
+        rows = await list_missions(conn, status=args.status, limit=args.limit)
+        return rows, await pending_by_mission(conn, [r["id"] for r in rows])
 
     rows, waiting = await read_only(settings, read)
     for row in rows:  # a run parked for a person's decision: the request it waits on
@@ -205,8 +206,8 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     from worker.store.reads import get_mission, pending_by_mission
 
-    async def read(fetch: Fetch) -> tuple[dict[str, Any], dict[int, int]]:
-        return await get_mission(fetch, args.id), await pending_by_mission(fetch, [args.id])
+    async def read(conn: AsyncConnection) -> tuple[dict[str, Any], dict[int, int]]:
+        return await get_mission(conn, args.id), await pending_by_mission(conn, [args.id])
 
     mission, waiting = await read_only(settings, read)
     mission["awaiting_approval"] = waiting.get(args.id)

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     # imported when a command runs, so that `--help` stays quick
-    from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
     from worker.mcp.consumer import ServedTools
     from worker.settings import Settings
     from worker.store.admin import AdminStore
     from worker.store.approvals import ApprovalStore
     from worker.store.mcp_tokens import McpStore
-    from worker.store.reads import Fetch
     from worker.store.user_policy import PolicyStore
 
 __all__ = [
@@ -86,24 +85,15 @@ async def database(
         yield engine
 
 
-async def read_only(settings: Settings, read: Callable[[Fetch], Awaitable[T]]) -> T:
-    """What ``read`` (a read of ``worker.store.reads``) returns on the configured database:
-    on one asyncpg connection of its own when it can (``worker.store.direct.read_directly``:
-    neither SQLAlchemy nor the engine loaded), else on a connection of ``database``'s engine
-    (the embedded database started and announced, the schema checked), with the same rows.
+async def read_only(settings: Settings, read: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    """What ``read`` (a read of ``worker.store.reads``) returns on a connection of
+    ``database``'s engine (the embedded database started and announced, the schema checked).
 
     Raises:
         DatabaseError: as ``database`` raises it (unreachable, not at the schema's head).
     """
-    from worker.store.direct import read_directly
-
-    done = await read_directly(settings, read)
-    if done is not None:
-        return done[0]
-    from worker.store.engine import engine_fetch
-
     async with database(settings) as engine, engine.connect() as conn:
-        return await read(engine_fetch(conn))
+        return await read(conn)
 
 
 async def database_answers(settings: Settings) -> bool:

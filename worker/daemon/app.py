@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel, DestructivePolicy, PolicyMode, ToolSpec
 from worker.approval_webhook import ApprovalWebhook
-from worker.daemon.tick import Worker
+from worker.daemon.worker import Worker
 from worker.errors import SettingsError
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
 from worker.mcp.sources import McpToolSources
@@ -27,7 +27,7 @@ from worker.run.chat_models import InstrumentedChatModel, build_chat_model, buil
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner
 from worker.settings import Settings, otel_variables
-from worker.store.base import ClaimedMission, MissionStore
+from worker.store.base import MissionStore
 from worker.store.database import (
     application_name,
     configured_engine,
@@ -36,6 +36,7 @@ from worker.store.database import (
 )
 from worker.store.ledger import PostgresCallLedger
 from worker.store.postgres import PostgresMissionStore
+from worker.store.records import ClaimedMission
 from worker.store.user_policy import PolicyStore
 from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
 

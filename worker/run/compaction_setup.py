@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from planner import ChatModel
 from planner.compaction import Compactor
-from worker.store.base import ClaimedMission
+from worker.store.records import ClaimedMission
 
 __all__ = ["CompactionSetup"]
 

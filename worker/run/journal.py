@@ -63,10 +63,9 @@ from planner import (
 )
 from planner.compaction import estimate_message_tokens
 from worker.run.leases import HeldLease
-from worker.store.base import (
+from worker.store.base import LeaseLostError, MissionStore
+from worker.store.records import (
     ClaimedMission,
-    LeaseLostError,
-    MissionStore,
     RoundCheckpoint,
     StartedIteration,
     ToolInvocationRow,

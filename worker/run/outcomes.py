@@ -22,13 +22,13 @@ from planner.policy import DecisionReason
 from worker.mcp.sources import ToolSourceError
 from worker.run.journal import MissionJournal
 from worker.schedule import ScheduleError, next_run_after
-from worker.store.base import (
+from worker.store.claim import DEFAULT_CATCH_UP_WINDOW
+from worker.store.records import (
     ApprovalRequestRow,
     ClaimedMission,
     IterationOutcome,
     StartedIteration,
 )
-from worker.store.claim import DEFAULT_CATCH_UP_WINDOW
 from worker.store.rows import json_safe
 from worker.store.statuses import CatchUp, IterationStatus, MissionStatus, RunnerStopReason
 

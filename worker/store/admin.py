@@ -18,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from worker.errors import ConflictError, NotFoundError
 from worker.store.agent_servers import McpServerConfig
 from worker.store.approval_status import current_status
-from worker.store.engine import engine_fetch
 from worker.store.reads import (
     agent_by_name,
     get_mission,
@@ -158,13 +157,13 @@ class AdminStore:
     async def list_agents(self) -> list[Row]:
         """Every agent, by name (``worker.store.reads.list_agents``)."""
         async with self.engine.connect() as conn:
-            return await list_agents(engine_fetch(conn))
+            return await list_agents(conn)
 
     async def agent_by_name(self, name: str) -> Row:
         """The agent called ``name`` (``worker.store.reads.agent_by_name``). Raises
         NotFoundError."""
         async with self.engine.connect() as conn:
-            found = await agent_by_name(engine_fetch(conn), name)
+            found = await agent_by_name(conn, name)
         if found is None:
             raise NotFoundError(f"no agent named {name!r} (see `mana-ai agents list`)")
         return found
@@ -226,7 +225,7 @@ class AdminStore:
         which says what the arguments select)."""
         async with self.engine.connect() as conn:
             return await list_missions(
-                engine_fetch(conn),
+                conn,
                 status=status,
                 limit=limit,
                 agent=agent,
@@ -238,7 +237,7 @@ class AdminStore:
         """One mission with its agent's name and iteration count
         (``worker.store.reads.get_mission``). Raises NotFoundError."""
         async with self.engine.connect() as conn:
-            return await get_mission(engine_fetch(conn), mission_id)
+            return await get_mission(conn, mission_id)
 
     async def pause_mission(self, mission_id: int) -> Row:
         """Pause a mission (idempotent); a running iteration still finishes.
@@ -327,7 +326,7 @@ class AdminStore:
         (``worker.store.reads.list_iterations``, which says what the arguments select)."""
         async with self.engine.connect() as conn:
             return await list_iterations(
-                engine_fetch(conn), mission_id=mission_id, limit=limit, before_id=before_id
+                conn, mission_id=mission_id, limit=limit, before_id=before_id
             )
 
     async def iteration_id_or_latest(self, iteration_id: int | None) -> int:
@@ -426,5 +425,5 @@ async def _put_mcp_servers(
 async def _with_mcp_servers(conn: AsyncConnection, agent: Row) -> Row:
     """``agent`` with ``mcp_servers`` (``worker.store.reads.with_mcp_servers``), read in
     ``conn``'s transaction."""
-    [shown] = await with_mcp_servers(engine_fetch(conn), [agent])
+    [shown] = await with_mcp_servers(conn, [agent])
     return shown

@@ -24,9 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from planner.approvals import ApprovalStatus, arguments_hash
 from worker.errors import ConflictError, NotFoundError
 from worker.store.approval_status import current_status, lapsed_or_expired
-from worker.store.base import ApprovalRequestRow
-from worker.store.engine import engine_fetch
 from worker.store.reads import pending_by_mission
+from worker.store.records import ApprovalRequestRow
 from worker.store.stored import decided_text
 from worker.store.tables import (
     DUE_CHANNEL,
@@ -147,7 +146,7 @@ class ApprovalStore:
         if not mission_ids:
             return {}
         async with self.engine.connect() as conn:
-            return await pending_by_mission(engine_fetch(conn), mission_ids)
+            return await pending_by_mission(conn, mission_ids)
 
     async def decide(
         self, request_id: int, *, approve: bool, by: str, note: str | None = None

@@ -38,7 +38,7 @@ from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from worker.store.agent_servers import McpServerConfig
-from worker.store.base import ClaimedMission, StartedIteration
+from worker.store.records import ClaimedMission, StartedIteration
 from worker.store.statuses import CatchUp
 from worker.store.tables import (
     agent_mcp_servers,
@@ -207,7 +207,7 @@ def claim_select(
     ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
 
 
-def claimed_mission(r: Mapping[str, Any]) -> ClaimedMission:
+def claimed_mission(r: Mapping[Any, Any]) -> ClaimedMission:
     """The ClaimedMission of one row of ``claim_statement``."""
     iteration = None
     if r["iteration_id"] is not None:
@@ -242,7 +242,7 @@ def claimed_mission(r: Mapping[str, Any]) -> ClaimedMission:
     )
 
 
-def _started(row: Mapping[str, Any], iteration_id: int) -> StartedIteration:
+def _started(row: Mapping[Any, Any], iteration_id: int) -> StartedIteration:
     """The StartedIteration of an iteration row returned by ``_start_iteration_statement``."""
     return StartedIteration(
         id=iteration_id,

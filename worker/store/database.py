@@ -26,8 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from worker.database_url import redact_url
 from worker.errors import DatabaseError
 from worker.settings import Settings
-from worker.store.direct import application_name
-from worker.store.engine import check_connection, create_engine, resolve_database_url
+from worker.store.engine import (
+    application_name,
+    check_connection,
+    create_engine,
+    resolve_database_url,
+)
 from worker.store.migrate import current_revision, upgrade_database
 from worker.store.revision import revision_problem
 from worker.store.transient import describe_error, is_transient, retry_transient

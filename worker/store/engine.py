@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import CursorResult, RowMapping
@@ -22,28 +22,62 @@ from sqlalchemy.exc import (
     InternalError,
     SQLAlchemyError,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.database_url import redact_url, to_async_url
 from worker.errors import DatabaseError
-from worker.store.direct import CONNECT_TIMEOUT_S, driver_options
-from worker.store.reads import Fetch, Rows
 from worker.store.transient import describe_error, retry_transient
 
 if TYPE_CHECKING:
     from worker.settings import Settings
 
 __all__ = [
+    "CONNECT_TIMEOUT_S",
+    "application_name",
     "behind_pgbouncer",
     "check_connection",
     "connection_broken",
     "create_engine",
-    "engine_fetch",
+    "driver_options",
     "resolve_database_url",
     "run_statement",
 ]
 
 logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0
+"""Seconds a new connection may take (asyncpg's default is 60 s): a server that accepts the
+TCP connection but never answers fails after this long."""
+
+
+def application_name(worker_id: str) -> str:
+    """``mana-ai/<worker id>``, the ``application_name`` of a worker's connections, so that
+    ``pg_stat_activity`` shows which replica holds which; PostgreSQL keeps 63 bytes of it."""
+    return f"mana-ai/{worker_id}"[:63]
+
+
+def driver_options(
+    *,
+    application_name: str,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    statement_timeout_s: float | None,
+    pgbouncer: bool,
+) -> dict[str, Any]:
+    """The keywords of ``asyncpg.connect`` (beside the URL's) for every connection of
+    mana-ai: ``application_name`` shown in ``pg_stat_activity``, ``connect_timeout_s`` for
+    the connection, ``statement_timeout_s`` for each statement's answer (asyncpg's
+    ``command_timeout``; ``None``: wait for ever), and with ``pgbouncer`` no statement cache
+    (PgBouncer in transaction mode may run a connection's next statement on another server
+    connection)."""
+    options: dict[str, Any] = {
+        "server_settings": {"application_name": application_name},
+        "timeout": connect_timeout_s,
+    }
+    if statement_timeout_s is not None:
+        options["command_timeout"] = statement_timeout_s
+    if pgbouncer:
+        options["statement_cache_size"] = 0
+    return options
 
 
 def create_engine(
@@ -208,17 +242,6 @@ async def _run_statement_once(
             if connection_broken(exc) and not conn.invalidated:
                 await conn.invalidate()  # never back into the pool
             raise
-
-
-def engine_fetch(conn: AsyncConnection) -> Fetch:
-    """A ``Fetch`` (``worker.store.reads``) on ``conn``: SQL text with ``$1``… parameters,
-    run as it is (``exec_driver_sql``) in ``conn``'s transaction; its failures are
-    SQLAlchemy's, as those of any statement on the engine."""
-
-    async def fetch(sql: str, *arguments: Any) -> Rows:
-        return cast("Rows", _rows(await conn.exec_driver_sql(sql, arguments)))
-
-    return fetch
 
 
 def _rows(result: CursorResult[Any]) -> list[RowMapping]:

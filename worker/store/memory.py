@@ -25,21 +25,26 @@ from typing import Any
 from planner.gate import Reservation
 from planner.policy import RateLimit, UserPolicySettings
 from planner.testing import InMemoryCallLedger
-from worker.store.base import (
-    ApprovalRequestRow,
+from worker.store.base import LeaseLostError
+from worker.store.claim import DEFAULT_CATCH_UP_WINDOW, MISFIRE_GRACE
+from worker.store.records import (
     CallStart,
     ClaimedMission,
     ClaimOrder,
+    EndResult,
+    Finished,
+    Interrupted,
     IterationOutcome,
-    LeaseLostError,
+    NoRun,
+    Parked,
     ParkedRun,
     RoundCheckpoint,
+    RunEnd,
     StartedIteration,
     ToolInvocationRow,
 )
-from worker.store.claim import DEFAULT_CATCH_UP_WINDOW, MISFIRE_GRACE
-from worker.store.round_writes import DEADLINE_NOTE
 from worker.store.statuses import CatchUp
+from worker.store.writes.parts import DEADLINE_NOTE
 
 __all__ = ["InMemoryMissionStore"]
 
@@ -516,126 +521,122 @@ class InMemoryMissionStore:
         rows: Sequence[ToolInvocationRow],
         *,
         worker_id: str,
-    ) -> dict[tuple[int, int], int] | None:
+    ) -> dict[tuple[int, int], int]:
         """See ``MissionStore.commit_round``."""
         self._enter("commit_round")
         if not self._owns(mission.id, worker_id):
-            return None
+            raise LeaseLostError(f"mission {mission.id}: lease lost; the round was not committed")
         self._checkpoint(iteration_id, checkpoint, mission)
         return self._put_rows(mission, iteration_id, rows)
 
-    async def finish_iteration(
+    async def end_run(
         self,
         mission: ClaimedMission,
-        iteration_id: int | None,
-        outcome: IterationOutcome,
+        end: RunEnd,
         *,
         worker_id: str,
-        attempt: int = 1,
         claim: ClaimOrder | None = None,
-    ) -> bool:
-        """See ``MissionStore.finish_iteration``: with ``claim``, the claim is made once the
-        end is stored (never of the finished mission), as PostgreSQL's statement makes it."""
-        self._enter("finish_iteration")
-        stored = self._finish(mission, iteration_id, outcome, worker_id=worker_id, attempt=attempt)
-        if claim is not None:
-            claim.claimed += self._claim(
-                worker_id,
-                claim.limit,
-                claim.lease,
-                claim.default_model,
-                claim.budget_window,
-                besides=mission.id,
+    ) -> EndResult:
+        """See ``MissionStore.end_run``: with ``claim``, the claim is made once the end is
+        stored (never of the finished mission), as PostgreSQL's statement makes it."""
+        self._enter("end_run")
+        if claim is not None and not isinstance(end, Finished):
+            raise ValueError(f"only a finished run claims ahead, not {type(end).__name__}")
+        parked = None
+        if isinstance(end, Finished):
+            held = self._finish(
+                mission, end.iteration_id, end.outcome, worker_id=worker_id, attempt=end.attempt
             )
-        return stored
+        elif isinstance(end, NoRun):
+            held = self._no_run(mission, end, worker_id=worker_id)
+        elif isinstance(end, Interrupted):
+            held = self._interrupt(mission, end, worker_id=worker_id)
+        else:
+            parked = self._park(mission, end, worker_id=worker_id)
+            held = parked is not None
+        claimed: tuple[ClaimedMission, ...] = ()
+        if claim is not None:
+            claimed = tuple(
+                self._claim(
+                    worker_id,
+                    claim.limit,
+                    claim.lease,
+                    claim.default_model,
+                    claim.budget_window,
+                    besides=mission.id,
+                )
+            )
+        return EndResult(lease_held=held, claimed=claimed, parked=parked)
+
+    def _no_run(self, mission: ClaimedMission, end: NoRun, *, worker_id: str) -> bool:
+        if not self._owns(mission.id, worker_id):
+            return False
+        row = self.missions[mission.id]
+        row["next_run_at"] = end.next_run_at
+        if row["status"] != "paused":
+            row["status"] = end.mission_status
+        row["last_error"] = end.error
+        row["lease_owner"] = row["lease_expires_at"] = None
+        self._end_parked(mission.id)
+        return True
 
     def _finish(
         self,
         mission: ClaimedMission,
-        iteration_id: int | None,
+        iteration_id: int,
         outcome: IterationOutcome,
         *,
         worker_id: str,
         attempt: int,
     ) -> bool:
         if not self._owns(mission.id, worker_id):
-            return iteration_id is not None and self._ended(
-                iteration_id, attempt, worker_id, outcome.status
-            )
+            return self._ended(iteration_id, attempt, worker_id, outcome.status)
         row = self.missions[mission.id]
         row["next_run_at"] = outcome.next_run_at
         if row["status"] != "paused":
             row["status"] = outcome.mission_status
         row["last_error"] = outcome.error
         row["lease_owner"] = row["lease_expires_at"] = None
-        if iteration_id is None:
-            self._end_parked(mission.id)
-        if iteration_id is not None:
-            self._checkpoint(
-                iteration_id,
-                RoundCheckpoint(
-                    messages=outcome.messages,
-                    rounds=outcome.rounds,
-                    prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens,
-                    reminders=outcome.reminders,
-                    archive=outcome.archive,
-                ),
-                mission,
-            )
-            self.iterations[iteration_id] |= {
-                "status": outcome.status,
-                "stop_reason": outcome.stop_reason,
-                "error": outcome.error,
-                "finished_at": self.clock(),
-            }
-            self._put_rows(mission, iteration_id, outcome.tool_invocations)
+        self._checkpoint(
+            iteration_id,
+            RoundCheckpoint(
+                messages=outcome.messages,
+                rounds=outcome.rounds,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                reminders=outcome.reminders,
+                archive=outcome.archive,
+            ),
+            mission,
+        )
+        self.iterations[iteration_id] |= {
+            "status": outcome.status,
+            "stop_reason": outcome.stop_reason,
+            "error": outcome.error,
+            "finished_at": self.clock(),
+        }
+        self._put_rows(mission, iteration_id, outcome.tool_invocations)
         return True
 
-    async def interrupt_iteration(
-        self,
-        mission: ClaimedMission,
-        iteration_id: int | None,
-        *,
-        worker_id: str,
-        reason: str,
-        checkpoint: RoundCheckpoint | None = None,
-        invocations: Sequence[ToolInvocationRow] = (),
-        attempt: int = 1,
-    ) -> bool:
-        """See ``MissionStore.interrupt_iteration``."""
-        self._enter("interrupt_iteration")
+    def _interrupt(self, mission: ClaimedMission, end: Interrupted, *, worker_id: str) -> bool:
         if not self._owns(mission.id, worker_id):
-            return iteration_id is not None and self._ended(
-                iteration_id, attempt, worker_id, "failed"
-            )
+            return self._ended(end.iteration_id, end.attempt, worker_id, "failed")
         row = self.missions[mission.id]
         row["lease_owner"] = row["lease_expires_at"] = None
-        if iteration_id is not None:
-            if checkpoint is not None:
-                self._checkpoint(iteration_id, checkpoint, mission)
-            self.iterations[iteration_id] |= {
-                "status": "failed",
-                "stop_reason": "interrupted",
-                "error": reason,
-                "finished_at": self.clock(),
-            }
-            self._put_rows(mission, iteration_id, invocations)
+        if end.checkpoint is not None:
+            self._checkpoint(end.iteration_id, end.checkpoint, mission)
+        self.iterations[end.iteration_id] |= {
+            "status": "failed",
+            "stop_reason": "interrupted",
+            "error": end.reason,
+            "finished_at": self.clock(),
+        }
+        self._put_rows(mission, end.iteration_id, end.invocations)
         return True
 
-    async def park_iteration(
-        self,
-        mission: ClaimedMission,
-        iteration_id: int,
-        request: ApprovalRequestRow,
-        *,
-        worker_id: str,
-        checkpoint: RoundCheckpoint,
-        invocations: Sequence[ToolInvocationRow] = (),
-        attempt: int = 1,
-    ) -> ParkedRun | None:
-        """See ``MissionStore.park_iteration``."""
-        self._enter("park_iteration")
+    def _park(self, mission: ClaimedMission, end: Parked, *, worker_id: str) -> ParkedRun | None:
+        request, iteration_id, attempt = end.request, end.iteration_id, end.attempt
+        checkpoint, invocations = end.checkpoint, end.invocations
         found = next(
             (
                 r

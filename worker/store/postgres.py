@@ -6,7 +6,7 @@ the runner and the journal make.
   statement, so two workers never claim the same mission; the same statement starts or takes
   over their iterations and reads their agents' token use.
 * Every later change is one statement conditional on ``lease_owner = worker_id``
-  (``worker.store.round_writes``): a worker that lost its lease writes nothing.
+  (``worker.store.writes``): a worker that lost its lease writes nothing.
 * Lease times use the database clock (``now()``), never a worker's, so replicas with skewed
   clocks agree on expiry.
 
@@ -19,48 +19,41 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import (
-    func,
-    null,
-    select,
-    update,
-)
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql.elements import Null
 
 from planner.gate import Reservation
 from planner.policy import RateLimit
-from worker.store.base import (
-    ApprovalRequestRow,
-    ArchiveRow,
+from worker.store.base import LeaseLostError
+from worker.store.claim import claim_limit, claim_parameters, claim_statement, claimed_mission
+from worker.store.engine import run_statement
+from worker.store.records import (
     CallStart,
     ClaimedMission,
     ClaimOrder,
+    EndResult,
+    Finished,
+    Interrupted,
     IterationOutcome,
-    LeaseLostError,
+    NoRun,
+    Parked,
     ParkedRun,
     RoundCheckpoint,
+    RunEnd,
     StartedIteration,
     ToolInvocationRow,
 )
-from worker.store.claim import claim_parameters, claim_statement, claimed_mission
-from worker.store.engine import run_statement
-from worker.store.prepared import run_prepared
-from worker.store.round_writes import APPROVAL_KEYS, MissionWrite, round_write_statement
-from worker.store.rows import encoded_json, json_safe
-from worker.store.tables import (
-    approval_requests,
-    compacted_turns,
-    missions,
-    tool_invocations,
-)
+from worker.store.rows import json_safe
+from worker.store.statuses import IterationStatus
+from worker.store.tables import approval_requests, compacted_turns, missions, tool_invocations
+from worker.store.writes import ends, params, progress
 
-__all__ = ["PostgresMissionStore", "invocation_outcome_values"]
+__all__ = ["PostgresMissionStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +100,7 @@ class PostgresMissionStore:
         """
         if limit < 1:
             return []
-        params = claim_parameters(
+        values = claim_parameters(
             worker_id=worker_id,
             limit=limit,
             lease=lease,
@@ -115,7 +108,7 @@ class PostgresMissionStore:
             budget_window=budget_window,
         )
         # not run again when its connection breaks under it: it may have claimed already
-        rows = await run_prepared(self.engine, claim_statement(limit), params, idempotent=False)
+        rows = await run_statement(self.engine, claim_statement(limit), values, idempotent=False)
         claims = [claimed_mission(r) for r in rows]
         return sorted(claims, key=lambda m: m.scheduled_for)
 
@@ -216,101 +209,6 @@ class PostgresMissionStore:
         )
         return {int(r["id"]) for r in await self._run_one(stmt)}
 
-    async def finish_iteration(
-        self,
-        mission: ClaimedMission,
-        iteration_id: int | None,
-        outcome: IterationOutcome,
-        *,
-        worker_id: str,
-        attempt: int = 1,
-        claim: ClaimOrder | None = None,
-    ) -> bool:
-        """Store the run and schedule the next one, and release the lease, in one statement
-        (``round_write_statement``, all or nothing): the mission's next run, the iteration
-        row, its new tool invocations (journaled ones brought up to date) and its compactions;
-        with ``claim``, the worker's next due missions claimed in the same statement
-        (``ClaimOrder``: the claim's part sees the database as it was before the statement).
-
-        ``iteration_id=None`` only advances the schedule (the run was skipped). Returns False,
-        writing nothing, when this worker no longer owns the lease. Safe to run again after a
-        failure that left it unknown whether it committed: a repeat by the same ``attempt``
-        of the iteration finds what the first stored and returns True.
-
-        Raises:
-            sqlalchemy.exc.DBAPIError: the database failed or refused the data (a transient
-                failure is ``worker.store.transient.is_transient``).
-        """
-        params: dict[str, Any] = {
-            "p_next_run_at": outcome.next_run_at,
-            "p_mission_status": outcome.mission_status,
-            "p_last_error": outcome.error,
-        }
-        if iteration_id is not None:
-            params |= {
-                "p_status": outcome.status,
-                "p_stop_reason": outcome.stop_reason,
-                "p_error": outcome.error,
-                "p_attempt": attempt,
-            }
-        row = await self._write(
-            "finish",
-            mission,
-            iteration_id,
-            worker_id,
-            params,
-            checkpoint=_outcome_checkpoint(outcome) if iteration_id is not None else None,
-            rows=outcome.tool_invocations,
-            end=iteration_id is not None,
-            end_parked=iteration_id is None,
-            claim=claim,
-        )
-        return bool(row["owned"]) or bool(row.get("stored"))
-
-    async def park_iteration(
-        self,
-        mission: ClaimedMission,
-        iteration_id: int,
-        request: ApprovalRequestRow,
-        *,
-        worker_id: str,
-        checkpoint: RoundCheckpoint,
-        invocations: Sequence[ToolInvocationRow] = (),
-        attempt: int = 1,
-    ) -> ParkedRun | None:
-        """See ``MissionStore.park_iteration``: one statement (``round_write_statement`` with
-        the approval request), the lease released, the schedule as it was.
-
-        Raises:
-            sqlalchemy.exc.DBAPIError: the database failed or refused the data.
-        """
-        params: dict[str, Any] = {
-            "p_status": "awaiting_approval",
-            "p_stop_reason": "awaiting_approval",
-            "p_error": None,
-            "p_attempt": attempt,
-            "p_ttl": request.ttl,
-            **{f"p_{key}": getattr(request, key) for key in APPROVAL_KEYS},
-        }
-        row = await self._write(
-            "release",
-            mission,
-            iteration_id,
-            worker_id,
-            params,
-            checkpoint=checkpoint,
-            rows=invocations,
-            end=True,
-            approval=True,
-        )
-        if not (row["owned"] or row.get("stored")) or row["approval_id"] is None:
-            return None
-        return ParkedRun(
-            request_id=int(row["approval_id"]),
-            created=bool(row["approval_created"]),
-            expires_at=row["approval_expires_at"],
-        )
-
     async def run_effect(
         self,
         mission: ClaimedMission,
@@ -371,7 +269,7 @@ class PostgresMissionStore:
         """Before a write or destructive call runs: store the log so far (it ends with the
         assistant message that issued the call), ``rows`` (the calls of the round not stored
         yet, the last one the call's ``started`` row) and the compactions of ``checkpoint``,
-        in one statement under the lease. Safe to run again.
+        in one statement under the lease (``writes.progress``). Safe to run again.
 
         With ``reserve`` = ``(limit, consumer, run_anyway)``, the statement first reserves the
         call's rate-limit slot (``mana_ai_reserve_tool_call``, as the ledger does), and stores
@@ -381,28 +279,20 @@ class PostgresMissionStore:
             LeaseLostError: this worker no longer owns the mission (the call must not run).
             sqlalchemy.exc.DBAPIError: the database failed or refused the data.
         """
-        params: dict[str, Any] = {}
+        values = params.progress(mission, iteration_id, checkpoint, rows, worker_id=worker_id)
+        stmt = progress.checkpoint()
         if reserve is not None:
             limit, consumer, run_anyway = reserve
-            started = rows[-1]
-            params = {
+            stmt = progress.reserved_checkpoint()
+            values |= {
                 "p_user_id": mission.owner_user_id,
-                "p_tool": started.tool,
+                "p_tool": rows[-1].tool,
                 "p_consumer": consumer,
                 "p_window": limit.window,
                 "p_limit": limit.calls,
                 "p_run_anyway": run_anyway,
             }
-        written = await self._write(
-            "check",
-            mission,
-            iteration_id,
-            worker_id,
-            params,
-            checkpoint=checkpoint,
-            rows=rows,
-            reserve=reserve is not None,
-        )
+        [written] = await run_statement(self.engine, stmt, values)
         if not written["owned"]:
             raise LeaseLostError(f"mission {mission.id}: lease lost; the call was not run")
         reservation = None
@@ -412,7 +302,7 @@ class PostgresMissionStore:
                 now=written["checked_at"],
                 recent=tuple(written["recent"] or ()),
             )
-        return CallStart(ids=_new_ids(written), reservation=reservation)
+        return CallStart(ids=params.new_ids(written), reservation=reservation)
 
     async def commit_round(
         self,
@@ -422,217 +312,107 @@ class PostgresMissionStore:
         rows: Sequence[ToolInvocationRow],
         *,
         worker_id: str,
-    ) -> dict[tuple[int, int], int] | None:
+    ) -> dict[tuple[int, int], int]:
         """The round commit: the log, rounds, tokens and reminders so far, the round's
         ``tool_invocations`` rows (new ones inserted, journaled ones brought up to date) and
-        the compactions not stored yet, in one statement under the lease — a checkpoint a
-        takeover resumes from. Returns the new rows' ids by ``(round, position)``, or ``None``
-        (writing nothing) when this worker no longer owns the lease. Safe to run again.
+        the compactions not stored yet, in one statement under the lease (``writes.progress``)
+        — a checkpoint a takeover resumes from. The new rows' ids by ``(round, position)``.
+        Safe to run again.
 
         Raises:
+            LeaseLostError: this worker no longer owns the mission (nothing was written).
             sqlalchemy.exc.DBAPIError: the database failed or refused the data.
         """
-        written = await self._write(
-            "check", mission, iteration_id, worker_id, {}, checkpoint=checkpoint, rows=rows
-        )
+        values = params.progress(mission, iteration_id, checkpoint, rows, worker_id=worker_id)
+        [written] = await run_statement(self.engine, progress.checkpoint(), values)
         if not written["owned"]:
-            return None
-        return _new_ids(written)
+            raise LeaseLostError(f"mission {mission.id}: lease lost; the round was not committed")
+        return params.new_ids(written)
 
-    async def interrupt_iteration(
+    async def end_run(
         self,
         mission: ClaimedMission,
-        iteration_id: int | None,
+        end: RunEnd,
         *,
         worker_id: str,
-        reason: str,
-        checkpoint: RoundCheckpoint | None = None,
-        invocations: Sequence[ToolInvocationRow] = (),
-        attempt: int = 1,
-    ) -> bool:
-        """Mark a run ``failed`` / ``interrupted`` and release the lease without advancing
-        the schedule, so the next worker takes that scheduled run over and resumes it from
-        ``checkpoint`` (the log, rounds, tokens and reminders so far, and the compactions not
-        stored yet); ``invocations`` are the calls not yet written (they happened). One
-        statement. False when this worker no longer owns the lease (nothing written); a
-        repeat by the same ``attempt`` that finds the interruption stored returns True.
+        claim: ClaimOrder | None = None,
+    ) -> EndResult:
+        """See ``MissionStore.end_run``: one statement of ``worker.store.writes.ends`` per kind
+        of end. Run once more on another connection when the one it got breaks under it
+        (a repeat finds what the first stored), unless it claims.
 
         Raises:
+            ValueError: a ``claim`` with an end other than ``Finished``.
             sqlalchemy.exc.DBAPIError: the database failed or refused the data.
         """
-        params = {
-            "p_status": "failed",
-            "p_stop_reason": "interrupted",
-            "p_error": reason,
-            "p_attempt": attempt,
-        }
-        row = await self._write(
-            "release",
-            mission,
-            iteration_id,
-            worker_id,
-            params if iteration_id is not None else {},
-            checkpoint=checkpoint,
-            rows=invocations,
-            end=iteration_id is not None,
-        )
-        return bool(row["owned"]) or bool(row.get("stored"))
-
-    async def _write(
-        self,
-        mission_write: MissionWrite,
-        mission: ClaimedMission,
-        iteration_id: int | None,
-        worker_id: str,
-        params: dict[str, Any],
-        *,
-        checkpoint: RoundCheckpoint | None,
-        rows: Sequence[ToolInvocationRow] = (),
-        end: bool = False,
-        reserve: bool = False,
-        approval: bool = False,
-        end_parked: bool = False,
-        claim: ClaimOrder | None = None,
-    ) -> Mapping[str, Any]:
-        """Run the ``round_write_statement`` of this shape; its first row (with ``claim``,
-        the missions of its rows are appended to ``claim.claimed``)."""
-        # the run's texts (an error, a reason, the model's words) as they can be stored:
-        # whatever a peer echoed, a secret never is (``worker.store.rows.json_safe``)
-        params = {key: _storable(value) for key, value in params.items()}
-        params = {"p_mission_id": mission.id, "p_worker_id": worker_id, **params}
+        if claim is not None and not isinstance(end, Finished):
+            raise ValueError(f"only a finished run claims ahead, not {type(end).__name__}")
+        stmt, values = _end_statement(mission, end, worker_id)
         if claim is not None:
-            params |= claim_parameters(
+            stmt = ends.finished_and_claimed(claim_limit(claim.limit))
+            values |= claim_parameters(
                 worker_id=worker_id,
                 limit=claim.limit,
                 lease=claim.lease,
                 default_model=claim.default_model,
                 budget_window=claim.budget_window,
             )
-        new: list[dict[str, Any]] = []
-        known: list[dict[str, Any]] = []
-        archive: list[dict[str, Any]] = []
-        if iteration_id is not None:
-            params["p_iteration_id"] = iteration_id
-            for row in rows:
-                if row.row_id is None:
-                    new.append(_plain(_invocation_values(mission, iteration_id, row)))
-                else:
-                    known.append(_plain({"id": row.row_id, **invocation_outcome_values(row)}))
-            if checkpoint is not None:
-                params |= {
-                    "p_messages": checkpoint.messages,
-                    "p_reminders": encoded_json(checkpoint.reminders),
-                    "p_rounds": checkpoint.rounds,
-                    "p_prompt_tokens": checkpoint.prompt_tokens,
-                    "p_completion_tokens": checkpoint.completion_tokens,
-                }
-                archive = [_archive_values(mission, iteration_id, r) for r in checkpoint.archive]
-            params |= {
-                "p_new_calls": encoded_json(new),
-                "p_known_calls": encoded_json(known),
-                "p_archive": encoded_json(archive),
-            }
-        stmt = round_write_statement(
-            mission_write,
-            iteration=iteration_id is not None,
-            checkpoint=iteration_id is not None and checkpoint is not None,
-            end=end,
-            new_calls=bool(new),
-            known_calls=bool(known),
-            archive=bool(archive),
-            reserve=reserve,
-            approval=approval,
-            end_parked=end_parked,
-            claim=claim.limit if claim is not None else 0,
-        )
-        # a write is conditional on the lease and keyed: run again, it finds itself stored;
+        # an end is conditional on the lease and keyed: run again, it finds itself stored;
         # a claim is not (``claim_due``)
-        written = await run_prepared(self.engine, stmt, params, idempotent=claim is None)
+        rows = await run_statement(self.engine, stmt, values, idempotent=claim is None)
+        first = rows[0]
+        held = bool(first["owned"]) or bool(first.get("stored"))
+        claimed: tuple[ClaimedMission, ...] = ()
         if claim is not None:
-            claims = [claimed_mission(r) for r in written if r["id"] is not None]
-            claim.claimed.extend(sorted(claims, key=lambda m: m.scheduled_for))
-        return written[0]
+            found = [claimed_mission(r) for r in rows if r["id"] is not None]
+            claimed = tuple(sorted(found, key=lambda m: m.scheduled_for))
+        parked = None
+        if isinstance(end, Parked):
+            held = held and first["approval_id"] is not None
+            if held:
+                parked = ParkedRun(
+                    request_id=int(first["approval_id"]),
+                    created=bool(first["approval_created"]),
+                    expires_at=first["approval_expires_at"],
+                )
+        return EndResult(lease_held=held, claimed=claimed, parked=parked)
 
 
-def _outcome_checkpoint(outcome: IterationOutcome) -> RoundCheckpoint:
-    """What a finished run stores on its iteration row, as a checkpoint (with its archive)."""
-    return RoundCheckpoint(
-        messages=outcome.messages,
-        rounds=outcome.rounds,
-        prompt_tokens=outcome.prompt_tokens,
-        completion_tokens=outcome.completion_tokens,
-        reminders=outcome.reminders,
-        archive=outcome.archive,
+def _end_statement(
+    mission: ClaimedMission, end: RunEnd, worker_id: str
+) -> tuple[Any, dict[str, Any]]:
+    """The statement of ``end`` and its parameters."""
+    if isinstance(end, NoRun):
+        outcome = IterationOutcome(
+            status=IterationStatus.SUCCEEDED,
+            messages=[],
+            rounds=0,
+            prompt_tokens=0,
+            completion_tokens=0,
+            stop_reason=None,
+            error=end.error,
+            next_run_at=end.next_run_at,
+            mission_status=end.mission_status,
+        )
+        return ends.moved_on(), params.schedule(mission, outcome, worker_id=worker_id)
+    if isinstance(end, Finished):
+        outcome = end.outcome
+        values = params.progress(
+            mission,
+            end.iteration_id,
+            params.finished_checkpoint(outcome),
+            outcome.tool_invocations,
+            worker_id=worker_id,
+        )
+        values |= params.ended(end.attempt, outcome.status, outcome.stop_reason, outcome.error)
+        values |= params.schedule(mission, outcome, worker_id=worker_id)
+        return ends.finished(), values
+    values = params.progress(
+        mission, end.iteration_id, end.checkpoint, end.invocations, worker_id=worker_id
     )
-
-
-def _new_ids(written: Mapping[str, Any]) -> dict[tuple[int, int], int]:
-    """The ids of the calls' rows the statement inserted or found, by ``(round, position)``
-    (its ``calls``: ``[[round, position, id], ...]``)."""
-    return {(int(r), int(p)): int(i) for r, p, i in written.get("calls") or ()}
-
-
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    """``null()`` (SQL NULL in a bind) as ``None``: in a recordset, JSON null is SQL NULL."""
-    return {k: None if isinstance(v, Null) else v for k, v in values.items()}
-
-
-def _archive_values(mission: ClaimedMission, iteration_id: int, row: ArchiveRow) -> dict[str, Any]:
-    return {
-        "iteration_id": iteration_id,
-        "mission_id": mission.id,
-        "attempt": row.attempt,
-        "compaction_index": row.compaction_index,
-        "round": row.round,
-        "start_index": row.start_index,
-        "folded": row.folded,
-        "folded_turns": row.folded_turns,
-        "summary": row.summary,
-        "tokens_before": row.tokens_before,
-        "tokens_after": row.tokens_after,
-        "model": row.model,
-        "duration_ms": row.duration_ms,
-        "error": row.error,
-    }
-
-
-def invocation_outcome_values(row: ToolInvocationRow) -> dict[str, Any]:
-    """The outcome columns of a ``tool_invocations`` row (result, error, outcome, policy
-    decision and mode, duration), and its ``attempt`` (see ``OUTCOME_KEYS``); a missing
-    result or decision is SQL NULL."""
-    return {
-        "result": null() if row.result is None else row.result,
-        "error": row.error,
-        "outcome": row.outcome,
-        # SQL NULL, not JSON null: "no decision" must read as such in reports
-        "policy_decision": null() if row.policy_decision is None else row.policy_decision,
-        "policy_mode": row.policy_mode,
-        "duration_ms": row.duration_ms,
-        "attempt": row.attempt,
-    }
-
-
-def _invocation_values(
-    mission: ClaimedMission, iteration_id: int, row: ToolInvocationRow
-) -> dict[str, Any]:
-    return {
-        "iteration_id": iteration_id,
-        "mission_id": mission.id,
-        "user_id": mission.owner_user_id,
-        "attempt": row.attempt,
-        "round": row.round,
-        "position": row.position,
-        "call_id": row.call_id,
-        "tool": row.tool,
-        "arguments": row.arguments,
-        "idempotency_key": row.idempotency_key,
-        **invocation_outcome_values(row),
-    }
-
-
-def _storable(value: Any) -> Any:
-    """A statement's parameter: text and JSON data through ``json_safe``; anything else (a
-    number, a time, an ``EncodedJSON`` made by ``json_safe`` already) as it is."""
-    if isinstance(value, str) or type(value) is dict:
-        return json_safe(value)
-    return value
+    if isinstance(end, Interrupted):
+        values |= params.ended(end.attempt, "failed", "interrupted", end.reason)
+        return ends.interrupted(), values
+    values |= params.ended(end.attempt, "awaiting_approval", "awaiting_approval", None)
+    values |= params.approval(end.request)
+    return ends.parked(), values

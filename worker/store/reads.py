@@ -1,30 +1,26 @@
-"""Reads of the admin commands as SQL text over a ``Fetch``: the same statements and the same
-rows whether they run on the engine's pooled connection (``worker.store.engine.engine_fetch``,
-what ``AdminStore`` and the HTTP API use) or on one asyncpg connection of a command's own
-(``worker.store.direct.read_directly``, what ``mana-ai agents list``, ``missions list``,
-``missions show`` and ``iterations list`` use, without loading SQLAlchemy).
+"""What the admin commands, the HTTP API and the console read: agents, missions, iterations,
+and the approval requests missions wait on, as SQLAlchemy Core statements run on a connection
+the caller holds (``AdminStore``, ``mana-ai agents list``, ``missions list|show``,
+``iterations list``: the same statements and the same rows for each).
 
-The statements name their columns (``tests/unit/test_reads.py`` holds them to
-``worker.store.tables``) and read JSONB as text, decoded here, so that rows do not depend on
-the codecs a connection has. PostgreSQL's ``$1`` parameters.
+Rows are plain ``dict``s keyed by column name (JSONB decoded by the engine), in the tables'
+column order.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, func, literal_column, select, true
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from worker.errors import NotFoundError
 from worker.store.agent_servers import McpServerConfig
+from worker.store.tables import agent_mcp_servers, agents, approval_requests, mission_iterations
+from worker.store.tables import missions as missions_table
 
 __all__ = [
-    "AGENT_COLUMNS",
-    "ITERATION_COLUMNS",
-    "MCP_SERVER_COLUMNS",
-    "MISSION_COLUMNS",
-    "Fetch",
-    "Rows",
     "agent_by_name",
     "get_mission",
     "list_agents",
@@ -34,144 +30,48 @@ __all__ = [
     "with_mcp_servers",
 ]
 
-Rows = Sequence[Mapping[str, Any]]
-"""A statement's rows, each read by column name."""
+
+async def _all(conn: AsyncConnection, stmt: Select[Any]) -> list[dict[str, Any]]:
+    return [dict(row) for row in (await conn.execute(stmt)).mappings()]
 
 
-class Fetch(Protocol):
-    """Run one statement (SQL text with ``$1``… parameters) and return its rows."""
-
-    def __call__(self, sql: str, *arguments: Any) -> Awaitable[Rows]: ...
-
-
-AGENT_COLUMNS = (
-    "id",
-    "name",
-    "owner_user_id",
-    "model",
-    "system_prompt",
-    "max_rounds",
-    "max_tokens_per_day",
-    "allowed_tools",
-    "created_at",
-    "policy_mode",
-    "compact_max_ctx",
-    "destructive_policy",
-)
-"""The columns of ``agents``, in the table's order: an agent row's keys, in that order."""
-
-MCP_SERVER_COLUMNS = (
-    "agent_id",
-    "name",
-    "transport",
-    "url",
-    "command",
-    "args",
-    "headers",
-    "env",
-    "required",
-    "created_at",
-)
-"""The columns of ``agent_mcp_servers``, in the table's order (read: all but ``created_at``;
-``headers`` and ``env``, JSONB, as text)."""
-
-MISSION_COLUMNS = (
-    "id",
-    "agent_id",
-    "objective",
-    "cron",
-    "timezone",
-    "status",
-    "next_run_at",
-    "lease_owner",
-    "lease_expires_at",
-    "deadline",
-    "last_error",
-    "created_at",
-    "updated_at",
-    "catch_up",
-    "catch_up_window",
-)
-"""The columns of ``missions``, in the table's order."""
-
-_MISSION = ", ".join(f"missions.{column}" for column in MISSION_COLUMNS)
-
-ITERATION_COLUMNS = (
-    "id",
-    "mission_id",
-    "scheduled_for",
-    "status",
-    "attempt",
-    "messages",
-    "reminders",
-    "attempts",
-    "rounds",
-    "prompt_tokens",
-    "completion_tokens",
-    "stop_reason",
-    "error",
-    "worker_id",
-    "model",
-    "started_at",
-    "finished_at",
-)
-"""The columns of ``mission_iterations``, in the table's order."""
-
-_JSON_ITERATION_COLUMNS = frozenset({"messages", "reminders", "attempts"})
-"""Its JSONB columns (none of them nullable)."""
-
-_AGENT = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents"
-_SERVERS_OF = (
-    "SELECT "
-    + ", ".join(
-        f"{column}::text AS {column}" if column in ("headers", "env") else column
-        for column in MCP_SERVER_COLUMNS
-        if column != "created_at"
-    )
-    + " FROM agent_mcp_servers WHERE agent_id = ANY($1::bigint[]) ORDER BY agent_id, name"
-)
+async def list_agents(conn: AsyncConnection) -> list[dict[str, Any]]:
+    """Every agent, by name: its columns and ``mcp_servers`` (``with_mcp_servers``). Two
+    statements, whatever the number of agents."""
+    found = await _all(conn, select(agents).order_by(agents.c.name))
+    return await with_mcp_servers(conn, found)
 
 
-async def list_agents(fetch: Fetch) -> list[dict[str, Any]]:
-    """Every agent, by name: its columns (``AGENT_COLUMNS``) and ``mcp_servers``
-    (``with_mcp_servers``). Two statements, whatever the number of agents."""
-    agents = [dict(row) for row in await fetch(f"{_AGENT} ORDER BY name")]
-    return await with_mcp_servers(fetch, agents)
-
-
-async def agent_by_name(fetch: Fetch, name: str) -> dict[str, Any] | None:
+async def agent_by_name(conn: AsyncConnection, name: str) -> dict[str, Any] | None:
     """The agent called ``name`` (its columns and ``mcp_servers``), or ``None``."""
-    rows = await fetch(f"{_AGENT} WHERE name = $1", name)
-    return (await with_mcp_servers(fetch, [dict(rows[0])]))[0] if rows else None
+    found = await _all(conn, select(agents).where(agents.c.name == name))
+    return (await with_mcp_servers(conn, found))[0] if found else None
 
 
-async def with_mcp_servers(fetch: Fetch, agents: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``agents`` (rows with an ``id``), each given ``mcp_servers``: its MCP servers by name
-    in their public form (``McpServerConfig.public()``: no header or environment values).
-    Changes the rows given and returns them; one statement (none for no agents)."""
-    servers: dict[int, list[dict[str, Any]]] = {agent["id"]: [] for agent in agents}
-    if agents:
-        for row in await fetch(_SERVERS_OF, list(servers)):
-            server = {**row, "headers": json.loads(row["headers"]), "env": json.loads(row["env"])}
-            servers[row["agent_id"]].append(McpServerConfig.from_row(server).public())
-    for agent in agents:
+async def with_mcp_servers(
+    conn: AsyncConnection, found: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``found`` (agent rows with an ``id``), each given ``mcp_servers``: its MCP servers by
+    name in their public form (``McpServerConfig.public()``: no header or environment
+    values). Changes the rows given and returns them; one statement (none for no agents)."""
+    servers: dict[int, list[dict[str, Any]]] = {agent["id"]: [] for agent in found}
+    if found:
+        ams = agent_mcp_servers
+        rows = await _all(
+            conn,
+            select(ams)
+            .where(ams.c.agent_id.in_(list(servers)))
+            .order_by(ams.c.agent_id, ams.c.name),
+        )
+        for row in rows:
+            servers[row["agent_id"]].append(McpServerConfig.from_row(row).public())
+    for agent in found:
         agent["mcp_servers"] = servers[agent["id"]]
-    return agents
-
-
-_LATEST_RUN = (
-    ", latest.id AS last_iteration_id, latest.status AS last_status, "
-    "latest.stop_reason AS last_stop_reason, latest.started_at AS last_started_at"
-)
-_LATEST_RUN_JOIN = (
-    " LEFT OUTER JOIN LATERAL (SELECT id, status, stop_reason, started_at "
-    "FROM mission_iterations WHERE mission_iterations.mission_id = missions.id "
-    "ORDER BY id DESC LIMIT 1) AS latest ON true"
-)
+    return found
 
 
 async def list_missions(
-    fetch: Fetch,
+    conn: AsyncConnection,
     *,
     status: str | None = None,
     limit: int = 100,
@@ -183,90 +83,87 @@ async def list_missions(
     ``agent`` (a name) when given, with ids below ``before_id`` (the next page), ``limit`` at
     most; with ``last_run``, each with its latest iteration's ``last_iteration_id``,
     ``last_status``, ``last_stop_reason`` and ``last_started_at`` (``None`` before any).
-    A row's keys: ``MISSION_COLUMNS``, ``agent``, then those four."""
-    where, arguments = _where(
-        ("missions.status = ", status), ("agents.name = ", agent), ("missions.id < ", before_id)
-    )
-    sql = (
-        f"SELECT {_MISSION}, agents.name AS agent"
-        + (_LATEST_RUN if last_run else "")
-        + " FROM missions JOIN agents ON agents.id = missions.agent_id"
-        + (_LATEST_RUN_JOIN if last_run else "")
-        + f"{where} ORDER BY missions.id DESC LIMIT ${len(arguments) + 1}"
-    )
-    return [dict(row) for row in await fetch(sql, *arguments, limit)]
+    A row's keys: the mission's columns, ``agent``, then those four."""
+    m = missions_table
+    stmt = select(m, agents.c.name.label("agent")).join(agents, agents.c.id == m.c.agent_id)
+    if last_run:
+        its = mission_iterations
+        latest = (
+            select(its.c.id, its.c.status, its.c.stop_reason, its.c.started_at)
+            .where(its.c.mission_id == m.c.id)
+            .order_by(its.c.id.desc())
+            .limit(1)
+            .lateral("latest")
+        )
+        stmt = stmt.add_columns(
+            latest.c.id.label("last_iteration_id"),
+            latest.c.status.label("last_status"),
+            latest.c.stop_reason.label("last_stop_reason"),
+            latest.c.started_at.label("last_started_at"),
+        ).outerjoin(latest, true())
+    if status is not None:
+        stmt = stmt.where(m.c.status == status)
+    if agent is not None:
+        stmt = stmt.where(agents.c.name == agent)
+    if before_id is not None:
+        stmt = stmt.where(m.c.id < before_id)
+    return await _all(conn, stmt.order_by(m.c.id.desc()).limit(limit))
 
 
-_GET_MISSION = (
-    f"SELECT {_MISSION}, agents.name AS agent, (SELECT count(*) FROM mission_iterations "
-    "WHERE mission_iterations.mission_id = missions.id) AS iterations "
-    "FROM missions JOIN agents ON agents.id = missions.agent_id WHERE missions.id = $1"
-)
-
-
-async def get_mission(fetch: Fetch, mission_id: int) -> dict[str, Any]:
+async def get_mission(conn: AsyncConnection, mission_id: int) -> dict[str, Any]:
     """Mission ``mission_id`` with its agent's name (``agent``) and how many iterations it
     has had (``iterations``).
 
     Raises:
         NotFoundError: no mission has that id.
     """
-    rows = await fetch(_GET_MISSION, mission_id)
-    if not rows:
+    m, its = missions_table, mission_iterations
+    count = select(func.count()).where(its.c.mission_id == m.c.id).scalar_subquery()
+    found = await _all(
+        conn,
+        select(m, agents.c.name.label("agent"), count.label("iterations"))
+        .join(agents, agents.c.id == m.c.agent_id)
+        .where(m.c.id == mission_id),
+    )
+    if not found:
         raise NotFoundError(f"no mission with id {mission_id}")
-    return dict(rows[0])
-
-
-_ITERATION_LISTED = ", ".join(
-    f"{column}::text AS {column}" if column in _JSON_ITERATION_COLUMNS else column
-    for column in ITERATION_COLUMNS
-    if column != "messages"
-)
+    return found[0]
 
 
 async def list_iterations(
-    fetch: Fetch, *, mission_id: int | None = None, limit: int = 20, before_id: int | None = None
+    conn: AsyncConnection,
+    *,
+    mission_id: int | None = None,
+    limit: int = 20,
+    before_id: int | None = None,
 ) -> list[dict[str, Any]]:
     """Iterations newest first, without their message logs: of ``mission_id`` when given,
-    with ids below ``before_id`` (the next page), ``limit`` at most. A row's keys:
-    ``ITERATION_COLUMNS`` but ``messages``; ``reminders`` and ``attempts`` decoded."""
-    where, arguments = _where(("mission_id = ", mission_id), ("id < ", before_id))
-    sql = (
-        f"SELECT {_ITERATION_LISTED} FROM mission_iterations{where} "
-        f"ORDER BY id DESC LIMIT ${len(arguments) + 1}"
-    )
-    return [
-        {
-            key: json.loads(value) if key in _JSON_ITERATION_COLUMNS else value
-            for key, value in row.items()
-        }
-        for row in await fetch(sql, *arguments, limit)
-    ]
+    with ids below ``before_id`` (the next page), ``limit`` at most. A row's keys: the
+    iteration's columns but ``messages``."""
+    its = mission_iterations
+    stmt = select(*(c for c in its.c if c.name != "messages"))
+    if mission_id is not None:
+        stmt = stmt.where(its.c.mission_id == mission_id)
+    if before_id is not None:
+        stmt = stmt.where(its.c.id < before_id)
+    return await _all(conn, stmt.order_by(its.c.id.desc()).limit(limit))
 
 
-def _where(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
-    """`` WHERE a = $1 AND b < $2`` of the conditions whose value is not ``None`` (each
-    ``(text before the parameter, value)``), and their values in order; ``("", [])`` when
-    none is."""
-    given = [(text, value) for text, value in conditions if value is not None]
-    if not given:
-        return "", []
-    clauses = [f"{text}${n}" for n, (text, _) in enumerate(given, start=1)]
-    return " WHERE " + " AND ".join(clauses), [value for _, value in given]
-
-
-_PENDING_BY_MISSION = (
-    "SELECT mission_id, max(id) AS request_id FROM approval_requests "
-    "WHERE mission_id = ANY($1::bigint[]) AND status = 'pending' AND expires_at > now() "
-    "GROUP BY mission_id"
-)
-
-
-async def pending_by_mission(fetch: Fetch, mission_ids: Sequence[int]) -> dict[int, int]:
+async def pending_by_mission(conn: AsyncConnection, mission_ids: Sequence[int]) -> dict[int, int]:
     """For the missions among ``mission_ids`` whose run waits for a person's decision: the
     id of the approval request it waits on (the newest pending one not yet expired), by
     mission id. No statement for no ids."""
     if not mission_ids:
         return {}
-    rows = await fetch(_PENDING_BY_MISSION, list(mission_ids))
+    requests = approval_requests
+    rows = await _all(
+        conn,
+        select(requests.c.mission_id, func.max(requests.c.id).label("request_id"))
+        .where(
+            requests.c.mission_id.in_(list(mission_ids)),
+            requests.c.status == literal_column("'pending'"),
+            requests.c.expires_at > func.now(),
+        )
+        .group_by(requests.c.mission_id),
+    )
     return {int(row["mission_id"]): int(row["request_id"]) for row in rows}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from planner import RunSink
-    from worker.store.base import ClaimedMission, StartedIteration
+    from worker.store.records import ClaimedMission, StartedIteration
 
 __all__ = ["CURRENT_CHAT_SPAN", "RunTracing", "note_fallback", "note_retry", "traced_run"]
 

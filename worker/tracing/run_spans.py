@@ -78,7 +78,7 @@ from worker.tracing.chosen import bounded, tool_name
 from worker.tracing.setup import Tracing
 
 if TYPE_CHECKING:
-    from worker.store.base import ClaimedMission, StartedIteration
+    from worker.store.records import ClaimedMission, StartedIteration
 
 __all__ = ["CURRENT_RUN", "RunSpans", "RunTracer"]
 

@@ -1,14 +1,12 @@
-"""The daemon: the tick loop, the wake-up listener, signal handling and graceful shutdown.
+"""The daemon: an APScheduler tick, the wake-up listener, signal handling and graceful
+shutdown.
 
-One loop ticks, ``Worker.run``: right at start, then every ``tick_interval_s`` or at once when
-woken, whichever comes first (a slow tick never overlaps the next one, missed ticks collapse
-into one, wake-ups coalesce). It is woken by a free slot while due missions wait, and by the
-wake-up listener (``worker.daemon.wakeup``: LISTEN mana_ai_due, so a mission added due now starts
-within milliseconds, not at the next tick).
-
-The interval is the standard library's (a timeout on the wake-up event), not an APScheduler
-job as before: an interval and a wake-up feeding one loop need nothing more, and two
-triggers needed a lock between them.
+An ``AsyncIOScheduler`` runs two interval jobs on the daemon's event loop: the tick
+(``Worker.schedule``: at start, then every ``tick_interval_s``; a slow tick never overlaps the
+next one, missed ticks collapse into one) and the approval figures the worker exports (every
+``APPROVAL_STATS_INTERVAL_S``, with a metrics endpoint). A wake-up brings the tick forward: a
+free slot while due missions wait, and the wake-up listener (``worker.daemon.wakeup``: LISTEN
+mana_ai_due, so a mission added due now starts within milliseconds, not at the next tick).
 
 On SIGTERM or SIGINT the worker stops claiming, lets running missions finish within
 ``shutdown_grace_s`` (a second signal cuts that short), interrupts the rest (their iterations
@@ -19,17 +17,17 @@ returns exit status 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 from collections.abc import Callable
+from datetime import UTC, datetime
 
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel
 from worker import metrics
 from worker.daemon.app import open_app
-from worker.daemon.heap import settled_heap
 from worker.daemon.wakeup import WakeUpListener, off_reason
 from worker.errors import SettingsError
 from worker.metrics import MetricsServer
@@ -84,36 +82,41 @@ async def serve(
                     metrics_server.port,
                 )
             listening = _start_listening(settings, app.engine, app.worker.wake)
-            stats = None
+            scheduler = AsyncIOScheduler(timezone=UTC)
+            app.worker.schedule(scheduler, settings.tick_interval_s)
             if metrics_server is not None:
-                stats = asyncio.create_task(
-                    _approval_stats(ApprovalStore(app.engine)), name="approval stats"
+                scheduler.add_job(
+                    _ApprovalFigures(ApprovalStore(app.engine)).read,
+                    "interval",
+                    seconds=APPROVAL_STATS_INTERVAL_S,
+                    id="approval stats",
+                    next_run_time=datetime.now(UTC),
+                    max_instances=1,
+                    coalesce=True,
+                    misfire_grace_time=None,
                 )
-            ticking = asyncio.create_task(app.worker.run(settings.tick_interval_s), name="tick")
-            with settled_heap():  # start-up done: see worker.daemon.heap
-                logger.info(
-                    "worker %s ticking every %g s, up to %d mission(s) at once",
-                    settings.worker_id,
-                    settings.tick_interval_s,
-                    settings.max_concurrent_missions,
-                    extra={"worker_id": settings.worker_id},
-                )
-                try:
-                    await stop.wait()
-                finally:
-                    logger.info("shutting down: no new claims")
-                    app.worker.stop()  # the tick loop ends after the tick in flight, if any
-                    for task in (listening, stats):  # UNLISTEN; connections back to the pool
-                        if task is not None:
-                            task.cancel()
-                            await asyncio.gather(task, return_exceptions=True)
-                    await app.worker.drain(settings.shutdown_grace_s, hurry)
-                    if metrics_server is not None:
-                        metrics_server.stop()
-                    if not ticking.done():  # its claim got no answer (``drain`` waited)
-                        ticking.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await ticking  # raises what a bug in the loop raised
+            scheduler.start()
+            logger.info(
+                "worker %s ticking every %g s, up to %d mission(s) at once",
+                settings.worker_id,
+                settings.tick_interval_s,
+                settings.max_concurrent_missions,
+                extra={"worker_id": settings.worker_id},
+            )
+            try:
+                await stop.wait()
+            finally:
+                logger.info("shutting down: no new claims")
+                app.worker.stop()  # a tick from now on claims nothing
+                if listening is not None:  # UNLISTEN; its connection back to the pool
+                    listening.cancel()
+                    await asyncio.gather(listening, return_exceptions=True)
+                # waits for a tick in flight, then for the runs (the scheduler's shutdown
+                # would cancel a tick in flight: its claimed missions unseen)
+                await app.worker.drain(settings.shutdown_grace_s, hurry)
+                scheduler.shutdown(wait=False)
+                if metrics_server is not None:
+                    metrics_server.stop()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -147,25 +150,27 @@ APPROVAL_STATS_INTERVAL_S = 15.0
 """Seconds between two reads of the approval figures the worker exports (one statement)."""
 
 
-async def _approval_stats(
-    store: ApprovalStore, interval_s: float = APPROVAL_STATS_INTERVAL_S
-) -> None:
-    """Read the approval figures (``ApprovalStore.stats``) into ``mana_ai_approvals_*`` every
-    ``interval_s`` seconds until cancelled; while the database does not answer the figures
-    are not exported (rather than stale), and one line says so."""
-    failing = False
-    while True:
+class _ApprovalFigures:
+    """The approval figures the worker exports, read from the database (the scheduler's job
+    every ``APPROVAL_STATS_INTERVAL_S``)."""
+
+    def __init__(self, store: ApprovalStore) -> None:
+        self.store = store
+        self.failing = False
+
+    async def read(self) -> None:
+        """Read ``ApprovalStore.stats`` into ``mana_ai_approvals_*``; while the database does
+        not answer the figures are not exported (rather than stale), and one line says so."""
         try:
-            decided, pending, oldest_s = await store.stats()
+            decided, pending, oldest_s = await self.store.stats()
         except Exception as exc:
             metrics.APPROVALS.clear()
-            if not failing:
+            if not self.failing:
                 logger.warning("could not read the approval figures: %s", describe_error(exc))
-            failing = True
+            self.failing = True
         else:
             metrics.APPROVALS.update(decided, pending, oldest_s)
-            failing = False
-        await asyncio.sleep(interval_s)
+            self.failing = False
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:
