@@ -33,17 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import at_least, database_server, throwaway_database
 from worker.api.app import build_app
-from worker.settings import Settings
-from worker.store.admin_tokens import AdminTokenStore
-from worker.store.engine import create_engine
-from worker.store.migrate import upgrade_database
-from worker.store.tables import (
+from worker.db.engine import create_engine
+from worker.db.migrate import upgrade_database
+from worker.db.tables import (
     agents,
     compacted_turns,
     mission_iterations,
     missions,
     tool_invocations,
 )
+from worker.queries.admin_tokens import AdminTokenStore
+from worker.settings import Settings
 from worker.tools import builtin_tool_catalog
 
 SUMMARY = "<summary of {n} earlier turn(s)>\nThe clock was read; notes were listed and written."

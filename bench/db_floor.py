@@ -61,11 +61,11 @@ from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
 from planner.testing import FunctionChatModel
 from worker.daemon.worker import Worker
+from worker.db.engine import create_engine
+from worker.db.migrate import upgrade_database
+from worker.db.tables import agents, mission_iterations, missions, tool_invocations
 from worker.run.runner import MissionRunner
-from worker.store.engine import create_engine
-from worker.store.migrate import upgrade_database
 from worker.store.postgres import PostgresMissionStore
-from worker.store.tables import agents, mission_iterations, missions, tool_invocations
 from worker.tools import builtin_tools
 
 WORKER_ID = "bench"

@@ -44,10 +44,10 @@ from planner import CompletionRequest, CompletionResponse
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.db_proxy import FlakyProxy
 from worker.daemon.app import open_app
+from worker.db.engine import create_engine
+from worker.db.migrate import upgrade_database
+from worker.db.tables import agents, mission_iterations, missions, notes
 from worker.settings import load_settings
-from worker.store.engine import create_engine
-from worker.store.migrate import upgrade_database
-from worker.store.tables import agents, mission_iterations, missions, notes
 
 
 async def add_missions(url: str, count: int) -> None:

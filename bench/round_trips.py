@@ -47,13 +47,13 @@ from planner import CompletionRequest, CompletionResponse
 from planner.policy import PolicyConfig, PolicyMode, RateLimit
 from planner.testing import ScriptedChatModel, ScriptStep, final_answer, tool_calls
 from worker.daemon.worker import Worker
+from worker.db.engine import create_engine
+from worker.db.migrate import upgrade_database
+from worker.db.tables import agents, missions
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
-from worker.store.engine import create_engine
 from worker.store.ledger import PostgresCallLedger
-from worker.store.migrate import upgrade_database
 from worker.store.postgres import PostgresMissionStore
-from worker.store.tables import agents, missions
 from worker.tools import builtin_tools
 
 __all__ = ["GOAL", "PHASE_BUDGET", "RoundTrips", "budget", "measure"]

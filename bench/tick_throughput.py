@@ -51,13 +51,13 @@ from planner import ChatModel, CompletionRequest, CompletionResponse
 from planner.policy import PolicyConfig
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from worker.daemon.worker import Worker
+from worker.db.engine import create_engine
+from worker.db.migrate import upgrade_database
+from worker.db.tables import agents, mission_iterations, missions
 from worker.policy_setup import PolicySetup
 from worker.run.runner import MissionRunner
-from worker.store.engine import create_engine
 from worker.store.ledger import PostgresCallLedger
-from worker.store.migrate import upgrade_database
 from worker.store.postgres import PostgresMissionStore
-from worker.store.tables import agents, mission_iterations, missions
 from worker.tools import builtin_tools
 
 

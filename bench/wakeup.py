@@ -39,11 +39,11 @@ from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
 from planner.testing import FunctionChatModel
 from worker.daemon.serve import serve
+from worker.db.engine import create_engine
+from worker.db.migrate import upgrade_database
+from worker.db.tables import mission_iterations
+from worker.queries.missions import AdminStore
 from worker.settings import Settings
-from worker.store.admin import AdminStore
-from worker.store.engine import create_engine
-from worker.store.migrate import upgrade_database
-from worker.store.tables import mission_iterations
 
 
 class _Seen(logging.Handler):

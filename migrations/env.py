@@ -2,7 +2,7 @@
 
 Three ways in:
 
-* Programmatic (the daemon, tests): ``worker.store.migrate.upgrade_database`` passes an open
+* Programmatic (the daemon, tests): ``worker.db.migrate.upgrade_database`` passes an open
   connection in ``config.attributes["connection"]``, already holding the migration lock;
   it is used as is and left open.
 * Command line (``alembic upgrade head``): the URL is ``sqlalchemy.url`` from alembic.ini when
@@ -22,10 +22,10 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
-from worker.database_url import to_async_url
-from worker.store.engine import create_engine, resolve_database_url
-from worker.store.migrate import migration_lock
-from worker.store.tables import metadata
+from worker.db.engine import create_engine, resolve_database_url
+from worker.db.migrate import migration_lock
+from worker.db.tables import metadata
+from worker.db.urls import to_async_url
 
 config = context.config
 target_metadata = metadata

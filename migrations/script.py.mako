@@ -4,7 +4,7 @@ Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 
-Written by hand: a change to worker/store/tables.py needs the same change here, and
+Written by hand: a change to worker/db/tables.py needs the same change here, and
 tests/integration/test_migrations.py checks that the two agree.
 """
 

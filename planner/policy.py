@@ -484,7 +484,7 @@ def rate_limit_wait(
 
     A call may run when fewer than ``limit.calls`` of ``recent`` lie in the rolling window
     ``(now - limit.window, now]``. The PostgreSQL ledger applies the same predicate when it
-    reserves (``worker/store/user_policy.py``), so the two always agree.
+    reserves (``worker/queries/user_policy.py``), so the two always agree.
     """
     start = now - limit.window
     in_window = sorted((t for t in recent if t > start), reverse=True)

@@ -1,5 +1,5 @@
 """The policy gate's modes and its answer to destructive calls, as plain enums: what the
-database's CHECK constraints (``worker.store.tables``) and the settings name, importable without
+database's CHECK constraints (``worker.db.tables``) and the settings name, importable without
 the gate's rules (``planner.policy`` re-exports them; importing it loads the tool layer and
 JSON Schema).
 """

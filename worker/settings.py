@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from pydantic import ValidationError
 
 from worker import redaction
-from worker.database_url import parse_url, redact_url
+from worker.db.urls import parse_url, redact_url
 from worker.errors import SettingsError
 from worker.http_url import redact_url as redact_http_url
 from worker.settings_model import ENV_PREFIX, Settings

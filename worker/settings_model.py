@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from worker.data_dir import default_data_dir
-from worker.database_url import parse_url
+from worker.db.data_dir import default_data_dir
+from worker.db.urls import parse_url
 from worker.settings_api import ApiSettings
 from worker.settings_policy import PolicySettings
 from worker.settings_values import (

@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, SecretStr
 
-from worker.data_dir import default_data_dir
-from worker.database_url import to_async_url
+from worker.db.data_dir import default_data_dir
+from worker.db.urls import to_async_url
 from worker.http_url import http_url_problem, normalize_domain
 from worker.names import normalised_name
 
@@ -213,7 +213,7 @@ def checked_name(value: str | None) -> str | None:
 
 
 def async_database_url(value: str | None) -> str | None:
-    """The database URL in asyncpg's dialect (``worker.database_url.to_async_url``)."""
+    """The database URL in asyncpg's dialect (``worker.db.urls.to_async_url``)."""
     return None if value is None else to_async_url(value)
 
 

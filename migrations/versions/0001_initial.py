@@ -4,9 +4,9 @@ Revision ID: 0001
 Revises:
 Create Date: 2025-11-29
 
-Written by hand: a change to worker/store/tables.py needs the same change in a new revision, and
+Written by hand: a change to worker/db/tables.py needs the same change in a new revision, and
 tests/integration/test_migrations.py checks that the two agree. Names follow the naming
-convention in worker/store/tables.py (pk_, fk_, uq_, ck_, ix_).
+convention in worker/db/tables.py (pk_, fk_, uq_, ck_, ix_).
 """
 
 from collections.abc import Sequence

@@ -9,7 +9,7 @@ tool in the rolling window and, when fewer than ``limit``, records one, under a 
 advisory lock per (user, tool): the count and the reservation are one atomic step, so replicas
 never both take the last slot. It is one statement for the caller (one round trip, no session
 state: it works through PgBouncer in transaction mode). The rule it applies is the one of
-``planner.policy.rate_limit_wait``; see ``worker/store/user_policy.py``.
+``planner.policy.rate_limit_wait``; see ``worker/queries/user_policy.py``.
 """
 
 from collections.abc import Sequence

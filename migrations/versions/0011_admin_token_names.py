@@ -7,7 +7,7 @@ Create Date: 2026-12-02
 A token's name is who decides an approval through the HTTP API or the console, so two live
 (not revoked) tokens must not share it. ``admin_tokens.name_key`` is the name as names are
 compared: NFKC-normalised and case-folded (``Alice`` and ``ALICE`` are one name), computed in
-Python (``worker.store.admin_tokens.name_key``) for the rows there are; a unique index over it
+Python (``worker.queries.admin_tokens.name_key``) for the rows there are; a unique index over it
 for the live tokens enforces the rule. Live tokens that already share a key keep the newest
 live and revoke the others (they are listed on stderr: `mana-ai admin token create` makes new
 ones).
@@ -27,7 +27,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def _key(name: str) -> str:
-    # worker.store.admin_tokens.name_key, frozen here: a migration never imports the app
+    # worker.queries.admin_tokens.name_key, frozen here: a migration never imports the app
     return unicodedata.normalize("NFKC", name).casefold()
 
 

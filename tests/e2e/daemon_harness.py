@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.fakes import chat_completion_body
 from worker.cli import main
-from worker.store.tables import mission_iterations
+from worker.db.tables import mission_iterations
 
 __all__ = [
     "TIMEOUT_S",

@@ -22,7 +22,7 @@ from tests.e2e.daemon_harness import (
     wait_until,
 )
 from tests.fakes import FakeLLMServer
-from worker.store.tables import agents, missions
+from worker.db.tables import agents, missions
 
 
 async def rows(db: AsyncEngine, table: Any) -> int:

@@ -27,7 +27,7 @@ from tests.e2e.daemon_harness import (
     wait_until,
 )
 from tests.fakes import FakeLLMServer, chat_completion_body
-from worker.store.tables import approval_requests, mission_iterations, missions, notes
+from worker.db.tables import approval_requests, mission_iterations, missions, notes
 from worker.tools import builtin_tools
 
 

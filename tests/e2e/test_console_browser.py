@@ -25,10 +25,10 @@ from tests.integration.api_harness import app_for, token
 from tests.integration.test_approvals import Model, a_note, asking
 from tests.integration.worker_harness import make_worker, policy_setup
 from worker.asgi_server import AsgiServer
+from worker.queries.admin_tokens import AdminTokenStore
+from worker.queries.approval_requests import ApprovalStore
+from worker.queries.missions import AdminStore
 from worker.run.compaction_setup import CompactionSetup
-from worker.store.admin import AdminStore
-from worker.store.admin_tokens import AdminTokenStore
-from worker.store.approvals import ApprovalStore
 from worker.tools import builtin_tools
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -133,7 +133,7 @@ async def test_sigterm_ends_a_tick_as_sigint_does_and_leaves_no_lease_behind(
     # mission leased until the lease ran out (systemd, `timeout` and cron stop with SIGTERM)
     from sqlalchemy import select
 
-    from worker.store.tables import mission_iterations, missions
+    from worker.db.tables import mission_iterations, missions
 
     with FakeLLMServer(clock_then_answer) as llm:
         env = env_for(database_url, llm.base_url, MANA_AI_LEASE_S="600")

@@ -26,7 +26,7 @@ from tests.e2e.daemon_harness import (
     wait_until,
 )
 from tests.fakes import FakeLLMServer, chat_completion_body
-from worker.store.tables import notes, tool_invocations
+from worker.db.tables import notes, tool_invocations
 
 
 class NoteThenHold:

@@ -18,10 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.e2e.daemon_harness import env_for, free_port, run_cli, start_mcp_serve
 from tests.fakes import FakeLLMServer, chat_completion_body
-from worker.store.admin import AdminStore
+from worker.db.tables import notes, tool_invocations
+from worker.queries.mcp_tokens import McpStore
+from worker.queries.missions import AdminStore
 from worker.store.agent_servers import McpServerConfig
-from worker.store.mcp_tokens import McpStore
-from worker.store.tables import notes, tool_invocations
 
 
 def save_a_note_through_mcp(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

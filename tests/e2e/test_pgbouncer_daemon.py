@@ -22,9 +22,9 @@ from tests.e2e.daemon_harness import (
 )
 from tests.fakes import FakeLLMServer
 from tests.pgbouncer import PgBouncer
-from worker.store.engine import create_engine
-from worker.store.migrate import head_revision
-from worker.store.tables import tool_invocations
+from worker.db.engine import create_engine
+from worker.db.migrate import head_revision
+from worker.db.tables import tool_invocations
 
 MISSIONS = 2
 

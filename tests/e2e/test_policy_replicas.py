@@ -20,7 +20,7 @@ from tests.e2e.daemon_harness import (
     wait_until,
 )
 from tests.fakes import FakeLLMServer, chat_completion_body
-from worker.store.tables import notes, tool_invocations
+from worker.db.tables import notes, tool_invocations
 
 MISSIONS = 4
 CALLS_PER_MISSION = 10

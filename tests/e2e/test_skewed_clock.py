@@ -25,8 +25,8 @@ from tests.e2e.daemon_harness import (
     wait_until,
 )
 from tests.fakes import FakeLLMServer, final_answer_responder
+from worker.db.tables import missions
 from worker.schedule import next_run_after
-from worker.store.tables import missions
 
 LIBFAKETIME = next(
     (p for p in Path("/usr/lib").glob("*/faketime/libfaketime.so.1") if p.exists()), None

@@ -34,8 +34,8 @@ from tests.e2e.daemon_harness import (
 from tests.fakes import FakeLLMServer
 from tests.fakes.db_proxy import FlakyProxy
 from worker.daemon.app import open_app, open_served_tools
+from worker.db.configured import open_database, wait_for_database
 from worker.settings import Settings
-from worker.store.database import open_database, wait_for_database
 
 
 async def counted(database_url: str, opening: Callable[[Settings], Awaitable[None]]) -> int:

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.e2e.daemon_harness import TIMEOUT_S, cli, clock_then_answer, env_for, free_port
 from tests.fakes import FakeLLMServer
-from worker.store.tables import mission_iterations
+from worker.db.tables import mission_iterations
 
 
 class Daemon:

@@ -11,8 +11,8 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.api.app import build_app
+from worker.queries.admin_tokens import AdminTokenStore
 from worker.settings import Settings
-from worker.store.admin_tokens import AdminTokenStore
 from worker.tools import builtin_tool_catalog
 
 __all__ = ["BASE", "api_client", "token"]

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.fakes.db_proxy import FlakyProxy
 from tests.pgbouncer import PgBouncer
 from worker.cli import main
-from worker.store.engine import create_engine
+from worker.db.engine import create_engine
 
 
 @pytest.fixture

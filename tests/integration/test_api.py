@@ -15,8 +15,8 @@ from tests.integration.api_harness import api_client, token
 from tests.integration.test_approvals import Model, a_note, asking
 from tests.integration.worker_harness import clock_then_answer, make_worker
 from worker.api.v1 import ENDPOINTS
-from worker.store.admin_tokens import AdminTokenStore
-from worker.store.tables import agents, missions
+from worker.db.tables import agents, missions
+from worker.queries.admin_tokens import AdminTokenStore
 
 
 async def count(db: AsyncEngine, table: Any) -> int:
@@ -250,7 +250,7 @@ async def test_approvals_are_decided_once_over_the_api(db: AsyncEngine, database
 
 
 async def test_mcp_tokens_are_listed_and_revoked(db: AsyncEngine, database_url: str) -> None:
-    from worker.store.mcp_tokens import McpStore
+    from worker.queries.mcp_tokens import McpStore
 
     row, _ = await McpStore(db).create_token("u1", label="laptop")
     async with api_client(db, database_url, bearer=await token(db)) as client:

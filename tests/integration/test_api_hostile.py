@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.integration.api_harness import BASE, api_client, token
 from tests.integration.test_api import parked_over_the_api
 from worker.errors import ConflictError
-from worker.store.admin_tokens import AdminTokenStore
+from worker.queries.admin_tokens import AdminTokenStore
 
 AGENT = {"name": "a1", "owner": "u1", "tools": ["clock_now"]}
 
@@ -78,7 +78,7 @@ async def test_a_bug_is_a_logged_500_and_the_connection_goes_on(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from worker.store.admin import AdminStore
+    from worker.queries.missions import AdminStore
 
     async def broken(self: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in listing agents")
@@ -139,7 +139,7 @@ async def test_hidden_characters_come_back_as_escapes(db: AsyncEngine, database_
         objective = "pay \u202eevil\u202c now"  # stored text from a script, say
         from sqlalchemy import update
 
-        from worker.store.tables import missions
+        from worker.db.tables import missions
 
         created = await client.post(
             "/api/v1/missions", json={"agent": "a1", "objective": "x", "due_now": True}

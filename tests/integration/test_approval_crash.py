@@ -29,10 +29,10 @@ from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.test_approvals import Model, a_note, asking, note_exists
 from tests.integration.worker_harness import add_mission, iterations, make_worker
+from worker.db.engine import create_engine
+from worker.db.tables import approval_requests, missions, tool_invocations
+from worker.queries.approval_requests import ApprovalStore
 from worker.run import ending as runner_module
-from worker.store.approvals import ApprovalStore
-from worker.store.engine import create_engine
-from worker.store.tables import approval_requests, missions, tool_invocations
 
 
 async def parked_and_approved(db: AsyncEngine) -> tuple[int, Model]:

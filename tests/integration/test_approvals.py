@@ -21,11 +21,11 @@ from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.webhook_server import FakeWebhook
 from tests.integration.worker_harness import add_mission, iterations, make_worker, mission_row
 from worker.approval_webhook import ApprovalWebhook
+from worker.db.tables import approval_requests, missions, notes, tool_invocations
 from worker.errors import ConflictError, NotFoundError
 from worker.policy_setup import PolicySetup
-from worker.store.approvals import ApprovalStore
+from worker.queries.approval_requests import ApprovalStore
 from worker.store.ledger import PostgresCallLedger
-from worker.store.tables import approval_requests, missions, notes, tool_invocations
 from worker.tools import builtin_tools
 
 TTL = timedelta(hours=1)
@@ -306,7 +306,7 @@ async def test_a_rerun_takes_a_recorded_approval_as_the_recorded_decision(
     db: AsyncEngine,
 ) -> None:
     from worker.admin.rerun import RerunConfig, rerun_iteration
-    from worker.store.admin import AdminStore
+    from worker.queries.missions import AdminStore
 
     _, _, model, request = await park(db)
     await ApprovalStore(db).decide(request["id"], approve=True, by="alice")

@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
 from tests.integration.worker_harness import add_mission, iterations, make_worker, policy_setup
-from worker.store.tables import tool_invocations
-from worker.store.user_policy import PolicyStore
+from worker.db.tables import tool_invocations
+from worker.queries.user_policy import PolicyStore
 
 
 async def run_script(db: AsyncEngine, *rounds: list[tuple[str, Any]]) -> dict[str, Any]:

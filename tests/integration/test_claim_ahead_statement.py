@@ -26,6 +26,8 @@ from tests.integration.worker_harness import (
     mission_row,
 )
 from worker.daemon.worker import Worker
+from worker.db.statuses import IterationStatus, MissionStatus
+from worker.db.tables import agents, missions
 from worker.store.postgres import PostgresMissionStore
 from worker.store.records import (
     ClaimedMission,
@@ -34,8 +36,6 @@ from worker.store.records import (
     IterationOutcome,
     RoundCheckpoint,
 )
-from worker.store.statuses import IterationStatus, MissionStatus
-from worker.store.tables import agents, missions
 
 LEASE = timedelta(seconds=60)
 

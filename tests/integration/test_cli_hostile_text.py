@@ -30,9 +30,9 @@ from planner.compaction import SUMMARY_PROMPT
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.cli_harness import as_json, command_names
 from tests.integration.worker_harness import make_worker, policy_setup
+from worker.db.tables import approval_requests, compacted_turns, metadata, mission_iterations
+from worker.queries.admin_tokens import AdminTokenStore
 from worker.run.compaction_setup import CompactionSetup
-from worker.store.admin_tokens import AdminTokenStore
-from worker.store.tables import approval_requests, compacted_turns, metadata, mission_iterations
 from worker.tools import builtin_tools
 
 HOSTILE = (

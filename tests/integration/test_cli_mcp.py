@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select
 
 from tests.integration.cli_harness import as_json
-from worker.store.engine import create_engine
-from worker.store.mcp_tokens import hash_token
-from worker.store.tables import agent_mcp_servers, mcp_tokens, tool_invocations
+from worker.db.engine import create_engine
+from worker.db.tables import agent_mcp_servers, mcp_tokens, tool_invocations
+from worker.queries.mcp_tokens import hash_token
 
 
 def rows(database_url: str, table: Any) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.integration.cli_harness import as_json
-from worker.store.tables import mission_iterations, missions, tool_invocations
+from worker.db.tables import mission_iterations, missions, tool_invocations
 
 
 def test_show_of_a_user_without_settings_gives_the_defaults(run: Any) -> None:

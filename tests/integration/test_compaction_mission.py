@@ -32,9 +32,9 @@ from tests.integration.worker_harness import add_mission, iterations, make_worke
 from worker.admin.replay import restored_log
 from worker.admin.rerun import RerunConfig, rerun_iteration
 from worker.cli import main
+from worker.db.tables import agents, compacted_turns, mission_iterations
+from worker.queries.missions import AdminStore
 from worker.run.compaction_setup import CompactionSetup
-from worker.store.admin import AdminStore
-from worker.store.tables import agents, compacted_turns, mission_iterations
 from worker.tools import builtin_tools
 
 MAX_CTX = 1000

@@ -17,8 +17,8 @@ from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.api_harness import BASE, api_client, token
 from tests.integration.test_approvals import Model, a_note, asking
 from tests.integration.worker_harness import add_mission, make_worker
-from worker.store.admin_tokens import AdminTokenStore
-from worker.store.tables import mission_iterations, tool_invocations
+from worker.db.tables import mission_iterations, tool_invocations
+from worker.queries.admin_tokens import AdminTokenStore
 
 SCRIPT = "<script>alert(1)</script>"
 IMAGE = '<img src=x onerror="alert(2)">'
@@ -174,7 +174,7 @@ async def test_stored_text_never_becomes_markup(db: AsyncEngine, database_url: s
 async def test_a_request_whose_arguments_were_edited_is_flagged_and_cannot_be_approved(
     db: AsyncEngine, database_url: str
 ) -> None:
-    from worker.store.tables import approval_requests
+    from worker.db.tables import approval_requests
 
     await parked_request(db)
     async with db.begin() as conn:  # someone with database access changes the reviewed call
@@ -248,7 +248,7 @@ async def test_a_sign_in_deletes_sessions_ended_a_day_ago(
 
     from sqlalchemy import func
 
-    from worker.store.tables import admin_sessions
+    from worker.db.tables import admin_sessions
 
     value = await token(db)
     async with api_client(db, database_url) as client:

@@ -24,8 +24,8 @@ from planner import CompletionRequest, CompletionResponse, ToolContext
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.worker_harness import add_mission, iterations, make_worker
-from worker.store.engine import create_engine
-from worker.store.tables import missions, notes, tool_invocations
+from worker.db.engine import create_engine
+from worker.db.tables import missions, notes, tool_invocations
 from worker.tools import builtin_tools
 
 TRY_AGAIN = "try again"
@@ -84,14 +84,14 @@ async def test_a_blip_while_finished_runs_are_stored_loses_none(
         proxy.end_outage()
 
     watcher = StoreMetOutage()
-    logging.getLogger("worker.store.transient").addHandler(watcher)
+    logging.getLogger("worker.db.transient").addHandler(watcher)
     back = asyncio.create_task(back_once_met())
     worker = make_worker(flaky_engine, FunctionChatModel(model), max_concurrent=12)
     try:
-        with caplog.at_level("WARNING", logger="worker.store.transient"):
+        with caplog.at_level("WARNING", logger="worker.db.transient"):
             assert await worker.run_once() == ["succeeded"] * 12
     finally:
-        logging.getLogger("worker.store.transient").removeHandler(watcher)
+        logging.getLogger("worker.db.transient").removeHandler(watcher)
         back.cancel()
     assert proxy.outages == 1
     # the stores did meet the outage, and were retried
@@ -401,10 +401,10 @@ async def test_a_statement_on_a_black_holed_connection_fails_in_time_and_is_retr
     network is back."""
     import time
 
+    from worker.db.configured import open_database
+    from worker.db.engine import run_statement
+    from worker.db.transient import retry_transient
     from worker.settings import Settings
-    from worker.store.database import open_database
-    from worker.store.engine import run_statement
-    from worker.store.transient import retry_transient
 
     settings = Settings(database_url=proxy.url_for(database_url), db_statement_timeout_s=1)
     attempts = 0

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner import CompletionRequest, CompletionResponse, ToolContext
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.worker_harness import add_mission, iterations, make_worker
-from worker.store.tables import notes, tool_invocations
+from worker.db.tables import notes, tool_invocations
 from worker.tools import builtin_tools
 
 

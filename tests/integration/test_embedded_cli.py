@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.cli_harness import command_names
 from worker.cli import main
-from worker.store.embedded import stop_embedded_postgres
+from worker.db.embedded import stop_embedded_postgres
 
 
 @pytest.fixture(scope="module")

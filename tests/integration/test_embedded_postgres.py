@@ -17,7 +17,7 @@ import pytest
 
 START = (
     "import os, signal, sys; from pathlib import Path; "
-    "from worker.store.embedded import start_embedded_postgres; "
+    "from worker.db.embedded import start_embedded_postgres; "
     "start_embedded_postgres(Path(sys.argv[1])); "
     "os.kill(os.getpid(), signal.SIGKILL) if sys.argv[2] == 'crash' else None"
 )
@@ -95,7 +95,7 @@ HOLD = (
     "import ctypes, sys; from pathlib import Path; "
     # 36: PR_SET_CHILD_SUBREAPER
     "sys.argv[2] == 'subreaper' and ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
-    "from worker.store.embedded import start_embedded_postgres; "
+    "from worker.db.embedded import start_embedded_postgres; "
     "start_embedded_postgres(Path(sys.argv[1])); print('up', flush=True); sys.stdin.readline()"
 )
 
@@ -200,8 +200,8 @@ def test_a_data_directory_the_embedded_server_cannot_use_is_refused_before_anyth
     capsys: Any,
 ) -> None:
     from worker.cli import main
+    from worker.db.embedded import start_embedded_postgres
     from worker.errors import SettingsError
-    from worker.store.embedded import start_embedded_postgres
 
     data_dir = embedded_dir / name / "d"
     with pytest.raises(SettingsError) as caught:
@@ -225,7 +225,7 @@ def test_a_data_directory_the_embedded_server_cannot_use_is_refused_before_anyth
 def test_a_data_directory_with_the_other_characters_a_path_may_hold_works(
     embedded_dir: Path,
 ) -> None:
-    from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
+    from worker.db.embedded import start_embedded_postgres, stop_embedded_postgres
 
     pgdata = embedded_dir / "données-1.2+x@y=z:w%v~u_t" / "pgdata"
     url = start_embedded_postgres(pgdata, cleanup_mode="stop")
@@ -238,7 +238,7 @@ def test_a_data_directory_with_the_other_characters_a_path_may_hold_works(
 
 
 async def _select_one(url: str) -> None:
-    from worker.store.engine import check_connection, create_engine
+    from worker.db.engine import check_connection, create_engine
 
     engine = create_engine(url, pool_size=1, max_overflow=0)
     try:

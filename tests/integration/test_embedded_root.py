@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from worker.cli import main
-from worker.store.embedded import start_embedded_postgres, stop_embedded_postgres
-from worker.store.embedded_root import (
+from worker.db.embedded import start_embedded_postgres, stop_embedded_postgres
+from worker.db.embedded_root import (
     SYSTEM_USER,
     load_embedded_postgres,
     package_bin_dir,

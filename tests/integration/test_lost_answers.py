@@ -22,11 +22,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.worker_harness import add_mission, iterations, mission_row
 from tests.parks import CHECKPOINT, approval_request_of
-from worker.store.engine import create_engine
+from worker.db.engine import create_engine
+from worker.db.statuses import IterationStatus, MissionStatus
+from worker.db.tables import missions
 from worker.store.postgres import PostgresMissionStore
 from worker.store.records import ClaimedMission, ClaimOrder, Finished, IterationOutcome, Parked
-from worker.store.statuses import IterationStatus, MissionStatus
-from worker.store.tables import missions
 
 LEASE = timedelta(seconds=60)
 

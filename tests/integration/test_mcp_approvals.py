@@ -9,8 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.integration.test_mcp_serve import connect, note_count, serving, text_of, token_for
-from worker.store.approvals import ApprovalStore
-from worker.store.tables import tool_invocations
+from worker.db.tables import tool_invocations
+from worker.queries.approval_requests import ApprovalStore
 
 
 async def test_an_mcp_call_waits_for_its_approval_and_then_runs_once(
@@ -77,7 +77,7 @@ async def test_an_mcp_denial_is_told_to_the_client_and_an_approval_lapses_unused
 ) -> None:
     from sqlalchemy import func, text, update
 
-    from worker.store.tables import approval_requests
+    from worker.db.tables import approval_requests
 
     _, token = await token_for(db, "alice")
     store = ApprovalStore(db)

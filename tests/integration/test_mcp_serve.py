@@ -21,12 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.readme import documented_responses, section
 from worker.daemon.app import open_served_tools
+from worker.db.tables import notes, tool_invocations
 from worker.mcp.serve_health import DatabaseHealth, ping_database
 from worker.mcp.server import McpHttpServer, build_http_app
+from worker.queries.mcp_tokens import McpStore
+from worker.queries.user_policy import PolicyStore
 from worker.settings import Settings
-from worker.store.mcp_tokens import McpStore
-from worker.store.tables import notes, tool_invocations
-from worker.store.user_policy import PolicyStore
 
 INITIALIZE = {
     "jsonrpc": "2.0",

@@ -21,12 +21,12 @@ from planner import CompletionRequest
 from planner.testing import ScriptedChatModel, final_answer, tool_calls
 from tests.fakes.mcp_raw import GOOD_TOOLS, LEFT_OUT
 from tests.integration.worker_harness import iterations, make_worker, mission_row, policy_setup
+from worker.db.tables import tool_invocations
 from worker.errors import NotFoundError
 from worker.mcp.sources import McpToolSources
-from worker.store.admin import AdminStore
+from worker.queries.missions import AdminStore
+from worker.queries.user_policy import PolicyStore
 from worker.store.agent_servers import McpServerConfig
-from worker.store.tables import tool_invocations
-from worker.store.user_policy import PolicyStore
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "mcp_stdio_server.py")
 

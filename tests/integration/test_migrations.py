@@ -1,4 +1,4 @@
-"""Migrations: they build the schema in ``worker.store.tables``, are idempotent, serialise
+"""Migrations: they build the schema in ``worker.db.tables``, are idempotent, serialise
 concurrent replicas with the advisory lock, and the daemon's embedded database gets them too."""
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, MetaData, Text, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.errors import DatabaseError
-from worker.settings import Settings
-from worker.store.embedded import stop_embedded_postgres
-from worker.store.engine import create_engine, resolve_database_url
-from worker.store.migrate import (
+from worker.db.embedded import stop_embedded_postgres
+from worker.db.engine import create_engine, resolve_database_url
+from worker.db.migrate import (
     MIGRATION_LOCK_KEY,
     alembic_config,
     current_revision,
@@ -27,7 +25,9 @@ from worker.store.migrate import (
     migration_lock,
     upgrade_database,
 )
-from worker.store.tables import metadata
+from worker.db.tables import metadata
+from worker.errors import DatabaseError
+from worker.settings import Settings
 
 EXPECTED_TABLES = {
     "agents",
@@ -277,7 +277,7 @@ async def test_a_database_a_newer_mana_ai_migrated_is_named_as_such(
     fresh: AsyncEngine, empty_database_url: str
 ) -> None:
     # "run `mana-ai db upgrade`" would be advice that cannot work: this version cannot
-    from worker.store.database import open_database
+    from worker.db.configured import open_database
 
     await upgrade_database(fresh)
     async with fresh.begin() as conn:
@@ -294,7 +294,7 @@ async def test_0011_keys_the_token_names_and_keeps_the_newest_of_live_namesakes(
 ) -> None:
     from alembic import command
 
-    from worker.store.migrate import alembic_config
+    from worker.db.migrate import alembic_config
 
     def to_0010(connection: Any) -> None:
         config = alembic_config()
@@ -332,7 +332,7 @@ async def test_0012_gives_every_mission_the_catch_up_it_had_and_refuses_other_po
     from alembic import command
     from sqlalchemy.exc import IntegrityError
 
-    from worker.store.migrate import alembic_config
+    from worker.db.migrate import alembic_config
 
     def to_0011(connection: Any) -> None:
         config = alembic_config()

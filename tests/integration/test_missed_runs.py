@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.testing import FunctionChatModel, final_answer
 from tests.integration.worker_harness import add_mission, iterations, make_worker, mission_row
+from worker.db.tables import agents, missions
 from worker.schedule import next_run_after
-from worker.store.tables import agents, missions
 
 HOURLY = "0 * * * *"
 

@@ -17,7 +17,7 @@ from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes import FakeLLMServer, FakeWebServer, chat_completion_body
 from tests.integration.test_tick import add_mission, iterations, make_worker
-from worker.store.tables import tool_invocations
+from worker.db.tables import tool_invocations
 from worker.tools import WebFetchConfig, clock_tools, web_tools
 
 PAGE_LATENCY_S = 0.2

@@ -28,9 +28,9 @@ from tests.integration.worker_harness import (
 )
 from tests.pgbouncer import PgBouncer
 from worker.daemon.worker import Worker
-from worker.store.engine import create_engine
-from worker.store.migrate import current_revision, head_revision, upgrade_database
-from worker.store.tables import tool_invocations
+from worker.db.engine import create_engine
+from worker.db.migrate import current_revision, head_revision, upgrade_database
+from worker.db.tables import tool_invocations
 
 MISSIONS = 20
 LIMIT = 15  # clock_now calls allowed per user in the window: the ledger must count exactly

@@ -23,11 +23,11 @@ from tests.integration.worker_harness import (
     mission_row,
     policy_setup,
 )
+from worker.db.engine import create_engine
+from worker.db.tables import agents, notes, policy_call_events, tool_invocations
 from worker.policy_setup import PolicySetup
-from worker.store.engine import create_engine
+from worker.queries.user_policy import PolicyStore
 from worker.store.ledger import PostgresCallLedger
-from worker.store.tables import agents, notes, policy_call_events, tool_invocations
-from worker.store.user_policy import PolicyStore
 
 LIMIT = RateLimit(calls=30, window=timedelta(seconds=60))
 

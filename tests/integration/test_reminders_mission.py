@@ -17,7 +17,7 @@ from tests.fakes import FakeLLMServer
 from tests.fakes.provider_zoo import system_message_first_only
 from tests.integration.worker_harness import add_mission, iterations, make_worker
 from worker.cli import main
-from worker.store.tables import agents, mission_iterations
+from worker.db.tables import agents, mission_iterations
 
 
 def reminders_in(body: dict[str, Any]) -> list[str]:

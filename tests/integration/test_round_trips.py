@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.round_trips import GOAL, PHASE_BUDGET, measure
 from planner import ToolContext
-from worker.store.tables import notes, policy_call_events
+from worker.db.tables import notes, policy_call_events
 from worker.tools import builtin_tools
 
 

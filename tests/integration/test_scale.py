@@ -30,10 +30,10 @@ from tests.integration.worker_harness import (
 )
 from worker.daemon.app import application_name, open_app
 from worker.daemon.worker import Worker
+from worker.db.engine import create_engine
+from worker.db.tables import mission_iterations, missions
+from worker.queries.missions import AdminStore
 from worker.settings import load_settings
-from worker.store.admin import AdminStore
-from worker.store.engine import create_engine
-from worker.store.tables import mission_iterations, missions
 
 
 async def add_due_missions(db: AsyncEngine, count: int) -> None:

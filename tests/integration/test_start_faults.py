@@ -26,9 +26,9 @@ from tests.fakes import FakeLLMServer
 from tests.fakes.db_proxy import FlakyProxy
 from tests.integration.worker_harness import add_mission, iterations
 from worker.daemon.app import open_app, wait_for_database
+from worker.db.revision import HEAD_REVISION
 from worker.errors import DatabaseError
 from worker.settings import Settings
-from worker.store.revision import HEAD_REVISION
 
 Fault = Literal["refused", "cut", "lost"]
 FAULTS: tuple[Fault, ...] = ("refused", "cut", "lost")
@@ -190,8 +190,8 @@ async def test_a_migration_broken_in_its_middle_or_at_its_commit_is_run_again_or
     # a second each: two points, not every one); cut, it rolled back and runs again; with
     # its commit's answer lost (the last round trip), it is found at head by the next attempt
     from tests.conftest import create_database, drop_database
-    from worker.store.engine import create_engine
-    from worker.store.migrate import current_revision
+    from worker.db.engine import create_engine
+    from worker.db.migrate import current_revision
 
     url = await create_database(postgres_admin_url, prefix="mana_ai_start")
     try:

@@ -33,10 +33,10 @@ from tests.integration.worker_harness import (
     mission_row,
 )
 from worker.daemon.worker import Worker
-from worker.store.admin import AdminStore
-from worker.store.engine import create_engine
+from worker.db.engine import create_engine
+from worker.db.tables import missions, tool_invocations
+from worker.queries.missions import AdminStore
 from worker.store.postgres import PostgresMissionStore
-from worker.store.tables import missions, tool_invocations
 
 
 async def test_due_mission_runs_and_is_stored_with_its_tool_calls(db: AsyncEngine) -> None:

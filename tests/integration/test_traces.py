@@ -21,8 +21,8 @@ from planner.json_text import storable_text
 from tests.fakes import FakeLLMServer, chat_completion_body
 from tests.integration.worker_harness import add_mission, iterations
 from worker.daemon.app import open_app
+from worker.db.tables import agents
 from worker.settings import load_settings
-from worker.store.tables import agents
 
 if TYPE_CHECKING:
     from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan

@@ -17,8 +17,8 @@ from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer, chat_completion_body
 from tests.integration.test_approvals import asking
 from tests.integration.worker_harness import add_mission, iterations, make_worker
-from worker.store.approvals import ApprovalStore
-from worker.store.tables import approval_requests, tool_invocations
+from worker.db.tables import approval_requests, tool_invocations
+from worker.queries.approval_requests import ApprovalStore
 
 BAD = {
     "NUL in a value": {"text": "a\x00b"},

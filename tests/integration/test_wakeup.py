@@ -34,11 +34,11 @@ from tests.integration.worker_harness import (
 )
 from worker.daemon.wakeup import WAKE_UP_CHANNEL, WakeUpListener, off_reason
 from worker.daemon.worker import Worker
-from worker.store.admin import AdminStore
-from worker.store.engine import create_engine
+from worker.db.engine import create_engine
+from worker.db.tables import missions
+from worker.queries.missions import AdminStore
 from worker.store.postgres import PostgresMissionStore
 from worker.store.records import Interrupted
-from worker.store.tables import missions
 
 SENTINEL = "test-sentinel"
 

@@ -16,15 +16,15 @@ from planner import ChatModel, CompletionRequest, CompletionResponse, ToolSpec
 from planner.policy import PolicyConfig, PolicyMode
 from planner.testing import final_answer, tool_calls
 from worker.daemon.worker import Worker
+from worker.db.tables import mission_iterations, missions
 from worker.mcp.sources import McpToolSources
 from worker.policy_setup import PolicySetup
+from worker.queries.missions import AdminStore
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner, ToolsFactory
-from worker.store.admin import AdminStore
 from worker.store.base import MissionStore
 from worker.store.ledger import PostgresCallLedger
 from worker.store.postgres import PostgresMissionStore
-from worker.store.tables import mission_iterations, missions
 from worker.tools import builtin_tools
 
 __all__ = [

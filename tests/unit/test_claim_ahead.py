@@ -20,10 +20,10 @@ from planner import CompletionRequest, CompletionResponse, TokenUsage
 from planner.testing import FunctionChatModel, final_answer
 from tests.backlog import run_until_stored
 from worker.daemon.worker import Worker
+from worker.db.statuses import IterationStatus, MissionStatus
 from worker.run.runner import MissionRunner, RunOutcome, RunResult
 from worker.store.memory import InMemoryMissionStore
 from worker.store.records import ClaimOrder, EndResult, Finished, IterationOutcome
-from worker.store.statuses import IterationStatus, MissionStatus
 
 LEASE = timedelta(seconds=60)
 

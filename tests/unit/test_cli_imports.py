@@ -38,7 +38,7 @@ def test_the_agents_commands_load_neither_tools_nor_http_nor_json_schema() -> No
     loaded = loaded_after(
         "from worker.cli import build_parser\n"
         "build_parser()\n"
-        "import worker.settings, worker.store.admin, worker.store.database, worker.cli.stores"
+        "import worker.settings, worker.queries.missions, worker.db.configured, worker.cli.stores"
     )
     assert "sqlalchemy" in loaded  # the probe does import what the command uses
     assert {

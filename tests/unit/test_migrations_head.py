@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.store.migrate import head_revision
-from worker.store.revision import HEAD_REVISION
+from worker.db.migrate import head_revision
+from worker.db.revision import HEAD_REVISION
 
 
 def test_the_head_revision_constant_is_the_newest_script() -> None:

@@ -28,7 +28,7 @@ from planner import (
 )
 from planner.compaction import estimate_message_tokens
 from planner.testing import RecordingSink, ScriptedChatModel, final_answer, tool_calls
-from worker.run.journal import context_at_checkpoint
+from worker.run.resume import context_at_checkpoint
 from worker.store.records import StartedIteration
 
 ran: list[tuple[str, str | None]] = []

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.data_dir import default_data_dir
-from worker.database_url import to_async_url
+from worker.db.data_dir import default_data_dir
+from worker.db.urls import to_async_url
 from worker.errors import ManaAIError, SettingsError
 from worker.settings import Settings, load_settings, unknown_variables
 

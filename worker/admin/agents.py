@@ -20,7 +20,7 @@ from worker.errors import NotFoundError, UsageError
 from worker.names import checked_name, checked_text
 
 if TYPE_CHECKING:  # the command line loads this module before it parses: keep it light
-    from worker.store.admin import AdminStore
+    from worker.queries.missions import AdminStore
     from worker.store.agent_servers import McpServerConfig
 
 __all__ = [

@@ -19,7 +19,7 @@ from worker.errors import ConflictError, UsageError
 from worker.names import checked_name, checked_text
 
 if TYPE_CHECKING:
-    from worker.store.admin import AdminStore
+    from worker.queries.missions import AdminStore
 
 __all__ = [
     "Course",
@@ -45,7 +45,7 @@ class MissionRequest:
     ``cron`` (5 fields, in ``timezone``, default UTC) for a recurring mission, or ``at`` (a
     time with a UTC offset, in the future) / ``due_now`` for a one-shot; ``due_now`` with
     ``cron`` makes the first run now. No run starts after ``deadline``. ``catch_up`` says what
-    becomes of missed runs (``skip`` | ``once`` | ``all``: ``worker.store.statuses.CatchUp``),
+    becomes of missed runs (``skip`` | ``once`` | ``all``: ``worker.db.statuses.CatchUp``),
     ``catch_up_window`` how far back ``all`` goes (default one day)."""
 
     agent: str
@@ -74,8 +74,8 @@ async def create_mission(
         ScheduleError: the cron does not parse or never fires, or the timezone is unknown.
         NotFoundError: no such agent.
     """
+    from worker.db.statuses import CatchUp
     from worker.schedule import ScheduleError, next_run_after, parse_timezone
-    from worker.store.statuses import CatchUp
 
     agent_name = checked_name(request.agent, labels("agent"))
     objective = checked_text(request.objective, labels("objective"))

@@ -24,7 +24,7 @@ from planner.gate import Reservation
 from planner.policy import RateLimit
 from planner.testing import InMemoryCallLedger
 from worker.admin.replay import ReplayError
-from worker.store.stored import StoredCompaction, StoredInvocation
+from worker.queries.stored import StoredCompaction, StoredInvocation
 
 __all__ = ["RecordedModel", "RecordedSummariser", "RerunLedger", "current_call"]
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import ManaAIError
-from worker.store.stored import (
+from worker.queries.stored import (
     StoredApproval,
     StoredAttempt,
     StoredCompaction,

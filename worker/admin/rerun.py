@@ -69,10 +69,10 @@ from worker.admin.replay import (
     restored_log,
 )
 from worker.mcp.config import is_mcp_tool_name
-from worker.run.journal import approval_of
+from worker.queries.stored import StoredCompaction, StoredInvocation, StoredIteration
 from worker.run.reminder_channel import mission_reminder_channel
+from worker.run.resume import approval_of
 from worker.store.rows import call_outcome
-from worker.store.stored import StoredCompaction, StoredInvocation, StoredIteration
 from worker.terminal_text import visible_line
 
 __all__ = [

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from worker.admin.replay import is_summary
-from worker.store.stored import StoredIteration
+from worker.queries.stored import StoredIteration
 
 __all__ = ["unsupported_figures", "verdict"]
 

@@ -50,11 +50,11 @@ from worker.api.auth import Forbidden, Unauthorized
 from worker.api.openapi import openapi_document
 from worker.api.services import Services
 from worker.asgi_server import HttpMiddleware, ResponseWatch
+from worker.db.transient import describe_error, is_transient
 from worker.errors import ConflictError, ManaAIError, NotFoundError, UsageError
 from worker.mcp.serve_health import DatabaseHealth, ping_database
 from worker.schedule import ScheduleError
 from worker.settings import Settings
-from worker.store.transient import describe_error, is_transient
 
 __all__ = ["CONTENT_SECURITY_POLICY", "BodyLimit", "SecurityHeaders", "build_app"]
 

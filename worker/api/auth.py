@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 
 from worker.errors import ManaAIError
-from worker.store.admin_tokens import AdminPrincipal, AdminTokenStore, csrf_token
+from worker.queries.admin_tokens import AdminPrincipal, AdminTokenStore, csrf_token
 
 __all__ = [
     "CSRF_HEADER",

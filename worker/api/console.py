@@ -33,7 +33,7 @@ from starlette.staticfiles import StaticFiles
 
 from worker import redaction
 from worker.admin import missions as mission_ops
-from worker.admin.approvals import decide
+from worker.admin.deciding import decide
 from worker.admin.values import parse_since, row_id
 from worker.admin.verdict import verdict
 from worker.api.auth import (
@@ -48,8 +48,8 @@ from worker.api.bodies import parsed
 from worker.api.services import Services
 from worker.api.timeline import timeline
 from worker.errors import ManaAIError, NotFoundError
-from worker.store.admin_tokens import AdminPrincipal, csrf_token
-from worker.store.stored import decided_text
+from worker.queries.admin_tokens import AdminPrincipal, csrf_token
+from worker.queries.stored import decided_text
 from worker.terminal_text import visible
 
 __all__ = ["routes", "templates"]

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from worker.queries.admin_tokens import AdminTokenStore
+from worker.queries.approval_requests import ApprovalStore
+from worker.queries.mcp_tokens import McpStore
+from worker.queries.missions import AdminStore
+from worker.queries.user_policy import PolicyStore
 from worker.settings import Settings
-from worker.store.admin import AdminStore
-from worker.store.admin_tokens import AdminTokenStore
-from worker.store.approvals import ApprovalStore
-from worker.store.mcp_tokens import McpStore
-from worker.store.user_policy import PolicyStore
 
 __all__ = ["Services"]
 

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from worker import redaction
 from worker.admin import agents as agent_ops
 from worker.admin import missions as mission_ops
-from worker.admin.approvals import decide
+from worker.admin.deciding import decide
 from worker.admin.values import aware_datetime, catch_up_window, limit, parse_since, row_id
 from worker.api.auth import Forbidden, bearer_principal
 from worker.api.bodies import (
@@ -43,8 +43,8 @@ from worker.api.bodies import (
 from worker.api.services import Services
 from worker.errors import UsageError
 from worker.names import checked_name
-from worker.store.admin_tokens import AdminPrincipal
-from worker.store.stored import jsonable
+from worker.queries.admin_tokens import AdminPrincipal
+from worker.queries.stored import jsonable
 from worker.terminal_text import visible_json
 
 __all__ = ["ENDPOINTS", "Endpoint", "routes"]

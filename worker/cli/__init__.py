@@ -106,7 +106,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as exc:
         if not _is_database_error(exc):
             raise
-        from worker.store.transient import describe_error
+        from worker.db.transient import describe_error
 
         print(f"mana-ai: database error: {describe_error(exc)}", file=sys.stderr)
         return 1

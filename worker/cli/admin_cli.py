@@ -65,7 +65,7 @@ def register(commands: Any) -> None:
 
 async def _create(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database
-    from worker.store.admin_tokens import AdminTokenStore
+    from worker.queries.admin_tokens import AdminTokenStore
 
     name = checked_name(args.name, "the token's name")
     async with database(settings) as engine:
@@ -87,7 +87,7 @@ async def _create(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database
-    from worker.store.admin_tokens import AdminTokenStore
+    from worker.queries.admin_tokens import AdminTokenStore
 
     async with database(settings) as engine:
         rows = await AdminTokenStore(engine).list_tokens()
@@ -100,7 +100,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database
-    from worker.store.admin_tokens import AdminTokenStore
+    from worker.queries.admin_tokens import AdminTokenStore
 
     async with database(settings) as engine:
         row, was_live = await AdminTokenStore(engine).revoke_token(args.id)

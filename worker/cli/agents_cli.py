@@ -311,7 +311,7 @@ def _label(field: str) -> str:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.reads import list_agents
+    from worker.queries.reads import list_agents
 
     rows = await read_only(settings, list_agents)
     if args.json:

@@ -9,7 +9,7 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from worker.admin.approvals import MAX_NOTE_CHARS
+from worker.admin.deciding import MAX_NOTE_CHARS
 from worker.cli.args import UsageError, group, json_flag, limit, row_id
 from worker.cli.output import emit, fields, fmt, print_json, table
 from worker.cli.stores import approval_store
@@ -120,7 +120,7 @@ def _decision_cell(row: dict[str, Any]) -> str:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.stored import decided_text
+    from worker.queries.stored import decided_text
 
     async with approval_store(settings) as store:
         row = await store.get(args.id)
@@ -197,7 +197,7 @@ async def _deny(args: argparse.Namespace, settings: Settings) -> int:
 async def _decide(args: argparse.Namespace, settings: Settings, *, approve: bool) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from worker.admin.approvals import decide
+    from worker.admin.deciding import decide
 
     if args.misplaced is not None:
         raise UsageError(
@@ -214,7 +214,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, *, approve: bool
         try:
             row = await decide(store, args.id, approve=approve, by=by, note=args.note, labels=label)
         except (OSError, SQLAlchemyError) as exc:  # the answer was lost: say what may be true
-            from worker.store.transient import describe_error
+            from worker.db.transient import describe_error
 
             raise ManaAIError(
                 f"the database failed while deciding approval request {args.id} "

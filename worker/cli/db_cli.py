@@ -27,7 +27,7 @@ def register(commands: Any) -> None:
 
 async def _upgrade(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database
-    from worker.store.migrate import current_revision
+    from worker.db.migrate import current_revision
 
     async with database(settings, migrate=True) as engine:
         print(f"database schema at revision {await current_revision(engine)}")

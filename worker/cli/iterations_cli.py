@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store, read_only
-from worker.store.stored import StoredAttempt
+from worker.queries.stored import StoredAttempt
 from worker.terminal_text import visible, visible_line
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def register(commands: Any) -> None:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.reads import get_mission, list_iterations
+    from worker.queries.reads import get_mission, list_iterations
 
     async def read(conn: AsyncConnection) -> list[dict[str, Any]]:
         if args.mission is not None:

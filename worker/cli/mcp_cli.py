@@ -131,8 +131,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _create(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database
-    from worker.store.mcp_tokens import McpStore
-    from worker.store.user_policy import PolicyStore
+    from worker.queries.mcp_tokens import McpStore
+    from worker.queries.user_policy import PolicyStore
 
     user = checked_name(args.user, "the user id")
     label = checked_name(args.label, "--label") if args.label is not None else None
@@ -160,7 +160,7 @@ async def _create(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database
-    from worker.store.mcp_tokens import McpStore
+    from worker.queries.mcp_tokens import McpStore
 
     user = checked_name(args.user, "the user id") if args.user is not None else None
     async with database(settings) as engine:
@@ -174,7 +174,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _revoke(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database
-    from worker.store.mcp_tokens import McpStore
+    from worker.queries.mcp_tokens import McpStore
 
     async with database(settings) as engine:
         row, was_live = await McpStore(engine).revoke_token(args.id)

@@ -184,7 +184,7 @@ def _read_objective(path: str) -> str:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.reads import list_missions, pending_by_mission
+    from worker.queries.reads import list_missions, pending_by_mission
 
     async def read(conn: AsyncConnection) -> tuple[list[dict[str, Any]], dict[int, int]]:
         rows = await list_missions(conn, status=args.status, limit=args.limit)
@@ -204,7 +204,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.store.reads import get_mission, pending_by_mission
+    from worker.queries.reads import get_mission, pending_by_mission
 
     async def read(conn: AsyncConnection) -> tuple[dict[str, Any], dict[int, int]]:
         return await get_mission(conn, args.id), await pending_by_mission(conn, [args.id])

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from worker import redaction
-from worker.store.stored import jsonable
+from worker.queries.stored import jsonable
 from worker.terminal_text import visible, visible_json, visible_line
 
 __all__ = [

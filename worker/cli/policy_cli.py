@@ -20,8 +20,8 @@ from worker.terminal_text import visible_line
 
 if TYPE_CHECKING:
     from planner import ToolSpec
+    from worker.queries.user_policy import PolicyReport, PolicyStore
     from worker.settings import Settings
-    from worker.store.user_policy import PolicyReport, PolicyStore
 
 __all__ = ["ENFORCE_SWITCH_SHARE", "parse_since", "register"]
 
@@ -169,7 +169,7 @@ async def _warn_if_no_agent(store: PolicyStore, user: str) -> None:
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     from worker.policy_setup import policy_config_from_settings
-    from worker.store.user_policy import user_settings_from_row
+    from worker.store.records import user_settings_from_row
 
     user = checked_name(args.user, "the user id")
     tools = _known_tools()

@@ -19,11 +19,11 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
     from worker.mcp.consumer import ServedTools
+    from worker.queries.approval_requests import ApprovalStore
+    from worker.queries.mcp_tokens import McpStore
+    from worker.queries.missions import AdminStore
+    from worker.queries.user_policy import PolicyStore
     from worker.settings import Settings
-    from worker.store.admin import AdminStore
-    from worker.store.approvals import ApprovalStore
-    from worker.store.mcp_tokens import McpStore
-    from worker.store.user_policy import PolicyStore
 
 __all__ = [
     "admin_store",
@@ -54,7 +54,7 @@ def announce_database(settings: Settings) -> None:
         f"mana-ai: MANA_AI_DATABASE_URL is not set: using the embedded PostgreSQL in {pgdata}",
         file=sys.stderr,
     )
-    from worker.data_dir import USER_DATA_DIR
+    from worker.db.data_dir import USER_DATA_DIR
 
     old = Path(USER_DATA_DIR).expanduser()
     if "data_dir" not in settings.model_fields_set and old != settings.data_dir:
@@ -71,14 +71,14 @@ async def database(
     settings: Settings, *, migrate: bool | None = None, wait_s: float = 0.0
 ) -> AsyncIterator[AsyncEngine]:
     """The configured (or embedded) database, announced (``announce_database``) and opened
-    (``worker.store.database.open_database``, which ``migrate`` and ``wait_s`` are passed
+    (``worker.db.configured.open_database``, which ``migrate`` and ``wait_s`` are passed
     to: a command run by hand does not wait, one that serves waits
     ``MANA_AI_DB_START_WAIT_S``), disposed on exit.
 
     Raises:
         DatabaseError: the database is unreachable, or not migrated (see ``open_database``).
     """
-    from worker.store.database import open_database
+    from worker.db.configured import open_database
 
     announce_database(settings)
     async with open_database(settings, migrate=migrate, wait_s=wait_s) as engine:
@@ -86,7 +86,7 @@ async def database(
 
 
 async def read_only(settings: Settings, read: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-    """What ``read`` (a read of ``worker.store.reads``) returns on a connection of
+    """What ``read`` (a read of ``worker.queries.reads``) returns on a connection of
     ``database``'s engine (the embedded database started and announced, the schema checked).
 
     Raises:
@@ -97,7 +97,7 @@ async def read_only(settings: Settings, read: Callable[[AsyncConnection], Awaita
 
 
 async def database_answers(settings: Settings) -> bool:
-    """Wait until the configured database answers (``worker.store.database.wait_for_database``:
+    """Wait until the configured database answers (``worker.db.configured.wait_for_database``:
     a daemon started during an outage, or before its database, rides it out for up to
     ``MANA_AI_DB_START_WAIT_S``, a log line per attempt); False when SIGTERM / SIGINT came
     first (said on stderr: the daemon then ends with status 0, as a running one does).
@@ -108,7 +108,7 @@ async def database_answers(settings: Settings) -> bool:
     import asyncio
     import signal
 
-    from worker.store.database import wait_for_database
+    from worker.db.configured import wait_for_database
 
     loop = asyncio.get_running_loop()
     waiting = asyncio.ensure_future(wait_for_database(settings))
@@ -155,7 +155,7 @@ async def served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, M
 @asynccontextmanager
 async def admin_store(settings: Settings) -> AsyncIterator[AdminStore]:
     """An ``AdminStore`` on the configured (or embedded) database, closed on exit."""
-    from worker.store.admin import AdminStore
+    from worker.queries.missions import AdminStore
 
     async with database(settings) as engine:
         yield AdminStore(engine)
@@ -164,7 +164,7 @@ async def admin_store(settings: Settings) -> AsyncIterator[AdminStore]:
 @asynccontextmanager
 async def policy_store(settings: Settings) -> AsyncIterator[PolicyStore]:
     """A ``PolicyStore`` on the configured (or embedded) database, closed on exit."""
-    from worker.store.user_policy import PolicyStore
+    from worker.queries.user_policy import PolicyStore
 
     async with database(settings) as engine:
         yield PolicyStore(engine)
@@ -173,7 +173,7 @@ async def policy_store(settings: Settings) -> AsyncIterator[PolicyStore]:
 @asynccontextmanager
 async def approval_store(settings: Settings) -> AsyncIterator[ApprovalStore]:
     """An ``ApprovalStore`` on the configured (or embedded) database, closed on exit."""
-    from worker.store.approvals import ApprovalStore
+    from worker.queries.approval_requests import ApprovalStore
 
     async with database(settings) as engine:
         yield ApprovalStore(engine)

@@ -18,34 +18,34 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner import ChatModel, DestructivePolicy, PolicyMode, ToolSpec
 from worker.approval_webhook import ApprovalWebhook
 from worker.daemon.worker import Worker
-from worker.errors import SettingsError
-from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
-from worker.mcp.sources import McpToolSources
-from worker.metrics import DB_POOLS, HealthState
-from worker.policy_setup import PolicySetup, policy_config_from_settings
-from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
-from worker.run.compaction_setup import CompactionSetup
-from worker.run.runner import MissionRunner
-from worker.settings import Settings, otel_variables
-from worker.store.base import MissionStore
-from worker.store.database import (
+from worker.db.configured import (
     application_name,
     configured_engine,
     open_database,
     wait_for_database,
 )
+from worker.errors import SettingsError
+from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
+from worker.mcp.sources import McpToolSources
+from worker.metrics import DB_POOLS, HealthState
+from worker.policy_setup import PolicySetup, policy_config_from_settings
+from worker.queries.user_policy import PolicyStore
+from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
+from worker.run.compaction_setup import CompactionSetup
+from worker.run.runner import MissionRunner
+from worker.settings import Settings, otel_variables
+from worker.store.base import MissionStore
 from worker.store.ledger import PostgresCallLedger
 from worker.store.postgres import PostgresMissionStore
 from worker.store.records import ClaimedMission
-from worker.store.user_policy import PolicyStore
 from worker.tools import OPT_IN_TOOLS, WebFetchConfig, builtin_tool_catalog, builtin_tools
 
 if TYPE_CHECKING:  # the MCP SDK is imported by the commands that need it
     from worker.admin.rerun import RerunConfig
     from worker.mcp.consumer import ServedTools
-    from worker.store.admin import AdminStore
-    from worker.store.mcp_tokens import McpStore
-    from worker.store.stored import StoredIteration
+    from worker.queries.mcp_tokens import McpStore
+    from worker.queries.missions import AdminStore
+    from worker.queries.stored import StoredIteration
     from worker.tracing.hooks import RunTracing
     from worker.tracing.setup import Tracing
 
@@ -215,7 +215,7 @@ async def open_served_tools(
         ManaAIError: the database could not be opened (or is not migrated).
     """
     from worker.mcp.consumer import ServedTools
-    from worker.store.mcp_tokens import McpStore
+    from worker.queries.mcp_tokens import McpStore
 
     check_policy_settings(settings, builtin_tool_catalog())
     wait_s = settings.db_start_wait_s if wait_s is None else wait_s

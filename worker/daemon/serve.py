@@ -29,11 +29,11 @@ from planner import ChatModel
 from worker import metrics
 from worker.daemon.app import open_app
 from worker.daemon.wakeup import WakeUpListener, off_reason
+from worker.db.transient import describe_error
 from worker.errors import SettingsError
 from worker.metrics import MetricsServer
+from worker.queries.approval_requests import ApprovalStore
 from worker.settings import Settings
-from worker.store.approvals import ApprovalStore
-from worker.store.transient import describe_error
 
 __all__ = ["serve"]
 

@@ -24,8 +24,8 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.store.tables import DUE_CHANNEL
-from worker.store.transient import describe_error
+from worker.db.tables import DUE_CHANNEL
+from worker.db.transient import describe_error
 
 __all__ = ["WAKE_UP_CHANNEL", "WakeUpListener", "off_reason"]
 

@@ -28,10 +28,10 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from worker import metrics
+from worker.db.transient import describe_error
 from worker.run.runner import BUDGET_WINDOW, MissionRunner, RunOutcome
 from worker.store.base import MissionStore
 from worker.store.records import ClaimedMission
-from worker.store.transient import describe_error
 
 __all__ = ["ANSWER_WAIT_S", "Worker"]
 

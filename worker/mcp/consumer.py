@@ -56,8 +56,8 @@ from planner.policy import (
 )
 from worker import metrics, redaction
 from worker.policy_setup import PolicySetup
-from worker.store.approvals import ApprovalStore
-from worker.store.mcp_tokens import McpPrincipal, McpStore
+from worker.queries.approval_requests import ApprovalStore
+from worker.queries.mcp_tokens import McpPrincipal, McpStore
 from worker.store.records import ApprovalRequestRow
 from worker.store.rows import call_outcome, invocation_row, json_safe
 

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import Receive, Scope, Send
 
 from worker.asgi_server import HttpMiddleware, ResponseWatch
-from worker.store.transient import describe_error, is_transient
+from worker.db.transient import describe_error, is_transient
 
 __all__ = [
     "HEALTH_CACHE_S",
@@ -131,7 +131,7 @@ def _root(exc: BaseException) -> BaseException:
 
 class DatabaseFaults(HttpMiddleware):
     """ASGI middleware: a request whose handling raised a transient database failure
-    (``worker.store.transient.is_transient``) before its answer started gets 503 with a JSON-RPC
+    (``worker.db.transient.is_transient``) before its answer started gets 503 with a JSON-RPC
     error and ``Retry-After``, and the log one warning line (see the module docstring)."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -44,7 +44,7 @@ from starlette.routing import Route
 from worker.asgi_server import AsgiServer
 from worker.mcp.consumer import ServedTools
 from worker.mcp.serve_health import DatabaseFaults, DatabaseHealth, ping_database
-from worker.store.mcp_tokens import McpPrincipal, McpStore, hash_token
+from worker.queries.mcp_tokens import McpPrincipal, McpStore, hash_token
 from worker.version import package_version
 
 __all__ = ["McpHttpServer", "StoreTokenVerifier", "build_mcp_server", "serve_stdio"]

@@ -33,6 +33,7 @@ from typing import Any
 
 from planner import PlannerLoopResult
 from worker import metrics
+from worker.db.transient import describe_error, is_transient, retry_transient
 from worker.policy_setup import PolicySetup
 from worker.run.leases import HeldLease
 from worker.run.outcomes import degraded, notice_fields
@@ -48,7 +49,6 @@ from worker.store.records import (
     Parked,
     RunEnd,
 )
-from worker.store.transient import describe_error, is_transient, retry_transient
 
 __all__ = ["SHUTDOWN_STORE_S", "EndWriter", "Ending", "RunOutcome", "RunResult"]
 

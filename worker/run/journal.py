@@ -16,14 +16,6 @@
     otherwise, the round: the log, rounds, tokens, reminders, the round's rows and the
     compactions not stored yet (``RoundEnded``).
 
-* ``resume_checkpoint`` turns what a takeover found (``StartedIteration``) into the loop's
-  ``Checkpoint`` and the rows that exist: the rounds done count toward ``max_rounds`` and their
-  tokens toward the budget; of the round under way, calls that finished keep their results, a
-  write whose outcome was never recorded is *not* run again (the model reads that its outcome
-  is unknown, with what the tool can tell about it: ``ToolSpec.outcome_of``), a call the run
-  was parked at goes on with a person's decision (``Checkpoint.approvals``), and the other
-  calls run.
-
 Read-only rounds are cheap to redo, so they are only committed every ``checkpoint_every``
 rounds (default 3): a mission of a few read-only rounds writes nothing more than before.
 """
@@ -31,20 +23,14 @@ rounds (default 3): a mission of a few read-only rounds writes nothing more than
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from planner import (
-    Approval,
-    ApprovalStatus,
     CallFinished,
     CallStarted,
-    ChatMessage,
-    Checkpoint,
-    ExecutedCall,
     PolicyDecision,
     PolicyMode,
     RateLimit,
@@ -54,14 +40,11 @@ from planner import (
     RunInterrupted,
     RunLog,
     RunRecord,
-    SentReminder,
-    TokenUsage,
     ToolCall,
     ToolContext,
     ToolSpec,
-    messages_from_json,
 )
-from planner.compaction import estimate_message_tokens
+from worker.db.transient import describe_error, is_transient
 from worker.run.leases import HeldLease
 from worker.store.base import LeaseLostError, MissionStore
 from worker.store.records import (
@@ -71,16 +54,11 @@ from worker.store.records import (
     ToolInvocationRow,
 )
 from worker.store.rows import archive_row, invocation_row, json_safe, messages_json, started_row
-from worker.store.statuses import FINAL_CALL_OUTCOMES, CallOutcome
-from worker.store.transient import describe_error, is_transient
 
 __all__ = [
     "CHECKPOINT_EVERY_ROUNDS",
     "MissionJournal",
     "StoredRows",
-    "approval_of",
-    "context_at_checkpoint",
-    "resume_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -385,181 +363,3 @@ class MissionJournal:
         if self.lease is None:
             return await operation()
         return await self.lease.retry(operation, what=what)
-
-
-async def resume_checkpoint(
-    started: StartedIteration,
-    *,
-    specs: Mapping[str, ToolSpec],
-    ctx: ToolContext,
-) -> tuple[Checkpoint, StoredRows]:
-    """The loop's ``Checkpoint`` for a takeover (see the module docstring), and which of the
-    pending round's calls have rows (so they are updated, not duplicated)."""
-    messages = messages_from_json(started.messages)
-    rows = StoredRows()
-    checkpoint = Checkpoint(
-        messages=messages,
-        rounds_done=started.rounds,
-        usage=TokenUsage(
-            prompt_tokens=started.prompt_tokens, completion_tokens=started.completion_tokens
-        ),
-        compactions_done=started.compactions,
-        compaction_attempts=started.compaction_attempts,
-        context_tokens=context_at_checkpoint(messages, started),
-        reminders=tuple(
-            SentReminder(int(r["round"]), str(r["producer"]), str(r["text"]))
-            for r in started.reminders
-        ),
-    )
-    pending = checkpoint.pending_calls()
-    if not pending:
-        return checkpoint, rows
-    approvals = {int(a["position"]): approval_of(a) for a in started.approvals}
-    latest: dict[int, dict[str, Any]] = {}
-    for stored_row in started.pending_rows:  # ordered by id: a later one of a position wins
-        latest[int(stored_row["position"])] = stored_row
-    settled: dict[int, ExecutedCall] = {}
-    again: set[int] = set()  # started calls that run again, with their approval if any
-    standing: list[Approval] = []
-    for position, call in enumerate(pending):
-        row = latest.get(position)
-        if row is None:
-            continue  # never started (or a read): it runs now
-        key = (started.rounds, position)
-        rows.ids[key] = int(row["id"])
-        if row["outcome"] in FINAL_CALL_OUTCOMES:
-            rows.current.add(key)
-            settled[position] = _finished_call(started.rounds, position, call, row)
-            continue
-        if row["outcome"] == CallOutcome.PARKED:
-            rows.parked.add(key)  # it goes on with its approval (or is asked about again)
-            continue
-        spec = specs.get(call.name)
-        if spec is not None and (spec.idempotent or spec.effect is not None):
-            # in flight, but safe to run again with its key, or it never took effect (its
-            # effect commits with its record, which says started): it runs now
-            again.add(position)
-            continue
-        # started or unknown: it may have taken effect
-        approval = approvals.get(position)
-        if approval is not None and approval.granted:
-            standing.append(approval)  # not spent on a call that may not have run
-        report = await _outcome_report(spec, call, ctx.for_call(started.rounds, position))
-        settled[position] = _unknown_call(
-            started.rounds, position, call, started, report, row, standing=approval in standing
-        )
-    return (
-        Checkpoint(
-            messages=messages,
-            rounds_done=started.rounds,
-            usage=checkpoint.usage,
-            settled=settled,
-            compactions_done=started.compactions,
-            compaction_attempts=started.compaction_attempts,
-            context_tokens=checkpoint.context_tokens,
-            reminders=checkpoint.reminders,
-            approvals={
-                p: a
-                for p, a in approvals.items()
-                if (started.rounds, p) in rows.parked or p in again
-            },
-            standing_approvals=tuple(standing),
-        ),
-        rows,
-    )
-
-
-def approval_of(row: Mapping[str, Any]) -> Approval:
-    """The ``Approval`` of an ``approval_requests`` row (``StartedIteration.approvals``)."""
-    return Approval(
-        request_id=int(row["id"]),
-        status=ApprovalStatus(row["status"]),
-        tool=str(row["tool"]),
-        arguments_hash=str(row["arguments_hash"]),
-        decided_by=row.get("decided_by"),
-        reason=row.get("decision_note"),
-        decided_at=row.get("decided_at"),
-    )
-
-
-def _finished_call(
-    round_no: int, position: int, call: ToolCall, row: Mapping[str, Any]
-) -> ExecutedCall:
-    decision = row.get("policy_decision")
-    return ExecutedCall(
-        round_no,
-        call,
-        row.get("result"),
-        row.get("error"),
-        PolicyDecision.model_validate(decision) if isinstance(decision, dict) else None,
-        index=position,
-        ran=row["outcome"] in ("ok", "error"),
-    )
-
-
-def _unknown_call(
-    round_no: int,
-    position: int,
-    call: ToolCall,
-    started: StartedIteration,
-    report: str,
-    row: Mapping[str, Any],
-    *,
-    standing: bool = False,
-) -> ExecutedCall:
-    error = (
-        f"{call.name} was running when attempt {started.attempt - 1} of this run stopped (its "
-        f"worker stopped, or lost its database); it was not run again, and its outcome is "
-        f"unknown: it may or may not have taken effect. {report}"
-    )
-    if standing:
-        error += (
-            " A person approved this call; the approval still stands for exactly this call: "
-            "if it did not take effect, call it again with the same arguments."
-        )
-    decision = row.get("policy_decision")  # what let it start (an approval, say)
-    return ExecutedCall(
-        round_no,
-        call,
-        None,
-        error,
-        PolicyDecision.model_validate(decision) if isinstance(decision, dict) else None,
-        index=position,
-        ran=True,
-        outcome_unknown=True,
-    )
-
-
-async def _outcome_report(spec: ToolSpec | None, call: ToolCall, ctx: ToolContext) -> str:
-    """What the tool can tell about the call, as a sentence for the model."""
-    if spec is None or spec.outcome_of is None:
-        return "Check before you do it again."
-    try:
-        report = await spec.outcome_of(dict(call.arguments), ctx)
-    except Exception as exc:
-        logger.warning("outcome_of of %s failed: %s", call.name, exc)
-        return "The tool could not tell what happened; check before you do it again."
-    if report is None:
-        return "The tool cannot tell what happened; check before you do it again."
-    text = report if isinstance(report, str) else json.dumps(json_safe(report))
-    return f"The tool reports: {text}"
-
-
-def context_at_checkpoint(messages: list[ChatMessage], started: StartedIteration) -> int | None:
-    """What the context held at the checkpoint, counted as the loop counts it: after a
-    compaction that ran after the last reply, the count it left; else the provider's count
-    of the last reply's request and answer, plus estimates of the messages after it (tool
-    definitions and framing included, which estimating the messages alone would miss).
-    ``None`` when the provider reported no usable count (the loop then estimates)."""
-    last_compaction = started.last_compaction
-    if last_compaction is not None and last_compaction[0] > started.rounds:
-        return last_compaction[1]
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if message.role != "assistant":
-            continue
-        usage = message.reply_info.usage if message.reply_info is not None else None
-        if usage is None or not usage.prompt_tokens or usage.estimated:
-            return None
-        return usage.total_tokens + sum(estimate_message_tokens(m) for m in messages[index + 1 :])
-    return None

@@ -6,7 +6,7 @@ id = ANY(…) AND lease_owner = worker RETURNING id`` (``MissionStore.renew_leas
 missing from what comes back was taken over by another worker: its run is told (its event is
 set) and cancelled, so it writes nothing more. A renewal that fails (a database blip) is
 logged and tried again a period later; the leases still have two thirds of their time. A
-transient failure (``worker.store.transient``) is one warning line with its cause; anything else
+transient failure (``worker.db.transient``) is one warning line with its cause; anything else
 is logged with its traceback.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from worker.db.transient import describe_error, is_transient, retry_transient
 from worker.store.base import MissionStore
-from worker.store.transient import describe_error, is_transient, retry_transient
 
 __all__ = ["HeldLease", "LeaseKeeper"]
 

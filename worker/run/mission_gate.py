@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from planner import RunInterrupted, ToolCall, ToolContext, ToolSpec
 from planner.gate import CallLedger, Reservation, RulePolicyGate
 from planner.policy import PolicyDecision, RateLimit
+from worker.db.transient import describe_error, is_transient
 from worker.run.leases import HeldLease
-from worker.store.transient import describe_error, is_transient
 
 if TYPE_CHECKING:
     from worker.run.journal import MissionJournal

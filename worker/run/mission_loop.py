@@ -33,8 +33,9 @@ from worker import redaction
 from worker.mcp.config import mcp_scope
 from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.policy_setup import PolicySetup
-from worker.run.journal import MissionJournal, resume_checkpoint
+from worker.run.journal import MissionJournal
 from worker.run.mission_gate import LeaseBoundLedger, MissionGate
+from worker.run.resume import resume_checkpoint
 from worker.run.run_metrics import RunMetrics
 from worker.store.records import ClaimedMission, StartedIteration
 from worker.tracing.hooks import RunTracing, traced_run

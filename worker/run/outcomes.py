@@ -19,6 +19,7 @@ from planner import (
     arguments_hash,
 )
 from planner.policy import DecisionReason
+from worker.db.statuses import CatchUp, IterationStatus, MissionStatus, RunnerStopReason
 from worker.mcp.sources import ToolSourceError
 from worker.run.journal import MissionJournal
 from worker.schedule import ScheduleError, next_run_after
@@ -30,7 +31,6 @@ from worker.store.records import (
     StartedIteration,
 )
 from worker.store.rows import json_safe
-from worker.store.statuses import CatchUp, IterationStatus, MissionStatus, RunnerStopReason
 
 __all__ = [
     "MAX_PROBLEMS_SHOWN",

@@ -39,6 +39,8 @@ from planner import ChatModel, PlannerLoopResult, RunInterrupted, StopReason, To
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, DEFAULT_TOOL_TIMEOUT_S
 from planner.loop import ReminderRole
 from worker import metrics
+from worker.db.statuses import IterationStatus, MissionStatus, RunnerStopReason
+from worker.db.transient import describe_error, is_transient
 from worker.logs import bind_log_context
 from worker.mcp.sources import McpToolSources, ToolSourceError
 from worker.policy_setup import PolicySetup
@@ -68,8 +70,6 @@ from worker.store.records import (
     StartedIteration,
 )
 from worker.store.rows import json_safe, parked_row
-from worker.store.statuses import IterationStatus, MissionStatus, RunnerStopReason
-from worker.store.transient import describe_error, is_transient
 from worker.tracing.hooks import RunTracing
 
 __all__ = [

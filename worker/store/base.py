@@ -20,7 +20,7 @@ Leases (every replica follows them):
   with skewed clocks agree on expiry.
 
 Errors: a method raises what its backend raises when it fails (``sqlalchemy.exc.DBAPIError``
-and ``OSError`` for PostgreSQL; ``worker.store.transient.is_transient`` tells the transient ones),
+and ``OSError`` for PostgreSQL; ``worker.db.transient.is_transient`` tells the transient ones),
 and ``LeaseLostError`` when a write finds the lease lost (the one way a method says so).
 The values that cross the seam are in ``worker.store.records``.
 """
@@ -187,7 +187,7 @@ class MissionStore(Protocol):
         without a claim may be, once.
 
         Raises:
-            The backend's errors (``worker.store.transient.is_transient`` tells the transient
+            The backend's errors (``worker.db.transient.is_transient`` tells the transient
             ones); ``ValueError`` for a ``claim`` with an end other than ``Finished``.
         """
         ...

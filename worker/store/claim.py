@@ -37,10 +37,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from worker.store.agent_servers import McpServerConfig
-from worker.store.records import ClaimedMission, StartedIteration
-from worker.store.statuses import CatchUp
-from worker.store.tables import (
+from worker.db.statuses import CatchUp
+from worker.db.tables import (
     agent_mcp_servers,
     agents,
     approval_requests,
@@ -48,7 +46,8 @@ from worker.store.tables import (
     missions,
     user_policy_settings,
 )
-from worker.store.user_policy import user_settings_from_row
+from worker.store.agent_servers import McpServerConfig
+from worker.store.records import ClaimedMission, StartedIteration, user_settings_from_row
 
 __all__ = [
     "DEFAULT_CATCH_UP_WINDOW",

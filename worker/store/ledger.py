@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.gate import Reservation
 from planner.policy import RateLimit
-from worker.store.engine import run_statement
+from worker.db.engine import run_statement
 
 __all__ = ["MAX_BATCH", "PostgresCallLedger"]
 
@@ -66,7 +66,7 @@ class PostgresCallLedger:
     one order, so two replicas' batches never wait for each other in a cycle). A failed
     statement fails every reservation of its batch with the same exception.
 
-    The statement runs with ``worker.store.engine.run_statement``: in autocommit directly on
+    The statement runs with ``worker.db.engine.run_statement``: in autocommit directly on
     PostgreSQL; inside BEGIN … COMMIT behind PgBouncer in transaction pooling mode, where
     PgBouncer may otherwise hand the prepare and the execute to different server connections
     ('prepared statement "__asyncpg_…__" does not exist'); once more on another connection

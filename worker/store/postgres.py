@@ -29,9 +29,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.gate import Reservation
 from planner.policy import RateLimit
+from worker.db.engine import run_statement
+from worker.db.statuses import IterationStatus
+from worker.db.tables import approval_requests, compacted_turns, missions, tool_invocations
 from worker.store.base import LeaseLostError
 from worker.store.claim import claim_limit, claim_parameters, claim_statement, claimed_mission
-from worker.store.engine import run_statement
 from worker.store.records import (
     CallStart,
     ClaimedMission,
@@ -49,8 +51,6 @@ from worker.store.records import (
     ToolInvocationRow,
 )
 from worker.store.rows import json_safe
-from worker.store.statuses import IterationStatus
-from worker.store.tables import approval_requests, compacted_turns, missions, tool_invocations
 from worker.store.writes import ends, params, progress
 
 __all__ = ["PostgresMissionStore"]
@@ -64,7 +64,7 @@ class PostgresMissionStore:
 
     Every method opens its own short transaction; none holds a connection between calls.
     A method that writes with one statement (claiming, finishing, renewing) runs it with
-    ``worker.store.engine.run_statement``: in autocommit, one round trip, since a statement is
+    ``worker.db.engine.run_statement``: in autocommit, one round trip, since a statement is
     atomic by itself (in a transaction behind PgBouncer), and once more on another connection
     when the one it got is broken, unless it claims (``claim_due``, a finish with a
     ``ClaimOrder``): a claim run again would claim more.

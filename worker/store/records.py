@@ -5,7 +5,7 @@ approval request, and how a run ends (``RunEnd``) with what storing it did (``En
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,14 +13,14 @@ from typing import Any
 from planner.gate import Reservation
 from planner.policy import PolicyMode, UserPolicySettings
 from planner.replies import StopReason
-from worker.store.agent_servers import McpServerConfig
-from worker.store.statuses import (
+from worker.db.statuses import (
     CallOutcome,
     CatchUp,
     IterationStatus,
     MissionStatus,
     RunnerStopReason,
 )
+from worker.store.agent_servers import McpServerConfig
 
 __all__ = [
     "ApprovalRequestRow",
@@ -39,6 +39,7 @@ __all__ = [
     "RunEnd",
     "StartedIteration",
     "ToolInvocationRow",
+    "user_settings_from_row",
 ]
 
 
@@ -348,3 +349,18 @@ class EndResult:
     lease_held: bool
     claimed: tuple[ClaimedMission, ...] = ()
     parked: ParkedRun | None = None
+
+
+def user_settings_from_row(row: Mapping[str, Any] | None) -> UserPolicySettings:
+    """``UserPolicySettings`` from a ``user_policy_settings`` row (or its JSON form); ``None``
+    (no row) gives the defaults. Malformed per-tool entries are skipped."""
+    if not row:
+        return UserPolicySettings()
+    limits = row.get("tool_rate_limits") or {}
+    return UserPolicySettings(
+        destructive_opt_ins=frozenset(row.get("destructive_opt_ins") or ()),
+        rate_limit=row.get("rate_limit"),
+        tool_rate_limits={
+            str(k): int(v) for k, v in limits.items() if isinstance(v, int) and v >= 1
+        },
+    )

@@ -26,8 +26,8 @@ from planner import (
 from planner.json_text import storable_text
 from planner.policy import PolicyDecision, PolicyMode
 from worker import redaction
+from worker.db.statuses import CallOutcome
 from worker.store.records import ArchiveRow, ToolInvocationRow
-from worker.store.statuses import CallOutcome
 
 __all__ = [
     "archive_row",

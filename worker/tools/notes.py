@@ -16,7 +16,7 @@ call returns the note the first made: ``ToolSpec.idempotent``), and each write t
 Results are JSON objects (timestamps as ISO-8601 strings in UTC). Failures the model should
 react to (an unknown id, an update with nothing to change) raise ``LookupError`` /
 ``ValueError`` with a message written for the model; the loop turns them into error tool
-results. A database that fails transiently (``worker.store.transient.is_transient``) is not the
+results. A database that fails transiently (``worker.db.transient.is_transient``) is not the
 model's to handle: the tools raise ``RunInterrupted``, the run stops and resumes later (a
 write in flight is then reported by its ``outcome_of``).
 """
@@ -35,8 +35,8 @@ from sqlalchemy.sql.expression import Executable
 
 from planner.errors import RunInterrupted
 from planner.tools import EffectHandler, ToolContext, ToolSpec
-from worker.store.tables import notes
-from worker.store.transient import describe_error, is_transient
+from worker.db.tables import notes
+from worker.db.transient import describe_error, is_transient
 
 __all__ = [
     "BODY_MAX_CHARS",

@@ -48,7 +48,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from worker.store.tables import (
+from worker.db.tables import (
     approval_requests,
     compacted_turns,
     mission_iterations,

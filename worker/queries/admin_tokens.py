@@ -2,7 +2,7 @@
 
 * Tokens (``admin_tokens``): ``create_token`` makes a random token (256 bits,
   ``secrets.token_urlsafe``, prefixed ``mana_admin_`` so a leaked one is recognisable) and
-  stores only its SHA-256 (``worker.store.mcp_tokens.hash_token``); the token is returned once.
+  stores only its SHA-256 (``worker.queries.mcp_tokens.hash_token``); the token is returned once.
   ``principal`` finds the live token of a presented one: one indexed query per request, so a
   revocation applies to the next request. A ``read_only`` token changes nothing.
 * Sessions (``admin_sessions``): signing in to the console with a token starts a session whose
@@ -26,9 +26,9 @@ from sqlalchemy import delete, func, insert, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from worker.db.tables import admin_sessions, admin_tokens
 from worker.errors import ConflictError
-from worker.store.mcp_tokens import hash_token, revoke_token_row
-from worker.store.tables import admin_sessions, admin_tokens
+from worker.queries.mcp_tokens import hash_token, revoke_token_row
 
 __all__ = ["ADMIN_TOKEN_PREFIX", "AdminPrincipal", "AdminTokenStore", "csrf_token", "name_key"]
 

@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from planner.approvals import ApprovalStatus
 from planner.policy_modes import DestructivePolicy, PolicyMode
-from worker.store.statuses import CallOutcome, CatchUp, IterationStatus, MissionStatus
+from worker.db.statuses import CallOutcome, CatchUp, IterationStatus, MissionStatus
 
 __all__ = [
     "APPROVAL_STATUSES",
@@ -81,7 +81,7 @@ MISSION_STATUSES = tuple(s.value for s in MissionStatus)
 CATCH_UP_POLICIES = tuple(c.value for c in CatchUp)
 ITERATION_STATUSES = tuple(s.value for s in IterationStatus)
 TOOL_OUTCOMES = tuple(o.value for o in CallOutcome)
-"""See ``worker.store.statuses.CallOutcome``."""
+"""See ``worker.db.statuses.CallOutcome``."""
 POLICY_MODES = tuple(m.value for m in PolicyMode)
 DESTRUCTIVE_POLICIES = tuple(d.value for d in DestructivePolicy)
 APPROVAL_STATUSES = tuple(s.value for s in ApprovalStatus)
@@ -389,8 +389,8 @@ user_policy_settings = Table(
 )
 
 # The rate limit's ledger: one row per call that took a slot, written and counted atomically
-# by the SQL function mana_ai_reserve_tool_call (migration 0002, worker/store/user_policy.py); rows
-# older than the window are deleted as the same user and tool call again.
+# by the SQL function mana_ai_reserve_tool_call (migration 0002, worker/queries/user_policy.py);
+# rows older than the window are deleted as the same user and tool call again.
 policy_call_events = Table(
     "policy_call_events",
     metadata,

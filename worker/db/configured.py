@@ -4,7 +4,7 @@ connections show in ``pg_stat_activity``.
 
 A process that starts and then runs for a while (``worker``, ``tick``, ``serve``, ``mcp
 serve``) waits for its database (``MANA_AI_DB_START_WAIT_S``, ``wait_s`` below): every round
-trip of its start that fails for a transient fault (``worker.store.transient``: refused,
+trip of its start that fails for a transient fault (``worker.db.transient``: refused,
 reset, the server starting or shutting down, an answer lost) is tried again with backoff
 until the wait is over, as a running worker retries its statements. A command run by hand
 (``agents list``) fails at once.
@@ -23,18 +23,18 @@ from contextlib import asynccontextmanager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.database_url import redact_url
-from worker.errors import DatabaseError
-from worker.settings import Settings
-from worker.store.engine import (
+from worker.db.engine import (
     application_name,
     check_connection,
     create_engine,
     resolve_database_url,
 )
-from worker.store.migrate import current_revision, upgrade_database
-from worker.store.revision import revision_problem
-from worker.store.transient import describe_error, is_transient, retry_transient
+from worker.db.migrate import current_revision, upgrade_database
+from worker.db.revision import revision_problem
+from worker.db.transient import describe_error, is_transient, retry_transient
+from worker.db.urls import redact_url
+from worker.errors import DatabaseError
+from worker.settings import Settings
 
 __all__ = ["application_name", "configured_engine", "open_database", "wait_for_database"]
 

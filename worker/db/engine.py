@@ -2,7 +2,7 @@
 
 The worker talks to PostgreSQL through SQLAlchemy's asyncio layer over asyncpg only, so every
 URL is normalised to ``postgresql+asyncpg://`` here (``to_async_url``). With no URL configured,
-``resolve_database_url`` starts the embedded PostgreSQL (``worker.store.embedded``).
+``resolve_database_url`` starts the embedded PostgreSQL (``worker.db.embedded``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from worker.database_url import redact_url, to_async_url
+from worker.db.transient import describe_error, retry_transient
+from worker.db.urls import redact_url, to_async_url
 from worker.errors import DatabaseError
-from worker.store.transient import describe_error, retry_transient
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -116,7 +116,7 @@ def create_engine(
     connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s),
     and a statement whose answer does not come within ``statement_timeout_s`` (asyncpg's
     ``command_timeout``; ``None``: wait for ever) raises ``TimeoutError``, a transient failure
-    (``worker.store.transient``) that the callers that retry retry; the connection it was on is
+    (``worker.db.transient``) that the callers that retry retry; the connection it was on is
     not returned to the pool if it does not answer its reset either.
 
     ``pgbouncer=True`` is for PgBouncer in transaction pooling mode, where consecutive
@@ -259,7 +259,7 @@ def connection_broken(exc: DBAPIError) -> bool:
 
 async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
     """Open one connection and run ``SELECT 1``; with ``wait_s`` > 0, retry a transient
-    failure (``worker.store.transient``: refused, reset, DNS, the server starting up or shutting
+    failure (``worker.db.transient``: refused, reset, DNS, the server starting up or shutting
     down, no slot free) with backoff for up to ``wait_s`` seconds, one warning line per
     failed attempt (``connecting to PostgreSQL at … failed (attempt 3: …); retrying in 2.00
     s``). A failure that is not transient (a wrong password, no such database) fails at once.
@@ -314,7 +314,7 @@ async def resolve_database_url(settings: Settings) -> str:
         "MANA_AI_DATABASE_URL is not set: starting embedded PostgreSQL with its data in %s",
         pgdata,
     )
-    from worker.store.embedded import start_embedded_postgres
+    from worker.db.embedded import start_embedded_postgres
 
     url = await asyncio.to_thread(start_embedded_postgres, pgdata)
     logger.info("embedded PostgreSQL is ready: %s (data in %s)", url, pgdata)

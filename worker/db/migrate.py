@@ -30,10 +30,10 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.database_url import redact_url
+from worker.db.revision import HEAD_REVISION, REVISION_QUERY, revision_problem
+from worker.db.transient import describe_error, retry_transient, sqlstate_of
+from worker.db.urls import redact_url
 from worker.errors import DatabaseError
-from worker.store.revision import HEAD_REVISION, REVISION_QUERY, revision_problem
-from worker.store.transient import describe_error, retry_transient, sqlstate_of
 
 if TYPE_CHECKING:  # alembic is loaded only to migrate: a command that checks does without it
     from alembic.config import Config
@@ -115,7 +115,7 @@ async def upgrade_database(engine: AsyncEngine, *, wait_s: float = 0.0) -> str:
     transaction pooling mode (no session state; see the module docstring).
 
     With ``wait_s`` > 0 the read of the revision and the upgrade's transaction are each tried
-    again after a transient failure (``worker.store.transient.retry_transient``) until
+    again after a transient failure (``worker.db.transient.retry_transient``) until
     ``wait_s`` seconds after the call: a transaction whose connection broke was rolled back,
     and one whose commit's answer was lost is found at head by the next attempt.
 

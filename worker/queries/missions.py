@@ -15,19 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.errors import ConflictError, NotFoundError
-from worker.store.agent_servers import McpServerConfig
-from worker.store.approval_status import current_status
-from worker.store.reads import (
-    agent_by_name,
-    get_mission,
-    list_agents,
-    list_iterations,
-    list_missions,
-    with_mcp_servers,
-)
-from worker.store.stored import StoredIteration
-from worker.store.tables import (
+from worker.db.tables import (
     agent_mcp_servers,
     agents,
     approval_requests,
@@ -36,6 +24,18 @@ from worker.store.tables import (
     missions,
     tool_invocations,
 )
+from worker.errors import ConflictError, NotFoundError
+from worker.queries.approval_status import current_status
+from worker.queries.reads import (
+    agent_by_name,
+    get_mission,
+    list_agents,
+    list_iterations,
+    list_missions,
+    with_mcp_servers,
+)
+from worker.queries.stored import StoredIteration
+from worker.store.agent_servers import McpServerConfig
 
 __all__ = ["AdminStore"]
 
@@ -155,12 +155,12 @@ class AdminStore:
             return await _with_mcp_servers(conn, agent)
 
     async def list_agents(self) -> list[Row]:
-        """Every agent, by name (``worker.store.reads.list_agents``)."""
+        """Every agent, by name (``worker.queries.reads.list_agents``)."""
         async with self.engine.connect() as conn:
             return await list_agents(conn)
 
     async def agent_by_name(self, name: str) -> Row:
-        """The agent called ``name`` (``worker.store.reads.agent_by_name``). Raises
+        """The agent called ``name`` (``worker.queries.reads.agent_by_name``). Raises
         NotFoundError."""
         async with self.engine.connect() as conn:
             found = await agent_by_name(conn, name)
@@ -221,7 +221,7 @@ class AdminStore:
         before_id: int | None = None,
         last_run: bool = False,
     ) -> list[Row]:
-        """Missions with their agent's name, newest first (``worker.store.reads.list_missions``,
+        """Missions with their agent's name, newest first (``worker.queries.reads.list_missions``,
         which says what the arguments select)."""
         async with self.engine.connect() as conn:
             return await list_missions(
@@ -235,7 +235,7 @@ class AdminStore:
 
     async def get_mission(self, mission_id: int) -> Row:
         """One mission with its agent's name and iteration count
-        (``worker.store.reads.get_mission``). Raises NotFoundError."""
+        (``worker.queries.reads.get_mission``). Raises NotFoundError."""
         async with self.engine.connect() as conn:
             return await get_mission(conn, mission_id)
 
@@ -323,7 +323,7 @@ class AdminStore:
         self, *, mission_id: int | None = None, limit: int = 20, before_id: int | None = None
     ) -> list[Row]:
         """Iterations newest first, without their message logs
-        (``worker.store.reads.list_iterations``, which says what the arguments select)."""
+        (``worker.queries.reads.list_iterations``, which says what the arguments select)."""
         async with self.engine.connect() as conn:
             return await list_iterations(
                 conn, mission_id=mission_id, limit=limit, before_id=before_id
@@ -423,7 +423,7 @@ async def _put_mcp_servers(
 
 
 async def _with_mcp_servers(conn: AsyncConnection, agent: Row) -> Row:
-    """``agent`` with ``mcp_servers`` (``worker.store.reads.with_mcp_servers``), read in
+    """``agent`` with ``mcp_servers`` (``worker.queries.reads.with_mcp_servers``), read in
     ``conn``'s transaction."""
     [shown] = await with_mcp_servers(conn, [agent])
     return shown

@@ -4,7 +4,7 @@ tool call can be, and why a run ended when the worker (not the planner loop) end
 They are ``StrEnum``: a member is the string the column holds (``MissionStatus.ACTIVE ==
 "active"``), so rows read back as plain strings compare equal, ``--json`` prints the string,
 and the schema's values stay as they are (operators and dashboards query them directly). The
-``CHECK`` constraints of ``worker.store.tables`` are built from these enums.
+``CHECK`` constraints of ``worker.db.tables`` are built from these enums.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ from typing import Any
 from sqlalchemy import Select, func, literal_column, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from worker.db.tables import agent_mcp_servers, agents, approval_requests, mission_iterations
+from worker.db.tables import missions as missions_table
 from worker.errors import NotFoundError
 from worker.store.agent_servers import McpServerConfig
-from worker.store.tables import agent_mcp_servers, agents, approval_requests, mission_iterations
-from worker.store.tables import missions as missions_table
 
 __all__ = [
     "agent_by_name",

@@ -22,12 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from planner.approvals import ApprovalStatus, arguments_hash
-from worker.errors import ConflictError, NotFoundError
-from worker.store.approval_status import current_status, lapsed_or_expired
-from worker.store.reads import pending_by_mission
-from worker.store.records import ApprovalRequestRow
-from worker.store.stored import decided_text
-from worker.store.tables import (
+from worker.db.tables import (
     DUE_CHANNEL,
     agents,
     approval_requests,
@@ -35,6 +30,11 @@ from worker.store.tables import (
     missions,
     tool_invocations,
 )
+from worker.errors import ConflictError, NotFoundError
+from worker.queries.approval_status import current_status, lapsed_or_expired
+from worker.queries.reads import pending_by_mission
+from worker.queries.stored import decided_text
+from worker.store.records import ApprovalRequestRow
 
 __all__ = ["ApprovalStore", "arguments_intact", "decided_text"]
 
@@ -142,7 +142,7 @@ class ApprovalStore:
 
     async def pending_by_mission(self, mission_ids: list[int]) -> dict[int, int]:
         """For the missions among ``mission_ids`` whose run waits for a decision: the id of
-        the request it waits on, by mission id (``worker.store.reads.pending_by_mission``)."""
+        the request it waits on, by mission id (``worker.queries.reads.pending_by_mission``)."""
         if not mission_ids:
             return {}
         async with self.engine.connect() as conn:

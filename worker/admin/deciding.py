@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from worker.names import checked_name, checked_text
 
 if TYPE_CHECKING:
-    from worker.store.approvals import ApprovalStore
+    from worker.queries.approval_requests import ApprovalStore
 
 __all__ = ["MAX_NOTE_CHARS", "decide"]
 

@@ -23,7 +23,7 @@ def default_data_dir(*, root: bool | None = None) -> Path:
     Specification says), else ``~/.local/share/mana-ai`` (on macOS ``~/Library/Application
     Support/mana-ai``). As root (``root=None``: when this process runs as root)
     ``ROOT_DATA_DIR``, which the embedded PostgreSQL's system user reaches without any
-    directory above it changing its permissions (``worker.store.embedded_root``): a home such as
+    directory above it changing its permissions (``worker.db.embedded_root``): a home such as
     ``/root`` is ``0700``, and mana-ai never changes a directory it did not create."""
     if root is None:
         root = os.name == "posix" and os.geteuid() == 0
