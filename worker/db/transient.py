@@ -157,14 +157,17 @@ async def retry_transient(
         when the deadline or ``stop`` ends the retries. The first attempt always runs, even
         past the deadline.
     """
-    # The first attempt on its own: it nearly always succeeds, and tenacity's set-up (its
-    # objects, and inspect's look at the operation) costs more than the statement's own CPU.
-    try:
+    retrying = _retrying(deadline=deadline, what=what, stop=stop)
+
+    async def attempt() -> T:  # tenacity awaits only what it sees is a coroutine function
         return await operation()
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
-        first: BaseException | None = exc
+
+    return await retrying(attempt)
+
+
+def _retrying(*, deadline: float, what: str, stop: Callable[[], bool] | None) -> AsyncRetrying:
+    """Tenacity's retry loop for ``retry_transient``: transient failures only, backoff with
+    jitter, no attempt after ``deadline`` or once ``stop()``, a log line before each wait."""
     stops = [stop_before_delay(max(0.0, deadline - time.monotonic()))]
     if stop is not None:
         stops.append(stop_when_event_set(_Stop(stop)))  # type: ignore[arg-type]
@@ -180,7 +183,7 @@ async def retry_transient(
             wait,
         )
 
-    retrying = AsyncRetrying(
+    return AsyncRetrying(
         retry=retry_if_exception(is_transient),
         stop=stop_any(*stops),
         wait=wait_exponential(multiplier=RETRY_INITIAL_S, max=RETRY_MAX_WAIT_S)
@@ -188,15 +191,6 @@ async def retry_transient(
         before_sleep=log_retry,
         reraise=True,
     )
-
-    async def attempt() -> T:  # tenacity awaits only what it sees is a coroutine function
-        nonlocal first
-        if first is not None:  # the failed first attempt, as tenacity's attempt 1
-            failed, first = first, None
-            raise failed
-        return await operation()
-
-    return await retrying(attempt)
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -6,6 +6,7 @@ decisions from ``tool_invocations``. The rate-limit ledger is ``worker.store.led
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -200,36 +201,6 @@ class PolicyStore:
     async def report(self, *, since: timedelta) -> PolicyReport:
         """Decisions of the tool calls of every consumer (missions, MCP clients) created within
         ``since`` before now (database clock)."""
-        decision = tool_invocations.c.policy_decision
-        mode = func.coalesce(tool_invocations.c.policy_mode, decision["mode"].astext)
-        verdict = decision["verdict"].astext
-        reason = decision["reason"].astext
-        flagged = decision["flags"].op("?")(literal_column("'injection_marker'"))
-        # decided: a decision object (rows of mode off, unknown tools and invalid arguments
-        # have none: SQL NULL, or JSON null in rows written by earlier versions)
-        is_decided = func.coalesce(func.jsonb_typeof(decision) == "object", False)
-        stmt = (
-            select(
-                tool_invocations.c.consumer,
-                mode.label("mode"),
-                tool_invocations.c.tool,
-                reason.label("reason"),
-                verdict.label("verdict"),
-                is_decided.label("decided"),
-                func.count().label("calls"),
-                func.count().filter(flagged).label("flagged"),
-                func.now().label("now"),
-            )
-            .where(tool_invocations.c.created_at >= func.now() - since)
-            .group_by(
-                tool_invocations.c.consumer,
-                mode,
-                tool_invocations.c.tool,
-                reason,
-                verdict,
-                is_decided,
-            )
-        )
         status = current_status()
         asked = (
             select(status, func.count())
@@ -237,51 +208,88 @@ class PolicyStore:
             .group_by(status)
         )
         async with self.engine.connect() as conn:
-            rows = (await conn.execute(stmt)).mappings().all()
+            rows = (await conn.execute(_decisions(since))).mappings().all()
             now = rows[0]["now"] if rows else (await conn.execute(select(func.now()))).scalar_one()
             approvals = {str(k): int(n) for k, n in (await conn.execute(asked)).all()}
-        by_mode: dict[str, Counter[str]] = defaultdict(Counter)
-        by_reason: Counter[tuple[str, str]] = Counter()
-        by_tool: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-        by_consumer: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-        flags: Counter[str] = Counter()
-        calls = decided = 0
-        for row in rows:
-            n = row["calls"]
-            calls += n
-            if not row["decided"]:
-                continue
-            decided += n
-            m = row["mode"] or "unknown"
-            denied = n if row["verdict"] == "deny" else 0
-            asks = n if row["verdict"] == "ask" else 0
-            counts = {
-                "calls": n,
-                "denied": denied,
-                "asked": asks,
-                "allowed": n - denied - asks,
-                "flagged": row["flagged"],
-            }
-            by_mode[m].update(counts)
-            by_consumer[(row["consumer"], m)].update(counts)
-            by_reason[(m, row["reason"] or "unknown")] += n
-            by_tool[(m, row["tool"])].update({"calls": n, "denied": denied})
-            if row["flagged"]:
-                flags[row["tool"]] += row["flagged"]
-        return PolicyReport(
-            since=now - since,
-            calls=calls,
-            decided=decided,
-            by_mode={
-                m: {k: c[k] for k in ("calls", "allowed", "denied", "asked", "flagged")}
-                for m, c in sorted(by_mode.items())
-            },
-            by_reason=dict(by_reason),
-            by_tool={k: {"calls": c["calls"], "denied": c["denied"]} for k, c in by_tool.items()},
-            injection_flags=dict(flags),
-            by_consumer={
-                k: {f: c[f] for f in ("calls", "allowed", "denied", "flagged")}
-                for k, c in by_consumer.items()
-            },
-            approvals=approvals,
+        return _tally(rows, since=now - since, approvals=approvals)
+
+
+def _decisions(since: timedelta) -> Any:
+    """The tool calls created within ``since`` counted by consumer, mode, tool, reason,
+    verdict and whether they carry a decision (with the flagged ones and the database's now)."""
+    decision = tool_invocations.c.policy_decision
+    mode = func.coalesce(tool_invocations.c.policy_mode, decision["mode"].astext)
+    verdict = decision["verdict"].astext
+    reason = decision["reason"].astext
+    flagged = decision["flags"].op("?")(literal_column("'injection_marker'"))
+    # decided: a decision object (rows of mode off, unknown tools and invalid arguments
+    # have none: SQL NULL, or JSON null in rows written by earlier versions)
+    is_decided = func.coalesce(func.jsonb_typeof(decision) == "object", False)
+    return (
+        select(
+            tool_invocations.c.consumer,
+            mode.label("mode"),
+            tool_invocations.c.tool,
+            reason.label("reason"),
+            verdict.label("verdict"),
+            is_decided.label("decided"),
+            func.count().label("calls"),
+            func.count().filter(flagged).label("flagged"),
+            func.now().label("now"),
         )
+        .where(tool_invocations.c.created_at >= func.now() - since)
+        .group_by(
+            tool_invocations.c.consumer, mode, tool_invocations.c.tool, reason, verdict, is_decided
+        )
+    )
+
+
+def _tally(
+    rows: Sequence[Mapping[Any, Any]], *, since: datetime, approvals: dict[str, int]
+) -> PolicyReport:
+    """The report of the counted decisions (``_decisions``' rows)."""
+    by_mode: dict[str, Counter[str]] = defaultdict(Counter)
+    by_reason: Counter[tuple[str, str]] = Counter()
+    by_tool: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    by_consumer: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    flags: Counter[str] = Counter()
+    calls = decided = 0
+    for row in rows:
+        n = row["calls"]
+        calls += n
+        if not row["decided"]:
+            continue
+        decided += n
+        m = row["mode"] or "unknown"
+        denied = n if row["verdict"] == "deny" else 0
+        asks = n if row["verdict"] == "ask" else 0
+        counts = {
+            "calls": n,
+            "denied": denied,
+            "asked": asks,
+            "allowed": n - denied - asks,
+            "flagged": row["flagged"],
+        }
+        by_mode[m].update(counts)
+        by_consumer[(row["consumer"], m)].update(counts)
+        by_reason[(m, row["reason"] or "unknown")] += n
+        by_tool[(m, row["tool"])].update({"calls": n, "denied": denied})
+        if row["flagged"]:
+            flags[row["tool"]] += row["flagged"]
+    return PolicyReport(
+        since=since,
+        calls=calls,
+        decided=decided,
+        by_mode={
+            m: {k: c[k] for k in ("calls", "allowed", "denied", "asked", "flagged")}
+            for m, c in sorted(by_mode.items())
+        },
+        by_reason=dict(by_reason),
+        by_tool={k: {"calls": c["calls"], "denied": c["denied"]} for k, c in by_tool.items()},
+        injection_flags=dict(flags),
+        by_consumer={
+            k: {f: c[f] for f in ("calls", "allowed", "denied", "flagged")}
+            for k, c in by_consumer.items()
+        },
+        approvals=approvals,
+    )

@@ -109,7 +109,7 @@ def claim_select(
     built once per shape; bind parameters ``claim_parameters`` (without ``p_claim_limit``
     when ``limit`` is written in it: see ``LITERAL_LIMITS``).
 
-    With ``after_finish``, it is the part of a finish that claims (``round_write_statement``
+    With ``after_finish``, it is the part of a finish that claims (``worker.store.writes.ends``
     with ``claim``), which sees the database as it was before the statement, so it makes up
     for what the finish changes: the mission being finished (``p_mission_id``) is never among
     the due ones, whatever its lease says; and with ``finished_tokens``, the finished
@@ -120,66 +120,12 @@ def claim_select(
     now = func.now()
     worker_id = bindparam("p_worker_id", type_=Text)
     lease = bindparam("p_lease", type_=Interval)
-    others = []
-    if after_finish:
-        others.append(missions.c.id != bindparam("p_mission_id", type_=BigInteger))
-    due = (
-        select(missions.c.id)
-        .where(
-            *others,
-            missions.c.status == "active",
-            missions.c.next_run_at <= now,
-            or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
-            # a run parked for approval waits for the decision, unless the deadline passed:
-            # then the claim ends it (past_deadline) and expires its request
-            or_(
-                and_(missions.c.deadline.is_not(None), now > missions.c.deadline),
-                ~_awaiting_approval(now),
-            ),
-        )
-        .order_by(missions.c.next_run_at)
-        .limit(limit if limit is not None else bindparam("p_claim_limit", type_=Integer))
-        .with_for_update(skip_locked=True)
-        .cte("due")
-    )
+    due = _due(now, after_finish=after_finish, limit=limit)
     claimed = (
         update(missions)
         .where(missions.c.id == due.c.id, agents.c.id == missions.c.agent_id)
         .values(lease_owner=worker_id, lease_expires_at=now + lease, updated_at=now)
-        .returning(
-            missions.c.id,
-            missions.c.objective,
-            missions.c.cron,
-            missions.c.timezone,
-            missions.c.next_run_at,
-            missions.c.deadline,
-            agents.c.id.label("agent_id"),
-            agents.c.name.label("agent_name"),
-            agents.c.owner_user_id,
-            agents.c.model,
-            agents.c.system_prompt,
-            agents.c.max_rounds,
-            agents.c.max_tokens_per_day,
-            agents.c.allowed_tools,
-            agents.c.policy_mode,
-            agents.c.destructive_policy,
-            agents.c.compact_max_ctx,
-            _owner_policy().label("owner_policy"),
-            _mcp_servers().label("mcp_servers"),
-            _budget_used(
-                bindparam("p_budget_window", type_=Interval), finished_tokens=finished_tokens
-            ).label("tokens_used_24h"),
-            # the deadline rule, here only: no run starts after the deadline (a run claimed
-            # late, after a backlog or a resume, included; next_run_at <= now() here)
-            and_(missions.c.deadline.is_not(None), now > missions.c.deadline).label(
-                "past_deadline"
-            ),
-            missions.c.catch_up,
-            missions.c.catch_up_window,
-            _missed_and_dropped(now).label("missed"),
-            # the database's clock: what decides what is due decides when it runs next
-            now.label("claimed_at"),
-        )
+        .returning(*_claimed_columns(now, finished_tokens=finished_tokens))
         .cte("claimed")
     )
     first_attempt = func.jsonb_build_array(
@@ -204,6 +150,69 @@ def claim_select(
         started.c.completion_tokens,
         started.c.reminders,
     ).select_from(claimed.outerjoin(started, started.c.mission_id == claimed.c.id))
+
+
+def _due(now: Any, *, after_finish: bool, limit: int | None) -> Any:
+    """The ``due`` CTE: the ids of the missions to lease, the longest due first, locked."""
+    others = []
+    if after_finish:
+        others.append(missions.c.id != bindparam("p_mission_id", type_=BigInteger))
+    return (
+        select(missions.c.id)
+        .where(
+            *others,
+            missions.c.status == "active",
+            missions.c.next_run_at <= now,
+            or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
+            # a run parked for approval waits for the decision, unless the deadline passed:
+            # then the claim ends it (past_deadline) and expires its request
+            or_(
+                and_(missions.c.deadline.is_not(None), now > missions.c.deadline),
+                ~_awaiting_approval(now),
+            ),
+        )
+        .order_by(missions.c.next_run_at)
+        .limit(limit if limit is not None else bindparam("p_claim_limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("due")
+    )
+
+
+def _claimed_columns(now: Any, *, finished_tokens: bool) -> list[Any]:
+    """What the claim returns of each leased mission: its row, its agent's, the owner's
+    policy, the agent's MCP servers, the budget used, and the deadline and catch-up rules."""
+    return [
+        missions.c.id,
+        missions.c.objective,
+        missions.c.cron,
+        missions.c.timezone,
+        missions.c.next_run_at,
+        missions.c.deadline,
+        agents.c.id.label("agent_id"),
+        agents.c.name.label("agent_name"),
+        agents.c.owner_user_id,
+        agents.c.model,
+        agents.c.system_prompt,
+        agents.c.max_rounds,
+        agents.c.max_tokens_per_day,
+        agents.c.allowed_tools,
+        agents.c.policy_mode,
+        agents.c.destructive_policy,
+        agents.c.compact_max_ctx,
+        _owner_policy().label("owner_policy"),
+        _mcp_servers().label("mcp_servers"),
+        _budget_used(
+            bindparam("p_budget_window", type_=Interval), finished_tokens=finished_tokens
+        ).label("tokens_used_24h"),
+        # the deadline rule, here only: no run starts after the deadline (a run claimed
+        # late, after a backlog or a resume, included; next_run_at <= now() here)
+        and_(missions.c.deadline.is_not(None), now > missions.c.deadline).label("past_deadline"),
+        missions.c.catch_up,
+        missions.c.catch_up_window,
+        _missed_and_dropped(now).label("missed"),
+        # the database's clock: what decides what is due decides when it runs next
+        now.label("claimed_at"),
+    ]
 
 
 def claimed_mission(r: Mapping[Any, Any]) -> ClaimedMission:

@@ -120,55 +120,12 @@ class PostgresMissionStore:
         Unchanged (no query) unless it is ``resumable``."""
         if not iteration.resumable:
             return iteration
-        calls = tool_invocations.c
         turns = compacted_turns.c
-        requests = approval_requests.c
         async with self.engine.begin() as conn:
-            await conn.execute(
-                update(approval_requests)
-                .where(
-                    requests.iteration_id == iteration.id,
-                    requests.consumer == "mission",
-                    requests.status == "pending",
-                    requests.expires_at <= func.now(),
-                )
-                .values(status="expired", decided_at=requests.expires_at)
-            )
-            approvals = [
-                dict(r)
-                for r in (
-                    await conn.execute(
-                        select(
-                            requests.id,
-                            requests.position,
-                            requests.status,
-                            requests.tool,
-                            requests.arguments_hash,
-                            requests.decided_by,
-                            requests.decided_at,
-                            requests.decision_note,
-                        )
-                        .where(
-                            requests.iteration_id == iteration.id,
-                            requests.consumer == "mission",
-                            requests.round == iteration.rounds,
-                        )
-                        .order_by(requests.position)
-                    )
-                ).mappings()
-            ]
-            found = await conn.execute(
-                select(
-                    calls.id,
-                    calls.position,
-                    calls.outcome,
-                    calls.result,
-                    calls.error,
-                    calls.policy_decision,
-                )
-                .where(calls.iteration_id == iteration.id, calls.round == iteration.rounds)
-                .order_by(calls.id)
-            )
+            await conn.execute(_expire_lapsed_requests(iteration.id))
+            found = await conn.execute(_last_round_requests(iteration))
+            approvals = [dict(r) for r in found.mappings()]
+            found = await conn.execute(_last_round_calls(iteration))
             pending = [dict(r) for r in found.mappings()]
             archived = (
                 await conn.execute(
@@ -416,3 +373,58 @@ def _end_statement(
     values |= params.ended(end.attempt, "awaiting_approval", "awaiting_approval", None)
     values |= params.approval(end.request)
     return ends.parked(), values
+
+
+def _expire_lapsed_requests(iteration_id: int) -> Any:
+    """The run's pending approval requests past their time to live become ``expired``."""
+    requests = approval_requests.c
+    return (
+        update(approval_requests)
+        .where(
+            requests.iteration_id == iteration_id,
+            requests.consumer == "mission",
+            requests.status == "pending",
+            requests.expires_at <= func.now(),
+        )
+        .values(status="expired", decided_at=requests.expires_at)
+    )
+
+
+def _last_round_requests(iteration: StartedIteration) -> Any:
+    """The approval requests of the run's last stored round, by position."""
+    requests = approval_requests.c
+    return (
+        select(
+            requests.id,
+            requests.position,
+            requests.status,
+            requests.tool,
+            requests.arguments_hash,
+            requests.decided_by,
+            requests.decided_at,
+            requests.decision_note,
+        )
+        .where(
+            requests.iteration_id == iteration.id,
+            requests.consumer == "mission",
+            requests.round == iteration.rounds,
+        )
+        .order_by(requests.position)
+    )
+
+
+def _last_round_calls(iteration: StartedIteration) -> Any:
+    """The ``tool_invocations`` rows of the run's last stored round, oldest first."""
+    calls = tool_invocations.c
+    return (
+        select(
+            calls.id,
+            calls.position,
+            calls.outcome,
+            calls.result,
+            calls.error,
+            calls.policy_decision,
+        )
+        .where(calls.iteration_id == iteration.id, calls.round == iteration.rounds)
+        .order_by(calls.id)
+    )
