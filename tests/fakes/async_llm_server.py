@@ -1,7 +1,8 @@
 """AsyncLLMServer: an OpenAI-compatible chat-completions server on asyncio, for load.
 
 ``FakeLLMServer`` (a thread per connection) is the scriptable one; this one answers many
-concurrent requests cheaply: every request is answered after ``latency_s`` seconds, by
+concurrent requests cheaply: every request is answered after ``latency_s`` seconds (a number,
+or a function of the request's body giving one), by
 ``responder(body)`` (default: a ``clock_now`` call first, then a final answer once a tool
 result is in the conversation: two requests per mission). HTTP/1.1 with keep-alive, a
 listen backlog of 4096. It counts the connections open now and at most (``peak``), and the
@@ -42,7 +43,7 @@ class AsyncLLMServer:
 
     def __init__(
         self,
-        latency_s: float = 0.0,
+        latency_s: float | Callable[[dict[str, Any]], float] = 0.0,
         responder: Callable[[dict[str, Any]], dict[str, Any]] = clock_then_answer_body,
     ) -> None:
         self.latency_s = latency_s
@@ -92,7 +93,8 @@ class AsyncLLMServer:
                     if name.strip().lower() == "content-length":
                         length = int(value)
                 body = json.loads(await reader.readexactly(length))
-                await asyncio.sleep(self.latency_s)
+                latency = self.latency_s
+                await asyncio.sleep(latency(body) if callable(latency) else latency)
                 data = json.dumps(self.responder(body)).encode()
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
