@@ -198,23 +198,35 @@ async def run_tree(
             "MANA_AI_LOG_LEVEL": "WARNING",
         }
         cli = [sys.executable, "-m", "worker.cli"]
-        subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
-        log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"budget-{port}.log", "wb")
-        proc = subprocess.Popen([*cli, "worker"], env=env, stdout=log, stderr=log, cwd=tree)
+        upgrade = await asyncio.create_subprocess_exec(*cli, "db", "upgrade", env=env)
+        if await upgrade.wait():
+            raise SystemExit(f"mana-ai db upgrade failed in {tree}")
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"budget-{port}.log"
+        proc = await asyncio.to_thread(_start_worker, [*cli, "worker"], env, tree, log)
         try:
             await _until_up(port, proc)
             cpu_before = _cpu_s(proc.pid)
             await _add_missions(dsn, missions)
             while (done := await _finished(dsn))[0] < missions:
                 if proc.poll() is not None:
-                    raise SystemExit(f"the worker exited ({proc.returncode}): {log.name}")
+                    raise SystemExit(f"the worker exited ({proc.returncode}): {log}")
                 await asyncio.sleep(0.2)
             cpu = _cpu_s(proc.pid) - cpu_before
         finally:
             proc.terminate()
-            proc.wait(30)
-            log.close()
+            await asyncio.to_thread(proc.wait, 30)
         return Figures(wall=done[1], cpu=cpu, mission_wall=done[2])
+
+
+def _start_worker(
+    argv: list[str], env: dict[str, str], tree: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=out, cwd=tree)
+
+
+def _healthy(port: int) -> None:
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).read()
 
 
 async def _until_up(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -222,7 +234,7 @@ async def _until_up(port: int, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             raise SystemExit(f"the worker exited ({proc.returncode}) before it was up")
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).read()
+            await asyncio.to_thread(_healthy, port)
             return
         except OSError:
             await asyncio.sleep(0.1)
@@ -232,7 +244,7 @@ async def _until_up(port: int, proc: subprocess.Popen[bytes]) -> None:
 def report(tree: Path, f: Figures, ideal: float, missions: int) -> None:
     per_mission = f.cpu / missions
     print(
-        f"{str(tree):<28} wall {f.wall:6.2f} s  ideal {ideal:6.2f} s  ratio {f.wall / ideal:5.3f}"
+        f"{tree!s:<28} wall {f.wall:6.2f} s  ideal {ideal:6.2f} s  ratio {f.wall / ideal:5.3f}"
         f"  cpu/mission {per_mission * 1000:6.1f} ms = {per_mission / f.mission_wall:6.2%} of "
         f"its {f.mission_wall:5.2f} s  cores {f.cpu / f.wall:4.2f}  in flight/core before "
         f"CPU binds ~{f.mission_wall / per_mission:,.0f}"

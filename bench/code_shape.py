@@ -61,7 +61,7 @@ def _imports(tree: ast.Module, name: str, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             base = node.module
             if node.level:
-                base = ".".join(name.split(".")[: -node.level] + [node.module])
+                base = ".".join([*name.split(".")[: -node.level], node.module])
             for alias in node.names:
                 full = f"{base}.{alias.name}"
                 found.add(full if full in known else base)
@@ -110,7 +110,7 @@ def measure() -> Shape:
     trees = {_module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in _sources()}
     known = set(trees)
     biggest_module = biggest_function = 0
-    for name, (path, tree) in trees.items():
+    for path, tree in trees.values():
         rel = path.relative_to(ROOT).as_posix()
         lines = len(path.read_text().splitlines())
         shape.modules += 1

@@ -26,9 +26,9 @@ from sqlalchemy import make_url, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from worker.database_url import to_async_url
 from worker.db.embedded import start_embedded_postgres
 from worker.db.engine import create_engine
-from worker.db.urls import to_async_url
 
 __all__ = [
     "RoundTripCounter",

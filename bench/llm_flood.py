@@ -100,7 +100,8 @@ async def direct(settings: Settings, labels: list[str]) -> None:
 async def missions(server_url: str, settings: Settings, labels: list[str]) -> None:
     async with throwaway_database(server_url, "mana_ai_bench_flood") as url:
         await add_missions(url, len(labels))
-        settings = settings.model_copy(update={"database_url": url})
+        database = settings.database.model_copy(update={"url": url})
+        settings = settings.model_copy(update={"database": database})
         async with open_app(settings, migrate=True) as app:
             before = peak_rss_mib()
             for label in labels:
@@ -147,7 +148,7 @@ def main() -> None:
     }
     if args.cap is not None:
         overrides["llm_max_response_bytes"] = args.cap
-    cap = getattr(load_settings(**overrides), "llm_max_response_bytes", 8 * 1024 * 1024)
+    cap = load_settings(**overrides).llm.max_response_bytes
     answers = [(args.mb * 1_000_000, kind) for _, kind in KINDS] + [(cap - 1024, {})]
     labels = [f"{args.mb} MB, {name}" for name, _ in KINDS] + [f"{cap - 1024} B (control)"]
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import create_database, drop_database  # noqa: E402
 from worker.admin.verdict import unsupported_figures  # noqa: E402
-from worker.db.urls import to_async_url  # noqa: E402
+from worker.database_url import to_async_url  # noqa: E402
 
 
 def readme_commands() -> tuple[list[str], list[str]]:

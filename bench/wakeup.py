@@ -129,7 +129,7 @@ async def measure(url: str, samples: int, via_cli: bool) -> None:
                     )
                     mission_id = int(row["id"])
                 begun = time.perf_counter()
-                async with asyncio.timeout(settings.tick_interval_s * 2):
+                async with asyncio.timeout(settings.daemon.tick_interval_s * 2):
                     await _started(engine, mission_id)
                 latencies.append(time.perf_counter() - begun)
                 await asyncio.sleep(0.1)  # let the run finish; samples do not overlap
@@ -141,12 +141,14 @@ async def measure(url: str, samples: int, via_cli: bool) -> None:
         print(
             f"added via           {'mana-ai missions add --due-now' if via_cli else 'AdminStore'}"
         )
-        print(f"tick_interval_s     {settings.tick_interval_s:g}")
+        print(f"tick_interval_s     {settings.daemon.tick_interval_s:g}")
         print(f"samples             {len(ms)}")
         print(f"median_ms           {statistics.median(ms):.1f}")
         print(f"p95_ms              {p95:.1f}")
         print(f"max_ms              {ms[-1]:.1f}")
-        print(f"without wake-ups    ~{settings.tick_interval_s / 2 * 1000:.0f} ms on average")
+        print(
+            f"without wake-ups    ~{settings.daemon.tick_interval_s / 2 * 1000:.0f} ms on average"
+        )
     finally:
         await engine.dispose()
 

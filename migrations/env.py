@@ -22,10 +22,10 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
+from worker.database_url import to_async_url
 from worker.db.engine import create_engine, resolve_database_url
 from worker.db.migrate import migration_lock
 from worker.db.tables import metadata
-from worker.db.urls import to_async_url
 
 config = context.config
 target_metadata = metadata

@@ -39,11 +39,11 @@ from sqlalchemy.pool import NullPool
 from planner.testing import ScriptedChatModel
 from tests.pgbouncer import PgBouncer, PgBouncerUnavailable, start_pgbouncer
 from worker import redaction
+from worker.database_url import to_async_url
 from worker.db.embedded import start_embedded_postgres, stop_embedded_postgres
 from worker.db.engine import create_engine
 from worker.db.migrate import upgrade_database
 from worker.db.tables import metadata
-from worker.db.urls import to_async_url
 
 TEST_DATABASE_URL_ENV = "MANA_AI_TEST_DATABASE_URL"
 

@@ -46,12 +46,12 @@ def policy_config_from_settings(
     consumer exposes (``None``: every scope)."""
     return PolicyConfig(
         rate_limit=RateLimit(
-            calls=settings.policy_rate_limit,
-            window=timedelta(seconds=settings.policy_rate_window_s),
+            calls=settings.policy.rate_limit,
+            window=timedelta(seconds=settings.policy.rate_window_s),
         ),
-        tool_rate_limits=dict(settings.policy_tool_rate_limits),
+        tool_rate_limits=dict(settings.policy.tool_rate_limits),
         injection_markers=tuple(
-            dict.fromkeys((*DEFAULT_INJECTION_MARKERS, *settings.policy_injection_markers))
+            dict.fromkeys((*DEFAULT_INJECTION_MARKERS, *settings.policy.injection_markers))
         ),
         exposed_scopes=exposed_scopes,
     )

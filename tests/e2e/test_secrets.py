@@ -30,8 +30,8 @@ from tests.fakes import FakeLLMServer, chat_completion_body
 from tests.fakes.mcp_http_server import FakeMcpHttpServer
 from tests.fakes.otlp_receiver import OtlpReceiver
 from tests.fakes.webhook_server import FakeWebhook
+from worker.database_url import parse_url
 from worker.db.tables import metadata
-from worker.db.urls import parse_url
 
 
 def _secret(kind: str) -> str:

@@ -58,7 +58,7 @@ async def tick_start(settings: Settings) -> None:
 
 async def serve_start(settings: Settings) -> None:
     await wait_for_database(settings)
-    async with open_database(settings, wait_s=settings.db_start_wait_s):
+    async with open_database(settings, wait_s=settings.database.start_wait_s):
         pass
 
 

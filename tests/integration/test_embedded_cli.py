@@ -103,7 +103,9 @@ def test_root_is_told_of_a_database_left_in_the_old_default(
     settings = load_settings()
     announce_database(settings)  # prints only; opens nothing
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].endswith(f"using the embedded PostgreSQL in {settings.data_dir}/pgdata")
+    assert lines[0].endswith(
+        f"using the embedded PostgreSQL in {settings.database.data_dir}/pgdata"
+    )
     hint = (
         f"mana-ai: note: an embedded database from an earlier version is in {old}/pgdata; "
         f"set MANA_AI_DATA_DIR={old} to use it"
@@ -127,7 +129,7 @@ def test_a_database_left_in_the_old_default_is_pointed_out_when_xdg_data_home_mo
     (old / "pgdata" / "PG_VERSION").write_text("18\n")
     settings = load_settings()
     expected = Path("/var/lib/mana-ai") if os.geteuid() == 0 else tmp_path / "xdg" / "mana-ai"
-    assert settings.data_dir == expected
+    assert settings.database.data_dir == expected
     announce_database(settings)  # prints only; opens nothing
     lines = capsys.readouterr().err.splitlines()
     assert lines == [

@@ -57,8 +57,8 @@ async def serving(
         health = None
         if fresh_health:
             health = DatabaseHealth(lambda: ping_database(store.engine), cache_s=0)
-        app = build_http_app(served, store, host=config.mcp_host, health=health)
-        server = McpHttpServer(app, config.mcp_host, config.mcp_port)
+        app = build_http_app(served, store, host=config.mcp.host, health=health)
+        server = McpHttpServer(app, config.mcp.host, config.mcp.port)
         task = asyncio.create_task(server.serve())
         try:
             yield server

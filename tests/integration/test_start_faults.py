@@ -219,9 +219,9 @@ async def test_a_start_gives_up_after_the_wait_naming_what_it_waited_for(
     db: AsyncEngine, database_url: str, llm: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with FlakyProxy(database_url) as proxy:
-        settings = settings_through(proxy, database_url, llm).model_copy(
-            update={"db_start_wait_s": 0.5}
-        )
+        settings = settings_through(proxy, database_url, llm)
+        database = settings.database.model_copy(update={"start_wait_s": 0.5})
+        settings = settings.model_copy(update={"database": database})
         await wait_for_database(settings)  # answered: the outage comes after the first check
         await proxy.outage(3600)
         started = time.monotonic()

@@ -1,4 +1,4 @@
-"""``worker.db.urls`` reads a URL as SQLAlchemy does (``make_url``, ``render_as_string``,
+"""``worker.database_url`` reads a URL as SQLAlchemy does (``make_url``, ``render_as_string``,
 the asyncpg dialect's ``create_connect_args``) without loading SQLAlchemy: checked here against
 SQLAlchemy itself, on hand-picked URLs and on generated ones."""
 
@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from worker.db.urls import DatabaseUrl, asyncpg_keywords, parse_url, redact_url, to_async_url
+from worker.database_url import DatabaseUrl, asyncpg_keywords, parse_url, redact_url, to_async_url
 
 URLS = [
     "postgresql://u:p@h:5432/db",

@@ -18,7 +18,8 @@ import yaml
 
 from tests.monitoring import DEPLOY, dashboard, panel_queries, substituted
 from worker import metrics
-from worker.settings import Settings
+from worker.settings import variables
+from worker.settings.daemon import DaemonSettings
 
 PROMETHEUS_DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -156,7 +157,7 @@ def test_the_compose_file_starts_the_database_the_migration_two_workers_and_moni
 @pytest.mark.parametrize("service", ["migrate", "worker-1", "worker-2"])
 def test_the_workers_environment_names_only_real_settings(service: str) -> None:
     environment = compose()["services"][service]["environment"]
-    known = {f"MANA_AI_{name.upper()}" for name in Settings.model_fields}
+    known = {variable.name for variable in variables()}
     for variable in environment:
         if variable.startswith("MANA_AI_"):
             assert variable in known, variable
@@ -180,7 +181,7 @@ def test_prometheus_scrapes_both_workers_on_their_metrics_port() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     [job] = config["scrape_configs"]
     assert job["job_name"] == "mana-ai"  # the alerts' and the dashboard's job
-    port = Settings.model_fields["metrics_port"].default
+    port = DaemonSettings.model_fields["metrics_port"].default
     assert job["static_configs"][0]["targets"] == [f"worker-1:{port}", f"worker-2:{port}"]
     assert any('job="mana-ai"' in rule["expr"] for rule in rules() if "alert" in rule)
 

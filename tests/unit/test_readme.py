@@ -7,19 +7,18 @@ from pathlib import Path
 import pytest
 
 from worker.cli import build_parser
-from worker.settings import ENV_PREFIX, Settings
+from worker.settings import Variable, variables
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("name", sorted(Settings.model_fields))
-def test_every_setting_is_in_the_settings_table(name: str) -> None:
-    start = f"| `{ENV_PREFIX}{name.upper()}` |"
+@pytest.mark.parametrize("variable", variables(), ids=lambda v: v.name)
+def test_every_setting_is_in_the_settings_table(variable: Variable) -> None:
+    start = f"| `{variable.name}` |"
     row = next((line for line in README.splitlines() if line.startswith(start)), "")
-    assert row, f"{ENV_PREFIX}{name.upper()} has no row in README's settings table"
-    description = Settings.model_fields[name].description or ""
-    assert description and description in row, (
-        f"README's row of {name} differs from its description"
+    assert row, f"{variable.name} has no row in README's settings table"
+    assert variable.description and variable.description in row, (
+        f"README's row of {variable.name} differs from its description"
     )
 
 

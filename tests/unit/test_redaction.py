@@ -13,8 +13,7 @@ import pytest
 from worker import redaction
 from worker.logs import _Formatter
 from worker.redaction import MASK, Redactor
-from worker.settings import configured_secrets
-from worker.settings_model import Settings
+from worker.settings import Settings, configured_secrets
 from worker.store.agent_servers import McpServerConfig
 from worker.store.rows import json_safe
 

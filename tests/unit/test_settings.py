@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
-from worker.db.data_dir import default_data_dir
-from worker.db.urls import to_async_url
+from worker.data_dir import default_data_dir
+from worker.database_url import to_async_url
 from worker.errors import ManaAIError, SettingsError
-from worker.settings import Settings, load_settings, unknown_variables
+from worker.settings import Settings, load_settings, unknown_variables, variables
 
 
 @pytest.fixture(autouse=True)
@@ -26,36 +27,36 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults() -> None:
     settings = load_settings()
 
-    assert settings.database_url is None
-    assert settings.data_dir == default_data_dir()
-    assert settings.llm_base_url is None
-    assert settings.llm_api_key is None
-    assert settings.llm_model is None
-    assert settings.tick_interval_s == 30
-    assert settings.max_concurrent_missions == 4
-    assert settings.lease_s == 60
-    assert settings.metrics_port == 9464
-    assert settings.metrics_host == "0.0.0.0"
-    assert settings.worker_id == f"{socket.gethostname()}:{os.getpid()}"
-    assert settings.shutdown_grace_s == 30
-    assert settings.llm_timeout_s == 60
-    assert settings.llm_max_retries == 3
-    assert settings.llm_max_response_bytes == 8 * 1024 * 1024
-    assert settings.log_level == "INFO"
-    assert settings.log_format == "text"
-    assert settings.max_parallel_reads == 10
-    assert settings.tool_timeout_s == 60
-    assert settings.web_allow_private is False
-    assert settings.web_allow_domains == () and settings.web_deny_domains == ()
-    assert settings.web_timeout_s == 20
-    assert settings.web_max_bytes == 2_000_000
-    assert settings.web_max_chars == 20_000
-    assert settings.web_max_redirects == 5
-    assert settings.llm_fallback_base_url is None
-    assert settings.llm_fallback_model is None
-    assert settings.llm_fallback_api_key is None
-    assert settings.llm_schema_dialect == "json-schema"
-    assert settings.llm_schema_strip == ()
+    assert settings.database.url is None
+    assert settings.database.data_dir == default_data_dir()
+    assert settings.llm.primary.base_url is None
+    assert settings.llm.primary.api_key is None
+    assert settings.llm.primary.model is None
+    assert settings.daemon.tick_interval_s == 30
+    assert settings.daemon.max_concurrent_missions == 4
+    assert settings.daemon.lease_s == 60
+    assert settings.daemon.metrics_port == 9464
+    assert settings.daemon.metrics_host == "0.0.0.0"
+    assert settings.daemon.worker_id == f"{socket.gethostname()}:{os.getpid()}"
+    assert settings.daemon.shutdown_grace_s == 30
+    assert settings.llm.timeout_s == 60
+    assert settings.llm.max_retries == 3
+    assert settings.llm.max_response_bytes == 8 * 1024 * 1024
+    assert settings.logs.level == "INFO"
+    assert settings.logs.format == "text"
+    assert settings.run.max_parallel_reads == 10
+    assert settings.run.tool_timeout_s == 60
+    assert settings.web.allow_private is False
+    assert settings.web.allow_domains == () and settings.web.deny_domains == ()
+    assert settings.web.timeout_s == 20
+    assert settings.web.max_bytes == 2_000_000
+    assert settings.web.max_chars == 20_000
+    assert settings.web.max_redirects == 5
+    assert settings.llm.fallback.base_url is None
+    assert settings.llm.fallback.model is None
+    assert settings.llm.fallback.api_key is None
+    assert settings.llm.schema_dialect == "json-schema"
+    assert settings.llm.schema_strip == ()
 
 
 def test_llm_endpoint_settings_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,17 +66,57 @@ def test_llm_endpoint_settings_are_parsed(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("MANA_AI_LLM_SCHEMA_DIALECT", "gemini")
     monkeypatch.setenv("MANA_AI_LLM_SCHEMA_STRIP", " additionalProperties, default ,")
     settings = load_settings()
-    assert settings.llm_fallback_base_url == "http://backup.example/v1"
-    assert settings.llm_fallback_model == "small"
-    assert settings.llm_fallback_api_key is not None
-    assert settings.llm_fallback_api_key.get_secret_value() == "sk-backup"
-    assert settings.llm_schema_dialect == "gemini"
-    assert settings.llm_schema_strip == ("additionalProperties", "default")
+    assert settings.llm.fallback.base_url == "http://backup.example/v1"
+    assert settings.llm.fallback.model == "small"
+    assert settings.llm.fallback.api_key is not None
+    assert settings.llm.fallback.api_key.get_secret_value() == "sk-backup"
+    assert settings.llm.schema_dialect == "gemini"
+    assert settings.llm.schema_strip == ("additionalProperties", "default")
 
 
 def test_every_field_is_documented() -> None:
-    for name, field in Settings.model_fields.items():
-        assert field.description and len(field.description) > 20, name
+    for variable in variables():
+        assert len(variable.description) > 20, variable.name
+
+
+def test_every_field_has_one_variable() -> None:
+    def leaves(model: type[BaseModel], path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        found = []
+        for name, field in model.model_fields.items():
+            inner = field.annotation
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                found += leaves(inner, (*path, name))
+            else:
+                found.append((*path, name))
+        return found
+
+    paths = [variable.path for variable in variables()]
+    assert sorted(paths) == sorted(leaves(Settings, ()))
+    assert len(set(paths)) == len(paths) == 70
+    assert all(v.name.startswith("MANA_AI_") for v in variables())
+
+
+def test_given_values_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MANA_AI_POLICY_MODE", "enforce")
+    monkeypatch.setenv("MANA_AI_LEASE_S", "120")
+    settings = load_settings(policy_mode="off")
+    assert (settings.policy.mode, settings.daemon.lease_s) == ("off", 120)
+    assert settings.policy.model_fields_set == {"mode"}
+    assert "data_dir" not in settings.database.model_fields_set
+    nested = load_settings(policy={"mode": "off", "rate_limit": 5}, policy_rate_limit=7)
+    assert (nested.policy.mode, nested.policy.rate_limit) == ("off", 7)
+
+
+def test_variables_are_read_in_any_case_and_the_text_is_not_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("mana_ai_mcp_scopes", '["notes", "clock"]')
+    monkeypatch.setenv("Mana_Ai_Policy_Tool_Rate_Limits", "notes_list=3")
+    monkeypatch.setenv("MANA_AI_LLM_MODEL", "null")
+    settings = load_settings()
+    assert settings.mcp.scopes == ("notes", "clock")  # the field's own parser, not JSON
+    assert settings.policy.tool_rate_limits == {"notes_list": 3}
+    assert settings.llm.primary.model == "null"
 
 
 def test_values_are_parsed_from_the_environment(
@@ -114,55 +155,55 @@ def test_values_are_parsed_from_the_environment(
 
     settings = load_settings()
 
-    assert settings.database_url == "postgresql+asyncpg://mana:pw@db.internal:6432/mana"
-    assert settings.data_dir == tmp_path
-    assert settings.llm_base_url == "https://llm.example/v1"
-    assert settings.llm_api_key is not None
-    assert settings.llm_api_key.get_secret_value() == "sk-secret"
-    assert settings.llm_model == "gpt-4o-mini"
-    assert settings.tick_interval_s == 2.5
-    assert settings.max_concurrent_missions == 8
-    assert settings.lease_s == 90
-    assert settings.metrics_port == 0
-    assert settings.metrics_host == "127.0.0.1"
-    assert settings.worker_id == "worker-a"
-    assert settings.max_parallel_reads == 4
-    assert settings.tool_timeout_s == 7.5
-    assert settings.web_allow_private is True
-    assert settings.web_allow_domains == ("python.org", "wikipedia.org")
-    assert settings.web_deny_domains == ("ads.example.com",)
-    assert (settings.web_timeout_s, settings.web_max_bytes) == (3, 1000)
-    assert (settings.web_max_chars, settings.web_max_redirects) == (500, 0)
-    assert settings.shutdown_grace_s == 5
-    assert settings.llm_timeout_s == 12
-    assert settings.llm_max_retries == 0
-    assert settings.llm_max_response_bytes == 65536
-    assert settings.log_level == "DEBUG"
-    assert settings.log_format == "json"
+    assert settings.database.url == "postgresql+asyncpg://mana:pw@db.internal:6432/mana"
+    assert settings.database.data_dir == tmp_path
+    assert settings.llm.primary.base_url == "https://llm.example/v1"
+    assert settings.llm.primary.api_key is not None
+    assert settings.llm.primary.api_key.get_secret_value() == "sk-secret"
+    assert settings.llm.primary.model == "gpt-4o-mini"
+    assert settings.daemon.tick_interval_s == 2.5
+    assert settings.daemon.max_concurrent_missions == 8
+    assert settings.daemon.lease_s == 90
+    assert settings.daemon.metrics_port == 0
+    assert settings.daemon.metrics_host == "127.0.0.1"
+    assert settings.daemon.worker_id == "worker-a"
+    assert settings.run.max_parallel_reads == 4
+    assert settings.run.tool_timeout_s == 7.5
+    assert settings.web.allow_private is True
+    assert settings.web.allow_domains == ("python.org", "wikipedia.org")
+    assert settings.web.deny_domains == ("ads.example.com",)
+    assert (settings.web.timeout_s, settings.web.max_bytes) == (3, 1000)
+    assert (settings.web.max_chars, settings.web.max_redirects) == (500, 0)
+    assert settings.daemon.shutdown_grace_s == 5
+    assert settings.llm.timeout_s == 12
+    assert settings.llm.max_retries == 0
+    assert settings.llm.max_response_bytes == 65536
+    assert settings.logs.level == "DEBUG"
+    assert settings.logs.format == "json"
 
 
 def test_overrides_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "5")
-    assert load_settings(tick_interval_s=1).tick_interval_s == 1
+    assert load_settings(tick_interval_s=1).daemon.tick_interval_s == 1
 
 
 def test_empty_variables_mean_unset(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in Settings.model_fields:
-        monkeypatch.setenv(f"MANA_AI_{name.upper()}", "")
+    for variable in variables():
+        monkeypatch.setenv(variable.name, "")
     settings = load_settings()
-    assert settings.database_url is None
-    assert settings.llm_base_url is None
-    assert settings.llm_api_key is None
-    assert settings.llm_model is None
+    assert settings.database.url is None
+    assert settings.llm.primary.base_url is None
+    assert settings.llm.primary.api_key is None
+    assert settings.llm.primary.model is None
     # every setting falls back to its default, as if it were not set at all
-    assert settings.policy_mode == "log-only" and settings.policy_rate_limit == 30
-    assert settings.tick_interval_s == 30 and settings.log_level == "INFO"
-    assert settings.worker_id
+    assert settings.policy.mode == "log-only" and settings.policy.rate_limit == 30
+    assert settings.daemon.tick_interval_s == 30 and settings.logs.level == "INFO"
+    assert settings.daemon.worker_id
 
 
 def test_data_dir_expands_the_home_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MANA_AI_DATA_DIR", "~/mana-data")
-    assert load_settings().data_dir == Path.home() / "mana-data"
+    assert load_settings().database.data_dir == Path.home() / "mana-data"
 
 
 def test_an_invalid_value_names_the_variable_and_the_value(
@@ -316,7 +357,7 @@ def test_an_empty_data_dir_means_the_default_not_the_current_directory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MANA_AI_DATA_DIR", "")
-    assert load_settings().data_dir == default_data_dir()
+    assert load_settings().database.data_dir == default_data_dir()
 
 
 def test_unknown_variables_are_reported_with_the_closest_setting() -> None:
@@ -335,18 +376,13 @@ def test_unknown_variables_are_reported_with_the_closest_setting() -> None:
     ]
 
 
-NUMERIC = sorted(
-    name for name, field in Settings.model_fields.items() if field.annotation in (int, float)
-)
+NUMERIC = {v.name: v.field.annotation for v in variables() if v.field.annotation in (int, float)}
 
 
-@pytest.mark.parametrize("name", NUMERIC)
-def test_every_numeric_setting_has_a_range(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("variable", sorted(NUMERIC))
+def test_every_numeric_setting_has_a_range(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # a value too large for a timedelta, a timer or the database is refused where it is parsed
-    variable = f"MANA_AI_{name.upper()}"
-    monkeypatch.setenv(
-        variable, "1e300" if Settings.model_fields[name].annotation is float else "9" * 30
-    )
+    monkeypatch.setenv(variable, "1e300" if NUMERIC[variable] is float else "9" * 30)
     with pytest.raises(SettingsError, match=f"^{variable}: Input should be less than or equal to"):
         load_settings()
 
@@ -358,7 +394,7 @@ def test_the_tick_interval_has_a_minimum(monkeypatch: pytest.MonkeyPatch, value:
     with pytest.raises(SettingsError, match=r"greater than or equal to 0\.1"):
         load_settings()
     monkeypatch.setenv("MANA_AI_TICK_INTERVAL_S", "0.1")
-    assert load_settings().tick_interval_s == 0.1
+    assert load_settings().daemon.tick_interval_s == 0.1
 
 
 def test_root_defaults_to_a_data_directory_outside_any_home(
@@ -397,7 +433,7 @@ def test_names_in_settings_follow_the_rule_for_names(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MANA_AI_WORKER_ID", "  replica-1 ")
     monkeypatch.setenv("MANA_AI_LLM_MODEL", " gpt-4o\t")
     settings = load_settings()
-    assert (settings.worker_id, settings.llm_model) == ("replica-1", "gpt-4o")
+    assert (settings.daemon.worker_id, settings.llm.primary.model) == ("replica-1", "gpt-4o")
 
 
 @pytest.mark.parametrize(
@@ -405,17 +441,19 @@ def test_names_in_settings_follow_the_rule_for_names(monkeypatch: pytest.MonkeyP
     [("auto", "auto"), ("TRUE", True), ("on", True), ("1", True), ("false", False), ("no", False)],
 )
 def test_pgbouncer_switch_spellings(value: str, expected: object) -> None:
-    assert load_settings(db_pgbouncer=value).db_pgbouncer == expected
+    assert load_settings(db_pgbouncer=value).database.pgbouncer_mode == expected
 
 
 def test_pgbouncer_auto_means_port_6432() -> None:
-    assert load_settings(database_url="postgresql://u@db:6432/x").pgbouncer is True
-    assert load_settings(database_url="postgresql://u@db:5432/x").pgbouncer is False
+    assert load_settings(database_url="postgresql://u@db:6432/x").database.pgbouncer is True
+    assert load_settings(database_url="postgresql://u@db:5432/x").database.pgbouncer is False
     assert (
-        load_settings(database_url="postgresql://u@db:6432/x", db_pgbouncer="false").pgbouncer
+        load_settings(
+            database_url="postgresql://u@db:6432/x", db_pgbouncer="false"
+        ).database.pgbouncer
         is False
     )
-    assert load_settings().pgbouncer is False  # embedded: never
+    assert load_settings().database.pgbouncer is False  # embedded: never
 
 
 def test_a_pgbouncer_value_that_is_no_switch_is_refused() -> None:
@@ -488,7 +526,7 @@ async def test_an_llm_url_the_settings_accept_is_one_the_http_client_takes(
 
     monkeypatch.setenv("MANA_AI_LLM_BASE_URL", value)
     settings = load_settings()
-    assert settings.llm_base_url == expected
+    assert settings.llm.primary.base_url == expected
     model = OpenAICompatibleChatModel(base_url=expected)  # no socket: the pool opens lazily
     await model.aclose()
 

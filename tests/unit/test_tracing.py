@@ -369,7 +369,7 @@ def test_tracing_is_on_where_an_otlp_endpoint_is_configured(
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    assert load_settings().otel == expected
+    assert load_settings().tracing.otel == expected
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ max_tokens = int_range(1, INT32_MAX, "the largest budget the database holds")
 
 def context_tokens(text: str) -> int:
     """A model's context for compaction: 0 (never compact) or 256 to 100,000,000 tokens."""
-    from worker.settings_values import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS  # pydantic: lazily
+    from worker.settings.values import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS  # pydantic: lazily
 
     try:
         value = int(text)

@@ -314,7 +314,7 @@ def build_app(
         middleware=[
             Middleware(RequestMetrics),
             Middleware(SecurityHeaders),
-            Middleware(BodyLimit, max_bytes=settings.api_max_body_bytes),
+            Middleware(BodyLimit, max_bytes=settings.api.max_body_bytes),
             Middleware(Errors),
         ],
         exception_handlers={

@@ -77,7 +77,7 @@ async def session_principal(request: Request, tokens: AdminTokenStore) -> AdminP
 def public_origin(request: Request) -> str | None:
     """The origin of ``MANA_AI_CONSOLE_URL`` (``https://mana.example.com``), the console's
     address as people reach it through a proxy; ``None`` when it is not set."""
-    url = request.app.state.services.settings.console_url
+    url = request.app.state.services.settings.api.console_url
     if not url:
         return None
     parts = urlsplit(str(url))

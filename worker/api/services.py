@@ -46,4 +46,4 @@ class Services:
 
     @property
     def session_ttl(self) -> timedelta:
-        return timedelta(seconds=self.settings.api_session_ttl_s)
+        return timedelta(seconds=self.settings.api.session_ttl_s)

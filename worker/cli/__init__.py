@@ -79,8 +79,8 @@ def _main(argv: Sequence[str] | None) -> int:
     from worker.logs import configure_logging
 
     quiet = not getattr(args, "verbose_logs", False)
-    level = "WARNING" if quiet and settings.log_level.upper() == "INFO" else settings.log_level
-    configure_logging(level, settings.log_format)
+    level = "WARNING" if quiet and settings.logs.level.upper() == "INFO" else settings.logs.level
+    configure_logging(level, settings.logs.format)
     for name in unknown_variables():
         print(f"mana-ai: warning: ignoring unknown setting {name}", file=sys.stderr)
     import asyncio

@@ -319,9 +319,9 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
     else:
         for row in rows:
             if row["policy_mode"] is None:
-                row["policy_mode"] = f"default ({settings.policy_mode})"
+                row["policy_mode"] = f"default ({settings.policy.mode})"
             if row.get("destructive_policy") is None:
-                row["destructive"] = f"default ({settings.policy_destructive})"
+                row["destructive"] = f"default ({settings.policy.destructive})"
             else:
                 row["destructive"] = row["destructive_policy"]
             row["mcp"] = ",".join(m["name"] for m in row["mcp_servers"]) or None

@@ -98,7 +98,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         user = checked_name(args.user, "--user")
     elif args.user is not None:
         raise UsageError("--user goes with --stdio; over HTTP each client's token names its user")
-    scopes = ", ".join(settings.mcp_scopes) or "every scope"
+    scopes = ", ".join(settings.mcp.scopes) or "every scope"
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
     if not await database_answers(settings):  # started before its database: wait for it
         return 0
@@ -108,7 +108,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
             print(
                 f"mana-ai: serving MCP on stdio for user {user} (policy mode "
-                f"{settings.policy_mode}; scopes: {scopes})",
+                f"{settings.policy.mode}; scopes: {scopes})",
                 file=sys.stderr,
             )
             await serve_stdio(served, user=user)
@@ -117,14 +117,14 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         from worker.asgi_server import cannot_listen
         from worker.mcp.server import McpHttpServer, build_http_app
 
-        app = build_http_app(served, store, host=settings.mcp_host)
+        app = build_http_app(served, store, host=settings.mcp.host)
         try:
-            server = McpHttpServer(app, settings.mcp_host, settings.mcp_port)
+            server = McpHttpServer(app, settings.mcp.host, settings.mcp.port)
         except OSError as exc:
-            raise cannot_listen(exc, settings.mcp_host, settings.mcp_port, "MANA_AI_MCP") from None
+            raise cannot_listen(exc, settings.mcp.host, settings.mcp.port, "MANA_AI_MCP") from None
         await server.serve_until_signalled(
             f"mana-ai: serving MCP at {server.url} (bearer tokens; policy mode "
-            f"{settings.policy_mode}; scopes: {scopes})"
+            f"{settings.policy.mode}; scopes: {scopes})"
         )
     return 0
 

@@ -179,7 +179,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     config = policy_config_from_settings(settings)
     user_settings = user_settings_from_row(row)
     window_s = config.rate_limit.window.total_seconds()
-    scopes = list(settings.policy_mission_scopes)
+    scopes = list(settings.policy.mission_scopes)
     result: dict[str, Any] = {
         "user_id": user,
         "owns_agents": owns,
@@ -187,7 +187,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         "rate_limit": user_settings.rate_limit,
         "tool_rate_limits": dict(user_settings.tool_rate_limits),
         "updated_at": row["updated_at"] if row else None,
-        "default_mode": settings.policy_mode,
+        "default_mode": settings.policy.mode,
         "mission_scopes": scopes or None,
         "window_s": window_s,
         "tools": [
@@ -215,7 +215,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         ", ".join(f"{k}={v}" for k, v in sorted(user_settings.tool_rate_limits.items()))
     )
     print(f"  rate limits per tool: {overrides or '(none)'}")
-    print(f"  mode: {settings.policy_mode} (MANA_AI_POLICY_MODE; agents may override it)")
+    print(f"  mode: {settings.policy.mode} (MANA_AI_POLICY_MODE; agents may override it)")
     print(f"  scopes missions may use: {', '.join(scopes) or 'every scope'}")
     print(
         f"\nlimits in effect, calls per {window_s:g} s (the most specific wins: user+tool, "

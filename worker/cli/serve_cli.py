@@ -50,13 +50,13 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     catalog = builtin_tool_catalog()
     app = _AppLater()
     try:  # bound first: an address it cannot have is a settings error at once (exit 2)
-        server = AsgiServer(app, settings.api_host, settings.api_port)
+        server = AsgiServer(app, settings.api.host, settings.api.port)
     except OSError as exc:
-        raise cannot_listen(exc, settings.api_host, settings.api_port, "MANA_AI_API") from None
+        raise cannot_listen(exc, settings.api.host, settings.api.port, "MANA_AI_API") from None
     if not await database_answers(settings):  # started before its database: wait for it
         server.close()
         return 0
-    async with database(settings, wait_s=settings.db_start_wait_s) as engine:
+    async with database(settings, wait_s=settings.database.start_wait_s) as engine:
         app.app = build_app(
             engine,
             settings,

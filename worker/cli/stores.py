@@ -47,17 +47,17 @@ def announce_database(settings: Settings) -> None:
     as root, or with ``$XDG_DATA_HOME`` elsewhere), it also points at an embedded database
     left there by an earlier version, should one exist.
     """
-    if settings.database_url is not None:
+    if settings.database.url is not None:
         return
-    pgdata = settings.data_dir / "pgdata"
+    pgdata = settings.database.data_dir / "pgdata"
     print(
         f"mana-ai: MANA_AI_DATABASE_URL is not set: using the embedded PostgreSQL in {pgdata}",
         file=sys.stderr,
     )
-    from worker.db.data_dir import USER_DATA_DIR
+    from worker.data_dir import USER_DATA_DIR
 
     old = Path(USER_DATA_DIR).expanduser()
-    if "data_dir" not in settings.model_fields_set and old != settings.data_dir:
+    if "data_dir" not in settings.database.model_fields_set and old != settings.database.data_dir:
         if (old / "pgdata" / "PG_VERSION").exists():
             print(
                 f"mana-ai: note: an embedded database from an earlier version is in "

@@ -80,7 +80,7 @@ own (``gate_lane``)."""
 def gate_lane_size(settings: Settings) -> int:
     """Connections of the worker's pool that are the gate's own: 1 from ``GATE_LANE_MIN_POOL``
     on, else 0 (a small pool is shared)."""
-    return 1 if settings.db_pool_size >= GATE_LANE_MIN_POOL else 0
+    return 1 if settings.database.pool_size >= GATE_LANE_MIN_POOL else 0
 
 
 @asynccontextmanager
@@ -128,7 +128,7 @@ def check_policy_settings(settings: Settings, tools: Sequence[ToolSpec]) -> None
     scopes = sorted({t.scope for t in tools})
     problems = []
     unknown_tools = sorted(
-        t for t in set(settings.policy_tool_rate_limits) - set(names) if not is_mcp_tool_name(t)
+        t for t in set(settings.policy.tool_rate_limits) - set(names) if not is_mcp_tool_name(t)
     )
     if unknown_tools:
         problems.append(
@@ -136,14 +136,14 @@ def check_policy_settings(settings: Settings, tools: Sequence[ToolSpec]) -> None
             f"known: {', '.join(names)} (and MCP servers' tools, NAME__tool)"
         )
     unknown_scopes = sorted(
-        s for s in set(settings.policy_mission_scopes) - set(scopes) if not is_mcp_scope(s)
+        s for s in set(settings.policy.mission_scopes) - set(scopes) if not is_mcp_scope(s)
     )
     if unknown_scopes:
         problems.append(
             f"MANA_AI_POLICY_MISSION_SCOPES: unknown scope(s) {', '.join(unknown_scopes)}; "
             f"known: {', '.join(scopes)} (and MCP servers' scopes, mcp:NAME)"
         )
-    unknown_mcp = sorted(set(settings.mcp_scopes) - set(scopes))
+    unknown_mcp = sorted(set(settings.mcp.scopes) - set(scopes))
     if unknown_mcp:
         problems.append(
             f"MANA_AI_MCP_SCOPES: unknown scope(s) {', '.join(unknown_mcp)}; "
@@ -164,7 +164,7 @@ def mission_policy_setup(
             would otherwise deny every call, or limit nothing).
     """
     check_policy_settings(settings, tools)
-    exposed = frozenset(settings.policy_mission_scopes) or None
+    exposed = frozenset(settings.policy.mission_scopes) or None
     return _policy_setup(settings, engine, "mission", exposed)
 
 
@@ -178,7 +178,7 @@ def mcp_policy_setup(
         SettingsError: a setting names a tool or scope that none of ``tools`` has.
     """
     check_policy_settings(settings, tools)
-    exposed = frozenset(settings.mcp_scopes) or None
+    exposed = frozenset(settings.mcp.scopes) or None
     return _policy_setup(settings, engine, "mcp", exposed)
 
 
@@ -188,15 +188,17 @@ def _policy_setup(
     """``MANA_AI_POLICY_*`` and ``MANA_AI_APPROVAL_*`` for ``consumer``, the ledger on
     ``engine``, the tools of ``exposed`` scopes (``None``: every scope)."""
     webhook = None
-    if settings.approval_webhook_url is not None:
-        webhook = ApprovalWebhook(settings.approval_webhook_url, console_url=settings.console_url)
+    if settings.policy.approval_webhook_url is not None:
+        webhook = ApprovalWebhook(
+            settings.policy.approval_webhook_url, console_url=settings.api.console_url
+        )
     return PolicySetup(
-        default_mode=PolicyMode(settings.policy_mode),
+        default_mode=PolicyMode(settings.policy.mode),
         config=policy_config_from_settings(settings, exposed_scopes=exposed),
         ledger=PostgresCallLedger(engine),
         consumer=consumer,
-        default_destructive=DestructivePolicy(settings.policy_destructive),
-        approval_ttl=timedelta(seconds=settings.approval_ttl_s),
+        default_destructive=DestructivePolicy(settings.policy.destructive),
+        approval_ttl=timedelta(seconds=settings.policy.approval_ttl_s),
         webhook=webhook,
     )
 
@@ -218,7 +220,7 @@ async def open_served_tools(
     from worker.queries.mcp_tokens import McpStore
 
     check_policy_settings(settings, builtin_tool_catalog())
-    wait_s = settings.db_start_wait_s if wait_s is None else wait_s
+    wait_s = settings.database.start_wait_s if wait_s is None else wait_s
     async with open_database(settings, wait_s=wait_s) as engine:
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         store = McpStore(engine)
@@ -228,25 +230,25 @@ async def open_served_tools(
             policy=policy,
             store=store,
             user_settings=PolicyStore(engine).user_settings,
-            tool_timeout_s=settings.tool_timeout_s,
+            tool_timeout_s=settings.run.tool_timeout_s,
         )
         try:
             yield served, store
         finally:
             if policy.webhook is not None:
-                await policy.webhook.aclose(grace_s=settings.shutdown_grace_s)
+                await policy.webhook.aclose(grace_s=settings.daemon.shutdown_grace_s)
 
 
 def web_fetch_config(settings: Settings) -> WebFetchConfig:
     """The ``MANA_AI_WEB_*`` settings as web_fetch's configuration."""
     return WebFetchConfig(
-        allow_private=settings.web_allow_private,
-        allow_domains=settings.web_allow_domains,
-        deny_domains=settings.web_deny_domains,
-        timeout_s=settings.web_timeout_s,
-        max_bytes=settings.web_max_bytes,
-        max_chars=settings.web_max_chars,
-        max_redirects=settings.web_max_redirects,
+        allow_private=settings.web.allow_private,
+        allow_domains=settings.web.allow_domains,
+        deny_domains=settings.web.deny_domains,
+        timeout_s=settings.web.timeout_s,
+        max_bytes=settings.web.max_bytes,
+        max_chars=settings.web.max_chars,
+        max_redirects=settings.web.max_redirects,
     )
 
 
@@ -255,7 +257,7 @@ def watched_pools(settings: Settings, engine: AsyncEngine, gate: AsyncEngine) ->
     """Export the connection pools of ``engine`` (``main``) and, when it has its own,
     ``gate`` (``mana_ai_db_pool_*``, ``worker.metrics.DatabasePools``) while the block runs."""
     lane = gate_lane_size(settings)
-    pools = {"main": (engine, settings.db_pool_size - lane + settings.db_max_overflow)}
+    pools = {"main": (engine, settings.database.pool_size - lane + settings.database.max_overflow)}
     if gate is not engine:
         pools["gate"] = (gate, lane)
     for name, (watched, most) in pools.items():
@@ -279,9 +281,9 @@ def chat_endpoints(settings: Settings) -> dict[str, tuple[str, int]]:
 
     endpoints = {}
     for name, url in (
-        ("primary", settings.llm_base_url),
-        ("fallback", settings.llm_fallback_base_url),
-        ("compaction", settings.compact_base_url),
+        ("primary", settings.llm.primary.base_url),
+        ("fallback", settings.llm.fallback.base_url),
+        ("compaction", settings.llm.compaction.base_url),
     ):
         if url:
             parsed = httpx.URL(url)
@@ -320,14 +322,14 @@ def _traced(
             tracing,
             provider=provider,
             endpoints=mission_endpoints,
-            default_model=settings.llm_model,
+            default_model=settings.llm.primary.model,
         ),
         summariser=TracedChatModel(
             summariser,
             tracing,
             provider=provider,
             endpoints=summariser_endpoints,
-            default_model=settings.llm_model,
+            default_model=settings.llm.primary.model,
             summariser=True,
         ),
     )
@@ -364,16 +366,16 @@ async def open_app(
     """
     check_policy_settings(settings, builtin_tool_catalog())
     tracing: Tracing | None = None
-    if settings.otel == "on":  # before the database: a missing [otel] is a settings error
+    if settings.tracing.otel == "on":  # before the database: a missing [otel] is a settings error
         from worker.tracing.setup import open_tracing
 
         tracing = open_tracing(
-            worker_id=settings.worker_id,
-            capture_content=settings.otel_capture_content,
+            worker_id=settings.daemon.worker_id,
+            capture_content=settings.tracing.capture_content,
             environ=otel_variables(),
         )
     try:
-        wait_s = settings.db_start_wait_s if wait_s is None else wait_s
+        wait_s = settings.database.start_wait_s if wait_s is None else wait_s
         async with _wired_app(
             settings, llm=llm, migrate=migrate, wait_s=wait_s, tracing=tracing
         ) as app:
@@ -393,7 +395,7 @@ async def _wired_app(
     tracing: Tracing | None,
 ) -> AsyncIterator[App]:
     lane = gate_lane_size(settings)
-    pool_size = settings.db_pool_size - lane
+    pool_size = settings.database.pool_size - lane
     async with (
         open_database(settings, migrate=migrate, pool_size=pool_size, wait_s=wait_s) as engine,
         gate_lane(settings, engine) as ledger_engine,
@@ -401,57 +403,57 @@ async def _wired_app(
         store = PostgresMissionStore(engine)
         tools = builtin_tools(engine, web=web_fetch_config(settings))
         chat = (
-            InstrumentedChatModel(llm, default_model=settings.llm_model)
+            InstrumentedChatModel(llm, default_model=settings.llm.primary.model)
             if llm is not None
             else build_chat_model(settings)
         )
         summariser = build_summariser(settings, chat)
         traced = None
         if tracing is not None:
-            local = llm is None and not settings.llm_base_url
+            local = llm is None and not settings.llm.primary.base_url
             traced = _traced(settings, tracing, chat, summariser, local)
 
         def tools_for(mission: ClaimedMission) -> list[ToolSpec]:
-            return offered_tools(tools, mission.allowed_tools, settings.policy_mission_scopes)
+            return offered_tools(tools, mission.allowed_tools, settings.policy.mission_scopes)
 
-        lease = timedelta(seconds=settings.lease_s)
+        lease = timedelta(seconds=settings.daemon.lease_s)
         policy = mission_policy_setup(settings, ledger_engine, tools)
         runner = MissionRunner(
             store=store,
             llm=traced.chat if traced else chat,
             tools_for=tools_for,
-            worker_id=settings.worker_id,
+            worker_id=settings.daemon.worker_id,
             lease=lease,
-            default_model=settings.llm_model,
+            default_model=settings.llm.primary.model,
             policy=policy,
-            reminders=settings.reminders == "on",
-            reminders_disabled=settings.reminders_disabled,
-            checkpoint_every=settings.checkpoint_every_rounds,
-            reminder_role=settings.reminder_role,
+            reminders=settings.run.reminders == "on",
+            reminders_disabled=settings.run.reminders_disabled,
+            checkpoint_every=settings.run.checkpoint_every_rounds,
+            reminder_role=settings.run.reminder_role,
             compaction=CompactionSetup(
                 llm=traced.summariser if traced else summariser,
-                max_ctx=settings.compact_max_ctx,
-                threshold=settings.compact_threshold,
-                max_per_iteration=settings.compact_max_per_iteration,
-                model=settings.compact_model,
-                summariser_max_ctx=settings.compact_model_max_ctx,
+                max_ctx=settings.compaction.max_ctx,
+                threshold=settings.compaction.threshold,
+                max_per_iteration=settings.compaction.max_per_iteration,
+                model=settings.llm.compaction.model,
+                summariser_max_ctx=settings.compaction.model_max_ctx,
             ),
-            max_parallel_reads=settings.max_parallel_reads,
-            tool_timeout_s=settings.tool_timeout_s,
+            max_parallel_reads=settings.run.max_parallel_reads,
+            tool_timeout_s=settings.run.tool_timeout_s,
             tool_sources=McpToolSources(
-                list_timeout_s=settings.mcp_list_timeout_s,
-                max_result_chars=settings.mcp_max_result_chars,
+                list_timeout_s=settings.mcp.list_timeout_s,
+                max_result_chars=settings.mcp.max_result_chars,
                 # past the loop's own tool timeout, whose message says more
-                call_timeout_s=settings.tool_timeout_s + 5,
+                call_timeout_s=settings.run.tool_timeout_s + 5,
             ),
             tracing=traced.runs if traced else None,
         )
-        health = HealthState(stale_after_s=3 * settings.tick_interval_s + 30)
+        health = HealthState(stale_after_s=3 * settings.daemon.tick_interval_s + 30)
         worker = Worker(
             store=store,
             runner=runner,
-            worker_id=settings.worker_id,
-            max_concurrent_missions=settings.max_concurrent_missions,
+            worker_id=settings.daemon.worker_id,
+            max_concurrent_missions=settings.daemon.max_concurrent_missions,
             lease=lease,
             health=health,
         )
@@ -463,7 +465,7 @@ async def _wired_app(
             if summariser is not chat:
                 await summariser.aclose()
             if policy.webhook is not None:
-                await policy.webhook.aclose(grace_s=settings.shutdown_grace_s)
+                await policy.webhook.aclose(grace_s=settings.daemon.shutdown_grace_s)
 
 
 async def rerun_config(
@@ -485,27 +487,27 @@ async def rerun_config(
     agent = await admin.agent_by_name(mission["agent"])
     user_settings = await PolicyStore(admin.engine).user_settings(agent["owner_user_id"])
     tools = builtin_tools(admin.engine, web=web_fetch_config(settings))
-    exposed = frozenset(settings.policy_mission_scopes) or None
+    exposed = frozenset(settings.policy.mission_scopes) or None
     compact_max_ctx = agent.get("compact_max_ctx")
     return RerunConfig(
-        tools=offered_tools(tools, agent["allowed_tools"], settings.policy_mission_scopes),
+        tools=offered_tools(tools, agent["allowed_tools"], settings.policy.mission_scopes),
         max_rounds=agent["max_rounds"],
-        policy_mode=PolicyMode(policy_mode or agent.get("policy_mode") or settings.policy_mode),
+        policy_mode=PolicyMode(policy_mode or agent.get("policy_mode") or settings.policy.mode),
         policy_config=policy_config_from_settings(settings, exposed_scopes=exposed),
         user_settings=user_settings,
         user_id=agent["owner_user_id"],
         compact_max_ctx=compact_max_ctx
         if compact_max_ctx is not None
-        else settings.compact_max_ctx,
-        compact_threshold=settings.compact_threshold,
-        compact_max_per_iteration=settings.compact_max_per_iteration,
-        compact_model=settings.compact_model,
-        summariser_max_ctx=settings.compact_model_max_ctx,
-        reminders=settings.reminders == "on",
-        reminders_disabled=frozenset(settings.reminders_disabled),
-        reminder_role=settings.reminder_role,
+        else settings.compaction.max_ctx,
+        compact_threshold=settings.compaction.threshold,
+        compact_max_per_iteration=settings.compaction.max_per_iteration,
+        compact_model=settings.llm.compaction.model,
+        summariser_max_ctx=settings.compaction.model_max_ctx,
+        reminders=settings.run.reminders == "on",
+        reminders_disabled=frozenset(settings.run.reminders_disabled),
+        reminder_role=settings.run.reminder_role,
         max_tokens_per_day=agent.get("max_tokens_per_day"),
         destructive=DestructivePolicy(
-            agent.get("destructive_policy") or settings.policy_destructive
+            agent.get("destructive_policy") or settings.policy.destructive
         ),
     )

@@ -64,26 +64,27 @@ async def serve(
     try:
         async with open_app(settings, llm=llm, migrate=True) as app:
             metrics_server = None
-            if settings.metrics_port:
+            if settings.daemon.metrics_port:
                 try:
                     metrics_server = MetricsServer(
-                        settings.metrics_host, settings.metrics_port, app.health
+                        settings.daemon.metrics_host, settings.daemon.metrics_port, app.health
                     )
                 except OSError as exc:
                     raise SettingsError(
                         f"MANA_AI_METRICS_HOST / MANA_AI_METRICS_PORT: cannot listen on "
-                        f"{settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc} "
+                        f"{settings.daemon.metrics_host}:{settings.daemon.metrics_port}: "
+                        f"{exc.strerror or exc} "
                         "(set another port, or 0 to disable the endpoint)"
                     ) from exc
                 metrics_server.start()
                 logger.info(
                     "metrics on http://%s:%d/metrics and /healthz",
-                    settings.metrics_host,
+                    settings.daemon.metrics_host,
                     metrics_server.port,
                 )
             listening = _start_listening(settings, app.engine, app.worker.wake)
             scheduler = AsyncIOScheduler(timezone=UTC)
-            app.worker.schedule(scheduler, settings.tick_interval_s)
+            app.worker.schedule(scheduler, settings.daemon.tick_interval_s)
             if metrics_server is not None:
                 scheduler.add_job(
                     _ApprovalFigures(ApprovalStore(app.engine)).read,
@@ -98,10 +99,10 @@ async def serve(
             scheduler.start()
             logger.info(
                 "worker %s ticking every %g s, up to %d mission(s) at once",
-                settings.worker_id,
-                settings.tick_interval_s,
-                settings.max_concurrent_missions,
-                extra={"worker_id": settings.worker_id},
+                settings.daemon.worker_id,
+                settings.daemon.tick_interval_s,
+                settings.daemon.max_concurrent_missions,
+                extra={"worker_id": settings.daemon.worker_id},
             )
             try:
                 await stop.wait()
@@ -113,14 +114,14 @@ async def serve(
                     await asyncio.gather(listening, return_exceptions=True)
                 # waits for a tick in flight, then for the runs (the scheduler's shutdown
                 # would cancel a tick in flight: its claimed missions unseen)
-                await app.worker.drain(settings.shutdown_grace_s, hurry)
+                await app.worker.drain(settings.daemon.shutdown_grace_s, hurry)
                 scheduler.shutdown(wait=False)
                 if metrics_server is not None:
                     metrics_server.stop()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    logger.info("worker %s stopped", settings.worker_id)
+    logger.info("worker %s stopped", settings.daemon.worker_id)
     return 0
 
 
@@ -130,16 +131,16 @@ def _start_listening(
     """Start the wake-up listener (``worker.daemon.wakeup``) on one of ``engine``'s connections, or
     say at start why wake-ups are off and due missions wait for the tick."""
     reason = off_reason(
-        wake_up=settings.wake_up,
-        pgbouncer=settings.pgbouncer,
-        pool_capacity=settings.db_pool_size + settings.db_max_overflow,
-        pgbouncer_detected=settings.db_pgbouncer == "auto",
+        wake_up=settings.daemon.wake_up,
+        pgbouncer=settings.database.pgbouncer,
+        pool_capacity=settings.database.pool_size + settings.database.max_overflow,
+        pgbouncer_detected=settings.database.pgbouncer_mode == "auto",
     )
     if reason is not None:
         logger.info(
             "wake-ups off (%s): due missions wait for the next tick (every %g s)",
             reason,
-            settings.tick_interval_s,
+            settings.daemon.tick_interval_s,
         )
         return None
     listener = WakeUpListener(engine, wake)

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from worker.database_url import redact_url
 from worker.db.engine import (
     application_name,
     check_connection,
@@ -32,7 +33,6 @@ from worker.db.engine import (
 from worker.db.migrate import current_revision, upgrade_database
 from worker.db.revision import revision_problem
 from worker.db.transient import describe_error, is_transient, retry_transient
-from worker.db.urls import redact_url
 from worker.errors import DatabaseError
 from worker.settings import Settings
 
@@ -69,14 +69,14 @@ async def open_database(
     """
     url = await resolve_database_url(settings)
     engine = configured_engine(
-        settings, url, pool_size=pool_size or settings.db_pool_size, max_overflow=None
+        settings, url, pool_size=pool_size or settings.database.pool_size, max_overflow=None
     )
     deadline = time.monotonic() + wait_s
     try:
         try:
             await check_connection(engine, wait_s=_left(deadline))
             if migrate is None:
-                migrate = settings.database_url is None
+                migrate = settings.database.url is None
             if migrate:
                 await upgrade_database(engine, wait_s=_left(deadline))
             else:
@@ -102,10 +102,10 @@ async def wait_for_database(settings: Settings, *, wait_s: float | None = None) 
         DatabaseError: still unreachable after ``wait_s`` (the message says it waited), or a
             failure that is not transient (at once): the error ``open_database`` gives.
     """
-    if settings.database_url is None:
+    if settings.database.url is None:
         return
-    wait_s = settings.db_start_wait_s if wait_s is None else wait_s
-    engine = configured_engine(settings, settings.database_url)
+    wait_s = settings.database.start_wait_s if wait_s is None else wait_s
+    engine = configured_engine(settings, settings.database.url)
     try:
         await check_connection(engine, wait_s=wait_s)
     except DatabaseError as exc:
@@ -157,8 +157,8 @@ def configured_engine(
     return create_engine(
         url,
         pool_size=pool_size,
-        max_overflow=settings.db_max_overflow if max_overflow is None else max_overflow,
-        pgbouncer=settings.pgbouncer,
-        application_name=application_name(settings.worker_id),
-        statement_timeout_s=settings.db_statement_timeout_s,
+        max_overflow=settings.database.max_overflow if max_overflow is None else max_overflow,
+        pgbouncer=settings.database.pgbouncer,
+        application_name=application_name(settings.daemon.worker_id),
+        statement_timeout_s=settings.database.statement_timeout_s,
     )

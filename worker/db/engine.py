@@ -24,8 +24,8 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from worker.database_url import redact_url, to_async_url
 from worker.db.transient import describe_error, retry_transient
-from worker.db.urls import redact_url, to_async_url
 from worker.errors import DatabaseError
 
 if TYPE_CHECKING:
@@ -299,17 +299,17 @@ async def check_connection(engine: AsyncEngine, *, wait_s: float = 0.0) -> None:
 async def resolve_database_url(settings: Settings) -> str:
     """The asyncpg URL the daemon should use.
 
-    ``settings.database_url`` when set; otherwise an embedded PostgreSQL under
-    ``settings.data_dir / "pgdata"`` is started (in a thread, it blocks) and its URL returned.
-    Both cases are logged, without passwords.
+    ``settings.database.url`` when set; otherwise an embedded PostgreSQL under
+    ``settings.database.data_dir / "pgdata"`` is started (in a thread, it blocks) and its URL
+    returned. Both cases are logged, without passwords.
 
     Raises:
         DatabaseError: the embedded server could not be started.
     """
-    if settings.database_url is not None:
-        logger.info("using PostgreSQL at %s", redact_url(settings.database_url))
-        return settings.database_url
-    pgdata = settings.data_dir / "pgdata"
+    if settings.database.url is not None:
+        logger.info("using PostgreSQL at %s", redact_url(settings.database.url))
+        return settings.database.url
+    pgdata = settings.database.data_dir / "pgdata"
     logger.debug(  # the command line says so on stderr (worker.cli.stores)
         "MANA_AI_DATABASE_URL is not set: starting embedded PostgreSQL with its data in %s",
         pgdata,

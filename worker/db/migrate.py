@@ -30,9 +30,9 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from worker.database_url import redact_url
 from worker.db.revision import HEAD_REVISION, REVISION_QUERY, revision_problem
 from worker.db.transient import describe_error, retry_transient, sqlstate_of
-from worker.db.urls import redact_url
 from worker.errors import DatabaseError
 
 if TYPE_CHECKING:  # alembic is loaded only to migrate: a command that checks does without it

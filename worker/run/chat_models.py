@@ -154,53 +154,57 @@ def _count_fallback(error: LLMError) -> None:
 def build_chat_model(settings: Settings) -> InstrumentedChatModel:
     """The worker's ChatModel for ``settings`` (see the module docstring)."""
     inner: Any
-    if settings.llm_base_url:
+    if settings.llm.primary.base_url:
         inner = _http_model(
-            settings, "primary", settings.llm_base_url, settings.llm_api_key, "LLM_BASE_URL"
+            settings,
+            "primary",
+            settings.llm.primary.base_url,
+            settings.llm.primary.api_key,
+            "LLM_BASE_URL",
         )
-        logger.info("LLM: OpenAI-compatible endpoint %s", redact_url(settings.llm_base_url))
+        logger.info("LLM: OpenAI-compatible endpoint %s", redact_url(settings.llm.primary.base_url))
     else:
         from planner.providers.local_runtime import embedded_chat_model, resolve_local_runtime
 
-        runtime = resolve_local_runtime(settings.local_runtime)
+        runtime = resolve_local_runtime(settings.llm.local_runtime)
         inner = embedded_chat_model(runtime)
         logger.info(
             "LLM: embedded SmolLM2-135M-Instruct on %s (MANA_AI_LLM_BASE_URL is unset)", runtime
         )
-    if settings.llm_fallback_base_url:
+    if settings.llm.fallback.base_url:
         from planner.providers import FallbackChatModel
 
         fallback = _http_model(
             settings,
             "fallback",
-            settings.llm_fallback_base_url,
-            settings.llm_fallback_api_key,
+            settings.llm.fallback.base_url,
+            settings.llm.fallback.api_key,
             "LLM_FALLBACK_BASE_URL",
         )
         inner = FallbackChatModel(
             inner,
             fallback,
-            fallback_model=settings.llm_fallback_model,
+            fallback_model=settings.llm.fallback.model,
             on_fallback=_count_fallback,
         )
-        logger.info("LLM: fallback endpoint %s", redact_url(settings.llm_fallback_base_url))
-    return InstrumentedChatModel(inner, default_model=settings.llm_model)
+        logger.info("LLM: fallback endpoint %s", redact_url(settings.llm.fallback.base_url))
+    return InstrumentedChatModel(inner, default_model=settings.llm.primary.model)
 
 
 def build_summariser(settings: Settings, chat: InstrumentedChatModel) -> InstrumentedChatModel:
     """The ChatModel that writes compaction summaries: ``MANA_AI_COMPACT_BASE_URL`` when set
     (its own endpoint and key), else the missions' own ``chat``."""
-    if not settings.compact_base_url:
+    if not settings.llm.compaction.base_url:
         return chat
-    logger.info("compaction summaries: endpoint %s", redact_url(settings.compact_base_url))
+    logger.info("compaction summaries: endpoint %s", redact_url(settings.llm.compaction.base_url))
     inner = _http_model(
         settings,
         "compaction",
-        settings.compact_base_url,
-        settings.compact_api_key,
+        settings.llm.compaction.base_url,
+        settings.llm.compaction.api_key,
         "COMPACT_BASE_URL",
     )
-    return InstrumentedChatModel(inner, default_model=settings.llm_model)
+    return InstrumentedChatModel(inner, default_model=settings.llm.primary.model)
 
 
 def _http_model(
@@ -219,16 +223,16 @@ def _http_model(
         return OpenAICompatibleChatModel(
             base_url=base_url,
             api_key=api_key.get_secret_value() if api_key else None,
-            default_model=settings.llm_model,
-            timeout_s=settings.llm_timeout_s,
-            max_retries=settings.llm_max_retries,
+            default_model=settings.llm.primary.model,
+            timeout_s=settings.llm.timeout_s,
+            max_retries=settings.llm.max_retries,
             on_retry=_count_retry,
             name=name,
-            schema_dialect=settings.llm_schema_dialect,
-            strip_schema_keywords=settings.llm_schema_strip,
+            schema_dialect=settings.llm.schema_dialect,
+            strip_schema_keywords=settings.llm.schema_strip,
             # one request in flight per running mission: none waits for a connection
-            max_connections=settings.max_concurrent_missions,
-            max_response_bytes=settings.llm_max_response_bytes,
+            max_connections=settings.daemon.max_concurrent_missions,
+            max_response_bytes=settings.llm.max_response_bytes,
             max_response_bytes_name="MANA_AI_LLM_MAX_RESPONSE_BYTES",
         )
     except ValueError as exc:

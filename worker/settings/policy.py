@@ -1,33 +1,29 @@
-"""The policy gate's settings and those of approvals: ``PolicySettings``, the part of
-``worker.settings_model.Settings`` that configures what every consumer of the tools (a
-mission, an MCP client) may run, and how a person is asked about a destructive call.
-
-Each field's ``description`` is the operator documentation (README's settings table holds it).
-"""
+"""The policy gate's settings and those of approvals: ``PolicySettings`` (``Settings.policy``),
+what every consumer of the tools (a mission, an MCP client) may run, and how a person is asked
+about a destructive call."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from worker.settings_values import (
+from worker.settings.values import (
     DAY_S,
     CaseInsensitive,
     CommaList,
     EndpointUrl,
+    Section,
     ToolRateLimits,
 )
 
 __all__ = ["PolicySettings"]
 
 
-class PolicySettings(BaseModel):
-    """The policy gate's and approvals' settings (``MANA_AI_POLICY_*``,
-    ``MANA_AI_APPROVAL_*``); ``Settings`` extends it and configures how the environment is
-    read."""
+class PolicySettings(Section):
+    """``MANA_AI_POLICY_*`` and ``MANA_AI_APPROVAL_*``."""
 
-    policy_mode: Annotated[Literal["off", "log-only", "enforce"], CaseInsensitive] = Field(
+    mode: Annotated[Literal["off", "log-only", "enforce"], CaseInsensitive] = Field(
         default="log-only",
         description=(
             "The policy gate's mode for every tool call: 'off' (no rules, nothing recorded), "
@@ -36,7 +32,7 @@ class PolicySettings(BaseModel):
             "told why). An agent's --policy-mode overrides it. Default log-only."
         ),
     )
-    policy_rate_limit: int = Field(
+    rate_limit: int = Field(
         default=30,
         ge=1,
         le=100_000,
@@ -47,13 +43,13 @@ class PolicySettings(BaseModel):
             "Default 30."
         ),
     )
-    policy_rate_window_s: float = Field(
+    rate_window_s: float = Field(
         default=60.0,
         gt=0,
         le=86_400,
         description="Seconds of the rate limit's rolling window. Default 60.",
     )
-    policy_tool_rate_limits: ToolRateLimits = Field(
+    tool_rate_limits: ToolRateLimits = Field(
         default_factory=dict,
         description=(
             "Per-tool rate limits for every user, as tool=calls pairs separated by commas, "
@@ -61,7 +57,7 @@ class PolicySettings(BaseModel):
             "every tool."
         ),
     )
-    policy_injection_markers: CommaList = Field(
+    injection_markers: CommaList = Field(
         default=(),
         description=(
             "Extra prompt-injection markers to flag in tool-call arguments, separated by "
@@ -71,14 +67,14 @@ class PolicySettings(BaseModel):
             "accents, zero-width characters and Unicode compatibility forms."
         ),
     )
-    policy_mission_scopes: CommaList = Field(
+    mission_scopes: CommaList = Field(
         default=(),
         description=(
             "Tool scopes that missions may use, separated by commas (e.g. 'notes,clock'); a "
             "call of a tool in another scope is denied (scope_not_exposed). Unset: every scope."
         ),
     )
-    policy_destructive: Annotated[Literal["deny", "ask"], CaseInsensitive] = Field(
+    destructive: Annotated[Literal["deny", "ask"], CaseInsensitive] = Field(
         default="deny",
         description=(
             "What the gate does in enforce mode with a destructive call the user has not opted "

@@ -1,21 +1,19 @@
-"""The settings of `mana-ai serve`, the HTTP API and console: ``ApiSettings``, the part of
-``worker.settings_model.Settings`` for it. Each field's ``description`` is the operator
-documentation (README's settings table holds it)."""
+"""The settings of `mana-ai serve`, the HTTP API and console: ``ApiSettings``
+(``Settings.api``)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from worker.settings_values import DAY_S, MIB, EndpointUrl
+from worker.settings.values import DAY_S, MIB, EndpointUrl, Section
 
 __all__ = ["ApiSettings"]
 
 
-class ApiSettings(BaseModel):
-    """``MANA_AI_API_*`` and ``MANA_AI_CONSOLE_URL``; ``Settings`` extends it and configures
-    how the environment is read."""
+class ApiSettings(Section):
+    """``MANA_AI_API_*`` and ``MANA_AI_CONSOLE_URL``."""
 
-    api_host: str = Field(
+    host: str = Field(
         default="127.0.0.1",
         min_length=1,
         description=(
@@ -25,7 +23,7 @@ class ApiSettings(BaseModel):
             "(`mana-ai admin token create`)."
         ),
     )
-    api_port: int = Field(
+    port: int = Field(
         default=8080,
         ge=0,
         le=65535,
@@ -33,7 +31,7 @@ class ApiSettings(BaseModel):
             "TCP port of `mana-ai serve`; 0 picks a free port (printed at start). Default 8080."
         ),
     )
-    api_session_ttl_s: float = Field(
+    session_ttl_s: float = Field(
         default=12 * 3600.0,
         ge=60,
         le=30 * DAY_S,
@@ -43,7 +41,7 @@ class ApiSettings(BaseModel):
             "Default 43200 (12 hours)."
         ),
     )
-    api_max_body_bytes: int = Field(
+    max_body_bytes: int = Field(
         default=MIB,
         ge=1024,
         le=64 * MIB,

@@ -1,26 +1,24 @@
-"""How particular setting values are read: the parsers and checks that the ``Settings`` fields
-are annotated with (``worker.settings_model``), and the bounds the fields are held to.
+"""How particular setting values are read: the parsers and checks that the fields of the
+settings sections are annotated with, ``Section`` (their common configuration), and the bounds
+the fields are held to.
 
-Every value comes in as text: ``environment_values`` finds each field's in the environment
-(``MANA_AI_<FIELD>``). A parser is a pydantic ``BeforeValidator`` (the text to the
-field's type: a comma-separated list, an on/off switch, ``tool=calls`` pairs); a check is an
-``AfterValidator`` (of the typed value: a name, an http(s) URL, the known reminder producers).
+Every value comes in as text (pydantic-settings gives each variable's text as it is). A parser
+is a pydantic ``BeforeValidator`` (the text to the field's type: a comma-separated list, an
+on/off switch, ``tool=calls`` pairs); a check is an ``AfterValidator`` (of the typed value: a
+name, an http(s) URL, the known reminder producers).
 A failed one raises ``ValueError``, which ``load_settings()`` reports with the variable's name.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, SecretStr
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SecretStr
 
-from worker.db.data_dir import default_data_dir
-from worker.db.urls import to_async_url
+from worker.data_dir import default_data_dir
+from worker.database_url import to_async_url
 from worker.http_url import http_url_problem, normalize_domain
 from worker.names import normalised_name
 
@@ -34,7 +32,6 @@ __all__ = [
     "MIB",
     "MIN_CONTEXT_TOKENS",
     "MIN_TICK_INTERVAL_S",
-    "OTLP_ENDPOINT_VARIABLES",
     "PGBOUNCER_DEFAULT_PORT",
     "ApiKey",
     "CaseInsensitive",
@@ -51,14 +48,12 @@ __all__ = [
     "OnOff",
     "PgBouncerMode",
     "ReminderProducers",
+    "Section",
     "ToolRateLimits",
-    "default_otel",
-    "default_worker_id",
-    "environment_values",
 ]
 
 ENV_PREFIX = "MANA_AI_"
-"""The prefix of every setting's variable: field ``lease_s`` is ``MANA_AI_LEASE_S``."""
+"""The prefix of every setting's variable (``MANA_AI_LEASE_S``)."""
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -78,19 +73,6 @@ MAX_CONTEXT_TOKENS = 100_000_000
 PGBOUNCER_DEFAULT_PORT = 6432
 """PgBouncer's default listening port (pgbouncer.ini ``listen_port``): ``MANA_AI_DB_PGBOUNCER=auto``
 assumes PgBouncer on it."""
-
-
-def environment_values(fields: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The text of each of ``fields`` that ``environ`` sets, keyed by field name: variable
-    ``MANA_AI_<FIELD>`` in any case (when two spellings are set, the later one in ``environ``
-    wins), a variable set to the empty string counting as unset (``MANA_AI_X=``, common in
-    compose files). The text is given to the field as it is (a list or a mapping is parsed by
-    the field's own validator, never as JSON): what pydantic-settings' environment source
-    gave this model (``case_sensitive=False``, ``env_ignore_empty=True``, every list and
-    mapping ``NoDecode``)."""
-    found = {key.lower(): value for key, value in environ.items() if value != ""}
-    wanted = ((name, (ENV_PREFIX + name).lower()) for name in fields)
-    return {name: found[key] for name, key in wanted if key in found}
 
 
 # -- parsers: text to the field's type (BeforeValidator) -------------------------------------------
@@ -213,7 +195,7 @@ def checked_name(value: str | None) -> str | None:
 
 
 def async_database_url(value: str | None) -> str | None:
-    """The database URL in asyncpg's dialect (``worker.db.urls.to_async_url``)."""
+    """The database URL in asyncpg's dialect (``worker.database_url.to_async_url``)."""
     return None if value is None else to_async_url(value)
 
 
@@ -299,19 +281,11 @@ CaseInsensitive = BeforeValidator(lower_word)
 """Metadata for ``Annotated[Literal[...], CaseInsensitive]``: the words in any case."""
 
 
-def default_worker_id() -> str:
-    """``<host name>:<process id>``: ``MANA_AI_WORKER_ID``'s default, unique per process."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+class Section(BaseModel):
+    """The common configuration of a settings section (``Settings.database``, ``.llm``, ...):
+    frozen, no unknown fields, no ``inf``/``nan`` (``MANA_AI_TICK_INTERVAL_S=inf`` is a typo,
+    not a setting), and defaults pass the same checks as given values (``~`` expanded)."""
 
-
-OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-"""The OpenTelemetry SDK's variables naming where traces go: setting one turns tracing on."""
-
-
-def default_otel() -> Literal["on", "off"]:
-    """``on`` when an OTLP endpoint is configured (and ``OTEL_SDK_DISABLED`` is not true),
-    else ``off``: the OpenTelemetry SDK's own variables decide, as for any instrumented
-    program."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return "off"
-    return "on" if any(os.environ.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES) else "off"
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True
+    )
