@@ -33,7 +33,8 @@ from tests.e2e.daemon_harness import (
 )
 from tests.fakes import FakeLLMServer
 from tests.fakes.db_proxy import FlakyProxy
-from worker.daemon.app import open_app, open_served_tools
+from worker.daemon.app import open_app
+from worker.daemon.tools_setup import open_served_tools
 from worker.db.configured import open_database, wait_for_database
 from worker.settings import Settings
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ToolContext, ToolRegistry, ToolSpec
-from worker.daemon.app import allowed_tools_for, web_fetch_config
+from worker.daemon.tools_setup import allowed_tools_for, web_fetch_config
 from worker.settings import load_settings
 from worker.tools import WebFetchConfig, builtin_tools, clock_tools, notes_tools, web_tools
 from worker.tools.notes import BODY_MAX_CHARS, TITLE_MAX_CHARS, escape_like, snippet

@@ -233,7 +233,7 @@ def test_mcp_scope_settings_are_checked(
 def test_missions_may_be_limited_to_an_mcp_servers_scope(
     run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker.daemon.app import check_policy_settings
+    from worker.daemon.tools_setup import check_policy_settings
     from worker.settings import load_settings
     from worker.tools import builtin_tool_catalog
 

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.readme import documented_responses, section
-from worker.daemon.app import open_served_tools
+from worker.daemon.tools_setup import open_served_tools
 from worker.db.tables import notes, tool_invocations
 from worker.mcp.serve_health import DatabaseHealth, ping_database
 from worker.mcp.server import McpHttpServer, build_http_app

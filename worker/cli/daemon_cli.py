@@ -41,7 +41,8 @@ def register(commands: Any) -> None:
 
 async def _tick(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import announce_database
-    from worker.daemon.app import check_policy_settings, open_app
+    from worker.daemon.app import open_app
+    from worker.daemon.tools_setup import check_policy_settings
     from worker.tools import builtin_tool_catalog
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database
@@ -86,8 +87,8 @@ async def _tick(args: argparse.Namespace, settings: Settings) -> int:
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from worker.cli.stores import announce_database, database_answers
-    from worker.daemon.app import check_policy_settings
     from worker.daemon.serve import serve
+    from worker.daemon.tools_setup import check_policy_settings
     from worker.tools import builtin_tool_catalog
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database

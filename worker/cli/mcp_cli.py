@@ -89,7 +89,7 @@ def register(commands: Any) -> None:
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from worker.cli.stores import database_answers, served_tools
-    from worker.daemon.app import check_policy_settings
+    from worker.daemon.tools_setup import check_policy_settings
     from worker.tools import builtin_tool_catalog
 
     if args.stdio:

@@ -143,7 +143,7 @@ async def served_tools(settings: Settings) -> AsyncIterator[tuple[ServedTools, M
         SettingsError: a policy setting names an unknown tool or scope (nothing is opened).
         ManaAIError: the database could not be opened (or is not migrated).
     """
-    from worker.daemon.app import check_policy_settings, open_served_tools
+    from worker.daemon.tools_setup import check_policy_settings, open_served_tools
     from worker.tools import builtin_tool_catalog
 
     check_policy_settings(settings, builtin_tool_catalog())  # exit 2 before the database

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatModel
 from worker import metrics
-from worker.daemon.app import open_app
+from worker.daemon.app import App, open_app
 from worker.daemon.wakeup import WakeUpListener, off_reason
 from worker.db.transient import describe_error
 from worker.errors import SettingsError
@@ -63,39 +63,9 @@ async def serve(
         loop.add_signal_handler(sig, _on_signal, sig, stop, hurry)
     try:
         async with open_app(settings, llm=llm, migrate=True) as app:
-            metrics_server = None
-            if settings.daemon.metrics_port:
-                try:
-                    metrics_server = MetricsServer(
-                        settings.daemon.metrics_host, settings.daemon.metrics_port, app.health
-                    )
-                except OSError as exc:
-                    raise SettingsError(
-                        f"MANA_AI_METRICS_HOST / MANA_AI_METRICS_PORT: cannot listen on "
-                        f"{settings.daemon.metrics_host}:{settings.daemon.metrics_port}: "
-                        f"{exc.strerror or exc} "
-                        "(set another port, or 0 to disable the endpoint)"
-                    ) from exc
-                metrics_server.start()
-                logger.info(
-                    "metrics on http://%s:%d/metrics and /healthz",
-                    settings.daemon.metrics_host,
-                    metrics_server.port,
-                )
+            metrics_server = _metrics_server(settings, app)
             listening = _start_listening(settings, app.engine, app.worker.wake)
-            scheduler = AsyncIOScheduler(timezone=UTC)
-            app.worker.schedule(scheduler, settings.daemon.tick_interval_s)
-            if metrics_server is not None:
-                scheduler.add_job(
-                    _ApprovalFigures(ApprovalStore(app.engine)).read,
-                    "interval",
-                    seconds=APPROVAL_STATS_INTERVAL_S,
-                    id="approval stats",
-                    next_run_time=datetime.now(UTC),
-                    max_instances=1,
-                    coalesce=True,
-                    misfire_grace_time=None,
-                )
+            scheduler = _scheduler(settings, app, figures=metrics_server is not None)
             scheduler.start()
             logger.info(
                 "worker %s ticking every %g s, up to %d mission(s) at once",
@@ -123,6 +93,47 @@ async def serve(
             loop.remove_signal_handler(sig)
     logger.info("worker %s stopped", settings.daemon.worker_id)
     return 0
+
+
+def _metrics_server(settings: Settings, app: App) -> MetricsServer | None:
+    """The /metrics and /healthz endpoint, started; ``None`` when the port is 0.
+
+    Raises:
+        SettingsError: it cannot listen there (the address is not this host's, the port is
+            taken).
+    """
+    if not settings.daemon.metrics_port:
+        return None
+    host, port = settings.daemon.metrics_host, settings.daemon.metrics_port
+    try:
+        server = MetricsServer(host, port, app.health)
+    except OSError as exc:
+        raise SettingsError(
+            f"MANA_AI_METRICS_HOST / MANA_AI_METRICS_PORT: cannot listen on {host}:{port}: "
+            f"{exc.strerror or exc} (set another port, or 0 to disable the endpoint)"
+        ) from exc
+    server.start()
+    logger.info("metrics on http://%s:%d/metrics and /healthz", host, server.port)
+    return server
+
+
+def _scheduler(settings: Settings, app: App, *, figures: bool) -> AsyncIOScheduler:
+    """The daemon's scheduler, not started: the tick job, and with ``figures`` the job that
+    reads the approval figures for /metrics."""
+    scheduler = AsyncIOScheduler(timezone=UTC)
+    app.worker.schedule(scheduler, settings.daemon.tick_interval_s)
+    if figures:
+        scheduler.add_job(
+            _ApprovalFigures(ApprovalStore(app.engine)).read,
+            "interval",
+            seconds=APPROVAL_STATS_INTERVAL_S,
+            id="approval stats",
+            next_run_time=datetime.now(UTC),
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
+        )
+    return scheduler
 
 
 def _start_listening(

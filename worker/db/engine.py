@@ -3,6 +3,21 @@
 The worker talks to PostgreSQL through SQLAlchemy's asyncio layer over asyncpg only, so every
 URL is normalised to ``postgresql+asyncpg://`` here (``to_async_url``). With no URL configured,
 ``resolve_database_url`` starts the embedded PostgreSQL (``worker.db.embedded``).
+
+The pool (``create_engine``): every store method takes a connection for one short transaction
+and gives it back, so a pool of 10 serves hundreds of running missions. The pool hands out the
+connection given back last (``pool_use_lifo``): under a light load the same few connections
+serve every statement with their backends warm, and the others stay idle, for the server or
+PgBouncer to close (``bench/db_floor.py`` at concurrency 4: 746-876 against 670-801 missions
+per second). A connection idle in the pool for ``PING_AFTER_IDLE_S`` or more is pinged when
+taken (a restarted server then costs a reconnect, not an error); one used within that time is
+not (a ping on asyncpg costs three round trips). A connection asyncpg knows is closed is
+replaced when taken. This is SQLAlchemy's documented pessimistic disconnect handling with a
+``checkout`` event in place of ``pool_pre_ping``. Connections are recycled after 30 minutes.
+A statement that times out leaves its connection out of the pool if it does not answer its
+reset either. With ``pgbouncer=True`` asyncpg's and SQLAlchemy's prepared-statement caches are
+off and every prepared statement gets a unique name, as SQLAlchemy's asyncpg dialect documents
+("Prepared Statement Name with PGBouncer").
 """
 
 from __future__ import annotations
@@ -91,42 +106,20 @@ def create_engine(
     pool_timeout_s: float = 30.0,
     statement_timeout_s: float | None = 60.0,
 ) -> AsyncEngine:
-    """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts).
+    """An ``AsyncEngine`` on asyncpg for ``url`` (any scheme ``to_async_url`` accepts); the
+    caller owns it and must ``await engine.dispose()`` at shutdown. See the module doc for the
+    pool's behaviour.
 
-    The engine never holds more than ``pool_size + max_overflow`` connections; a checkout that
-    finds none free waits up to ``pool_timeout_s`` seconds (then SQLAlchemy's ``TimeoutError``).
-    Every store method takes a connection for one short transaction and gives it back, so a
-    pool of 10 serves hundreds of running missions (``MANA_AI_DB_POOL_SIZE``). The pool hands
-    out the connection given back last (SQLAlchemy's ``pool_use_lifo``): under a light load
-    the same few connections serve every statement, their server backends warm (their plans
-    and caches), where taking each in turn spread the statements over every backend a burst
-    opened (``bench/db_floor.py`` at concurrency 4, 4 pairs alternating: 746-876 against
-    670-801 missions per second, the server's CPU per mission 0.81-1.00 against 1.00-1.11
-    ms), and the others stay idle, for the server or PgBouncer to close.
-
-    A connection that sat idle in the pool for ``PING_AFTER_IDLE_S`` or more is pinged when
-    taken (a restarted server or a dropped connection then costs a reconnect, not an error);
-    one used within that time is not, since a ping on asyncpg costs three round trips (BEGIN,
-    ``;``, ROLLBACK) and a busy worker takes connections hundreds of times a second. Either way
-    a connection asyncpg already knows is closed (the server ended it: a restart, a
-    terminated backend) is replaced when taken, before a statement is sent on it. This is
-    SQLAlchemy's documented pessimistic disconnect handling with a ``checkout`` event in
-    place of ``pool_pre_ping``. Connections are recycled after 30 minutes.
-    ``application_name`` shows up in ``pg_stat_activity``. A server that accepts the TCP
-    connection but never answers fails after ``connect_timeout_s`` (asyncpg's default is 60 s),
-    and a statement whose answer does not come within ``statement_timeout_s`` (asyncpg's
-    ``command_timeout``; ``None``: wait for ever) raises ``TimeoutError``, a transient failure
-    (``worker.db.transient``) that the callers that retry retry; the connection it was on is
-    not returned to the pool if it does not answer its reset either.
-
-    ``pgbouncer=True`` is for PgBouncer in transaction pooling mode, where consecutive
-    transactions of one client connection may run on different server connections: asyncpg's
-    and SQLAlchemy's prepared-statement caches are off and every prepared statement gets a
-    unique name, as SQLAlchemy's asyncpg dialect documents ("Prepared Statement Name with
-    PGBouncer"), so a statement never meets a name another client prepared on that server
-    connection.
-
-    The caller owns the engine and must ``await engine.dispose()`` at shutdown.
+    Args:
+        pool_size, max_overflow: at most their sum of connections (``MANA_AI_DB_POOL_SIZE``).
+        application_name: shown in ``pg_stat_activity``.
+        connect_timeout_s: a server that accepts TCP but never answers fails after it.
+        pgbouncer: for PgBouncer in transaction pooling mode (no prepared-statement caches,
+            unique statement names).
+        pool_timeout_s: a checkout that finds no free connection waits this long, then raises
+            SQLAlchemy's ``TimeoutError``.
+        statement_timeout_s: asyncpg's ``command_timeout`` (``None``: wait for ever); past it
+            a statement raises ``TimeoutError``, a transient failure (``worker.db.transient``).
     """
     connect_args = driver_options(
         application_name=application_name,

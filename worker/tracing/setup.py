@@ -211,56 +211,14 @@ def _pipeline(
     endpoints: dict[str, str],
     text_limit: int | None,
 ) -> Tracing:
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import (
-        ConsoleMetricExporter,
-        PeriodicExportingMetricReader,
-    )
-    from opentelemetry.sdk.resources import (
-        SERVICE_INSTANCE_ID,
-        SERVICE_NAME,
-        SERVICE_VERSION,
-        OTELResourceDetector,
-        Resource,
-    )
-    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-
-    from worker.tracing.masking import MaskingSpanExporter
-
     conventions = conventions_for(environ)
-    # mana-ai's defaults, then what OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME say over them
-    resource = Resource.create(
-        {
-            SERVICE_NAME: "mana-ai",
-            SERVICE_VERSION: package_version(),
-            SERVICE_INSTANCE_ID: worker_id,
-        }
-    ).merge(OTELResourceDetector().detect())
-
+    resource = _resource(worker_id)
     limit = text_limit if text_limit is not None else CONTENT_CHARS
-    limits = SpanLimits(max_span_attribute_length=limit) if text_limit is None else None
-    # shutdown_on_exit=False: no atexit hook that waits for the collector (module docstring)
-    tracer_provider = TracerProvider(resource=resource, span_limits=limits, shutdown_on_exit=False)
-    if traces_exporter == "otlp":
-        exporter: Any = OTLPSpanExporter()
-        tracer_provider.add_span_processor(BatchSpanProcessor(MaskingSpanExporter(exporter)))
-    elif traces_exporter == "console":
-        exporter = ConsoleSpanExporter()
-        tracer_provider.add_span_processor(BatchSpanProcessor(MaskingSpanExporter(exporter)))
+    tracer_provider = _tracer_provider(resource, traces_exporter, text_limit)
     if metrics_exporter == "otlp" and "traces" in endpoints and "metrics" not in endpoints:
         # only a traces endpoint: the metrics would go to localhost:4318 and fail every minute
         metrics_exporter = "none (no OTLP endpoint for metrics)"
-    meter_provider = None
-    if metrics_exporter in ("otlp", "console"):
-        exporter = OTLPMetricExporter() if metrics_exporter == "otlp" else ConsoleMetricExporter()
-        reader = PeriodicExportingMetricReader(exporter)
-        meter_provider = MeterProvider(
-            resource=resource, metric_readers=[reader], shutdown_on_exit=False
-        )
-
+    meter_provider = _meter_provider(resource, metrics_exporter)
     schema_url = conventions.schema_url
     tracer = tracer_provider.get_tracer(
         INSTRUMENTATION_NAME, package_version(), schema_url=schema_url
@@ -282,23 +240,7 @@ def _pipeline(
             "OTEL_SDK_DISABLED=true: the OpenTelemetry SDK exports nothing, MANA_AI_OTEL=on "
             "or not; unset one of them"
         )
-    duration = usage = None
-    if meter_provider is not None:
-        meter = meter_provider.get_meter(
-            INSTRUMENTATION_NAME, package_version(), schema_url=schema_url
-        )
-        duration = meter.create_histogram(
-            "gen_ai.client.operation.duration",
-            unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=CHAT_DURATION_BUCKETS_S,
-        )
-        usage = meter.create_histogram(
-            "gen_ai.client.token.usage",
-            unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=TOKEN_USAGE_BUCKETS,
-        )
+    duration, usage = _histograms(meter_provider, schema_url)
     return Tracing(
         tracer=tracer,
         operation_duration=duration,
@@ -309,6 +251,83 @@ def _pipeline(
         _tracer_provider=tracer_provider,
         _meter_provider=meter_provider,
     )
+
+
+def _resource(worker_id: str) -> Any:
+    """mana-ai's resource attributes, then what OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME
+    say over them."""
+    from opentelemetry.sdk.resources import (
+        SERVICE_INSTANCE_ID,
+        SERVICE_NAME,
+        SERVICE_VERSION,
+        OTELResourceDetector,
+        Resource,
+    )
+
+    return Resource.create(
+        {
+            SERVICE_NAME: "mana-ai",
+            SERVICE_VERSION: package_version(),
+            SERVICE_INSTANCE_ID: worker_id,
+        }
+    ).merge(OTELResourceDetector().detect())
+
+
+def _tracer_provider(resource: Any, traces_exporter: str, text_limit: int | None) -> Any:
+    """The tracer provider, exporting (masked) to ``traces_exporter``: otlp, console or none."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    from worker.tracing.masking import MaskingSpanExporter
+
+    limits = SpanLimits(max_span_attribute_length=CONTENT_CHARS) if text_limit is None else None
+    # shutdown_on_exit=False: no atexit hook that waits for the collector (module docstring)
+    provider = TracerProvider(resource=resource, span_limits=limits, shutdown_on_exit=False)
+    exporter: Any = None
+    if traces_exporter == "otlp":
+        exporter = OTLPSpanExporter()
+    elif traces_exporter == "console":
+        exporter = ConsoleSpanExporter()
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(MaskingSpanExporter(exporter)))
+    return provider
+
+
+def _meter_provider(resource: Any, metrics_exporter: str) -> Any:
+    """The meter provider exporting to ``metrics_exporter`` (otlp or console), else ``None``."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+
+    if metrics_exporter not in ("otlp", "console"):
+        return None
+    exporter = OTLPMetricExporter() if metrics_exporter == "otlp" else ConsoleMetricExporter()
+    reader = PeriodicExportingMetricReader(exporter)
+    return MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+
+
+def _histograms(meter_provider: Any, schema_url: str | None) -> tuple[Any, Any]:
+    """The GenAI client's duration and token-usage histograms, or ``(None, None)``."""
+    if meter_provider is None:
+        return None, None
+    meter = meter_provider.get_meter(INSTRUMENTATION_NAME, package_version(), schema_url=schema_url)
+    duration = meter.create_histogram(
+        "gen_ai.client.operation.duration",
+        unit="s",
+        description="GenAI operation duration.",
+        explicit_bucket_boundaries_advisory=CHAT_DURATION_BUCKETS_S,
+    )
+    usage = meter.create_histogram(
+        "gen_ai.client.token.usage",
+        unit="{token}",
+        description="Number of input and output tokens used.",
+        explicit_bucket_boundaries_advisory=TOKEN_USAGE_BUCKETS,
+    )
+    return duration, usage
 
 
 def _endpoints(environ: Mapping[str, str]) -> dict[str, str]:
