@@ -164,7 +164,7 @@ async def _finished(dsn: str) -> tuple[int, float, float]:
             "FROM mission_iterations WHERE finished_at IS NOT NULL"
         )
         failed = await conn.fetchval(
-            "SELECT count(*) FROM mission_iterations WHERE status <> 'succeeded'"
+            "SELECT count(*) FROM mission_iterations WHERE finished_at IS NOT NULL AND status <> 'succeeded'"
         )
     finally:
         await conn.close()
@@ -195,7 +195,7 @@ async def run_tree(
             "MANA_AI_MAX_CONCURRENT_MISSIONS": str(concurrency),
             "MANA_AI_TICK_INTERVAL_S": "1",
             "MANA_AI_METRICS_PORT": str(port),
-            "MANA_AI_LOG_LEVEL": "WARNING",
+            "MANA_AI_LOG_LEVEL": os.environ.get("MANA_AI_LOG_LEVEL", "WARNING"),
         }
         cli = [sys.executable, "-m", "worker.cli"]
         upgrade = await asyncio.create_subprocess_exec(*cli, "db", "upgrade", env=env)
