@@ -74,7 +74,8 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.admin.replay import ReplayError, approval_text, checked_iteration, policy_text
+    from worker.admin.replay import ReplayError, checked_iteration
+    from worker.admin.replay_render import approval_text, policy_text
     from worker.admin.verdict import verdict
 
     async with admin_store(settings) as admin:
@@ -174,7 +175,8 @@ def _print_log(
     under its header (they were never part of the stored log), and a line where a takeover
     resumed the run. A compacted log's rounds are numbered after the ``folded_rounds`` its
     summary stands for (those rounds, and their reminders, are ``mana-ai replay``'s)."""
-    from worker.admin.replay import after_approval, is_summary, message_label
+    from worker.admin.replay import after_approval, is_summary
+    from worker.admin.replay_render import message_label
 
     print("\nmessage log (reminders: sent with that round's request only, not in the log):")
     by_round: dict[int, list[dict[str, Any]]] = {}
