@@ -164,7 +164,8 @@ async def _finished(dsn: str) -> tuple[int, float, float]:
             "FROM mission_iterations WHERE finished_at IS NOT NULL"
         )
         failed = await conn.fetchval(
-            "SELECT count(*) FROM mission_iterations WHERE finished_at IS NOT NULL AND status <> 'succeeded'"
+            "SELECT count(*) FROM mission_iterations "
+            "WHERE finished_at IS NOT NULL AND status <> 'succeeded'"
         )
     finally:
         await conn.close()

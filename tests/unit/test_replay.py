@@ -9,13 +9,8 @@ import pytest
 from planner import ChatMessage, CompletionRequest, CompletionResponse, ToolCall
 from planner.compaction import Compaction, compact_history
 from planner.testing import FunctionChatModel
-from worker.admin.replay import (
-    ReplayError,
-    render_markdown,
-    render_text,
-    replay_events,
-    restored_log,
-)
+from worker.admin.replay import ReplayError, replay_events, restored_log
+from worker.admin.replay_render import render_markdown, render_text
 from worker.store.rows import messages_json
 
 

@@ -74,8 +74,7 @@ async def create_mission(
         ScheduleError: the cron does not parse or never fires, or the timezone is unknown.
         NotFoundError: no such agent.
     """
-    from worker.db.statuses import CatchUp
-    from worker.schedule import ScheduleError, next_run_after, parse_timezone
+    from worker.schedule import parse_timezone
 
     agent_name = checked_name(request.agent, labels("agent"))
     objective = checked_text(request.objective, labels("objective"))
@@ -85,6 +84,30 @@ async def create_mission(
             f"{labels('timezone')} is the time zone of {labels('cron')}: a one-shot mission "
             f"runs at {labels('at')} (which carries its own UTC offset) or now"
         )
+    _check_catch_up(request, labels)
+    _check_when(request, labels)
+    parse_timezone(timezone)
+    # the database's clock: the one the claim judges what is due by
+    now = now or await admin.database_now()
+    first = _first_run(request, timezone, now, labels)
+    agent = await admin.agent_by_name(agent_name)
+    mission = await admin.add_mission(
+        agent_id=agent["id"],
+        objective=objective,
+        cron=request.cron,
+        timezone=timezone,
+        next_run_at="now" if request.due_now else first,
+        deadline=request.deadline,
+        catch_up=request.catch_up,
+        catch_up_window=request.catch_up_window,
+    )
+    return mission | {"agent": agent_name}
+
+
+def _check_catch_up(request: MissionRequest, labels: Labels) -> None:
+    """Raise UsageError for an unknown catch-up policy, or one that does not fit the mission."""
+    from worker.db.statuses import CatchUp
+
     choices = ", ".join(c.value for c in CatchUp)
     if request.catch_up not in {c.value for c in CatchUp}:
         raise UsageError(f"{labels('catch_up')} must be one of {choices}, not {request.catch_up!r}")
@@ -98,6 +121,11 @@ async def create_mission(
             f"{labels('catch_up_window')} is how far back {labels('catch_up')} all runs missed "
             "runs; give it with that policy only"
         )
+
+
+def _check_when(request: MissionRequest, labels: Labels) -> None:
+    """Raise UsageError unless exactly one of cron, at and due_now is given, and the times
+    given carry a UTC offset."""
     if request.cron is None and request.at is None and not request.due_now:
         raise UsageError(
             f"give {labels('cron')} for a recurring mission, or {labels('at')} / "
@@ -113,9 +141,14 @@ async def create_mission(
     for value, what in ((request.at, "at"), (request.deadline, "deadline")):
         if value is not None and value.tzinfo is None:
             raise UsageError(f"{labels(what)} has no UTC offset; add one, e.g. +00:00")
-    parse_timezone(timezone)
-    # the database's clock: the one the claim judges what is due by
-    now = now or await admin.database_now()
+
+
+def _first_run(request: MissionRequest, timezone: str, now: datetime, labels: Labels) -> datetime:
+    """The mission's first run (``now`` for due_now, else ``at``, else the cron's next time
+    after ``now``). Raises ScheduleError for a cron that never fires, UsageError for an
+    ``at`` in the past or a deadline before the first run."""
+    from worker.schedule import ScheduleError, next_run_after
+
     cron_next = None
     if request.cron is not None:
         cron_next = next_run_after(request.cron, timezone, now)  # raises ScheduleError
@@ -123,7 +156,6 @@ async def create_mission(
             raise ScheduleError(
                 f"cron expression {request.cron!r} never fires (no such date, e.g. 30 February)"
             )
-    first: datetime
     if request.due_now:
         first = now
     elif request.at is not None:
@@ -140,18 +172,7 @@ async def create_mission(
         raise UsageError(
             f"{labels('deadline')} {request.deadline.isoformat()} is before the first run"
         )
-    agent = await admin.agent_by_name(agent_name)
-    mission = await admin.add_mission(
-        agent_id=agent["id"],
-        objective=objective,
-        cron=request.cron,
-        timezone=timezone,
-        next_run_at="now" if request.due_now else first,
-        deadline=request.deadline,
-        catch_up=request.catch_up,
-        catch_up_window=request.catch_up_window,
-    )
-    return mission | {"agent": agent_name}
+    return first
 
 
 @dataclass(frozen=True)

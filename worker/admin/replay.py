@@ -2,8 +2,8 @@
 restored in place from the ``compacted_turns`` archive.
 
 ``replay_events`` turns one iteration (``AdminStore.get_iteration``) into a list of events in
-reading order; ``render_text`` and ``render_markdown`` print them; ``--format json`` prints
-them as they are. Events (``"event"`` key):
+reading order; ``render_text`` and ``render_markdown`` (``worker.admin.replay_render``) print
+them; ``--format json`` prints them as they are. Events (``"event"`` key):
 
 * ``message``: one message of the restored log (``message`` as stored; ``round``: the round
   it belongs to, 0 for the head; ``folded_by``: the compaction that folded it first, or
@@ -26,9 +26,7 @@ compaction first, gives the conversation before it (``planner.compaction.restore
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,21 +37,13 @@ from worker.queries.stored import (
     StoredCompaction,
     StoredInvocation,
     StoredIteration,
-    decided_text,
 )
-from worker.terminal_text import visible
 
 __all__ = [
     "ReplayError",
-    "approval_text",
     "checked_iteration",
     "is_summary",
     "later_attempt_last",
-    "md_inline",
-    "message_label",
-    "policy_text",
-    "render_markdown",
-    "render_text",
     "replay_document",
     "replay_events",
     "restored_log",
@@ -213,14 +203,112 @@ def replay_events(iteration: StoredIteration) -> list[Row]:
     the module docstring. Raises ReplayError when its log, archive or audit is malformed, or
     the archive does not fit the log."""
     checked_iteration(iteration)
-    compactions = iteration.get("compactions") or []
-    items = _restore(iteration.get("messages") or [], compactions)
+    items = _restore(iteration.get("messages") or [], iteration.get("compactions") or [])
+    marks = _RoundMarks.of(iteration)
+    events: list[Row] = []
+    round_no = 0
+    for item in items:
+        message = item.message
+        folded_by = item.folded_by[0] if item.folded_by else None
+        events.extend(item.before)
+        if message.get("role") == "assistant":
+            round_no += 1
+            events.extend(marks.round_opening(round_no, folded_by))
+        event: Row = {
+            "event": "message",
+            "round": round_no,
+            "folded_by": folded_by,
+            "message": message,
+        }
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            event["calls"] = marks.calls(round_no, message["tool_calls"])
+        events.append(event)
+        events.extend(item.after)
+    return [*events, *marks.leftover()]
+
+
+@dataclass
+class _RoundMarks:
+    """What the iteration's other records say about each round, keyed by round (and
+    position): reminders, failed compactions, takeovers, tool invocations, approvals. The
+    reminders and failed compactions are taken out as their rounds are reached."""
+
+    reminders: dict[int, list[Row]]
+    failed: dict[int, list[Row]]
+    resumed: dict[int, Row]
+    invocations: dict[tuple[int, int], StoredInvocation]
+    approvals: dict[tuple[int, int], StoredApproval]
+
+    @classmethod
+    def of(cls, iteration: StoredIteration) -> _RoundMarks:
+        """The marks of ``iteration``, grouped by round."""
+        invocations: dict[tuple[int, int], StoredInvocation] = {}
+        for inv in sorted(iteration.get("tool_invocations") or [], key=later_attempt_last):
+            invocations[(int(inv["round"]), int(inv.get("position") or 0))] = inv
+        return cls(
+            reminders=_reminders_by_round(iteration),
+            failed=_failed_compactions_by_round(iteration),
+            resumed=_takeovers_by_round(iteration),
+            invocations=invocations,
+            approvals={
+                (int(a["round"] or 0), int(a["position"] or 0)): a
+                for a in iteration.get("approvals") or []
+            },
+        )
+
+    def round_opening(self, round_no: int, folded_by: int | None) -> list[Row]:
+        """The failed compactions tried before ``round_no``, then its ``round`` event."""
+        return [
+            *self.failed.pop(round_no, []),
+            {
+                "event": "round",
+                "round": round_no,
+                "folded_by": folded_by,
+                "reminders": self.reminders.pop(round_no, []),
+                "resumed_by": self.resumed.pop(round_no, None),
+            },
+        ]
+
+    def calls(self, round_no: int, tool_calls: Sequence[Row]) -> list[Row]:
+        """Each of a round's tool calls with its invocation and approval."""
+        return [
+            _call(
+                call,
+                self.invocations.get((round_no, position)),
+                self.approvals.get((round_no, position)),
+            )
+            for position, call in enumerate(tool_calls)
+        ]
+
+    def leftover(self) -> list[Row]:
+        """The marks of rounds that got no answer: failed compactions, unanswered rounds."""
+        events: list[Row] = []
+        for round_left in sorted(set(self.failed) | set(self.reminders)):
+            events.extend(self.failed.pop(round_left, []))
+            if round_left in self.reminders:
+                events.append(
+                    {
+                        "event": "unanswered_round",
+                        "round": round_left,
+                        "reminders": self.reminders.pop(round_left),
+                    }
+                )
+        return events
+
+
+def _reminders_by_round(iteration: StoredIteration) -> dict[int, list[Row]]:
+    """The reminder audit as ``{round: [{producer, text}]}``."""
     reminders: dict[int, list[Row]] = {}
     for reminder in iteration.get("reminders") or []:
         entry = {"producer": reminder.get("producer"), "text": reminder.get("text")}
         reminders.setdefault(int(reminder.get("round", 0)), []).append(entry)
+    return reminders
+
+
+def _failed_compactions_by_round(iteration: StoredIteration) -> dict[int, list[Row]]:
+    """The compactions that failed, as ``compaction_failed`` events by the round they preceded."""
     failed: dict[int, list[Row]] = {}
-    for row in compactions:
+    for row in iteration.get("compactions") or []:
         if row.get("error"):
             failed.setdefault(int(row["round"]), []).append(
                 {
@@ -233,6 +321,11 @@ def replay_events(iteration: StoredIteration) -> list[Row]:
                     "attempt": row.get("attempt"),
                 }
             )
+    return failed
+
+
+def _takeovers_by_round(iteration: StoredIteration) -> dict[int, Row]:
+    """The attempts that resumed the run, by the first round they ran."""
     resumed: dict[int, Row] = {}
     for attempt in iteration.get("attempts") or []:
         after = attempt.get("resumed_after_round")
@@ -242,59 +335,7 @@ def replay_events(iteration: StoredIteration) -> list[Row]:
                 "worker_id": attempt.get("worker_id"),
                 "after_approval": after_approval(attempt),
             }
-    invocations: dict[tuple[int, int], StoredInvocation] = {}
-    for inv in sorted(iteration.get("tool_invocations") or [], key=later_attempt_last):
-        invocations[(int(inv["round"]), int(inv.get("position") or 0))] = inv
-    approvals: dict[tuple[int, int], StoredApproval] = {
-        (int(a["round"] or 0), int(a["position"] or 0)): a for a in iteration.get("approvals") or []
-    }
-
-    events: list[Row] = []
-    round_no = 0
-    for item in items:
-        message = item.message
-        folded_by = item.folded_by[0] if item.folded_by else None
-        events.extend(item.before)
-        if message.get("role") == "assistant":
-            round_no += 1
-            events.extend(failed.pop(round_no, []))
-            events.append(
-                {
-                    "event": "round",
-                    "round": round_no,
-                    "folded_by": folded_by,
-                    "reminders": reminders.pop(round_no, []),
-                    "resumed_by": resumed.pop(round_no, None),
-                }
-            )
-        event: Row = {
-            "event": "message",
-            "round": round_no,
-            "folded_by": folded_by,
-            "message": message,
-        }
-        if message.get("role") == "assistant" and message.get("tool_calls"):
-            event["calls"] = [
-                _call(
-                    call,
-                    invocations.get((round_no, position)),
-                    approvals.get((round_no, position)),
-                )
-                for position, call in enumerate(message["tool_calls"])
-            ]
-        events.append(event)
-        events.extend(item.after)
-    for round_left in sorted(set(failed) | set(reminders)):
-        events.extend(failed.pop(round_left, []))
-        if round_left in reminders:
-            events.append(
-                {
-                    "event": "unanswered_round",
-                    "round": round_left,
-                    "reminders": reminders.pop(round_left),
-                }
-            )
-    return events
+    return resumed
 
 
 def _call(
@@ -320,254 +361,6 @@ def _call(
             for key in ("id", "status", "decided_by", "decided_at", "decision_note", "expires_at")
         }
     return entry
-
-
-def approval_text(approval: Mapping[str, Any]) -> str:
-    """One line for an approval request: ``approval 12: approved by alice at …: note``,
-    ``approval 12: pending until …``, ``approval 12: expired at … (nobody decided in time)``."""
-    return f"approval {approval.get('id')}: {decided_text(approval)}"
-
-
-def policy_text(decision: Row | None, mode: str | None) -> str | None:
-    """One line for a policy decision: ``denied: destructive_not_opted_in (enforce)``,
-    ``would deny: rate_limited (log-only)``, ``asks a person (enforce)``, ``allowed: approved
-    (enforce)``, ``allowed (enforce); flagged: injection_marker ['{{']``; ``None`` without a
-    decision (no gate ran)."""
-    if not decision or not isinstance(decision, dict):
-        return None
-    mode = decision.get("mode") or mode or "?"
-    reason = decision.get("reason") or "?"
-    verdict = decision.get("verdict", "allow" if decision.get("allow") else "deny")
-    if verdict == "allow":
-        line = f"allowed ({mode})" if reason != "approved" else f"allowed: approved ({mode})"
-    elif verdict == "ask":
-        line = f"{'would ask' if decision.get('allow') else 'asks'} a person ({mode})"
-    elif decision.get("allow"):
-        line = f"would deny: {reason} ({mode})"
-    else:
-        line = f"denied: {reason} ({mode})"
-    if decision.get("flags"):
-        markers = decision.get("markers") or []
-        line += f"; flagged: {', '.join(decision['flags'])}" + (f" {markers}" if markers else "")
-    return line
-
-
-def _arguments_text(call: Row) -> str:
-    if call.get("raw_arguments") is not None:
-        return f"<undecodable: {call['raw_arguments']!r}>"
-    return json.dumps(call.get("arguments", {}), ensure_ascii=False)
-
-
-def _call_suffix(call: Row) -> str:
-    parts = []
-    if call.get("outcome"):
-        parts.append(str(call["outcome"]))
-    policy = policy_text(call.get("policy_decision"), call.get("policy_mode"))
-    if policy:
-        parts.append(f"policy {policy}")
-    if call.get("approval"):
-        parts.append(approval_text(call["approval"]))
-    return f" [{'; '.join(parts)}]" if parts else ""
-
-
-def _header_lines(iteration: StoredIteration) -> list[str]:
-    done = [c for c in iteration.get("compactions") or [] if not c.get("error")]
-    failed = [c for c in iteration.get("compactions") or [] if c.get("error")]
-    lines = [
-        f"iteration {iteration['id']} of mission {iteration['mission_id']}: "
-        f"{iteration['status']}, stop reason {iteration.get('stop_reason')}, "
-        f"{iteration.get('rounds')} round(s), "
-        f"{iteration.get('prompt_tokens', 0) + iteration.get('completion_tokens', 0)} tokens"
-    ]
-    if iteration.get("error"):
-        lines.append(f"error: {iteration['error']}")
-    lines.append(
-        f"compactions: {len(done)}"
-        + (f", {len(failed)} failed attempt(s)" if failed else "")
-        + (
-            " (folded turns restored in place below)"
-            if done
-            else " (the log is shown as the model saw it)"
-        )
-    )
-    return lines
-
-
-def render_text(
-    iteration: StoredIteration, events: Sequence[Row], write: Callable[[str], None]
-) -> None:
-    """Plain text, one line per message or call (a message of several lines goes on, indented);
-    folded turns are prefixed ``| `` (one bar per compaction that folded them) between the
-    lines that open and close their compaction. Control and invisible characters (a bidi
-    override, a terminal escape) are shown as escapes (``worker.terminal_text.visible``), never
-    sent to the terminal."""
-    for line in _header_lines(iteration):
-        _write_text(write, "", line)
-    depth = 0
-    for event in events:
-        kind = event["event"]
-        bar = "| " * depth
-        if kind == "compaction":
-            _write_text(
-                write,
-                bar,
-                f"== compaction {event['index']} before round {event['before_round']}: "
-                f"{event['folded_turns']} turn(s) folded, {event['tokens_before']} -> "
-                f"{event['tokens_after']} tokens (estimated), summarised by "
-                f"{event.get('model') or 'the default model'} in "
-                f"{float(event.get('duration_ms') or 0):.0f} ms. The model read this summary "
-                f"instead of the turns marked '|':",
-            )
-            for line in str(event.get("summary") or "").splitlines():
-                _write_text(write, bar, f"   > {line}")
-            depth += 1
-        elif kind == "compaction_end":
-            depth = max(0, depth - 1)
-            write(f"{'| ' * depth}== end of the turns compaction {event['index']} folded ==")
-        elif kind == "compaction_failed":
-            _write_text(
-                write,
-                bar,
-                f"== compaction {event['index']} tried before round "
-                f"{event['before_round']} changed nothing: {event['error']} ==",
-            )
-        elif kind in ("round", "unanswered_round"):
-            resumed = event.get("resumed_by")
-            if resumed:
-                _write_text(
-                    write,
-                    bar,
-                    f"== attempt {resumed['attempt']} (worker {resumed['worker_id']}) "
-                    "resumed the run here ==",
-                )
-            note = " (no answer)" if kind == "unanswered_round" else ""
-            write(f"{bar}-- round {event['round']}{note} --")
-            for reminder in event.get("reminders") or []:
-                _write_text(write, bar, f"[reminder {reminder['producer']}] {reminder['text']}")
-        elif kind == "message":
-            message = event["message"]
-            label = message_label(message)
-            if message.get("content") is not None:
-                _write_text(write, bar, f"{label} {message['content']}")
-            for call in event.get("calls") or []:
-                _write_text(
-                    write,
-                    bar,
-                    f"{label} calls {call['name']}({_arguments_text(call)}) "
-                    f"id={call['id']}{_call_suffix(call)}",
-                )
-
-
-def _write_text(write: Callable[[str], None], bar: str, text: str) -> None:
-    """``text`` line by line, each prefixed ``bar`` (the lines after the first indented)."""
-    first, *rest = visible(str(text)).split("\n")
-    write(f"{bar}{first}")
-    for line in rest:
-        write(f"{bar}    {line}")
-
-
-def render_markdown(
-    iteration: StoredIteration, events: Sequence[Row], write: Callable[[str], None]
-) -> None:
-    """Markdown: a heading per round, reminders as quotes, every text that came from a model,
-    a tool or a prompt in a code block (fenced longer than any backtick run in it, so nothing
-    in it can become markup), folded turns between a compaction heading and its end line."""
-    lines = _header_lines(iteration)
-    write(f"# {md_inline(lines[0])}")
-    write("")
-    for line in lines[1:]:
-        write(f"- {md_inline(line)}")
-    for event in events:
-        kind = event["event"]
-        write("")
-        if kind == "compaction":
-            write(
-                f"## Compaction {event['index']}, before round {event['before_round']}: "
-                f"{event['folded_turns']} turn(s) folded"
-            )
-            write("")
-            write(
-                f"{event['tokens_before']} → {event['tokens_after']} tokens (estimated), "
-                f"summarised by {md_inline(event.get('model') or 'the default model')}. "
-                "The model read this summary instead of the turns below:"
-            )
-            write("")
-            _md_block(write, str(event.get("summary") or ""))
-        elif kind == "compaction_end":
-            write(f"*End of the turns compaction {event['index']} folded.*")
-        elif kind == "compaction_failed":
-            write(
-                f"**Compaction {event['index']} tried before round {event['before_round']} "
-                f"changed nothing:** {md_inline(str(event['error']))}"
-            )
-        elif kind in ("round", "unanswered_round"):
-            resumed = event.get("resumed_by")
-            if resumed:
-                write(
-                    f"*Attempt {resumed['attempt']} (worker {md_inline(str(resumed['worker_id']))}"
-                    ") resumed the run here.*"
-                )
-                write("")
-            folded = event.get("folded_by")
-            note = f" (folded by compaction {folded})" if folded else ""
-            note += " (no answer)" if kind == "unanswered_round" else ""
-            write(f"### Round {event['round']}{note}")
-            for reminder in event.get("reminders") or []:
-                write("")
-                write(
-                    f"> **reminder ({md_inline(str(reminder['producer']))})**: "
-                    f"{md_inline(str(reminder['text']))}"
-                )
-        elif kind == "message":
-            message = event["message"]
-            role = message.get("role")
-            if message.get("content") is not None:
-                if role == "tool":
-                    write(f"**tool result** (call {md_inline(str(message.get('tool_call_id')))}):")
-                else:
-                    write(f"**{role}**:")
-                write("")
-                _md_block(write, str(message["content"]))
-            for call in event.get("calls") or []:
-                write(
-                    f"- calls {md_inline(str(call['name']))} (id {md_inline(str(call['id']))})"
-                    f"{md_inline(_call_suffix(call))}:"
-                )
-                write("")
-                _md_block(write, _arguments_text(call), indent="  ")
-
-
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
-
-
-def md_inline(text: str) -> str:
-    """``text`` as literal Markdown inline text: on one line, markup characters escaped."""
-    return _MD_SPECIAL.sub(r"\\\1", visible(text).replace("\n", " "))
-
-
-def _md_block(write: Callable[[str], None], text: str, indent: str = "") -> None:
-    """``text`` in a fenced code block whose fence is longer than any backtick run in it."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    write(f"{indent}{fence}text")
-    for line in visible(text).split("\n"):
-        write(f"{indent}{line}")
-    write(f"{indent}{fence}")
-
-
-def message_label(message: Row) -> str:
-    """``[role]``, ``[tool <call id>]`` or ``[assistant via <endpoint>, finish_reason …]``."""
-    parts = [str(message.get("role"))]
-    if message.get("tool_call_id"):
-        parts.append(str(message["tool_call_id"]))
-    info = message.get("reply_info")
-    info = info if isinstance(info, dict) else {}
-    if info.get("endpoint"):
-        parts.append(f"via {info['endpoint']}")
-    label = " ".join(parts)
-    if info.get("finish_reason") not in (None, "stop", "tool_calls"):
-        label += f", finish_reason {info['finish_reason']}"
-    return f"[{label}]"
 
 
 def replay_document(iteration: StoredIteration) -> Row:

@@ -8,7 +8,7 @@ import re
 from functools import cache
 from typing import Any
 
-from worker.api.v1 import ENDPOINTS
+from worker.api.v1 import ENDPOINTS, Endpoint
 from worker.version import package_version
 
 __all__ = ["openapi_document"]
@@ -47,6 +47,7 @@ _INTEGER_PARAMETERS = {
 
 
 def _schema(name: str) -> dict[str, Any]:
+    """A parameter's JSON Schema: a bounded integer, else a string."""
     return _INTEGER_PARAMETERS.get(name, {"type": "string"})
 
 
@@ -56,44 +57,7 @@ def openapi_document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     schemas: dict[str, Any] = {"Error": _ERROR}
     for endpoint in ENDPOINTS:
-        operation: dict[str, Any] = {
-            "summary": endpoint.summary,
-            "tags": [endpoint.tag],
-            "operationId": f"{endpoint.method.lower()}_{endpoint.handler.__name__}"
-            if endpoint.handler.__name__ != "handler"
-            else f"{endpoint.method.lower()}_{_slug(endpoint.path)}",
-            "security": [{"bearer": []}],
-            "responses": {
-                str(endpoint.status): {
-                    "description": "the result",
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                },
-                **{
-                    code: {
-                        "description": why,
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                        },
-                    }
-                    for code, why in {
-                        **_ERRORS,
-                        **({"422": _REPLAY_ERROR} if "/iterations/{id}/" in endpoint.path else {}),
-                    }.items()
-                    if code != "403" or endpoint.write
-                },
-            },
-        }
-        parameters = [
-            {"name": name, "in": "path", "required": True, "schema": _schema(name)}
-            for name in re.findall(r"\{(\w+)\}", endpoint.path)
-        ]
-        parameters += [
-            {"name": name, "in": "query", "required": False, "description": about,
-             "schema": _schema(name)}
-            for name, about in endpoint.query
-        ]  # fmt: skip
-        if parameters:
-            operation["parameters"] = parameters
+        operation = _operation(endpoint)
         if endpoint.body is not None:
             name = endpoint.body.__name__
             schema = endpoint.body.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -125,5 +89,54 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
+def _operation(endpoint: Endpoint) -> dict[str, Any]:
+    """One endpoint's operation object, without its request body."""
+    operation: dict[str, Any] = {
+        "summary": endpoint.summary,
+        "tags": [endpoint.tag],
+        "operationId": f"{endpoint.method.lower()}_{endpoint.handler.__name__}"
+        if endpoint.handler.__name__ != "handler"
+        else f"{endpoint.method.lower()}_{_slug(endpoint.path)}",
+        "security": [{"bearer": []}],
+        "responses": _responses(endpoint),
+    }
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": _schema(name)}
+        for name in re.findall(r"\{(\w+)\}", endpoint.path)
+    ]
+    parameters += [
+        {"name": name, "in": "query", "required": False, "description": about,
+         "schema": _schema(name)}
+        for name, about in endpoint.query
+    ]  # fmt: skip
+    if parameters:
+        operation["parameters"] = parameters
+    return operation
+
+
+def _responses(endpoint: Endpoint) -> dict[str, Any]:
+    """The result and the errors an endpoint can answer with (403 only for writes, 422 for
+    an iteration's replay and rerun)."""
+    errors = {
+        **_ERRORS,
+        **({"422": _REPLAY_ERROR} if "/iterations/{id}/" in endpoint.path else {}),
+    }
+    return {
+        str(endpoint.status): {
+            "description": "the result",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
+        **{
+            code: {
+                "description": why,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+            }
+            for code, why in errors.items()
+            if code != "403" or endpoint.write
+        },
+    }
+
+
 def _slug(path: str) -> str:
+    """``path`` as an identifier: ``/agents/{id}`` -> ``agents_id``."""
     return re.sub(r"[^a-z0-9]+", "_", path.lower()).strip("_")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from worker.admin.replay import approval_text, policy_text
+from worker.admin.replay_render import approval_text, policy_text
 
 __all__ = ["timeline"]
 

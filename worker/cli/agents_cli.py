@@ -37,6 +37,15 @@ def register(commands: Any) -> None:
     ag = group(
         commands, "agents", "Agents: a model, a system prompt, limits, tools and MCP servers."
     )
+    _register_add(ag)
+    _register_set(ag)
+    lst = ag.add_parser("list", help="List agents.", description="List agents.")
+    json_flag(lst)
+    lst.set_defaults(command_fn=_list)
+
+
+def _register_add(ag: Any) -> None:
+    """``agents add``."""
     add = ag.add_parser("add", help="Create an agent.", description="Create an agent.")
     add.add_argument("--name", required=True, help="unique agent name")
     add.add_argument("--owner", required=True, help="owner user id; tools act in their space")
@@ -83,6 +92,9 @@ def register(commands: Any) -> None:
     json_flag(add)
     add.set_defaults(command_fn=_add)
 
+
+def _register_set(ag: Any) -> None:
+    """``agents set``."""
     set_ = ag.add_parser(
         "set",
         help="Change an agent.",
@@ -133,10 +145,6 @@ def register(commands: Any) -> None:
     )
     json_flag(set_)
     set_.set_defaults(command_fn=_set)
-
-    lst = ag.add_parser("list", help="List agents.", description="List agents.")
-    json_flag(lst)
-    lst.set_defaults(command_fn=_list)
 
 
 def _mcp_options(parser: argparse.ArgumentParser) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from worker.cli.args import group, iteration_ref, json_flag, limit, row_id
 from worker.cli.output import fmt, print_json, table
 from worker.cli.stores import admin_store, read_only
-from worker.queries.stored import StoredAttempt
+from worker.queries.stored import StoredAttempt, StoredIteration
 from worker.terminal_text import visible, visible_line
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.admin.replay import ReplayError, approval_text, checked_iteration, policy_text
+    from worker.admin.replay import ReplayError, checked_iteration
     from worker.admin.verdict import verdict
 
     async with admin_store(settings) as admin:
@@ -92,6 +93,22 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 1
+    folded = _print_summary(it)
+    _print_log(
+        it["messages"],
+        it.get("reminders") or [],
+        it.get("attempts") or [],
+        folded_rounds=folded,
+        it_id=it["id"],
+    )
+    _print_calls(it)
+    print(f"\n{visible_line(verdict(it))}")
+    return 0
+
+
+def _print_summary(it: StoredIteration) -> int:
+    """The iteration's outcome, times, usage, error, compactions and attempts; returns the
+    turns its compactions folded."""
     print(
         f"iteration {it['id']} of mission {it['mission_id']}: {it['status']} "
         f"(attempt {it['attempt']}, worker {visible_line(it['worker_id'])})"
@@ -121,9 +138,13 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     attempts = it.get("attempts") or []
     if len(attempts) > 1:
         print("  attempts: " + visible_line("; ".join(_attempt_text(a) for a in attempts)))
-    _print_log(
-        it["messages"], it.get("reminders") or [], attempts, folded_rounds=folded, it_id=it["id"]
-    )
+    return folded
+
+
+def _print_calls(it: StoredIteration) -> None:
+    """Every tool call with its outcome and policy decision, then the approval requests."""
+    from worker.admin.replay_render import approval_text, policy_text
+
     print("\ntool calls:")
     if not it["tool_invocations"]:
         print("  (none)")
@@ -147,8 +168,6 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             f"({json.dumps(approval.get('arguments'), ensure_ascii=False)}): "
             f"{visible_line(approval_text(approval))}"
         )
-    print(f"\n{visible_line(verdict(it))}")
-    return 0
 
 
 def _attempt_text(attempt: StoredAttempt) -> str:
@@ -174,20 +193,53 @@ def _print_log(
     under its header (they were never part of the stored log), and a line where a takeover
     resumed the run. A compacted log's rounds are numbered after the ``folded_rounds`` its
     summary stands for (those rounds, and their reminders, are ``mana-ai replay``'s)."""
-    from worker.admin.replay import after_approval, is_summary, message_label
+    from worker.admin.replay import is_summary
 
     print("\nmessage log (reminders: sent with that round's request only, not in the log):")
-    by_round: dict[int, list[dict[str, Any]]] = {}
-    for reminder in reminders:
-        by_round.setdefault(int(reminder.get("round", 0)), []).append(reminder)
-    resumed: dict[int, list[StoredAttempt]] = {}
-    for attempt in attempts or []:
-        after = attempt.get("resumed_after_round")
-        if after:  # 0 or absent: that attempt started from the beginning
-            resumed.setdefault(int(after) + 1, []).append(attempt)
+    headers = _RoundHeaders.of(reminders, attempts or [])
+    round_no = folded_rounds
+    for folded in range(1, folded_rounds + 1):
+        headers.by_round.pop(folded, None)
+        headers.resumed.pop(folded, None)
+    for message in messages:
+        if message.get("role") == "assistant":
+            round_no += 1
+            headers.print_header(round_no)
+        if folded_rounds and is_summary(message):
+            print(
+                f"  (rounds 1-{folded_rounds} were folded into the summary below; "
+                f"`mana-ai replay {it_id}` shows them in place)"
+            )
+        _print_message(message)
+    for leftover in sorted(headers.by_round):  # a round whose request got no answer
+        headers.print_header(leftover, " (no answer)")
 
-    def header(round_no: int, note: str = "") -> None:
-        for attempt in resumed.pop(round_no, []):
+
+@dataclass
+class _RoundHeaders:
+    """The reminders and the takeovers still to print, by round (printed once each)."""
+
+    by_round: dict[int, list[dict[str, Any]]]
+    resumed: dict[int, list[StoredAttempt]]
+
+    @classmethod
+    def of(cls, reminders: list[dict[str, Any]], attempts: list[StoredAttempt]) -> _RoundHeaders:
+        """Group ``reminders`` by round, and the takeovers by the round they resumed at."""
+        by_round: dict[int, list[dict[str, Any]]] = {}
+        for reminder in reminders:
+            by_round.setdefault(int(reminder.get("round", 0)), []).append(reminder)
+        resumed: dict[int, list[StoredAttempt]] = {}
+        for attempt in attempts:
+            after = attempt.get("resumed_after_round")
+            if after:  # 0 or absent: that attempt started from the beginning
+                resumed.setdefault(int(after) + 1, []).append(attempt)
+        return cls(by_round, resumed)
+
+    def print_header(self, round_no: int, note: str = "") -> None:
+        """A round's header: the takeovers that resumed there, the line, its reminders."""
+        from worker.admin.replay import after_approval
+
+        for attempt in self.resumed.pop(round_no, []):
             why = " with the approval decision" if after_approval(attempt) else ""
             print(
                 f"  == attempt {attempt.get('attempt')} "
@@ -195,37 +247,26 @@ def _print_log(
                 f"resumed here{why}, after round {round_no - 1} =="
             )
         print(f"  -- round {round_no}{note} --")
-        for reminder in by_round.pop(round_no, []):
+        for reminder in self.by_round.pop(round_no, []):
             print(
                 f"  [reminder {visible_line(str(reminder.get('producer')))}] "
                 f"{visible_line(str(reminder.get('text')))}"
             )
 
-    round_no = folded_rounds
-    for folded in range(1, folded_rounds + 1):
-        by_round.pop(folded, None)
-        resumed.pop(folded, None)
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant":
-            round_no += 1
-            header(round_no)
-        if folded_rounds and is_summary(message):
-            print(
-                f"  (rounds 1-{folded_rounds} were folded into the summary below; "
-                f"`mana-ai replay {it_id}` shows them in place)"
-            )
-        label = message_label(message)
-        if message.get("content") is not None:
-            content = visible(str(message["content"])).replace("\n", "\n    ")
-            print(f"  {visible_line(label)} {content}")
-        for call in message.get("tool_calls", []):
-            arguments = json.dumps(call.get("arguments", {}))
-            if call.get("raw_arguments") is not None:
-                arguments = f"<undecodable: {call['raw_arguments']!r}>"
-            print(
-                f"  {visible_line(label)} calls {visible_line(str(call['name']))}({arguments}) "
-                f"id={visible_line(str(call['id']))}"
-            )
-    for leftover in sorted(by_round):  # a round whose request got no answer
-        header(leftover, " (no answer)")
+
+def _print_message(message: dict[str, Any]) -> None:
+    """One message of the log: its content, then each tool call it made."""
+    from worker.admin.replay_render import message_label
+
+    label = message_label(message)
+    if message.get("content") is not None:
+        content = visible(str(message["content"])).replace("\n", "\n    ")
+        print(f"  {visible_line(label)} {content}")
+    for call in message.get("tool_calls", []):
+        arguments = json.dumps(call.get("arguments", {}))
+        if call.get("raw_arguments") is not None:
+            arguments = f"<undecodable: {call['raw_arguments']!r}>"
+        print(
+            f"  {visible_line(label)} calls {visible_line(str(call['name']))}({arguments}) "
+            f"id={visible_line(str(call['id']))}"
+        )

@@ -29,6 +29,12 @@ def register(commands: Any) -> None:
         "mcp",
         "The MCP server: the built-in tools for MCP clients, behind the policy gate.",
     )
+    _register_serve(mcp)
+    _register_token(mcp)
+
+
+def _register_serve(mcp: Any) -> None:
+    """``mcp serve``."""
     serve = mcp.add_parser(
         "serve",
         help="Serve the built-in tools to MCP clients (streamable HTTP, or --stdio).",
@@ -48,6 +54,9 @@ def register(commands: Any) -> None:
     serve.add_argument("--user", help="with --stdio: the user every call runs for")
     serve.set_defaults(command_fn=_serve, verbose_logs=True)
 
+
+def _register_token(mcp: Any) -> None:
+    """``mcp token create|list|revoke``."""
     token = mcp.add_parser(
         "token",
         help="Bearer tokens of MCP clients: create, list, revoke.",

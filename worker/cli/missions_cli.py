@@ -33,6 +33,13 @@ __all__ = ["register"]
 def register(commands: Any) -> None:
     """Add ``missions add|list|show|history|pause|resume``."""
     ms = group(commands, "missions", "Missions: an agent, an objective, a schedule.")
+    _register_add(ms)
+    _register_list(ms)
+    _register_by_id(ms)
+
+
+def _register_add(ms: Any) -> None:
+    """``missions add``."""
     add = ms.add_parser(
         "add",
         help="Create a mission.",
@@ -78,6 +85,10 @@ def register(commands: Any) -> None:
     )
     json_flag(add)
     add.set_defaults(command_fn=_add)
+
+
+def _register_list(ms: Any) -> None:
+    """``missions list``."""
     lst = ms.add_parser("list", help="List missions.", description="List missions, newest first.")
     lst.add_argument(
         "--status",
@@ -88,6 +99,10 @@ def register(commands: Any) -> None:
     lst.add_argument("--limit", type=limit, default=100, help="rows at most (100)")
     json_flag(lst)
     lst.set_defaults(command_fn=_list)
+
+
+def _register_by_id(ms: Any) -> None:
+    """``missions show|pause|resume|history``: the commands about one mission."""
     for name, helptext, fn in (
         ("show", "Show one mission.", _show),
         ("pause", "Pause a mission (a running iteration finishes).", _pause),

@@ -36,6 +36,14 @@ def register(commands: Any) -> None:
         "policy",
         "The policy gate: users' destructive opt-ins and rate limits, and the rollout report.",
     )
+    _register_show(pol)
+    _register_opt_ins(pol)
+    _register_rate_limit(pol)
+    _register_report(pol)
+
+
+def _register_show(pol: Any) -> None:
+    """``policy show``."""
     show = pol.add_parser(
         "show",
         help="Show a user's policy settings and the limits that apply to them.",
@@ -46,6 +54,9 @@ def register(commands: Any) -> None:
     json_flag(show)
     show.set_defaults(command_fn=_show)
 
+
+def _register_opt_ins(pol: Any) -> None:
+    """``policy allow-destructive`` and ``policy revoke-destructive``."""
     for name, verb, fn in (
         ("allow-destructive", "Let a user's agents call a destructive tool", _allow),
         ("revoke-destructive", "Take back a user's opt-in to a destructive tool", _revoke),
@@ -61,6 +72,9 @@ def register(commands: Any) -> None:
         json_flag(cmd)
         cmd.set_defaults(command_fn=fn)
 
+
+def _register_rate_limit(pol: Any) -> None:
+    """``policy set-rate-limit``."""
     rate = pol.add_parser(
         "set-rate-limit",
         help="Set a user's rate limit (calls per window), for one tool or all.",
@@ -74,6 +88,9 @@ def register(commands: Any) -> None:
     json_flag(rate)
     rate.set_defaults(command_fn=_set_rate_limit)
 
+
+def _register_report(pol: Any) -> None:
+    """``policy report``."""
     report = pol.add_parser(
         "report",
         help="Decisions by reason, tool, mode and consumer; the would-be deny share of log-only.",
@@ -168,19 +185,31 @@ async def _warn_if_no_agent(store: PolicyStore, user: str) -> None:
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.policy_setup import policy_config_from_settings
-    from worker.store.records import user_settings_from_row
-
     user = checked_name(args.user, "the user id")
     tools = _known_tools()
     async with policy_store(settings) as store:
         row = await store.get(user)
         owns = await store.owns_agents(user)
+    result = _policy_view(settings, user, row, owns, tools)
+    if args.json:
+        print_json(result)
+        return 0
+    _print_policy(settings, result, row)
+    return 0
+
+
+def _policy_view(
+    settings: Settings, user: str, row: dict[str, Any] | None, owns: bool, tools: list[ToolSpec]
+) -> dict[str, Any]:
+    """``policy show``'s JSON: the user's settings, the defaults, and each tool's limit."""
+    from worker.policy_setup import policy_config_from_settings
+    from worker.store.records import user_settings_from_row
+
     config = policy_config_from_settings(settings)
     user_settings = user_settings_from_row(row)
     window_s = config.rate_limit.window.total_seconds()
     scopes = list(settings.policy.mission_scopes)
-    result: dict[str, Any] = {
+    return {
         "user_id": user,
         "owns_agents": owns,
         "destructive_opt_ins": sorted(user_settings.destructive_opt_ins),
@@ -203,16 +232,19 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             for t in tools
         ],
     }
-    if args.json:
-        print_json(result)
-        return 0
+
+
+def _print_policy(settings: Settings, result: dict[str, Any], row: dict[str, Any] | None) -> None:
+    """``policy show`` for people: the user's settings, then the limits in effect per tool."""
+    user, owns, window_s = result["user_id"], result["owns_agents"], result["window_s"]
+    scopes = result["mission_scopes"] or []
     saved = f"settings saved {fmt(row['updated_at'])}" if row else "no settings of their own"
     print(f"user {user}: {saved}" + ("" if owns else "; owns no agent"))
     opt_ins = visible_line(", ".join(result["destructive_opt_ins"]))
     print(f"  destructive opt-ins: {opt_ins or '(none)'}")
-    print(f"  rate limit for every tool: {fmt(user_settings.rate_limit)}")
+    print(f"  rate limit for every tool: {fmt(result['rate_limit'])}")
     overrides = visible_line(
-        ", ".join(f"{k}={v}" for k, v in sorted(user_settings.tool_rate_limits.items()))
+        ", ".join(f"{k}={v}" for k, v in sorted(result["tool_rate_limits"].items()))
     )
     print(f"  rate limits per tool: {overrides or '(none)'}")
     print(f"  mode: {settings.policy.mode} (MANA_AI_POLICY_MODE; agents may override it)")
@@ -232,7 +264,6 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         ],
         ["tool", "policy_hint", "scope", "calls", "opt_in"],
     )
-    return 0
 
 
 async def _allow(args: argparse.Namespace, settings: Settings) -> int:
@@ -309,6 +340,8 @@ async def _report(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _print_report(report: PolicyReport) -> None:
+    """``policy report`` for people: calls by mode, consumer, reason and tool, the flagged
+    injection markers, and the log-only verdict."""
     print(
         f"policy decisions since {fmt(report.since)}: {report.calls} tool call(s), "
         f"{report.decided} decided by the gate"
@@ -324,36 +357,8 @@ def _print_report(report: PolicyReport) -> None:
     if not report.decided:
         print("  (no decisions: the gate was off, or no tool calls ran in this period)")
         return
-    print(
-        f"\n  {'MODE':<10} {'CALLS':>7} {'ALLOWED':>8} {'DENIED':>7} {'SHARE':>7} "
-        f"{'ASKED':>6} {'FLAGGED':>8}"
-    )
-    for stored_mode, counts in report.by_mode.items():
-        mode = visible_line(stored_mode)
-        share = counts["denied"] / counts["calls"] if counts["calls"] else 0.0
-        star = "*" if stored_mode == "log-only" else ""
-        denied, asked = f"{counts['denied']}{star}", f"{counts.get('asked', 0)}{star}"
-        print(
-            f"  {mode:<10} {counts['calls']:>7} {counts['allowed']:>8} {denied:>7} "
-            f"{share:>7.1%} {asked:>6} {counts['flagged']:>8}"
-        )
-    if "log-only" in report.by_mode:
-        print("  * in log-only: would-be denials and asks (the calls ran)")
-    print("\n  by consumer (mission: missions' calls; mcp: MCP clients' calls):")
-    for (consumer, mode), counts in sorted(report.by_consumer.items()):
-        print(
-            f"    {visible_line(consumer):<8} {visible_line(mode):<10} {counts['calls']:>7} "
-            f"calls {counts['denied']:>6} denied {counts['flagged']:>6} flagged"
-        )
-    print("\n  by reason:")
-    for (mode, reason), calls in sorted(report.by_reason.items()):
-        print(f"    {visible_line(mode):<10} {visible_line(reason):<26} {calls:>7}")
-    print("\n  by tool:")
-    for (mode, tool), counts in sorted(report.by_tool.items()):
-        print(
-            f"    {visible_line(mode):<10} {visible_line(tool):<26} {counts['calls']:>7} calls "
-            f"{counts['denied']:>6} denied"
-        )
+    _print_modes(report)
+    _print_breakdowns(report)
     if report.injection_flags:
         flags = visible_line(
             ", ".join(f"{t}: {n}" for t, n in sorted(report.injection_flags.items()))
@@ -369,4 +374,42 @@ def _print_report(report: PolicyReport) -> None:
         print(
             f"\n  log-only: enforce would have denied {report.by_mode['log-only']['denied']} of "
             f"{report.by_mode['log-only']['calls']} calls ({would_deny:.2%}), {verdict}"
+        )
+
+
+def _print_modes(report: PolicyReport) -> None:
+    """The table of calls by mode: allowed, denied (would-be in log-only), share, asked."""
+    print(
+        f"\n  {'MODE':<10} {'CALLS':>7} {'ALLOWED':>8} {'DENIED':>7} {'SHARE':>7} "
+        f"{'ASKED':>6} {'FLAGGED':>8}"
+    )
+    for stored_mode, counts in report.by_mode.items():
+        mode = visible_line(stored_mode)
+        share = counts["denied"] / counts["calls"] if counts["calls"] else 0.0
+        star = "*" if stored_mode == "log-only" else ""
+        denied, asked = f"{counts['denied']}{star}", f"{counts.get('asked', 0)}{star}"
+        print(
+            f"  {mode:<10} {counts['calls']:>7} {counts['allowed']:>8} {denied:>7} "
+            f"{share:>7.1%} {asked:>6} {counts['flagged']:>8}"
+        )
+    if "log-only" in report.by_mode:
+        print("  * in log-only: would-be denials and asks (the calls ran)")
+
+
+def _print_breakdowns(report: PolicyReport) -> None:
+    """The decisions by consumer, by reason and by tool."""
+    print("\n  by consumer (mission: missions' calls; mcp: MCP clients' calls):")
+    for (consumer, mode), counts in sorted(report.by_consumer.items()):
+        print(
+            f"    {visible_line(consumer):<8} {visible_line(mode):<10} {counts['calls']:>7} "
+            f"calls {counts['denied']:>6} denied {counts['flagged']:>6} flagged"
+        )
+    print("\n  by reason:")
+    for (mode, reason), calls in sorted(report.by_reason.items()):
+        print(f"    {visible_line(mode):<10} {visible_line(reason):<26} {calls:>7}")
+    print("\n  by tool:")
+    for (mode, tool), counts in sorted(report.by_tool.items()):
+        print(
+            f"    {visible_line(mode):<10} {visible_line(tool):<26} {counts['calls']:>7} calls "
+            f"{counts['denied']:>6} denied"
         )

@@ -83,7 +83,7 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
         if as_json:
             print_json(report.to_json())
         elif args.format == "markdown":
-            from worker.admin.replay import md_inline
+            from worker.admin.replay_render import md_inline
 
             first, *rest = report.lines()
             print(f"# {md_inline(first[0].upper() + first[1:])}\n")
@@ -94,7 +94,8 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
                 print(line)
         return 0
 
-    from worker.admin.replay import render_markdown, render_text, replay_document, replay_events
+    from worker.admin.replay import replay_document, replay_events
+    from worker.admin.replay_render import render_markdown, render_text
 
     if as_json:
         print_json(replay_document(iteration))

@@ -285,66 +285,10 @@ async def bounded_stdio_client(
     reader = LineReader(limits, ledger, server)
     writer_done = anyio.Event()
     stderr_done = anyio.Event()
-
-    async def pump_stdout() -> None:
-        stdout = process.stdout
-        assert stdout is not None
-        delivering = True
-        async with read_writer:
-            while True:
-                try:
-                    data = await stdout.receive(CHUNK_BYTES)
-                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    data = b""
-                except OSError:
-                    return
-                if delivering:
-                    for message in reader.feed(data) if data else reader.finish():
-                        try:
-                            await read_writer.send(SessionMessage(message))
-                        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                            delivering = False  # the session is gone: drain, so it can exit
-                            break
-                if not data:
-                    return
-
-    async def pump_stderr() -> None:
-        stderr = process.stderr
-        assert stderr is not None
-        lines = StderrLines(server)
-        try:
-            while True:
-                try:
-                    data = await stderr.receive(CHUNK_BYTES)
-                except (
-                    anyio.EndOfStream,
-                    anyio.ClosedResourceError,
-                    anyio.BrokenResourceError,
-                    OSError,
-                ):
-                    return
-                lines.feed(data)
-        finally:
-            lines.finish()
-            stderr_done.set()
-
-    async def pump_stdin() -> None:
-        stdin = process.stdin
-        assert stdin is not None
-        try:
-            async with write_reader:
-                async for item in write_reader:
-                    await stdin.send(encode(item.message) + b"\n")
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            # the server stopped reading: the session sees its connection end
-            await read_writer.aclose()
-        finally:
-            writer_done.set()
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(pump_stdout)
-        tg.start_soon(pump_stderr)
-        tg.start_soon(pump_stdin)
+        tg.start_soon(_pump_stdout, process, reader, read_writer)
+        tg.start_soon(_pump_stderr, process, server, stderr_done)
+        tg.start_soon(_pump_stdin, process, write_reader, read_writer, writer_done)
         try:
             yield read_stream, write_stream
         finally:
@@ -361,6 +305,78 @@ async def bounded_stdio_client(
                 for stream in (read_stream, write_stream, read_writer, write_reader):
                     await stream.aclose()
             tg.cancel_scope.cancel()
+
+
+async def _pump_stdout(
+    process: Process,
+    reader: LineReader,
+    read_writer: MemoryObjectSendStream[SessionMessage | Exception],
+) -> None:
+    """Hand the messages of the server's stdout to the session; once the session is gone,
+    drain stdout (so that the server can exit) until it ends."""
+    stdout = process.stdout
+    assert stdout is not None
+    delivering = True
+    async with read_writer:
+        while True:
+            try:
+                data = await stdout.receive(CHUNK_BYTES)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                data = b""
+            except OSError:
+                return
+            if delivering:
+                for message in reader.feed(data) if data else reader.finish():
+                    try:
+                        await read_writer.send(SessionMessage(message))
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        delivering = False  # the session is gone: drain, so it can exit
+                        break
+            if not data:
+                return
+
+
+async def _pump_stderr(process: Process, server: str, done: anyio.Event) -> None:
+    """Log the server's stderr (``StderrLines``) until it ends; set ``done`` then."""
+    stderr = process.stderr
+    assert stderr is not None
+    lines = StderrLines(server)
+    try:
+        while True:
+            try:
+                data = await stderr.receive(CHUNK_BYTES)
+            except (
+                anyio.EndOfStream,
+                anyio.ClosedResourceError,
+                anyio.BrokenResourceError,
+                OSError,
+            ):
+                return
+            lines.feed(data)
+    finally:
+        lines.finish()
+        done.set()
+
+
+async def _pump_stdin(
+    process: Process,
+    write_reader: MemoryObjectReceiveStream[SessionMessage],
+    read_writer: MemoryObjectSendStream[SessionMessage | Exception],
+    done: anyio.Event,
+) -> None:
+    """Write the session's messages to the server's stdin, one line each; when the server
+    stops reading, end the session's read stream. Set ``done`` at the end."""
+    stdin = process.stdin
+    assert stdin is not None
+    try:
+        async with write_reader:
+            async for item in write_reader:
+                await stdin.send(encode(item.message) + b"\n")
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        # the server stopped reading: the session sees its connection end
+        await read_writer.aclose()
+    finally:
+        done.set()
 
 
 async def _stop(process: Process, server: str) -> None:

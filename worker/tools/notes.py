@@ -91,8 +91,23 @@ def _object(properties: dict[str, Any], required: list[str], **extra: Any) -> di
 def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
     """The notes tools, bound to ``engine``: list, search, read (``read``), create, update
     (``write``) and delete (``destructive``), all in scope ``notes``."""
+    book = _Notebook(engine)
+    specs = [*_read_specs(book), *_write_specs(book)]
+    return [
+        dataclasses.replace(spec, handler=_interrupting_on_outage(spec.name, spec.handler))
+        for spec in specs
+    ]
 
-    async def notes_list(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+
+@dataclasses.dataclass(frozen=True)
+class _Notebook:
+    """The notes tools' reads over ``engine``, each in a connection of its own: the read
+    tools' handlers and the write tools' ``outcome_of``."""
+
+    engine: AsyncEngine
+
+    async def notes_list(self, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """``notes_list``: the user's notes, most recently changed first."""
         limit = int(args.get("limit", LIST_DEFAULT))
         query = (
             select(notes.c.id, notes.c.title, notes.c.updated_at)
@@ -100,11 +115,12 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             .order_by(notes.c.updated_at.desc(), notes.c.id.desc())
             .limit(limit)
         )
-        async with engine.connect() as conn:
+        async with self.engine.connect() as conn:
             rows = (await conn.execute(query)).mappings().all()
         return {"notes": [_summary(row) for row in rows], "count": len(rows)}
 
-    async def notes_search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def notes_search(self, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """``notes_search``: the user's notes whose title or body contains the query."""
         text = _text(args, "query")
         limit = int(args.get("limit", LIST_DEFAULT))
         pattern = f"%{escape_like(text)}%"
@@ -120,63 +136,41 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             .order_by(notes.c.updated_at.desc(), notes.c.id.desc())
             .limit(limit)
         )
-        async with engine.connect() as conn:
+        async with self.engine.connect() as conn:
             rows = (await conn.execute(query)).mappings().all()
         found = [{**_summary(row), "snippet": snippet(row["body"], text)} for row in rows]
         return {"query": text, "notes": found, "count": len(found)}
 
-    async def notes_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def notes_read(self, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """``notes_read``: one of the user's notes in full; LookupError when it has none."""
         note_id = int(args["id"])
         query = select(notes).where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
-        async with engine.connect() as conn:
+        async with self.engine.connect() as conn:
             row = (await conn.execute(query)).mappings().one_or_none()
         if row is None:
             raise LookupError(_missing(note_id))
         return _full(row)
 
-    async def notes_create(
-        args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
-    ) -> dict[str, Any]:
-        # At most one note per call: a second attempt at the same call (same idempotency
-        # key) returns the note the first one made.
-        values = {
-            "user_id": ctx.user_id,
-            "title": _text(args, "title"),
-            "body": _text(args, "body"),
-            "idempotency_key": ctx.idempotency_key,
-        }
-        row = (await conn.execute(_created_or_earlier(values))).first()
-        if row is None:
-            # the attempt that made it committed while this statement ran (its snapshot is
-            # older than the note): a statement of its own sees it
-            row = (await conn.execute(_note_of_call(ctx.user_id, ctx.idempotency_key))).first()
-            if row is None:
-                raise RuntimeError(f"note of call {ctx.idempotency_key} neither created nor found")
-        return {
-            "id": row.id,
-            "title": row.title,
-            "created_at": _iso(row.created_at),
-            "updated_at": _iso(row.updated_at),
-        }
-
-    async def notes_create_outcome(args: dict[str, Any], ctx: ToolContext) -> str | None:
+    async def notes_create_outcome(self, args: dict[str, Any], ctx: ToolContext) -> str | None:
+        """What a ``notes_create`` call did: the note it made, or none."""
         if ctx.idempotency_key is None:
             return None
         query = select(notes.c.id, notes.c.title).where(
             notes.c.user_id == ctx.user_id, notes.c.idempotency_key == ctx.idempotency_key
         )
-        async with engine.connect() as conn:
+        async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
         if row is None:
             return "no note was created by that call (it can safely be made again)"
         return f"that call created note {row.id} titled {row.title!r}; do not create it again"
 
-    async def note_state(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def note_state(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        """What an update or delete call left: the note as it is now, or that it is gone."""
         note_id = int(args["id"])
         query = select(notes.c.title, notes.c.updated_at).where(
             notes.c.id == note_id, notes.c.user_id == ctx.user_id
         )
-        async with engine.connect() as conn:
+        async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
         if row is None:
             return f"note {note_id} does not exist now"
@@ -184,39 +178,73 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             f"note {note_id} exists now, titled {row.title!r}, last changed {_iso(row.updated_at)}"
         )
 
-    async def notes_update(
-        args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
-    ) -> dict[str, Any]:
-        note_id = int(args["id"])
-        changes = {key: _text(args, key) for key in ("title", "body") if key in args}
-        if not changes:
-            raise ValueError("nothing to change: give a new title, a new body, or both")
-        statement = (
-            update(notes)
-            .where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
-            .values(**changes, updated_at=func.now())
-            .returning(notes.c.id, notes.c.title, notes.c.updated_at)
-        )
-        row = (await conn.execute(statement)).mappings().one_or_none()
-        if row is None:
-            raise LookupError(_missing(note_id))
-        return {**_summary(row), "changed": sorted(changes)}
 
-    async def notes_delete(
-        args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
-    ) -> dict[str, Any]:
-        note_id = int(args["id"])
-        statement = (
-            delete(notes)
-            .where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
-            .returning(notes.c.id, notes.c.title)
-        )
-        row = (await conn.execute(statement)).one_or_none()
+async def notes_create(
+    args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
+) -> dict[str, Any]:
+    """``notes_create``'s effect: at most one note per call (a second attempt at the same call,
+    same idempotency key, returns the note the first one made)."""
+    values = {
+        "user_id": ctx.user_id,
+        "title": _text(args, "title"),
+        "body": _text(args, "body"),
+        "idempotency_key": ctx.idempotency_key,
+    }
+    row = (await conn.execute(_created_or_earlier(values))).first()
+    if row is None:
+        # the attempt that made it committed while this statement ran (its snapshot is
+        # older than the note): a statement of its own sees it
+        row = (await conn.execute(_note_of_call(ctx.user_id, ctx.idempotency_key))).first()
         if row is None:
-            raise LookupError(_missing(note_id))
-        return {"deleted": row.id, "title": row.title}
+            raise RuntimeError(f"note of call {ctx.idempotency_key} neither created nor found")
+    return {
+        "id": row.id,
+        "title": row.title,
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+    }
 
-    specs = [
+
+async def notes_update(
+    args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
+) -> dict[str, Any]:
+    """``notes_update``'s effect: a new title, body or both; ValueError without a change,
+    LookupError for a note the user does not have."""
+    note_id = int(args["id"])
+    changes = {key: _text(args, key) for key in ("title", "body") if key in args}
+    if not changes:
+        raise ValueError("nothing to change: give a new title, a new body, or both")
+    statement = (
+        update(notes)
+        .where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
+        .values(**changes, updated_at=func.now())
+        .returning(notes.c.id, notes.c.title, notes.c.updated_at)
+    )
+    row = (await conn.execute(statement)).mappings().one_or_none()
+    if row is None:
+        raise LookupError(_missing(note_id))
+    return {**_summary(row), "changed": sorted(changes)}
+
+
+async def notes_delete(
+    args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
+) -> dict[str, Any]:
+    """``notes_delete``'s effect; LookupError for a note the user does not have."""
+    note_id = int(args["id"])
+    statement = (
+        delete(notes)
+        .where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
+        .returning(notes.c.id, notes.c.title)
+    )
+    row = (await conn.execute(statement)).one_or_none()
+    if row is None:
+        raise LookupError(_missing(note_id))
+    return {"deleted": row.id, "title": row.title}
+
+
+def _read_specs(book: _Notebook) -> list[ToolSpec]:
+    """``notes_list``, ``notes_search`` and ``notes_read``."""
+    return [
         ToolSpec(
             name="notes_list",
             description=(
@@ -226,7 +254,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             input_schema=_object({"limit": _LIMIT}, []),
             policy_hint="read",
             scope=SCOPE,
-            handler=notes_list,
+            handler=book.notes_list,
         ),
         ToolSpec(
             name="notes_search",
@@ -249,7 +277,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             ),
             policy_hint="read",
             scope=SCOPE,
-            handler=notes_search,
+            handler=book.notes_search,
         ),
         ToolSpec(
             name="notes_read",
@@ -257,8 +285,16 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             input_schema=_object({"id": _ID}, ["id"]),
             policy_hint="read",
             scope=SCOPE,
-            handler=notes_read,
+            handler=book.notes_read,
         ),
+    ]
+
+
+def _write_specs(book: _Notebook) -> list[ToolSpec]:
+    """``notes_create``, ``notes_update`` and ``notes_delete``: each with its ``effect``, a
+    handler running it in a transaction of its own, and an ``outcome_of``."""
+    engine = book.engine
+    return [
         ToolSpec(
             name="notes_create",
             description="Create a note with a title and optional text. Returns the new note's id.",
@@ -267,7 +303,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             scope=SCOPE,
             handler=_in_own_transaction(engine, notes_create),
             effect=notes_create,
-            outcome_of=notes_create_outcome,
+            outcome_of=book.notes_create_outcome,
             idempotent=True,  # at most one note per idempotency key
         ),
         ToolSpec(
@@ -283,7 +319,7 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             scope=SCOPE,
             handler=_in_own_transaction(engine, notes_update),
             effect=notes_update,
-            outcome_of=note_state,
+            outcome_of=book.note_state,
         ),
         ToolSpec(
             name="notes_delete",
@@ -293,12 +329,8 @@ def notes_tools(engine: AsyncEngine) -> list[ToolSpec]:
             scope=SCOPE,
             handler=_in_own_transaction(engine, notes_delete),
             effect=notes_delete,
-            outcome_of=note_state,
+            outcome_of=book.note_state,
         ),
-    ]
-    return [
-        dataclasses.replace(spec, handler=_interrupting_on_outage(spec.name, spec.handler))
-        for spec in specs
     ]
 
 
