@@ -289,10 +289,11 @@ class _Round:
         """Check the calls in source order and start each in a task of its own as soon as
         one of ``cap`` slots is free; returns how many started. Any exception cancels and
         awaits the calls running, and propagates as itself (not as an exception group)."""
-        slots = asyncio.Semaphore(cap)
+        # the cap binds only when the segment has more reads than slots
+        slots = asyncio.Semaphore(cap) if len(indices) > cap else None
         started = 0
 
-        async def in_slot(ready: ReadyCall) -> None:
+        async def in_slot(ready: ReadyCall, slots: asyncio.Semaphore) -> None:
             try:
                 await self.start(ready)
             finally:
@@ -307,8 +308,11 @@ class _Round:
                     if isinstance(checked, ExecutedCall):
                         await self.finish(checked)
                         continue
-                    await slots.acquire()
-                    group.create_task(in_slot(checked))
+                    if slots is None:
+                        group.create_task(self.start(checked))
+                    else:
+                        await slots.acquire()
+                        group.create_task(in_slot(checked, slots))
                     started += 1
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None  # what a round run one call at a time raises
