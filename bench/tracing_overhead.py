@@ -43,7 +43,7 @@ from worker.store.records import ClaimedMission, StartedIteration
 from worker.tracing.hooks import RunTracing, traced_run
 
 
-def _sink(event: RunEvent) -> None:
+async def _sink(event: RunEvent) -> None:
     return None
 
 

@@ -34,11 +34,11 @@ in a quarter of the time of a frozen dataclass (which sets each field through
 ``isinstance``; two events of different types never stand for each other, even where their
 fields are equal as tuples.
 
-A sink may be synchronous (returns ``None``) or asynchronous (returns an awaitable, which the
-loop awaits before it goes on): ``CallStarted`` is awaited before the handler runs, so a sink
-can record a write durably first; an exception it raises for ``CallStarted`` keeps the call
-from running (its result says so), except ``RunInterrupted``, which stops the run. What a sink
-raises for any other event propagates out of the loop.
+A sink is an async callable, awaited for each event before the loop goes on:
+``CallStarted`` is awaited before the handler runs, so a sink can record a write durably
+first; an exception it raises for ``CallStarted`` keeps the call from running (its result says
+so), except ``RunInterrupted``, which stops the run. What a sink raises for any other event
+propagates out of the loop.
 """
 
 from __future__ import annotations
@@ -310,6 +310,6 @@ RunEvent = (
 )
 """Every event a run of the loop reports."""
 
-RunSink = Callable[[RunEvent], Awaitable[None] | None]
-"""Where a loop reports its events: called with each one in order; an awaitable it returns is
-awaited before the loop goes on (see the module docstring)."""
+RunSink = Callable[[RunEvent], Awaitable[None]]
+"""Where a loop reports its events: ``await sink(event)`` for each one, in order, before the
+loop goes on (see the module docstring)."""

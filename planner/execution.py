@@ -16,6 +16,8 @@ How a round runs (the plan is the pure function ``plan_segments``, the shell is
   it finished, and nothing after it starts before it finished.
 * A handler that raises gives the model ``"<tool> failed: <the exception's message>"`` (a
   ``ToolError``'s message as it is): plain words, never a Python class name.
+* The calls of a parallel segment run in an ``asyncio.TaskGroup``, an ``asyncio.Semaphore``
+  holding them to the cap; a segment of one call (or a cap of 1) runs in the round's own task.
 * Checks and the policy gate take every call in source order, one at a time, before it
   starts (a read waiting for a free slot has been decided already; a write or destructive call
   is decided once every call before it finished); a call that fails them gets its error
@@ -35,33 +37,29 @@ How a round runs (the plan is the pure function ``plan_segments``, the shell is
   call from running.
 
 The model of this split (a pure segmentation, then a thin async shell) is pydantic-ai's
-``_tool_execution.py`` (``_segment_by_barriers``).
+``_tool_execution.py`` (``_segment_by_barriers``); one call's checks and run are
+``planner.call_execution``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-import types
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from planner.calls import ExecutedCall, denial_text
-from planner.deadline import Deadline, resumed
-from planner.errors import RunInterrupted, ToolError
-from planner.events import (
-    ApprovalRequested,
-    CallDecided,
-    CallFinished,
-    CallStarted,
-    ReadsOverlapped,
+from planner.call_execution import (
+    ParkedCall,
+    ReadyCall,
+    ToolCallExecutor,
+    check_call,
+    run_call,
 )
+from planner.calls import ExecutedCall
+from planner.events import ApprovalRequested, CallFinished, ReadsOverlapped
 from planner.messages import ToolCall
-from planner.policy import PolicyDecision, PolicyGate
-from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
+from planner.policy import PolicyGate
+from planner.tools import PolicyHint, ToolContext, ToolRegistry
 
 if TYPE_CHECKING:
     from planner.approvals import Approval
@@ -77,10 +75,6 @@ __all__ = [
     "execute_round",
     "plan_segments",
 ]
-
-ToolCallExecutor = Callable[[ToolCall], Awaitable[Any]]
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_PARALLEL_READS = 10
 """Read calls of one round that may run at once, unless the caller says otherwise."""
@@ -134,18 +128,6 @@ def plan_segments(hints: Sequence[PolicyHint | None]) -> list[Segment]:
 
 
 # --- the shell ----------------------------------------------------------------------------------
-
-
-class _Ready(NamedTuple):
-    """A call that passed the checks and the gate, about to start (a named tuple: built for
-    every call, it must be cheap); ``ctx`` is the call's own (its key, its approval)."""
-
-    position: int
-    call: ToolCall
-    spec: ToolSpec
-    decision: PolicyDecision | None
-    checked_ms: float
-    ctx: ToolContext
 
 
 class ExecutedRound(NamedTuple):
@@ -208,354 +190,176 @@ async def execute_round(
     park: bool = True,
     reply_text: str | None = None,
 ) -> ExecutedRound:
-    """Run one round's ``calls`` (see the module docstring for the rules).
+    """Run one round's ``calls`` (the tool calls of one assistant message; the rules are in
+    the module docstring).
 
     Args:
-        calls: the tool calls of one assistant message.
         round: the 1-based round number (recorded on each ExecutedCall).
-        registry: the tools the model may call.
-        ctx: passed to every handler.
+        registry, ctx: the tools the model may call; the context passed to every handler.
         policy: awaited before each known tool with valid arguments runs, one call at a time
             in source order; a denial skips the handler.
         executor: when given, runs each allowed call instead of the spec's handler.
-        sink: gets the round's call events (``CallDecided``, ``CallStarted``,
-            ``CallFinished``, ``ReadsOverlapped``); an awaitable it returns is awaited.
+        sink: awaited with the round's call events (``CallDecided``, ``CallStarted``,
+            ``CallFinished``, ``ApprovalRequested``, ``ReadsOverlapped``).
         max_parallel_reads: read calls running at once, at most (default 10, must be ≥ 1).
         tool_timeout_s: seconds a call may run when its ToolSpec sets no ``timeout_s``
-            (default 60; ``None``: no limit). A call past its limit is cancelled and gets an
-            error result; for a write the error says its outcome is unknown.
-        settled: results already known, by 0-based position (a resumed round: calls an
-            earlier attempt finished, or whose outcome is unknown); those calls do not run.
-        approvals: people's decisions on calls of this round, by 0-based position: each is
-            on its call's ``ToolContext.approval`` when the gate decides it.
-        park: a call the gate asks about (``PolicyDecision.parks``) parks the round (the
-            default); ``False``: it is refused like a denied call.
-        reply_text: the model's text in the reply that issued ``calls`` (recorded with a
-            parked call's ``ApprovalRequested``).
+            (default 60; ``None``: no limit); past it, the call is cancelled (an error result).
+        settled: results already known, by 0-based position (a resumed round): not run.
+        approvals: people's decisions on calls, by 0-based position (on the call's
+            ``ToolContext.approval`` when the gate decides it).
+        park: a call the gate asks about parks the round; ``False``: it is refused.
+        reply_text: the model's text in the reply (recorded on ``ApprovalRequested``).
 
     Returns:
-        ``ExecutedRound``: one ExecutedCall per call in source order, or, when the round
-        parked, those of the calls before the parked one and the ``ApprovalRequested`` event
-        (already given to the sink).
+        ``ExecutedRound``: an ExecutedCall per call in source order (up to a parked call).
 
     Raises:
         ValueError: ``max_parallel_reads`` < 1 or ``tool_timeout_s`` ≤ 0.
-        asyncio.CancelledError: the run was cancelled; every call still running is cancelled
-            and awaited first.
-        RunInterrupted: the sink, the gate or a handler said the run cannot go on (its
-            database is unreachable); the calls still running are cancelled first.
-        Whatever ``policy`` or the sink raise for other events (operator bugs, not tool
-        failures).
+        asyncio.CancelledError, RunInterrupted, or what ``policy`` or the sink raise: the
+        calls still running are cancelled and awaited first.
     """
     if max_parallel_reads < 1:
         raise ValueError(f"max_parallel_reads must be >= 1, got {max_parallel_reads}")
     if tool_timeout_s is not None and not tool_timeout_s > 0:
         raise ValueError(f"tool_timeout_s must be > 0 or None, got {tool_timeout_s}")
-    results: list[ExecutedCall | None] = [None] * len(calls)
-    parked: list[ApprovalRequested] = []
+    under_way = _Round(calls, round, registry, ctx, policy, executor, sink, tool_timeout_s)
+    under_way.settled, under_way.approvals, under_way.park = settled, approvals, park
+    under_way.reply_text = reply_text
+    return await under_way.run(max_parallel_reads)
 
-    def finish(executed: ExecutedCall) -> Awaitable[None] | None:
-        results[executed.index] = executed
-        if sink is None:
+
+@dataclass
+class _Round:
+    """One round under way: its calls and their configuration (``execute_round``'s
+    arguments), their outcomes so far, and where it parked."""
+
+    calls: Sequence[ToolCall]
+    round: int
+    registry: ToolRegistry
+    ctx: ToolContext
+    policy: PolicyGate | None
+    executor: ToolCallExecutor | None
+    sink: RunSink | None
+    tool_timeout_s: float | None
+    settled: Mapping[int, ExecutedCall] | None = None
+    approvals: Mapping[int, Approval] | None = None
+    park: bool = True
+    reply_text: str | None = None
+    parked: ApprovalRequested | None = None
+
+    def __post_init__(self) -> None:
+        self.specs = [self.registry.get(call.name) for call in self.calls]  # None: unknown
+        self.results: list[ExecutedCall | None] = [None] * len(self.calls)
+
+    async def run(self, max_parallel_reads: int) -> ExecutedRound:
+        """Run the segments one after the other, until the last or a parked call."""
+        hints = [None if spec is None else spec.policy_hint for spec in self.specs]
+        for segment in plan_segments(hints):
+            cap = max_parallel_reads if segment.parallel else 1
+            if cap == 1 or len(segment.indices) == 1:
+                await self.run_alone(segment.indices)  # nothing can overlap: no tasks
+            else:
+                started = await self.run_overlapping(segment.indices, cap)
+                if started > 1 and self.sink is not None:
+                    await self.sink(ReadsOverlapped(self.round, started))
+            if self.parked is not None:
+                break
+        done = [executed for executed in self.results if executed is not None]
+        if self.parked is not None:
+            stop = self.parked.position
+            if len(done) != stop or any(c.index >= stop for c in done):  # a bug here
+                raise AssertionError(f"parked at call {stop} but {len(done)} results")
+            return ExecutedRound(done, self.parked)
+        if len(done) != len(self.calls):  # a bug here, never the tool's fault
+            raise AssertionError(f"{len(self.calls)} calls but {len(done)} results")
+        return ExecutedRound(done)
+
+    async def run_alone(self, indices: Sequence[int]) -> None:
+        """Check and run the calls one at a time, in the round's task."""
+        for index in indices:
+            checked = await self.check(index)
+            if checked is None:
+                break
+            if isinstance(checked, ExecutedCall):
+                await self.finish(checked)
+            else:
+                await self.start(checked)
+
+    async def run_overlapping(self, indices: Sequence[int], cap: int) -> int:
+        """Check the calls in source order and start each in a task of its own as soon as
+        one of ``cap`` slots is free; returns how many started. Any exception cancels and
+        awaits the calls running, and propagates as itself (not as an exception group)."""
+        # the cap binds only when the segment has more reads than slots
+        slots = asyncio.Semaphore(cap) if len(indices) > cap else None
+        started = 0
+
+        async def in_slot(ready: ReadyCall, slots: asyncio.Semaphore) -> None:
+            try:
+                await self.start(ready)
+            finally:
+                slots.release()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index in indices:
+                    checked = await self.check(index)
+                    if checked is None:
+                        break
+                    if isinstance(checked, ExecutedCall):
+                        await self.finish(checked)
+                        continue
+                    if slots is None:
+                        group.create_task(self.start(checked))
+                    else:
+                        await slots.acquire()
+                        group.create_task(in_slot(checked, slots))
+                    started += 1
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # what a round run one call at a time raises
+        return started
+
+    async def check(self, index: int) -> ExecutedCall | ReadyCall | None:
+        """The call's known or error result, or the call ready to run; ``None`` once the
+        round parked (at this call or before it)."""
+        if self.parked is not None:
             return None
-        was_settled = settled is not None and settled.get(executed.index) is executed
-        return sink(CallFinished(executed, was_settled))
-
-    async def check(index: int) -> ExecutedCall | _Ready | None:
-        if parked:
-            return None  # the round stopped at a call waiting for approval
-        if settled and index in settled:
-            return settled[index]
-        checked = await _check(
+        if self.settled and index in self.settled:
+            return self.settled[index]
+        approval = self.approvals.get(index) if self.approvals else None
+        checked = await check_call(
             index,
-            calls[index],
-            specs[index],
-            round=round,
-            registry=registry,
-            ctx=ctx,
-            policy=policy,
-            sink=sink,
-            approval=approvals.get(index) if approvals else None,
-            park=park,
+            self.calls[index],
+            self.specs[index],
+            round=self.round,
+            registry=self.registry,
+            ctx=self.ctx,
+            policy=self.policy,
+            sink=self.sink,
+            approval=approval,
+            park=self.park,
         )
-        if isinstance(checked, _Parked):
-            event = ApprovalRequested(round, index, checked.call, checked.decision, reply_text)
-            parked.append(event)
-            if sink is not None and (pending := sink(event)) is not None:
-                await pending
+        if isinstance(checked, ParkedCall):
+            call, decision = checked
+            self.parked = ApprovalRequested(self.round, index, call, decision, self.reply_text)
+            if self.sink is not None:
+                await self.sink(self.parked)
             return None
         return checked
 
-    def run(ready: _Ready) -> Coroutine[Any, Any, ExecutedCall]:
-        return _run(
+    async def start(self, ready: ReadyCall) -> None:
+        """Run a ready call and report its outcome."""
+        executed = await run_call(
             ready,
-            round=round,
-            executor=executor,
-            default_timeout_s=tool_timeout_s,
-            sink=sink,
+            round=self.round,
+            executor=self.executor,
+            default_timeout_s=self.tool_timeout_s,
+            sink=self.sink,
         )
+        await self.finish(executed)
 
-    specs = [registry.get(call.name) for call in calls]  # None: an unknown tool
-    hints = [None if spec is None else spec.policy_hint for spec in specs]
-    segments = (
-        plan_segments(hints) if "write" in hints or "destructive" in hints else _reads(len(hints))
-    )
-    for segment in segments:
-        cap = max_parallel_reads if segment.parallel else 1
-        ran = await _run_segment(segment.indices, cap, check, run, finish)
-        if segment.parallel and cap > 1 and ran > 1 and sink is not None:
-            if (pending := sink(ReadsOverlapped(round, ran))) is not None:
-                await pending
-        if parked:
-            break
-    done = [executed for executed in results if executed is not None]
-    if parked:
-        stop = parked[0].position
-        if len(done) != stop or any(c.index >= stop for c in done):  # a bug here
-            raise AssertionError(f"parked at call {stop} but {len(done)} results")
-        return ExecutedRound(done, parked[0])
-    if len(done) != len(calls):  # a bug here, never the tool's fault
-        raise AssertionError(f"{len(calls)} calls but {len(done)} results")
-    return ExecutedRound(done)
-
-
-@lru_cache(maxsize=32)
-def _reads(size: int) -> tuple[Segment, ...]:
-    """``plan_segments`` of ``size`` calls none of which is a write or destructive (made once
-    per size: a round of reads is the common case)."""
-    return tuple(plan_segments(["read"] * size))
-
-
-async def _run_segment(
-    indices: Sequence[int],
-    cap: int,
-    check: Callable[[int], Awaitable[ExecutedCall | _Ready | None]],
-    run: Callable[[_Ready], Coroutine[Any, Any, ExecutedCall]],
-    finish: Callable[[ExecutedCall], Awaitable[None] | None],
-) -> int:
-    """Check the calls in source order and start each one as soon as a slot is free (at most
-    ``cap`` running); a check that answers ``None`` (the round parked) starts nothing more,
-    and the calls running are waited for. Returns how many handlers were started. On any
-    exception (cancellation included) the running calls are cancelled and awaited before it
-    propagates; calls that finished before the cancellation reached them are still passed to
-    ``finish``."""
-    started = 0
-    if cap == 1 or len(indices) == 1:
-        # nothing can overlap: run inline, without the cost of a task per call
-        for index in indices:
-            checked = await check(index)
-            if checked is None:
-                break
-            if isinstance(checked, ExecutedCall):
-                if (pending := finish(checked)) is not None:
-                    await pending
-            else:
-                started += 1
-                if (pending := finish(await run(checked))) is not None:
-                    await pending
-        return started
-    loop = asyncio.get_running_loop()
-    running: dict[int, asyncio.Task[ExecutedCall]] = {}  # by the call's position
-    # the positions of the calls that finished, in the order they did: each task says so as
-    # its last step, and the first wakes this one (what asyncio.wait learns, without its
-    # future and callbacks per task and per wait, nor an event-loop turn for done callbacks)
-    finished: list[int] = []
-    waiter: asyncio.Future[None] | None = None
-
-    async def tracked(ready: _Ready) -> ExecutedCall:
-        try:
-            return await run(ready)
-        finally:  # the task ends with this step: it is done when this one wakes
-            finished.append(ready.position)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-
-    async def collect() -> None:
-        """Wait until a call finished (unless one did), then report every finished one."""
-        nonlocal waiter
-        if not finished:
-            waiter = loop.create_future()
-            try:
-                await waiter
-            finally:
-                waiter = None
-        while finished:
-            task = running.pop(finished.pop(0))
-            # _run turns every failure into a value
-            if (pending := finish(task.result())) is not None:
-                await pending
-
-    try:
-        for index in indices:
-            checked = await check(index)
-            if checked is None:
-                break
-            if isinstance(checked, ExecutedCall):
-                if (pending := finish(checked)) is not None:
-                    await pending
-                continue
-            while len(running) >= cap:
-                await collect()
-            running[index] = loop.create_task(tracked(checked))
-            started += 1
-        while running:
-            await collect()
-    finally:
-        left = list(running.values())
-        for task in left:
-            task.cancel()
-        if left:
-            await asyncio.wait(left)
-            for task in left:  # done before the cancellation reached it: it happened
-                if not task.cancelled() and task.exception() is None:
-                    if (pending := finish(task.result())) is not None:
-                        await pending
-    return started
-
-
-class _Parked(NamedTuple):
-    """A call the gate asked about: it waits for a person's approval."""
-
-    call: ToolCall
-    decision: PolicyDecision
-
-
-async def _check(
-    index: int,
-    call: ToolCall,
-    spec: ToolSpec | None,
-    *,
-    round: int,
-    registry: ToolRegistry,
-    ctx: ToolContext,
-    policy: PolicyGate | None,
-    sink: RunSink | None = None,
-    approval: Approval | None = None,
-    park: bool = True,
-) -> ExecutedCall | _Ready | _Parked:
-    """The call's error result when it cannot run, ``_Parked`` when it waits for approval,
-    else what it needs to start (``spec``: the registry's tool of that name, ``None`` for an
-    unknown tool). The gate sees the call's own context (its idempotency key, for a write;
-    its approval)."""
-    started = time.perf_counter()
-
-    def refused(error: str, decision: PolicyDecision | None) -> ExecutedCall:
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
-        return ExecutedCall(round, call, None, error, decision, elapsed_ms, index)
-
-    if spec is None:
-        known = ", ".join(registry.names()) or "(none)"
-        return refused(f"unknown tool {call.name!r}; available tools: {known}", None)
-    if call.parse_error is not None:
-        return refused(f"could not parse the arguments for {call.name}: {call.parse_error}", None)
-    invalid = spec.validate_arguments(call.arguments)
-    if invalid is not None:
-        return refused(invalid, None)
-    decision: PolicyDecision | None = None
-    own = ctx if spec.policy_hint == "read" else ctx.for_call(round, index, approval)
-    if policy is not None:
-        decision = await policy(spec, call, own)
-        if sink is not None:
-            if (pending := sink(CallDecided(round, index, call, decision))) is not None:
-                await pending
-        if not decision.allow:
-            if park and decision.parks:
-                return _Parked(call, decision)
-            return refused(denial_text(decision), decision)
-    return _Ready(index, call, spec, decision, (time.perf_counter() - started) * 1000.0, own)
-
-
-async def _run(
-    ready: _Ready,
-    *,
-    round: int,
-    executor: ToolCallExecutor | None,
-    default_timeout_s: float | None,
-    sink: RunSink | None = None,
-) -> ExecutedCall:
-    """Run one allowed call under its timeout, with its own context (``ready.ctx``: a write's
-    idempotency key, the call's approval); every failure becomes the error result.
-    ``CallStarted`` is awaited first: a sink that raises keeps the call from running."""
-    call, spec = ready.call, ready.spec
-    timeout_s = spec.timeout_s if spec.timeout_s is not None else default_timeout_s
-    started = time.perf_counter()
-
-    def done(result: Any, error: str | None, ran: bool = True) -> ExecutedCall:
-        elapsed_ms = ready.checked_ms + (time.perf_counter() - started) * 1000.0
-        return ExecutedCall(
-            round, call, result, error, ready.decision, elapsed_ms, ready.position, ran=ran
-        )
-
-    ctx = ready.ctx
-    if sink is not None:
-        event = CallStarted(
-            round, ready.position, call, spec.policy_hint, ctx.idempotency_key, ready.decision
-        )
-        try:
-            if (pending := sink(event)) is not None:
-                await pending
-        except RunInterrupted:
-            raise  # the runner's to recover from, never the model's
-        except Exception as exc:  # not recorded, not run: a write must never run unrecorded
-            logger.warning("%s was not run: its start could not be recorded: %s", call.name, exc)
-            return done(None, f"{call.name} was not run: its start could not be recorded", False)
-    return await _run_handler(ready, ctx, executor, timeout_s, done)
-
-
-async def _run_handler(
-    ready: _Ready,
-    ctx: ToolContext,
-    executor: ToolCallExecutor | None,
-    timeout_s: float | None,
-    done: Callable[[Any, str | None], ExecutedCall],
-) -> ExecutedCall:
-    call, spec = ready.call, ready.spec
-    # the timer is set when the handler first waits: until then nothing can cancel it (the
-    # event loop is not running), and a handler that returns without waiting needs none
-    deadline = Deadline(timeout_s, armed=False)
-    try:
-        if executor is not None:
-            awaitable = executor(call)
-        else:
-            awaitable = spec.handler(dict(call.arguments), ctx)
-        if type(awaitable) is types.CoroutineType:
-            try:
-                first = awaitable.send(None)  # as await starts it
-            except StopIteration as stop:  # done without waiting: no timer was needed
-                result = stop.value
-            else:
-                deadline.arm()
-                result = await resumed(awaitable, first)
-        else:
-            deadline.arm()
-            result = await awaitable
-    except asyncio.CancelledError:
-        if deadline.expired_here():
-            return done(None, _timeout_error(spec, timeout_s))
-        this_task = asyncio.current_task()
-        if this_task is not None and this_task.cancelling():
-            raise  # the run (or this round) is being cancelled: not the tool's failure
-        # the handler itself raised CancelledError (e.g. it awaited a cancelled future)
-        return done(None, f"{call.name} failed: it was cancelled from inside the tool")
-    except RunInterrupted:
-        raise  # the tool's infrastructure failed: the run stops and resumes later
-    except ToolError as exc:  # the handler's own words
-        return done(None, str(exc))
-    except Exception as exc:  # a tool failure is feedback for the model, not a crash
-        # the model reads plain words, not the exception's class (the log has it)
-        logger.info("%s raised %s: %s", call.name, type(exc).__name__, exc)
-        reason = str(exc).strip() or "it stopped with an error and no message"
-        return done(None, f"{call.name} failed: {reason}")
-    finally:
-        deadline.cancel()
-    return done(result, None)
-
-
-def _timeout_error(spec: ToolSpec, timeout_s: float | None) -> str:
-    text = f"{spec.name} timed out after {timeout_s:g} s and was stopped"
-    if spec.policy_hint == "read":
-        return f"{text}; it returned nothing"
-    return (
-        f"{text}; its outcome is unknown: the {spec.policy_hint} may or may not have taken "
-        "effect, check before retrying it"
-    )
+    async def finish(self, executed: ExecutedCall) -> None:
+        """Keep a call's outcome and report it (``CallFinished``)."""
+        self.results[executed.index] = executed
+        if self.sink is not None:
+            settled = self.settled is not None and self.settled.get(executed.index) is executed
+            await self.sink(CallFinished(executed, settled))

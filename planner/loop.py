@@ -17,34 +17,27 @@ checkpoint once a person decided (``Checkpoint.approvals``).
 
 Everything the loop does is reported as run events (``planner.events``) through the sink of
 ``run_planner_loop``; its own state is the fold of those events (``planner.record.RunLog``),
-and its result is that record's.
+and its result is that record's. A round is four named steps of ``_Run``: compact if needed
+(``planner.context_window``), request the model, run the calls (``planner.execution``), and
+finish (``stop``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 from planner.approvals import Approval
-from planner.calls import ExecutedCall, denial_text
-from planner.compaction import (
-    CompactionError,
-    Compactor,
-    compact_history,
-    estimate_message_tokens,
-    should_compact,
-)
+from planner.calls import ExecutedCall
+from planner.compaction import Compactor
+from planner.context_window import ContextWindow
 from planner.errors import LLMError
 from planner.events import (
-    ApprovalDecided,
     CallFinished,
     Checkpoint,
-    Compacted,
-    CompactionFailed,
     Reminder,
     ReminderRole,
     ReplyJudged,
@@ -60,15 +53,10 @@ from planner.events import (
 from planner.execution import DEFAULT_MAX_PARALLEL_READS, ToolCallExecutor, execute_round
 from planner.llm import ChatModel, CompletionRequest
 from planner.messages import ChatMessage, TokenUsage, ToolCall
-from planner.policy import (
-    DecisionReason,
-    PolicyDecision,
-    PolicyGate,
-    PolicyMode,
-    PolicyVerdict,
-)
+from planner.policy import PolicyGate
 from planner.record import RunLog, RunRecord
 from planner.replies import FAILED_STOP_REASONS, StopReason, judge_reply, stored_reply
+from planner.resume import decided_calls, standing_for
 from planner.tools import ToolContext, ToolRegistry, ToolSpec
 
 __all__ = [
@@ -245,9 +233,9 @@ async def run_planner_loop(
         llm: the chat model.
         on_tool_call: when given, executes each allowed tool call instead of the tool's
             handler (its return value becomes the tool result).
-        sink: gets every run event (``planner.events``) as it happens; an awaitable it
-            returns is awaited before the loop goes on. Fold them with ``RunLog`` for the
-            record of a run that is cancelled or interrupted.
+        sink: awaited with every run event (``planner.events``) as it happens, before the
+            loop goes on. Fold them with ``RunLog`` for the record of a run that is cancelled
+            or interrupted.
 
     Returns:
         The PlannerLoopResult. LLM failures end the loop with ``stop_reason="llm_error"``
@@ -258,35 +246,144 @@ async def run_planner_loop(
         RunInterrupted: the sink, the gate or a tool said the run cannot go on.
         Whatever the sink raises (other than for ``CallStarted``).
     """
-    registry = ToolRegistry(inp.tools)
-    openai_tools = [spec.to_openai_tool() for spec in registry.specs()]
-    ctx = inp.ctx or ToolContext(user_id="local")
-    log = RunLog()  # the loop's state: the fold of its own events
+    run = _Run(inp, llm, on_tool_call, sink)
+    stopped = await run.start()
+    if stopped is not None:
+        return stopped
+    for round_no in range(run.first_round, inp.max_rounds + 1):
+        stopped = await run.round(round_no)
+        if stopped is not None:
+            return stopped
+    return await run.stop(inp.max_rounds, StopReason.MAX_ROUNDS)
 
-    emit: Callable[[RunEvent], Awaitable[None] | None]
-    if sink is None:
-        emit = log.apply  # nothing else listens: the fold alone
-    else:
 
-        def emit(event: RunEvent) -> Awaitable[None] | None:
-            """Fold ``event`` and give it to the sink; what to await, if anything (a sync
-            sink costs no coroutine: the loop runs this for every event)."""
-            log.apply(event)
-            return sink(event)
+class _Run:
+    """One run of the loop under way: its configuration, its state (the fold of its events,
+    ``log``; the context's fill, ``window``) and its steps."""
 
-    compactor = inp.compactor
-    # what the next request holds (tracked only with a compactor): the tool definitions until
-    # the provider reports what it read, then the larger of its count and the estimate, plus
-    # estimates of what was appended since
-    context_tokens = _tools_tokens(registry.specs()) if compactor and openai_tools else 0
+    def __init__(
+        self,
+        inp: PlannerLoopInput,
+        llm: ChatModel,
+        on_tool_call: ToolCallExecutor | None,
+        sink: RunSink | None,
+    ) -> None:
+        self.inp, self.llm, self.on_tool_call, self.sink = inp, llm, on_tool_call, sink
+        self.registry = ToolRegistry(inp.tools)
+        self.openai_tools = [spec.to_openai_tool() for spec in self.registry.specs()]
+        self.ctx = inp.ctx or ToolContext(user_id="local")
+        self.log = RunLog()
+        self.window = ContextWindow(inp.compactor, self.registry.specs())
+        self.head_size = 2 + len(inp.prior_messages)  # system prompt, prior, objective
+        self.first_round = 1
+        # approvals given before the run that a later call may use, each once
+        self.standing = list(inp.resume.standing_approvals) if inp.resume else []
 
-    def counted(messages: Sequence[ChatMessage]) -> None:
-        nonlocal context_tokens
-        if compactor is not None:
-            for message in messages:
-                context_tokens += estimate_message_tokens(message)
+    async def emit(self, event: RunEvent) -> None:
+        """Fold ``event`` into the log and give it to the sink."""
+        self.log.apply(event)
+        if self.sink is not None:
+            await self.sink(event)
+
+    async def start(self) -> PlannerLoopResult | None:
+        """``RunStarted``; a resumed run first finishes the round under way when it stopped.
+        Returns the result when the run stopped already."""
+        inp, resume = self.inp, self.inp.resume
+        if resume is None:
+            head = (
+                ChatMessage(role="system", content=inp.system_prompt),
+                *inp.prior_messages,
+                ChatMessage(role="user", content=inp.user_prompt),
+            )
+            self.window.count(head)
+            await self.emit(RunStarted(head))
+            return None
+        self.window.count(resume.messages)
+        if resume.context_tokens is not None:  # the larger, as after every reply
+            self.window.tokens = max(self.window.tokens, resume.context_tokens)
+        await self.emit(RunStarted(tuple(resume.messages), resume))
+        self.first_round = resume.rounds_done + 1
+        under_way = resume.pending_calls()
+        if under_way:  # the round under way when the earlier attempt stopped
+            settled, approved = await decided_calls(resume, under_way, self.registry, self.emit)
+            reply_text = resume.messages[-1].content
+            round_no = resume.rounds_done
+            if not await self.run_calls(under_way, round_no, reply_text, settled, approved):
+                return await self.stop(round_no, StopReason.AWAITING_APPROVAL)
+        if self.first_round > inp.max_rounds:
+            return await self.stop(resume.rounds_done, StopReason.MAX_ROUNDS)
+        return None
+
+    async def round(self, round_no: int) -> PlannerLoopResult | None:
+        """One round: compact if needed, request the model, run the calls it asked for.
+        Returns the result when the run stopped in it."""
+        exhausted = await self.window.compact(round_no, self.log, self.head_size, self.emit)
+        if exhausted is not None:
+            return await self.stop(round_no - 1, StopReason.CONTEXT_EXHAUSTED, error=exhausted)
+        reply = await self.request(round_no)
+        if isinstance(reply, PlannerLoopResult):
+            return reply
+        if not reply.tool_calls:
+            return None  # the model was told why its reply cannot stand, and asked again
+        if not await self.run_calls(reply.tool_calls, round_no, reply.content):
+            return await self.stop(round_no, StopReason.AWAITING_APPROVAL)
+        return None
+
+    async def request(self, round_no: int) -> ChatMessage | PlannerLoopResult:
+        """Send the log with this round's reminders and judge the reply: the stored reply
+        when the run goes on (with or without calls), else the result."""
+        reminders = self.reminders(round_no)
+        sent_messages = [format_reminder(r.text, r.role) for r in reminders]
+        overflow = self.window.overflows(self.log, sent_messages)
+        if overflow is not None:
+            return await self.stop(round_no - 1, StopReason.CONTEXT_EXHAUSTED, error=overflow)
+        # validated, not model_construct: pydantic's check of instances of the right types is
+        # cheaper than its Python-level construct (2.1 against 2.9 us for 12 messages, 5 tools)
+        request = CompletionRequest(
+            messages=[*self.log.messages, *sent_messages],
+            tools=self.openai_tools,
+            model=self.inp.model,
+        )
+        audit = tuple([SentReminder(round_no, r.producer or "", r.text) for r in reminders])
+        await self.emit(RequestSent(round_no, audit, self.window.tokens))
+        try:
+            response = await self.llm.complete(request)
+        except LLMError as exc:
+            logger.warning("llm request failed in round %d: %s", round_no, exc)
+            await self.emit(RequestFailed(round_no, str(exc), exc.usage))
+            return await self.stop(round_no, StopReason.LLM_ERROR, error=str(exc))
+        reply = stored_reply(response)
+        self.window.replied(reply, response)
+        verdict = judge_reply(response, round=round_no, max_rounds=self.inp.max_rounds)
+        self.window.count(verdict.follow_up)
+        follow_up, stop_reason, error = tuple(verdict.follow_up), verdict.stop_reason, verdict.error
+        judged = ReplyJudged(
+            round_no, reply, response.usage, follow_up, stop_reason, error, self.window.tokens
+        )
+        await self.emit(judged)
+        if stop_reason is None:
+            return reply
+        answer = reply.content if stop_reason == "final_answer" else None
+        return await self.stop(round_no, stop_reason, error=error, final_answer=answer)
+
+    def reminders(self, round_no: int) -> list[Reminder]:
+        """What the reminder channel gives for the round about to run, as Reminder values."""
+        channel, log = self.inp.reminder_channel, self.log
+        if channel is None:
+            return []
+        state = LoopState(
+            round_no,
+            len(log.calls),
+            log.usage,
+            log.last_call,
+            log.compactions_done,
+            self.inp.max_rounds,
+            log.last_round_calls,
+        )
+        return [r if isinstance(r, Reminder) else Reminder(r) for r in channel(state)]
 
     async def run_calls(
+        self,
         calls: Sequence[ToolCall],
         round_no: int,
         reply_text: str | None,
@@ -296,17 +393,18 @@ async def run_planner_loop(
         """Run the round's calls; False when it parked at a call waiting for approval. A
         call without an approval of its own that matches a standing approval runs with it,
         which is then used up (``Checkpoint.standing_approvals``)."""
+        standing = self.standing
         if standing:
-            approvals = {**_standing_for(calls, standing, settled), **(approvals or {})}
+            approvals = {**standing_for(calls, standing, settled), **(approvals or {})}
         executed = await execute_round(
             calls,
             round=round_no,
-            registry=registry,
-            ctx=ctx,
-            policy=inp.policy,
-            executor=on_tool_call,
-            sink=sink,  # the loop's own fold takes the calls from RoundEnded
-            max_parallel_reads=inp.max_parallel_reads,
+            registry=self.registry,
+            ctx=self.ctx,
+            policy=self.inp.policy,
+            executor=self.on_tool_call,
+            sink=self.sink,  # the loop's own fold takes the calls from RoundEnded
+            max_parallel_reads=self.inp.max_parallel_reads,
             settled=settled,
             approvals=approvals,
             reply_text=reply_text,
@@ -318,266 +416,15 @@ async def run_planner_loop(
                 standing.remove(used)
         if executed.parked is not None:  # the round waits: no RoundEnded, no results logged
             for outcome in outcomes:
-                log.fold_call_finished(CallFinished(outcome))
-            log.fold_approval_requested(executed.parked)
+                self.log.fold_call_finished(CallFinished(outcome))
+            self.log.fold_approval_requested(executed.parked)
             return False
-        ended = RoundEnded(round_no, tuple(outcomes))
-        log.fold_round_ended(ended)
-        if compactor is not None and outcomes:  # the tool results the fold just appended
-            counted(log.messages[-len(outcomes) :])
-        if sink is not None and (pending := sink(ended)) is not None:
-            await pending
+        await self.emit(RoundEnded(round_no, tuple(outcomes)))
+        if outcomes:  # the tool results the fold just appended
+            self.window.count(self.log.messages[-len(outcomes) :])
         return True
 
-    async def stop(rounds: int, reason: StopReason, **extra: Any) -> PlannerLoopResult:
-        if (pending := emit(RunStopped(rounds, reason, **extra))) is not None:
-            await pending
-        return PlannerLoopResult.of(log)
-
-    first_round = 1
-    resume = inp.resume
-    standing = list(resume.standing_approvals) if resume is not None else []
-    if resume is None:
-        head = (
-            ChatMessage(role="system", content=inp.system_prompt),
-            *inp.prior_messages,
-            ChatMessage(role="user", content=inp.user_prompt),
-        )
-        counted(head)
-        if (pending := emit(RunStarted(head))) is not None:
-            await pending
-    else:
-        counted(resume.messages)
-        if resume.context_tokens is not None:  # the larger, as after every reply
-            context_tokens = max(context_tokens, resume.context_tokens)
-        if (pending := emit(RunStarted(tuple(resume.messages), resume))) is not None:
-            await pending
-        first_round = resume.rounds_done + 1
-        under_way = resume.pending_calls()
-        if under_way:  # the round under way when the earlier attempt stopped
-            settled, approved = await _decided(resume, under_way, registry, emit)
-            reply_text = resume.messages[-1].content
-            if not await run_calls(under_way, resume.rounds_done, reply_text, settled, approved):
-                return await stop(resume.rounds_done, StopReason.AWAITING_APPROVAL)
-        if first_round > inp.max_rounds:
-            return await stop(resume.rounds_done, StopReason.MAX_ROUNDS)
-
-    head_size = 2 + len(inp.prior_messages)  # system prompt, prior messages, objective
-
-    async def exhausted(round_no: int, why: str) -> PlannerLoopResult:
-        assert compactor is not None
-        errors = log.compaction_errors
-        last = f"; the last compaction attempt: {errors[-1]}" if errors else ""
-        threshold = int(compactor.threshold * compactor.max_ctx)
-        return await stop(
-            round_no - 1,
-            StopReason.CONTEXT_EXHAUSTED,
-            error=(
-                f"the conversation holds about {context_tokens} tokens of the "
-                f"{compactor.max_ctx}-token context (compaction starts at "
-                f"{compactor.threshold:.0%}, {threshold} tokens), {why}{last}"
-            ),
-        )
-
-    channel, max_rounds = inp.reminder_channel, inp.max_rounds
-    for round_no in range(first_round, max_rounds + 1):
-        if compactor is not None and should_compact(
-            context_tokens, compactor.max_ctx, compactor.threshold
-        ):
-            attempts = log.compaction_attempts
-            if attempts >= compactor.max_per_iteration:
-                return await exhausted(
-                    round_no,
-                    f"after {attempts} compaction attempt(s) (at most "
-                    f"{compactor.max_per_iteration} per iteration)",
-                )
-            compactions_before = log.compactions_done
-            try:
-                compaction = await compact_history(
-                    log.messages,
-                    llm=compactor.llm,
-                    model=compactor.model,
-                    keep_recent=compactor.keep_recent_tokens or compactor.max_ctx // 4,
-                    max_input_tokens=compactor.summariser_max_ctx or compactor.max_ctx,
-                    head=head_size,
-                )
-            except CompactionError as exc:
-                repeated = str(exc) in log.compaction_errors
-                if not (repeated and exc.reason == "nothing_to_fold"):
-                    logger.warning("compaction before round %d failed: %s", round_no, exc)
-                    if (pending := emit(CompactionFailed(round_no, exc))) is not None:
-                        await pending
-            else:
-                # what the context held, less what the summary saved: the part no message
-                # shows (tool definitions, the provider's framing) stays counted
-                saved = compaction.tokens_before - compaction.tokens_after
-                compaction = dataclasses.replace(
-                    compaction,
-                    tokens_before=context_tokens,
-                    tokens_after=max(0, context_tokens - saved),
-                )
-                context_tokens = compaction.tokens_after
-                if (pending := emit(Compacted(round_no, compaction))) is not None:
-                    await pending
-            if context_tokens >= compactor.max_ctx:  # the request could not fit at all
-                return await exhausted(
-                    round_no,
-                    "more than the whole context even after compacting"
-                    if log.compactions_done > compactions_before
-                    else "more than the whole context, and compacting could not help",
-                )
-        reminders: list[Reminder] = []
-        if channel is not None:
-            state = LoopState(
-                round_no,
-                len(log.calls),
-                log.usage,
-                log.last_call,
-                log.compactions_done,
-                max_rounds,
-                log.last_round_calls,
-            )
-            reminders = _reminders(channel, state)
-        if reminders:
-            sent_messages = [format_reminder(r.text, r.role) for r in reminders]
-            messages = [*log.messages, *sent_messages]
-            audit = tuple([SentReminder(round_no, r.producer or "", r.text) for r in reminders])
-        else:
-            sent_messages = []
-            messages = list(log.messages)
-            audit = ()
-        if compactor is not None:
-            sent = context_tokens
-            for message in sent_messages:
-                sent += estimate_message_tokens(message)
-            if sent >= compactor.max_ctx:  # with this round's reminders it cannot fit
-                return await exhausted(
-                    round_no, "and with this round's reminders the request would not fit"
-                )
-        # validated, not model_construct: pydantic's check of instances of the right types is
-        # cheaper than its Python-level construct (2.1 against 2.9 us for 12 messages, 5 tools)
-        request = CompletionRequest(messages=messages, tools=openai_tools, model=inp.model)
-        sent_event = RequestSent(round_no, audit, context_tokens)
-        log.fold_request_sent(sent_event)
-        if sink is not None and (pending := sink(sent_event)) is not None:
-            await pending
-        try:
-            response = await llm.complete(request)
-        except LLMError as exc:
-            logger.warning("llm request failed in round %d: %s", round_no, exc)
-            if (pending := emit(RequestFailed(round_no, str(exc), exc.usage))) is not None:
-                await pending
-            return await stop(round_no, StopReason.LLM_ERROR, error=str(exc))
-        reply = stored_reply(response)
-        if compactor is not None:
-            context_tokens += estimate_message_tokens(reply)
-        if compactor is not None and response.usage.prompt_tokens and not response.usage.estimated:
-            # the larger of the provider's count (what it read and wrote: exact where the
-            # estimate drifts) and the estimate: endpoints with prompt caching report only the
-            # uncached part (ollama/ollama#5370), and trusting them alone never compacts;
-            # messages appended from now on add their estimate (O(1) per round)
-            context_tokens = max(context_tokens, response.usage.total_tokens)
-        verdict = judge_reply(response, round=round_no, max_rounds=inp.max_rounds)
-        if compactor is not None and verdict.follow_up:
-            counted(verdict.follow_up)
-        judged = ReplyJudged(
-            round_no,
-            reply,
-            response.usage,
-            tuple(verdict.follow_up),
-            verdict.stop_reason,
-            verdict.error,
-            context_tokens,
-        )
-        log.fold_reply_judged(judged)
-        if sink is not None and (pending := sink(judged)) is not None:
-            await pending
-        if verdict.stop_reason is not None:
-            answer = reply.content if verdict.stop_reason == "final_answer" else None
-            return await stop(
-                round_no, verdict.stop_reason, error=verdict.error, final_answer=answer
-            )
-        if not reply.tool_calls:
-            continue  # the model was told why its reply cannot stand, and asked again
-        if not await run_calls(reply.tool_calls, round_no, reply.content):
-            return await stop(round_no, StopReason.AWAITING_APPROVAL)
-
-    return await stop(inp.max_rounds, StopReason.MAX_ROUNDS)
-
-
-async def _decided(
-    resume: Checkpoint,
-    calls: Sequence[ToolCall],
-    registry: ToolRegistry,
-    emit: Callable[[RunEvent], Awaitable[None] | None],
-) -> tuple[dict[int, ExecutedCall], dict[int, Approval]]:
-    """The pending round's results known before it goes on (``resume.settled``, plus the
-    refusals of the calls a person denied or nobody approved in time, and of approved calls
-    whose tool is no longer offered), and the granted approvals of the calls that run now;
-    reports every decision found (``ApprovalDecided``)."""
-    settled = dict(resume.settled)
-    approved: dict[int, Approval] = {}
-    round_no = resume.rounds_done
-    for position, approval in sorted(resume.approvals.items()):
-        if position in settled or not 0 <= position < len(calls) or not approval.decided:
-            continue  # already settled (it ran), or still pending: the gate asks again
-        call = calls[position]
-        if (pending := emit(ApprovalDecided(round_no, position, call, approval))) is not None:
-            await pending
-        if approval.granted and call.name in registry:
-            approved[position] = approval
-            continue
-        reason: str
-        if approval.granted:
-            reason, message, reminder = (
-                DecisionReason.TOOL_NOT_OFFERED,
-                f"{call.name} was {approval.describe()}, but this agent no longer offers "
-                f"{call.name}; it was not run",
-                f"{call.name} is no longer available; do not call it again.",
-            )
-        else:
-            reason, message, reminder = approval.refusal()
-        decision = PolicyDecision(
-            allow=False,
-            reason=reason,
-            verdict=PolicyVerdict.DENY,
-            mode=PolicyMode.ENFORCE,
-            message=message,
-            reminder=reminder,
-        )
-        error = message if approval.granted else denial_text(decision)
-        settled[position] = ExecutedCall(round_no, call, None, error, decision, index=position)
-    return settled, approved
-
-
-def _standing_for(
-    calls: Sequence[ToolCall],
-    standing: Sequence[Approval],
-    settled: Mapping[int, ExecutedCall] | None,
-) -> dict[int, Approval]:
-    """The standing approvals that go with ``calls``, by position: each to the first call not
-    settled already whose tool and arguments it was given for (``Approval.matches``), at most
-    once."""
-    given: dict[int, Approval] = {}
-    left = list(standing)
-    for position, call in enumerate(calls):
-        if settled and position in settled:
-            continue
-        match = next((a for a in left if a.matches(call)), None)
-        if match is not None:
-            given[position] = match
-            left.remove(match)
-    return given
-
-
-def _tools_tokens(specs: Sequence[ToolSpec]) -> int:
-    """``estimate_tokens(json.dumps(openai_tools))`` of these tools' definitions, from each
-    tool's JSON size (``ToolSpec.openai_tool_chars``): the list's text is its items' joined
-    by ``", "`` in brackets."""
-    chars = 2 + 2 * (len(specs) - 1) + sum(spec.openai_tool_chars for spec in specs)
-    return (chars + 3) // 4
-
-
-def _reminders(channel: ReminderChannel, state: LoopState) -> list[Reminder]:
-    """What ``channel`` gives for ``state``, as Reminder values."""
-    return [r if isinstance(r, Reminder) else Reminder(r) for r in channel(state)]
+    async def stop(self, rounds: int, reason: StopReason, **extra: Any) -> PlannerLoopResult:
+        """Finish: ``RunStopped``, and the result of the run."""
+        await self.emit(RunStopped(rounds, reason, **extra))
+        return PlannerLoopResult.of(self.log)

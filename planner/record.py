@@ -159,7 +159,9 @@ class RunLog:
         if handler is not None:
             handler(self, event)
 
-    __call__ = apply
+    async def __call__(self, event: RunEvent) -> None:
+        """``apply``, as a ``RunSink``."""
+        self.apply(event)
 
     def snapshot(self) -> RunRecord:
         """The record as it stands now (a frozen copy)."""

@@ -200,7 +200,7 @@ class RecordingSink:
         self.log = RunLog()
         self.fail_start_with: BaseException | None = None
 
-    def __call__(self, event: RunEvent) -> None:
+    async def __call__(self, event: RunEvent) -> None:
         """Keep ``event`` (or raise ``fail_start_with`` for a write's start)."""
         self.events.append(event)
         self.log.apply(event)

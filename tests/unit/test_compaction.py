@@ -29,7 +29,6 @@ from planner import (
     should_compact,
 )
 from planner.compaction import (
-    Compaction,
     CompactionError,
     compact_history,
     estimate_message_tokens,
@@ -37,7 +36,13 @@ from planner.compaction import (
     restore,
     split_points,
 )
-from planner.testing import FunctionChatModel, ScriptedChatModel, final_answer, tool_calls
+from planner.testing import (
+    FunctionChatModel,
+    RecordingSink,
+    ScriptedChatModel,
+    final_answer,
+    tool_calls,
+)
 from reminders import compacted_reminder
 
 HEAD = [
@@ -275,13 +280,10 @@ def loop_input(compactor: Compactor, **kw: Any) -> PlannerLoopInput:
 
 async def test_the_loop_compacts_once_tells_the_model_then_stops_at_the_context() -> None:
     model = looping_model()
-    made: list[Any] = []
+    sink = RecordingSink()
     compactor = Compactor(llm=summariser(), max_ctx=1500, keep_recent_tokens=200)
-    result = await run_planner_loop(
-        loop_input(compactor),
-        llm=model,
-        sink=lambda e: made.append((e.round, e.compaction)) if isinstance(e, Compacted) else None,
-    )
+    result = await run_planner_loop(loop_input(compactor), llm=model, sink=sink)
+    made = [(e.round, e.compaction) for e in sink.of_type(Compacted)]
     assert result.compactions_done == 1 and len(made) == 1
     round_no, compaction = made[0]
     # the request right after the compaction reads the summary, not the folded turns
@@ -297,14 +299,11 @@ async def test_the_loop_compacts_once_tells_the_model_then_stops_at_the_context(
 
 
 async def test_a_failing_summariser_lets_the_run_go_on_then_ends_it_readably() -> None:
-    failures: list[str] = []
+    sink = RecordingSink()
     broken = ScriptedChatModel([LLMConnectionError("summariser down")])
     compactor = Compactor(llm=broken, max_ctx=1500, keep_recent_tokens=200)
-    result = await run_planner_loop(
-        loop_input(compactor),
-        llm=looping_model(),
-        sink=lambda e: failures.append(e.error.reason) if isinstance(e, CompactionFailed) else None,
-    )
+    result = await run_planner_loop(loop_input(compactor), llm=looping_model(), sink=sink)
+    failures = [e.error.reason for e in sink.of_type(CompactionFailed)]
     assert failures == ["llm_error"] and result.compactions_done == 0
     assert result.compaction_errors and "summariser down" in result.compaction_errors[0]
     assert result.stop_reason == "context_exhausted"
@@ -448,13 +447,10 @@ async def test_the_count_after_a_compaction_keeps_what_no_message_shows() -> Non
         # tool definitions and framing: 900 tokens the messages do not show
         return tool_calls(("look", {}), usage=TokenUsage(prompt_tokens=900 + 160 * done))
 
-    made: list[Compaction] = []
+    sink = RecordingSink()
     compactor = Compactor(llm=summariser(), max_ctx=2000, keep_recent_tokens=200)
-    await run_planner_loop(
-        loop_input(compactor),
-        llm=FunctionChatModel(answer),
-        sink=lambda e: made.append(e.compaction) if isinstance(e, Compacted) else None,
-    )
+    await run_planner_loop(loop_input(compactor), llm=FunctionChatModel(answer), sink=sink)
+    made = [e.compaction for e in sink.of_type(Compacted)]
     [compaction] = made
     assert compaction.tokens_before >= 0.92 * 2000
     estimated_saving = sum(estimate_message_tokens(m) for m in compaction.folded)
@@ -526,7 +522,7 @@ async def test_a_summary_folded_again_still_counts_the_turns_it_stood_for() -> N
 
 def test_the_tool_definitions_are_estimated_as_their_json_text() -> None:
     """The loop counts the tool definitions from each tool's size, as the JSON of the list."""
-    from planner.loop import _tools_tokens
+    from planner.context_window import _tools_tokens
 
     async def nothing(args: dict[str, object], ctx: object) -> None:
         return None

@@ -26,7 +26,7 @@ from planner import (
 )
 from planner.calls import ExecutedCall
 from planner.execution import Segment, execute_calls, plan_segments
-from planner.testing import ScriptedChatModel, final_answer, tool_calls
+from planner.testing import RecordingSink, ScriptedChatModel, final_answer, tool_calls
 from planner.tools import PolicyHint
 
 # A test that would hang if calls ran one by one fails after this long instead.
@@ -125,10 +125,10 @@ class Probe:
         ]
 
 
-def on_finished(into: list[int]) -> Callable[[RunEvent], None]:
+def on_finished(into: list[int]) -> Callable[[RunEvent], Awaitable[None]]:
     """A sink that keeps the position of each call as it finishes (completion order)."""
 
-    def sink(event: RunEvent) -> None:
+    async def sink(event: RunEvent) -> None:
         if isinstance(event, CallFinished):
             into.append(event.executed.index)
 
@@ -445,7 +445,7 @@ async def test_the_loop_counts_calls_exactly_and_stores_them_in_source_order() -
 
     probe.hold = hold
     states: list[LoopState] = []
-    batches: list[int] = []
+    sink = RecordingSink()
     llm = ScriptedChatModel(
         [
             tool_calls(("r", {"i": 0}), ("r", {"i": 1}), ("r", {"i": 2})),
@@ -461,8 +461,9 @@ async def test_the_loop_counts_calls_exactly_and_stores_them_in_source_order() -
             reminder_channel=lambda state: states.append(state) or [],
         ),
         llm=llm,
-        sink=lambda e: batches.append(e.size) if isinstance(e, ReadsOverlapped) else None,
+        sink=sink,
     )
+    batches = [e.size for e in sink.of_type(ReadsOverlapped)]
     assert [s.tool_call_count for s in states] == [0, 3, 4]
     last = states[1].last_call
     assert last is not None and last.call.arguments == {"i": 2}
@@ -540,8 +541,7 @@ async def test_a_handler_that_returns_a_future_gets_its_result_and_its_timeout()
 
 
 async def test_a_handler_that_waits_after_working_past_its_timeout_is_stopped_there() -> None:
-    """The timer is set only when a handler first waits; one that worked past its deadline
-    before that is stopped at that wait."""
+    """A handler that worked past its timeout without waiting is stopped at its first wait."""
     gate = asyncio.Event()
 
     async def slow_then_waits(args: dict[str, Any], ctx: ToolContext) -> str:

@@ -109,7 +109,7 @@ async def test_a_round_ends_once_its_results_are_in_the_log() -> None:
     seen: list[tuple[int, int, int]] = []
     log = RunLog()
 
-    def sink(event: RunEvent) -> None:
+    async def sink(event: RunEvent) -> None:
         log.apply(event)
         if isinstance(event, RoundEnded):
             seen.append(

@@ -138,20 +138,19 @@ class MissionJournal:
         """The run's record so far."""
         return self.log.snapshot()
 
-    def __call__(self, event: RunEvent) -> Awaitable[None] | None:
+    async def __call__(self, event: RunEvent) -> None:
         """Fold ``event``; write what it calls for (see the module docstring)."""
         self.log.apply(event)
         if isinstance(event, CallStarted):
             key = (event.round, event.position)
             if event.hint != "read" and (key not in self.rows.ids or key in self.rows.parked):
-                return self._start(event)
+                await self._start(event)
         elif isinstance(event, CallFinished):
             key = (event.executed.round, event.executed.index)
             if key in self.rows.ids and not event.settled:
                 self.rows.current.discard(key)  # its outcome goes with the next write
         elif isinstance(event, RoundEnded):
-            return self._round_ended(event)
-        return None
+            await self._round_ended(event)
 
     # -- what is written --------------------------------------------------------------------
 

@@ -132,9 +132,9 @@ class MissionLoop:
             )
             observed = RunMetrics()
 
-            def sink(event: RunEvent) -> Any:
+            async def sink(event: RunEvent) -> None:
                 observed(event)
-                return journal(event)
+                await journal(event)
 
             tracing = self.tracing
             async with traced_run(

@@ -1,6 +1,7 @@
 """A mission run's metrics and log lines, read off its events.
 
-``RunMetrics`` is a synchronous ``planner.RunSink``: it counts what the loop reports as it
+``RunMetrics`` is called with each run event by the run's sink (``worker.run.mission_loop``),
+synchronously: it counts what the loop reports as it
 happens (tool durations, parallel read groups, reminders sent, compactions and their
 failures) and logs compactions; the calls' outcomes are counted once the iteration is stored
 (``count_calls``), so that a run whose result is dropped (a lost lease) counts nothing twice,

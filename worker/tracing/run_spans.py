@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Collection
+from collections.abc import AsyncIterator, Collection
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -174,9 +174,9 @@ class RunSpans:
         """``sink``, with ``observe`` called first for every event."""
         observe = self.observe
 
-        def traced(event: RunEvent) -> Awaitable[None] | None:
+        async def traced(event: RunEvent) -> None:
             observe(event)
-            return sink(event)
+            await sink(event)
 
         return traced
 

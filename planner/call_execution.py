@@ -1,0 +1,199 @@
+"""Check and run one tool call: the steps every call of a round goes through
+(``planner.execution`` runs a round's calls through them, alone or overlapping).
+
+``check_call`` takes a call from the model's reply to one of three outcomes: its error result
+(an unknown tool, arguments that are not JSON or fail the tool's schema, a denial by the
+gate), ``ParkedCall`` (the gate asks a person about it) or ``ReadyCall`` (it may run).
+``run_call`` runs a ready call's handler under ``asyncio.timeout`` and turns every failure
+the model should see into the call's error result: nothing here raises for a tool's failure,
+only for cancellation of the run and ``RunInterrupted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from planner.calls import ExecutedCall, denial_text
+from planner.errors import RunInterrupted, ToolError
+from planner.events import CallDecided, CallStarted
+from planner.messages import ToolCall
+from planner.policy import PolicyDecision, PolicyGate
+from planner.tools import ToolContext, ToolRegistry, ToolSpec
+
+if TYPE_CHECKING:
+    from planner.approvals import Approval
+    from planner.events import RunSink
+
+__all__ = ["ParkedCall", "ReadyCall", "ToolCallExecutor", "check_call", "run_call"]
+
+ToolCallExecutor = Callable[[ToolCall], Awaitable[Any]]
+"""``call -> result``: runs an allowed call instead of its tool's handler (``planner.loop``'s
+``on_tool_call``)."""
+
+logger = logging.getLogger(__name__)
+
+
+class ReadyCall(NamedTuple):
+    """A call that passed the checks and the gate, about to start.
+
+    Attributes:
+        position: its 0-based position in the round.
+        call: the model's call.
+        spec: its tool.
+        decision: the gate's decision (``None`` without a gate).
+        checked_ms: milliseconds its checks and the gate took.
+        ctx: its own context (a write's idempotency key, the call's approval).
+    """
+
+    position: int
+    call: ToolCall
+    spec: ToolSpec
+    decision: PolicyDecision | None
+    checked_ms: float
+    ctx: ToolContext
+
+
+class ParkedCall(NamedTuple):
+    """A call the gate asked about: it waits for a person's approval."""
+
+    call: ToolCall
+    decision: PolicyDecision
+
+
+async def check_call(
+    index: int,
+    call: ToolCall,
+    spec: ToolSpec | None,
+    *,
+    round: int,
+    registry: ToolRegistry,
+    ctx: ToolContext,
+    policy: PolicyGate | None,
+    sink: RunSink | None = None,
+    approval: Approval | None = None,
+    park: bool = True,
+) -> ExecutedCall | ReadyCall | ParkedCall:
+    """The call's error result when it cannot run, ``ParkedCall`` when it waits for approval
+    (only with ``park``; else it is refused), else ``ReadyCall``. ``spec``: the registry's
+    tool of that name, ``None`` for an unknown tool. The gate sees the call's own context (its
+    idempotency key, for a write; ``approval``); its decision goes to ``sink`` as
+    ``CallDecided``."""
+    started = time.perf_counter()
+
+    def refused(error: str, decision: PolicyDecision | None) -> ExecutedCall:
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        return ExecutedCall(round, call, None, error, decision, elapsed_ms, index)
+
+    if spec is None:
+        known = ", ".join(registry.names()) or "(none)"
+        return refused(f"unknown tool {call.name!r}; available tools: {known}", None)
+    if call.parse_error is not None:
+        return refused(f"could not parse the arguments for {call.name}: {call.parse_error}", None)
+    invalid = spec.validate_arguments(call.arguments)
+    if invalid is not None:
+        return refused(invalid, None)
+    decision: PolicyDecision | None = None
+    own = ctx if spec.policy_hint == "read" else ctx.for_call(round, index, approval)
+    if policy is not None:
+        decision = await policy(spec, call, own)
+        if sink is not None:
+            await sink(CallDecided(round, index, call, decision))
+        if not decision.allow:
+            if park and decision.parks:
+                return ParkedCall(call, decision)
+            return refused(denial_text(decision), decision)
+    return ReadyCall(index, call, spec, decision, (time.perf_counter() - started) * 1000.0, own)
+
+
+async def run_call(
+    ready: ReadyCall,
+    *,
+    round: int,
+    executor: ToolCallExecutor | None,
+    default_timeout_s: float | None,
+    sink: RunSink | None = None,
+) -> ExecutedCall:
+    """Run one ready call (its handler, or ``executor``) under its timeout (the tool's
+    ``timeout_s``, else ``default_timeout_s``; ``None``: no limit); every failure becomes its
+    error result. ``CallStarted`` is awaited first: a sink that raises keeps the call from
+    running (``RunInterrupted`` propagates).
+
+    Raises:
+        asyncio.CancelledError: the task running the call is being cancelled.
+        RunInterrupted: the sink or the handler said the run cannot go on.
+    """
+    call, spec = ready.call, ready.spec
+    timeout_s = spec.timeout_s if spec.timeout_s is not None else default_timeout_s
+    started = time.perf_counter()
+
+    def done(result: Any, error: str | None, ran: bool = True) -> ExecutedCall:
+        elapsed_ms = ready.checked_ms + (time.perf_counter() - started) * 1000.0
+        return ExecutedCall(
+            round, call, result, error, ready.decision, elapsed_ms, ready.position, ran=ran
+        )
+
+    if sink is not None:
+        event = CallStarted(
+            round, ready.position, call, spec.policy_hint, ready.ctx.idempotency_key, ready.decision
+        )
+        try:
+            await sink(event)
+        except RunInterrupted:
+            raise  # the runner's to recover from, never the model's
+        except Exception as exc:  # not recorded, not run: a write must never run unrecorded
+            logger.warning("%s was not run: its start could not be recorded: %s", call.name, exc)
+            return done(None, f"{call.name} was not run: its start could not be recorded", False)
+    result, error = await _handled(ready, executor, timeout_s)
+    return done(result, error)
+
+
+async def _handled(
+    ready: ReadyCall, executor: ToolCallExecutor | None, timeout_s: float | None
+) -> tuple[Any, str | None]:
+    """``(result, None)``, or ``(None, what the model reads)`` when the call failed or ran
+    past ``timeout_s``; cancellation of the run and ``RunInterrupted`` propagate."""
+    call, spec = ready.call, ready.spec
+    timeout = asyncio.timeout(timeout_s)
+    try:
+        async with timeout:
+            if executor is not None:
+                return await executor(call), None
+            return await spec.handler(dict(call.arguments), ready.ctx), None
+    except TimeoutError as exc:
+        if timeout.expired():
+            return None, _timeout_error(spec, timeout_s)
+        return None, _failure_text(call, exc)  # the handler's own TimeoutError
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the run (or this round) is being cancelled: not the tool's failure
+        # the handler itself raised CancelledError (e.g. it awaited a cancelled future)
+        return None, f"{call.name} failed: it was cancelled from inside the tool"
+    except RunInterrupted:
+        raise  # the tool's infrastructure failed: the run stops and resumes later
+    except ToolError as exc:  # the handler's own words
+        return None, str(exc)
+    except Exception as exc:  # a tool failure is feedback for the model, not a crash
+        return None, _failure_text(call, exc)
+
+
+def _failure_text(call: ToolCall, exc: Exception) -> str:
+    """``"<tool> failed: <message>"``: plain words for the model, never the exception's class
+    (the log has it)."""
+    logger.info("%s raised %s: %s", call.name, type(exc).__name__, exc)
+    reason = str(exc).strip() or "it stopped with an error and no message"
+    return f"{call.name} failed: {reason}"
+
+
+def _timeout_error(spec: ToolSpec, timeout_s: float | None) -> str:
+    text = f"{spec.name} timed out after {timeout_s:g} s and was stopped"
+    if spec.policy_hint == "read":
+        return f"{text}; it returned nothing"
+    return (
+        f"{text}; its outcome is unknown: the {spec.policy_hint} may or may not have taken "
+        "effect, check before retrying it"
+    )
