@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from planner.errors import LLMError, PlannerError
 from planner.json_text import json_text
-from planner.llm import ChatModel, CompletionRequest
+from planner.llm import ChatModel, CompletionRequest, CompletionResponse
 from planner.messages import ChatMessage, TokenUsage
 from planner.replies import answer_text
 
@@ -252,29 +252,11 @@ async def compact_history(
         CompactionError: nothing to fold, the summariser failed, or its summary is unusable;
             ``messages`` is then to be used as it is.
     """
-    head_end, cuts = split_points(messages, head)
     sizes = [estimate_message_tokens(m) for m in messages]
     tokens_before = sum(sizes)
-    if len(cuts) < 2:
-        raise CompactionError(
-            "nothing_to_fold",
-            "fewer than two turns: nothing to fold",
-            tokens_before=tokens_before,
-        )
-    # keep whole turns from the end while they fit the budget (always the last turn)
-    end = cuts[-1]
-    for cut in reversed(cuts[:-1]):
-        if sum(sizes[cut:]) > keep_recent:
-            break
-        end = cut
-    if end == head_end:
-        # every turn fits the budget, yet the context is full (a long head, tool schemas):
-        # fold all but the last turn rather than nothing
-        end = cuts[-1]
-    start = head_end
+    start, end = _fold_span(messages, head, sizes, keep_recent)
     folded = list(messages[start:end])
     turns = sum(1 for m in folded if m.role == "assistant")
-
     started = time.perf_counter()
     request = CompletionRequest(
         messages=[
@@ -296,30 +278,16 @@ async def compact_history(
         response = await llm.complete(request)
     except LLMError as exc:
         raise failed("llm_error", f"the summariser failed: {exc}", exc.usage) from exc
-    if response.finish_reason in _UNUSABLE_FINISH:
-        raise failed(
-            "unusable_summary",
-            f"the summariser's answer was {_UNUSABLE_FINISH[response.finish_reason]} "
-            f"(finish_reason {response.finish_reason!r})",
-            response.usage,
-        )
-    summary = answer_text(response.message.content)  # reasoning blocks are not a summary
     folded_tokens = sum(sizes[start:end])
-    if response.message.tool_calls or not summary:
-        raise failed("unusable_summary", "the summariser answered no summary text", response.usage)
-    if estimate_tokens(summary) >= folded_tokens:
-        raise failed(
-            "unusable_summary",
-            f"the summary ({estimate_tokens(summary)} tokens) is not shorter than what it "
-            f"would replace ({folded_tokens} tokens)",
-            response.usage,
-        )
+    problem = _unusable(response, folded_tokens)
+    if problem is not None:
+        raise failed("unusable_summary", problem, response.usage)
+    summary = answer_text(response.message.content)  # reasoning blocks are not a summary
     # an earlier summary folded again stands for its own turns too
     represented = turns + sum(_summarised_turns(m) for m in folded if m.role == "user")
     spliced = summary_message(summary, represented)
-    new_messages = [*messages[:start], spliced, *messages[end:]]
     return Compaction(
-        messages=new_messages,
+        messages=[*messages[:start], spliced, *messages[end:]],
         folded=folded,
         start=start,
         end=end,
@@ -331,6 +299,50 @@ async def compact_history(
         duration_ms=(time.perf_counter() - started) * 1000.0,
         usage=response.usage,
     )
+
+
+def _fold_span(
+    messages: Sequence[ChatMessage], head: int | None, sizes: Sequence[int], keep_recent: int
+) -> tuple[int, int]:
+    """``(start, end)`` of the messages to fold: after the head, up to the latest whole turns
+    that fit ``keep_recent`` tokens (the last turn always stays).
+
+    Raises:
+        CompactionError: fewer than two turns (nothing to fold).
+    """
+    head_end, cuts = split_points(messages, head)
+    if len(cuts) < 2:
+        raise CompactionError(
+            "nothing_to_fold", "fewer than two turns: nothing to fold", tokens_before=sum(sizes)
+        )
+    end = cuts[-1]
+    for cut in reversed(cuts[:-1]):
+        if sum(sizes[cut:]) > keep_recent:
+            break
+        end = cut
+    if end == head_end:
+        # every turn fits the budget, yet the context is full (a long head, tool schemas):
+        # fold all but the last turn rather than nothing
+        end = cuts[-1]
+    return head_end, end
+
+
+def _unusable(response: CompletionResponse, folded_tokens: int) -> str | None:
+    """Why the summariser's answer cannot replace ``folded_tokens`` tokens, or ``None``."""
+    if response.finish_reason in _UNUSABLE_FINISH:
+        return (
+            f"the summariser's answer was {_UNUSABLE_FINISH[response.finish_reason]} "
+            f"(finish_reason {response.finish_reason!r})"
+        )
+    summary = answer_text(response.message.content)
+    if response.message.tool_calls or not summary:
+        return "the summariser answered no summary text"
+    if estimate_tokens(summary) >= folded_tokens:
+        return (
+            f"the summary ({estimate_tokens(summary)} tokens) is not shorter than what it "
+            f"would replace ({folded_tokens} tokens)"
+        )
+    return None
 
 
 _SUMMARY_OF = re.compile(r"^<summary of (\d+) earlier turn\(s\)")

@@ -103,6 +103,37 @@ class TracedChatModel:
             common["gen_ai.request.model"] = model
         if self.first_endpoint is not None:
             common["server.address"], common["server.port"] = self.first_endpoint
+        attributes, parent = self._request_attributes(request, common)
+        span = self.tracer.start_span(
+            f"chat {model}" if model else "chat",
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        events = CURRENT_CHAT_SPAN.set(span.add_event)
+        started = time.perf_counter()
+        try:
+            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                response = await self.inner.complete(request)
+        except BaseException as exc:
+            self._failed(span, common, exc, time.perf_counter() - started)
+            raise
+        finally:
+            CURRENT_CHAT_SPAN.reset(events)
+        elapsed_s = time.perf_counter() - started
+        span.set_attributes(self._answer_attributes(response, common))
+        usage = response.usage
+        self._usage(span, common, usage.prompt_tokens, usage.completion_tokens)
+        span.end()
+        if self.duration is not None:
+            self.duration.record(elapsed_s, common)
+        return response
+
+    def _request_attributes(
+        self, request: CompletionRequest, common: dict[str, Any]
+    ) -> tuple[dict[str, Any], Any]:
+        """The span's attributes at its start, and its parent (a compaction's span for the
+        summariser, else the current context)."""
         attributes = dict(common)
         if request.max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = request.max_tokens
@@ -119,33 +150,26 @@ class TracedChatModel:
                     attributes["mana_ai.reminders"] = tuple(r.producer for r in sent.reminders)
         if self.capture_content:
             attributes["gen_ai.input.messages"] = content.input_messages(request.messages)
+        return attributes, parent
 
-        span = self.tracer.start_span(
-            f"chat {model}" if model else "chat",
-            context=parent,
-            kind=SpanKind.CLIENT,
-            attributes=attributes,
-        )
-        events = CURRENT_CHAT_SPAN.set(span.add_event)
-        started = time.perf_counter()
-        try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-                response = await self.inner.complete(request)
-        except BaseException as exc:
-            error_type = _error_type(exc)
-            if isinstance(exc, LLMError):
-                self._usage(span, common, exc.usage.prompt_tokens, exc.usage.completion_tokens)
-            span.set_attribute("error.type", error_type)
-            described = self.clipped(str(exc)) if self.capture_content else None
-            span.set_status(Status(StatusCode.ERROR, described))
-            span.end()
-            if self.duration is not None:
-                elapsed_s = time.perf_counter() - started
-                self.duration.record(elapsed_s, {**common, "error.type": error_type})
-            raise
-        finally:
-            CURRENT_CHAT_SPAN.reset(events)
-        elapsed_s = time.perf_counter() - started
+    def _failed(
+        self, span: Any, common: dict[str, Any], exc: BaseException, elapsed_s: float
+    ) -> None:
+        """End ``span`` as an error, with the failed attempts' usage and the duration."""
+        error_type = _error_type(exc)
+        if isinstance(exc, LLMError):
+            self._usage(span, common, exc.usage.prompt_tokens, exc.usage.completion_tokens)
+        span.set_attribute("error.type", error_type)
+        described = self.clipped(str(exc)) if self.capture_content else None
+        span.set_status(Status(StatusCode.ERROR, described))
+        span.end()
+        if self.duration is not None:
+            self.duration.record(elapsed_s, {**common, "error.type": error_type})
+
+    def _answer_attributes(
+        self, response: CompletionResponse, common: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What the answer adds to the span (``common`` learns the endpoint that served it)."""
         answered: dict[str, Any] = {}
         if response.endpoint is not None:
             answered["mana_ai.llm.endpoint"] = response.endpoint
@@ -163,13 +187,7 @@ class TracedChatModel:
             answered["gen_ai.output.messages"] = content.output_messages(
                 response.message, response.finish_reason
             )
-        span.set_attributes(answered)
-        usage = response.usage
-        self._usage(span, common, usage.prompt_tokens, usage.completion_tokens)
-        span.end()
-        if self.duration is not None:
-            self.duration.record(elapsed_s, common)
-        return response
+        return answered
 
     def _usage(self, span: Any, common: dict[str, Any], prompt: int, completion: int) -> None:
         """Tokens on the span and in ``gen_ai.client.token.usage``."""

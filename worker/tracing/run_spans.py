@@ -191,69 +191,49 @@ class RunSpans:
             logger.exception("tracing this run failed; its spans stop here")
 
     def _observe(self, event: RunEvent) -> None:
-        kind = type(event)
-        if kind is RequestSent:
-            assert isinstance(event, RequestSent)
-            self.pending = event
-        elif kind is ReplyJudged:
-            assert isinstance(event, ReplyJudged)
-            self.usage = self.usage + event.usage
-        elif kind is CallStarted:
-            assert isinstance(event, CallStarted)
-            self.hints[(event.round, event.position)] = event.hint
-        elif kind is CallFinished:
-            assert isinstance(event, CallFinished)
-            if not event.settled:
+        match event:
+            case RequestSent():
+                self.pending = event
+            case ReplyJudged() | RequestFailed():
+                self.usage = self.usage + event.usage
+            case CallStarted():
+                self.hints[(event.round, event.position)] = event.hint
+            case CallFinished() if not event.settled:
                 self._tool_span(event)
-        elif kind is ReadsOverlapped:
-            assert isinstance(event, ReadsOverlapped)
-            self.span.add_event(
-                "mana_ai.reads_overlapped",
-                {"mana_ai.round": event.round, "mana_ai.size": event.size},
-            )
-        elif kind is RequestFailed:
-            assert isinstance(event, RequestFailed)
-            self.usage = self.usage + event.usage
-        elif kind is Compacted:
-            assert isinstance(event, Compacted)
-            self._compacted(event)
-        elif kind is CompactionFailed:
-            assert isinstance(event, CompactionFailed)
-            self._compaction_failed(event)
-        elif kind is RunStarted:
-            assert isinstance(event, RunStarted)
-            if event.checkpoint is not None:
-                self.span.set_attribute("mana_ai.resumed_after_round", event.checkpoint.rounds_done)
-            if self.capture_content:
-                self.span.set_attribute(
-                    "gen_ai.input.messages", content.input_messages(event.messages)
+            case ReadsOverlapped():
+                self.span.add_event(
+                    "mana_ai.reads_overlapped",
+                    {"mana_ai.round": event.round, "mana_ai.size": event.size},
                 )
-        elif kind is RunStopped:
-            assert isinstance(event, RunStopped)
-            self.stopped = event
-        elif kind is ApprovalRequested:
-            assert isinstance(event, ApprovalRequested)
-            self.span.add_event(
-                "mana_ai.approval_requested",
-                {
-                    "gen_ai.tool.name": self._tool_name(event.call.name),
-                    "mana_ai.round": event.round,
-                    "mana_ai.tool.position": event.position,
-                },
-            )
-        elif kind is ApprovalDecided:
-            assert isinstance(event, ApprovalDecided)
-            approval = event.approval
-            self.span.add_event(
-                "mana_ai.approval_decided",
-                {
-                    "gen_ai.tool.name": self._tool_name(event.call.name),
-                    "mana_ai.round": event.round,
-                    "mana_ai.tool.position": event.position,
-                    "mana_ai.approval.request_id": approval.request_id,
-                    "mana_ai.approval.status": str(approval.status),
-                },
-            )
+            case Compacted():
+                self._compacted(event)
+            case CompactionFailed():
+                self._compaction_failed(event)
+            case RunStarted():
+                self._started(event)
+            case RunStopped():
+                self.stopped = event
+            case ApprovalRequested() | ApprovalDecided():
+                self._approval_event(event)
+
+    def _started(self, event: RunStarted) -> None:
+        if event.checkpoint is not None:
+            self.span.set_attribute("mana_ai.resumed_after_round", event.checkpoint.rounds_done)
+        if self.capture_content:
+            self.span.set_attribute("gen_ai.input.messages", content.input_messages(event.messages))
+
+    def _approval_event(self, event: ApprovalRequested | ApprovalDecided) -> None:
+        attributes: dict[str, Any] = {
+            "gen_ai.tool.name": self._tool_name(event.call.name),
+            "mana_ai.round": event.round,
+            "mana_ai.tool.position": event.position,
+        }
+        if isinstance(event, ApprovalRequested):
+            self.span.add_event("mana_ai.approval_requested", attributes)
+            return
+        attributes["mana_ai.approval.request_id"] = event.approval.request_id
+        attributes["mana_ai.approval.status"] = str(event.approval.status)
+        self.span.add_event("mana_ai.approval_decided", attributes)
 
     def _tool_name(self, name: str) -> str:
         """``gen_ai.tool.name`` of a call to ``name`` (``worker.tracing.chosen.tool_name``)."""
