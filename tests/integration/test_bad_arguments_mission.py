@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
 from tests.integration.worker_harness import add_mission, iterations, make_worker, policy_setup
+from worker.llm import OpenAICompatibleChatModel
 from worker.store.tables import tool_invocations
 from worker.store.user_policy import PolicyStore
 

@@ -23,7 +23,6 @@ from planner import (
 )
 from planner.compaction import SUMMARY_PROMPT
 from planner.policy import PolicyConfig
-from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer
 from tests.fakes import FakeLLMServer
 from tests.fakes.llm_server import chat_completion_body
@@ -32,6 +31,7 @@ from tests.integration.worker_harness import add_mission, iterations, make_worke
 from worker.admin.replay import restored_log
 from worker.admin.rerun import RerunConfig, rerun_iteration
 from worker.cli import main
+from worker.llm import OpenAICompatibleChatModel
 from worker.run.compaction_setup import CompactionSetup
 from worker.store.admin import AdminStore
 from worker.store.tables import agents, compacted_turns, mission_iterations

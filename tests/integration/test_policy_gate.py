@@ -14,7 +14,6 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import PolicyConfig, RateLimit, rate_limit_wait
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
 from tests.integration.worker_harness import (
     add_mission,
@@ -23,6 +22,7 @@ from tests.integration.worker_harness import (
     mission_row,
     policy_setup,
 )
+from worker.llm import OpenAICompatibleChatModel
 from worker.policy_setup import PolicySetup
 from worker.store.engine import create_engine
 from worker.store.ledger import PostgresCallLedger

@@ -21,7 +21,6 @@ from planner import (
     ToolContext,
     ToolSpec,
 )
-from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.llm_server import FakeLLMServer, chat_completion_body, down_base_url
 from tests.integration.worker_harness import (
@@ -33,6 +32,7 @@ from tests.integration.worker_harness import (
     mission_row,
 )
 from worker.daemon.worker import Worker
+from worker.llm import OpenAICompatibleChatModel
 from worker.store.admin import AdminStore
 from worker.store.engine import create_engine
 from worker.store.postgres import PostgresMissionStore

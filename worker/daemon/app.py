@@ -19,11 +19,11 @@ from planner import ChatModel, DestructivePolicy, PolicyMode, ToolSpec
 from worker.approval_webhook import ApprovalWebhook
 from worker.daemon.worker import Worker
 from worker.errors import SettingsError
+from worker.llm.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.mcp.config import is_mcp_scope, is_mcp_tool_name
 from worker.mcp.sources import McpToolSources
 from worker.metrics import DB_POOLS, HealthState
 from worker.policy_setup import PolicySetup, policy_config_from_settings
-from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner
 from worker.settings import Settings, otel_variables

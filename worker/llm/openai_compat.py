@@ -3,9 +3,9 @@
 Works with OpenAI, vLLM, Ollama (``/v1``), LiteLLM, OpenRouter, DeepSeek, Gemini's
 compatibility layer, Azure, mana-llm and anything else that speaks the Chat Completions wire
 format (https://platform.openai.com/docs/api-reference/chat/create). What each kind of reply
-means is in ``planner.providers.openai_reply``; how the stored log is rewritten for the wire
-is in ``planner.providers.openai_request``; tool schemas per dialect in
-``planner.providers.tool_schema``.
+means is in ``worker.llm.openai_reply``; how the stored log is rewritten for the wire
+is in ``worker.llm.openai_request``; tool schemas per dialect in
+``worker.llm.tool_schema``.
 
 Deadline: each attempt, from connecting to the last byte of the body, must finish within
 ``timeout_s`` (httpx's own timeouts apply per read, so a body that trickles in one byte at a
@@ -29,7 +29,7 @@ the fallback endpoint and the iteration's error handle like any other, never an 
 the HTTP stack.
 
 Size: the body is read as it arrives and held to ``max_response_bytes`` decoded bytes
-(``planner.providers.response_body``: gzip and deflate are decoded with bounded output, a
+(``worker.llm.response_body``: gzip and deflate are decoded with bounded output, a
 ``Content-Length`` above the cap refuses the answer before it is read). An answer that passes
 the cap is stopped there (the connection is dropped, not drained) and fails at once as an
 ``LLMResponseError``: it is not retried, since another attempt would only pull as much again.
@@ -62,7 +62,7 @@ from tenacity import (
 from planner.errors import LLMConnectionError, LLMError, LLMResponseError, LLMStatusError
 from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import TokenUsage
-from planner.providers.openai_reply import (
+from worker.llm.openai_reply import (
     EXCERPT_CHARS,
     ErrorReply,
     body_text,
@@ -70,21 +70,21 @@ from planner.providers.openai_reply import (
     excerpt,
     parse_chat_completion,
 )
-from planner.providers.openai_request import (
+from worker.llm.openai_request import (
     TOOLS_HERE,
     ToolDefinitions,
     encode_text,
     request_text,
     wire_messages,
 )
-from planner.providers.response_body import (
+from worker.llm.response_body import (
     ACCEPT_ENCODING,
     Answer,
     BodyNotDecodable,
     BodyTooLarge,
     read_body,
 )
-from planner.providers.tool_schema import SchemaDialect, adapt_schema
+from worker.llm.tool_schema import SchemaDialect, adapt_schema
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -144,7 +144,7 @@ class OpenAICompatibleChatModel:
         name: this endpoint's name, recorded on every response (``CompletionResponse.endpoint``)
             and used to send provider fields back only to the endpoint that produced them.
         schema_dialect: how tool parameter schemas are sent (``json-schema`` or ``gemini``; see
-            ``planner.providers.tool_schema``).
+            ``worker.llm.tool_schema``).
         strip_schema_keywords: JSON Schema keywords left out of the tool schemas sent.
         max_connections: HTTP connections to the endpoint open at once, at most (default 100,
             httpx's); a request finding all busy waits for one. Size it to the requests in
