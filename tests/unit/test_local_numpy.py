@@ -20,10 +20,15 @@ import pytest
 
 from planner import ChatMessage, CompletionRequest, LLMError
 from worker.llm import LocalLlamaChatModel, LocalNumpyChatModel, embedded_chat_model
-from worker.llm.embedded.local import default_model_path
+from worker.llm.embedded.local import INSTALL_HINT, default_model_path
 from worker.llm.embedded.local_grammar import reply_schema
 from worker.llm.embedded.local_numpy import NUMPY_INSTALL_HINT
 from worker.llm.embedded.local_runtime import resolve_local_runtime
+
+LLAMA_CPP_MISSING = (
+    "llama-cpp-python is not installed: the optional [llama-cpp] extra, compiled on install, "
+    f"not in README's test command ({INSTALL_HINT})"
+)
 
 _NUMPY_RUNTIME = ("numpy", "gguf", "tokenizers", "llguidance", "threadpoolctl")
 
@@ -111,7 +116,7 @@ def test_the_tokenizer_round_trips_the_gguf_vocabulary(runtime: Any) -> None:
 
 @pytest.mark.local_model
 def test_the_tokenizer_agrees_with_llama_cpp(runtime: Any) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
     llama = llama_cpp.Llama(
         model_path=str(default_model_path()), vocab_only=True, verbose=False, n_ctx=64
     )
@@ -142,7 +147,7 @@ def test_the_forward_pass_agrees_with_llama_cpp(runtime: Any) -> None:
     quantizes activations to 8 bits for its matrix products; numpy stays in float32: measured
     correlation 0.999, largest difference 0.77, ranks 3 to 5 may swap)."""
     np = pytest.importorskip("numpy")
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
     prompt = runtime.prompt_tokens(
         [{"role": "user", "content": "What time is it? Use the clock tool."}]
     )
