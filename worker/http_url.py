@@ -3,7 +3,7 @@ used, said before anything connects, and how it is shown without its secrets.
 
 ``http_url_problem`` judges a URL with the standard library only (``urllib.parse``,
 ``ipaddress``; the HTTP clients are not imported, so a command's start stays fast), by the
-rules of RFC 3986 that the HTTP clients (httpx, httpx2) enforce when they first use it:
+rules of RFC 3986 that the HTTP clients (httpx, aiohttp) enforce when they first use it:
 
 * scheme ``http`` or ``https`` (any case);
 * no whitespace and no hidden character (``worker.terminal_text.is_hidden``: a control, a

@@ -366,9 +366,9 @@ class FakeLLMServer:
 
     def enqueue_header_flood(self, *, value_bytes: int = 0, count: int = 0) -> None:
         """Queue one 200 chat completion ("hi") whose headers no client takes: one header
-        ``X-Big`` of ``value_bytes`` bytes and ``count`` more headers ``X-H<n>: v`` (httpx,
-        through httpcore, refuses a header block over 100 KiB; real endpoints behind a broken
-        proxy have sent both)."""
+        ``X-Big`` of ``value_bytes`` bytes (aiohttp refuses a line over 8190), and ``count``
+        more headers ``X-H<n>: v`` (aiohttp refuses more than 32768; real endpoints behind a
+        broken proxy have sent both)."""
         headers = {f"X-H{n}": "v" for n in range(count)}
         if value_bytes:
             headers["X-Big"] = "a" * value_bytes

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 HEAVY_FOR_ANY_COMMAND = ("sqlalchemy", "pydantic", "pydantic_settings", "planner.policy", "asyncpg")
-NOT_FOR_AGENTS = ("jsonschema", "httpx", "httpx2", "worker.tools", "worker.daemon", "worker.mcp")
+NOT_FOR_AGENTS = ("jsonschema", "httpx", "aiohttp", "worker.tools", "worker.daemon", "worker.mcp")
 
 
 def loaded_after(code: str) -> set[str]:

@@ -1,4 +1,4 @@
-"""read_body: an answer's body held to a cap of decoded bytes, over httpx2.MockTransport
+"""read_body: an answer's body held to a cap of decoded bytes, over httpx.MockTransport
 streams (no sockets). Over real HTTP: tests/integration/test_llm_flood.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Iterable
 
-import httpx2
+import httpx
 import pytest
 
 from worker.llm.response_body import (
@@ -36,19 +36,19 @@ class Source:
 
 async def answer(
     source: Source, headers: dict[str, str] | None = None, status: int = 200
-) -> httpx2.Response:
+) -> httpx.Response:
     """``source`` as the streamed body of an answer, unread, as ``send(stream=True)`` gives it."""
 
-    def handle(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(status, headers=headers, content=source.stream())
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers=headers, content=source.stream())
 
-    client = httpx2.AsyncClient(transport=httpx2.MockTransport(handle))
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
     async with client:
         return await client.send(client.build_request("POST", "http://llm.test/"), stream=True)
 
 
 def pieces(data: bytes, size: int = 16 * 1024) -> list[bytes]:
-    """``data`` in transport-sized chunks (16 KiB, as sockets often deliver them)."""
+    """``data`` in transport-sized chunks (aiohttp's are 16 KiB)."""
     return [data[i : i + size] for i in range(0, len(data), size)]
 
 
@@ -155,7 +155,7 @@ async def test_truncate_keeps_the_head_of_a_long_body(headers: dict[str, str]) -
 
 
 async def test_a_body_already_read_is_held_to_the_cap_too() -> None:
-    response = httpx2.Response(200, content=b"z" * 2000)  # a mock's canned answer
+    response = httpx.Response(200, content=b"z" * 2000)  # a mock's canned answer
     with pytest.raises(BodyTooLarge):
         await read_body(response, limit_bytes=1999)
     assert await read_body(response, limit_bytes=2000) == b"z" * 2000

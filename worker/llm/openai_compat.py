@@ -8,7 +8,7 @@ is in ``worker.llm.openai_request``; tool schemas per dialect in
 ``worker.llm.tool_schema``.
 
 Deadline: each attempt, from connecting to the last byte of the body, must finish within
-``timeout_s`` (httpx2's own timeouts apply per read, so a body that trickles in one byte at a
+``timeout_s`` (httpx's own timeouts apply per read, so a body that trickles in one byte at a
 time would otherwise hold a mission indefinitely).
 
 Retries (via ``tenacity``): a request is retried after HTTP 408, 429 and 5xx answers, after
@@ -19,20 +19,20 @@ seconds. When the answer carries ``Retry-After`` (delta-seconds or an HTTP-date,
 §10.2.3) that delay is used instead, capped at ``backoff_max_s``. Any other error fails at
 once. Usage reported by failed attempts is added to the request's usage (it may be billed).
 
-Transport: one ``httpx2.AsyncClient`` per endpoint, made with the model, carries every request.
-httpx2 is httpx's API as Pydantic maintains it (the MCP SDK's client, already a dependency):
-httpx 0.29's own pool (httpcore 1.0.9) spends CPU per request that grows with the connections
-it holds, and fell far behind aiohttp's throughput at 50 and 100 in flight; httpx2's stays
-within the issue's 20 % (docs/performance.md, "LLM HTTP client"). The pool holds at most
-``max_connections``, each kept open 5 s between requests; the environment's proxy
-(``HTTP(S)_PROXY`` / ``NO_PROXY``) applies as httpx2 reads it. httpx2's
-transport errors (refused, reset, the server hung up, a body cut off) and timeouts are
-connection failures, retried. An answer HTTP/1.1's parser refuses (a header block over
-httpcore2's 100 KiB, a broken status line) is an unusable answer, an ``LLMResponseError`` at
-once (not retried: the endpoint would answer the same), and any other failure of the HTTP stack
-is one too, named by its type (``worker.llm.openai_failures.unusable_answer``); so each becomes
-an ``LLMError`` that the fallback endpoint and the iteration's error handle like any other,
-never an exception of the HTTP stack.
+Transport failures: aiohttp's connection errors (refused, reset, the server hung up, a body
+cut off) and timeouts, and httpx's own transport errors when an httpx transport is given
+(tests), are connection failures, retried. An answer aiohttp's parser refuses (a header
+over 8190 bytes, 100,000 headers) is an unusable answer, an ``LLMResponseError`` at once
+(not retried: the endpoint would answer the same), and any other failure of the HTTP stack
+is one too, named by its type (``worker.llm.openai_failures.unusable_answer``); so each
+becomes an ``LLMError`` that the fallback endpoint and the iteration's error handle like any
+other, never an exception of the HTTP stack.
+
+Client: aiohttp's (``worker.llm.aiohttp_client``), not httpx's: at a model's latency of
+1 s (give or take 0.5 s) and 50 to 100 requests in flight, httpx's and httpx2's pools cost CPU
+per request that grows with the connections they hold, and their throughput fell more than
+the 20 % issue 32 allows below aiohttp's (``bench/llm_client.py``; docs/performance.md, "LLM
+HTTP client").
 
 Size: the body is read as it arrives and held to ``max_response_bytes`` decoded bytes
 (``worker.llm.response_body``: gzip and deflate are decoded with bounded output, a
@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-import httpx2
+import aiohttp
+import httpx
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -59,20 +60,23 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from planner.errors import LLMConnectionError, LLMError, LLMResponseError
+from planner.errors import LLMError, LLMResponseError
 from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import TokenUsage
-from worker.llm.openai_endpoint import check_limits, endpoint_url, http_client
+from worker.llm.aiohttp_client import AiohttpAnswer, aiohttp_post, open_session
+from worker.llm.openai_arguments import check_limits, completions_url, endpoint_url
 from worker.llm.openai_failures import (
     Retryable,
     attempts_text,
+    final_error,
     head,
-    is_timeout,
     retry_after_s,
     retryable_status,
     shown_url,
     status_error,
     status_text,
+    too_large,
+    transport_cause,
     unusable_answer,
 )
 from worker.llm.openai_reply import ErrorReply, estimate_tokens, parse_chat_completion
@@ -84,6 +88,7 @@ from worker.llm.openai_request import (
     wire_messages,
 )
 from worker.llm.response_body import (
+    ACCEPT_ENCODING,
     Answer,
     BodyNotDecodable,
     BodyTooLarge,
@@ -111,7 +116,7 @@ class OpenAICompatibleChatModel:
     Args:
         base_url: the API root, e.g. ``https://api.openai.com/v1`` or ``http://localhost:8000/v1``;
             requests go to ``{base_url}/chat/completions``. Must be ``http`` or ``https``
-            with a host; ``ValueError`` otherwise (also for what httpx2 cannot parse: a bad
+            with a host; ``ValueError`` otherwise (also for what httpx cannot parse: a bad
             port, a control character).
         api_key: sent as ``Authorization: Bearer <api_key>`` when set; no header when ``None``.
         default_model: model name used when ``CompletionRequest.model`` is ``None``. When both are
@@ -125,8 +130,8 @@ class OpenAICompatibleChatModel:
         backoff_max_s: cap on any single wait, ``Retry-After`` included, in seconds (default 30).
         sleep: ``async (seconds) -> None`` used between attempts (default ``asyncio.sleep``);
             tests inject a recorder.
-        transport: an httpx transport (e.g. ``httpx2.MockTransport``) instead of the network
-            (tests); ``max_connections`` then does not apply.
+        transport: an httpx transport (e.g. ``httpx.MockTransport``) instead of the network
+            (requests then go through httpx's client; without one, through aiohttp's).
         on_retry: called as ``on_retry(attempt, reason)`` before each retry, where ``attempt`` is
             the 1-based number of the attempt that just failed and ``reason`` is ``http_<status>``
             (for an error inside a 2xx body too), ``timeout`` or ``connection`` (a small, fixed
@@ -137,7 +142,7 @@ class OpenAICompatibleChatModel:
             ``worker.llm.tool_schema``).
         strip_schema_keywords: JSON Schema keywords left out of the tool schemas sent.
         max_connections: HTTP connections to the endpoint open at once, at most (default 100,
-            httpx2's); a request finding all busy waits for one. Size it to the requests in
+            httpx's); a request finding all busy waits for one. Size it to the requests in
             flight (the worker passes ``MANA_AI_MAX_CONCURRENT_MISSIONS``).
         max_response_bytes: decoded bytes of an answer's body held at most (default
             ``DEFAULT_MAX_RESPONSE_BYTES``, 8 MiB; >= 1); see the module docstring.
@@ -150,7 +155,7 @@ class OpenAICompatibleChatModel:
         LLMConnectionError: no whole answer (connect error, deadline) after all retries.
         LLMResponseError: a 2xx answer that is not a usable chat completion, a body
             larger than ``max_response_bytes``, or an answer the HTTP client cannot parse
-            (a header block over 100 KiB, a broken status line; see ``unusable_answer``): at once,
+            (a header over 8190 bytes, too many headers; see ``unusable_answer``): at once,
             not retried.
 
     Use ``async with`` or call ``aclose()`` to release the connection pool.
@@ -167,7 +172,7 @@ class OpenAICompatibleChatModel:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        transport: httpx2.AsyncBaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         on_retry: Callable[[int, str], None] | None = None,
         name: str | None = None,
         schema_dialect: SchemaDialect = "json-schema",
@@ -178,19 +183,19 @@ class OpenAICompatibleChatModel:
     ) -> None:
         url = endpoint_url(base_url)
         check_limits(
-            max_retries=max_retries,
-            timeout_s=timeout_s,
-            backoff_initial_s=backoff_initial_s,
-            backoff_max_s=backoff_max_s,
-            max_response_bytes=max_response_bytes,
-            max_connections=max_connections,
+            max_retries,
+            timeout_s,
+            backoff_initial_s,
+            backoff_max_s,
+            max_response_bytes,
+            max_connections,
         )
         self.max_response_bytes = max_response_bytes
         self.max_response_bytes_name = max_response_bytes_name
         self.base_url = base_url.rstrip("/")
-        # the path goes before a query (``…/v1?key=…`` → ``…/v1/chat/completions?key=…``)
-        self.url = str(url.copy_with(path=url.path.rstrip("/") + "/chat/completions"))
+        self.url = completions_url(url)
         self.shown_url = shown_url(self.url)
+        self._url, basic = _split_credentials(httpx.URL(self.url))
         self.default_model = default_model
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -205,14 +210,16 @@ class OpenAICompatibleChatModel:
         self._jitter = wait_random_exponential(multiplier=backoff_initial_s, max=backoff_max_s)
         # what an error's text must never show (an exception's message may quote them)
         self._secrets = [v for v in (api_key, url.password, url.query.decode()) if v]
-        # the tool definitions encoded for this endpoint
-        self._tool_texts = ToolDefinitions()
-        self._url, self._client = http_client(
-            self.url,
-            api_key=api_key,
+        self._tool_texts = ToolDefinitions()  # the tool definitions encoded for this endpoint
+        headers = _headers(api_key)
+        self._client = None if transport is None else _test_client(headers, basic, transport)
+        self._session: aiohttp.ClientSession | None = None  # made at the first request
+        self._aio = aiohttp_post(
+            self._url,
+            {**headers, **_JSON_CONTENT},
+            basic=basic,
             timeout_s=timeout_s,
             max_connections=max_connections,
-            transport=transport,
         )
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
@@ -235,7 +242,7 @@ class OpenAICompatibleChatModel:
         try:
             reply: CompletionResponse = await retrying(self._attempt, payload, tally)
         except Retryable as exc:
-            error = self._final_error(exc, tally.attempts)
+            error = final_error(exc, self.shown_url, self.timeout_s, tally.attempts)
             error.usage = tally.billed
             raise error from exc.exc
         except LLMError as exc:
@@ -255,7 +262,9 @@ class OpenAICompatibleChatModel:
             async with asyncio.timeout(self.timeout_s):
                 response, content = await self._post(payload)
         except BodyTooLarge as exc:
-            raise self._too_large(exc, tally.attempts) from None
+            raise too_large(
+                exc, self.shown_url, self.max_response_bytes_name, tally.attempts
+            ) from None
         except BodyNotDecodable as exc:
             raise LLMResponseError(
                 f"LLM endpoint {self.shown_url} sent a body that could not be decoded: {exc}"
@@ -358,14 +367,29 @@ class OpenAICompatibleChatModel:
         Raises:
             BodyTooLarge, BodyNotDecodable: a 2xx body, see ``read_body``; the connection is
                 dropped. (A non-2xx body that does not decode is taken as empty.)
-            httpx2.TransportError: connecting, sending or reading failed (a timeout too).
+            aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError,
+                httpx.TransportError: connecting, sending or reading failed.
             Exception: what else the HTTP stack raised (``unusable_answer`` judges it).
         """
-        # an httpx2.URL, parsed once: a str would be parsed and quoted again per request
-        request = self._client.build_request(
-            "POST", self._url, content=payload, headers=_JSON_CONTENT
-        )
-        response = await self._client.send(request, stream=True)
+        response: Answer
+        if self._client is None:
+            session = self._session or self._new_session()
+            response = AiohttpAnswer(
+                await session.post(
+                    self._aio.url,
+                    data=payload,
+                    headers=self._aio.headers,
+                    proxy=self._aio.proxy,
+                    allow_redirects=False,
+                    timeout=self._aio.timeout,
+                )
+            )
+        else:
+            # an httpx.URL, parsed once: a str would be parsed and quoted again per request
+            request = self._client.build_request(
+                "POST", self._url, content=payload, headers=_JSON_CONTENT
+            )
+            response = await self._client.send(request, stream=True)
         try:
             if response.is_success:
                 content = await read_body(response, limit_bytes=self.max_response_bytes)
@@ -379,9 +403,17 @@ class OpenAICompatibleChatModel:
             await response.aclose()
         return response, content
 
+    def _new_session(self) -> aiohttp.ClientSession:
+        """aiohttp's session, made in the running loop at the first request."""
+        self._session = open_session(self._aio.max_connections)
+        return self._session
+
     async def aclose(self) -> None:
         """Close the connection pool. The model must not be used afterwards."""
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -408,44 +440,23 @@ class OpenAICompatibleChatModel:
         reason = exc.reason if isinstance(exc, Retryable) else "unknown"
         self._on_retry(state.attempt_number, reason)
 
-    def _too_large(self, exc: BodyTooLarge, attempts: int) -> LLMResponseError:
-        limit = f"larger than {self.max_response_bytes_name} ({exc.limit_bytes} bytes)"
-        if exc.announced_bytes is not None:
-            what = f"announced an answer of {exc.announced_bytes} bytes (Content-Length), {limit}"
-            how = "not read"
-        else:
-            what, how = f"sent an answer {limit}", "reading stopped at the limit"
-        return LLMResponseError(
-            f"LLM endpoint {self.shown_url} {what}, {how} ({attempts_text(attempts)}; not retried)"
-        )
-
     def _failed(self, exc: Exception, attempts: int) -> Exception:
         """What an attempt that failed with ``exc`` raises: ``Retryable`` (a timeout, a
         connection failure), else the ``LLMResponseError`` of an unusable answer, secrets
         masked."""
+        if isinstance(exc, TimeoutError | httpx.TransportError | aiohttp.ClientPayloadError):
+            cause = transport_cause(exc)
+            timed_out = isinstance(cause, TimeoutError) or (
+                cause is exc and isinstance(exc, httpx.TimeoutException)
+            )
+            return Retryable("timeout" if timed_out else "connection", exc=cause)
         what = unusable_answer(exc)
         if what is None:
-            return Retryable("timeout" if is_timeout(exc) else "connection", exc=exc)
+            return Retryable("connection", exc=exc)
         for secret in self._secrets:
             what = what.replace(secret, "***")
         return LLMResponseError(
             f"LLM endpoint {self.shown_url} {what} ({attempts_text(attempts)}; not retried)"
-        )
-
-    def _final_error(self, exc: Retryable, attempts: int) -> LLMError:
-        if exc.status is not None:
-            return status_error(self.shown_url, exc.status, exc.answered, exc.body, attempts)
-        cause = exc.exc
-        detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
-        if isinstance(cause, TimeoutError):
-            detail = "the whole answer had not arrived by the deadline"
-        if exc.reason == "timeout":
-            return LLMConnectionError(
-                f"LLM endpoint {self.shown_url} did not answer within {self.timeout_s:g} s "
-                f"({attempts_text(attempts)}): {detail}"
-            )
-        return LLMConnectionError(
-            f"could not reach LLM endpoint {self.shown_url} ({attempts_text(attempts)}): {detail}"
         )
 
 
@@ -460,3 +471,29 @@ class _Tally:
     prompt_estimate: int
     attempts: int = 0
     billed: TokenUsage = field(default_factory=TokenUsage)
+
+
+def _test_client(
+    headers: dict[str, str], basic: tuple[str, str] | None, transport: httpx.AsyncBaseTransport
+) -> httpx.AsyncClient:
+    """httpx's client over ``transport`` (a test's ``MockTransport``), sending what the
+    aiohttp path sends."""
+    auth = httpx.BasicAuth(*basic) if basic is not None else None
+    return httpx.AsyncClient(headers=headers, transport=transport, auth=auth)
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    """Every request's headers: JSON accepted, only the codings ``read_body`` decodes with
+    bounded output (httpx adds br when brotli is installed, whose decoder it cannot bound),
+    and ``Bearer api_key`` when there is a key."""
+    headers = {"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _split_credentials(url: httpx.URL) -> tuple[httpx.URL, tuple[str, str] | None]:
+    """``url`` without its credentials, and them: they go as Basic auth, not in the URL sent
+    (aiohttp refuses both)."""
+    basic = (url.username, url.password) if url.userinfo else None
+    return url.copy_with(userinfo=b""), basic

@@ -10,23 +10,26 @@ import email.utils
 import math
 from datetime import UTC, datetime
 
-import httpx2
+import aiohttp
+import httpx
 
-from planner.errors import LLMStatusError
+from planner.errors import LLMConnectionError, LLMError, LLMResponseError, LLMStatusError
 from worker.llm.openai_reply import EXCERPT_CHARS, body_text, excerpt
-from worker.llm.response_body import Answer
+from worker.llm.response_body import Answer, BodyTooLarge
 
 __all__ = [
     "RETRYABLE_STATUS",
     "Retryable",
     "attempts_text",
+    "final_error",
     "head",
-    "is_timeout",
     "retry_after_s",
     "retryable_status",
     "shown_url",
     "status_error",
     "status_text",
+    "too_large",
+    "transport_cause",
     "unusable_answer",
 ]
 
@@ -57,52 +60,42 @@ class Retryable(Exception):
 
 
 def unusable_answer(exc: Exception) -> str | None:
-    """What an endpoint did, in words, when an attempt failed with ``exc`` (an exception of
-    the HTTP stack); ``None`` when ``exc`` is a connection failure or a timeout (worth
-    retrying).
+    """What an endpoint did, in words, when the HTTP stack failed with ``exc``, which is none
+    of httpx's transport errors (those are connection failures or timeouts, retried); ``None``
+    when ``exc`` is a connection failure all the same (worth retrying).
 
-    httpx2's transport errors are connection failures (refused, reset, the server hung up, a
-    body cut off: ``peer closed connection …``), and so is an ``OSError`` that reaches here
-    unmapped; a timeout is a ``TimeoutError`` or an ``httpx2.TimeoutException``. The one
-    exception is an answer HTTP/1.1's parser (h11, under httpcore2) refuses: a header block
-    over httpcore2's 100 KiB, a broken status or header line, a bad ``Content-Length``. The
-    endpoint answered something that is not HTTP, and asking again gets the same: it is
-    named as such. Anything else (an httpx2 error that is not a transport error, a
-    ``ValueError`` of the stack) fails the request at once, named by its type.
+    aiohttp's client raises ``ClientResponseError`` for an answer its parser refuses (a
+    header line over 8190 bytes, more than 32768 headers, a broken status line, a bad
+    ``Content-Length``) and ``httpx-aiohttp`` passes it on unmapped: the endpoint answered
+    something that is not HTTP, and asking again gets the same. A connection failure that
+    reaches here unmapped (aiohttp's ``ClientConnectionError``, an ``OSError``) is retried.
+    Anything else (an httpx error that is not a transport error, a ``ValueError`` of the
+    stack) fails the request at once, named by its type.
     """
-    if isinstance(exc, httpx2.RemoteProtocolError) and _refused_by_parser(exc):
-        # the parser's words; the request (with the API key) rides on httpx2's error, unused
-        detail = " ".join(str(exc).split())[:EXCERPT_CHARS]
-        return f"sent an answer that is not valid HTTP ({detail or 'unparseable'})"
-    if isinstance(exc, httpx2.TransportError | OSError | TimeoutError):
+    if isinstance(exc, aiohttp.ClientConnectionError | OSError):
         return None
+    if isinstance(exc, aiohttp.ClientResponseError):
+        # its message says what the parser met; its str() would add the URL (a secret in
+        # the query) and the request's headers are on it too (the API key): neither is used
+        detail = " ".join(str(exc.message).split())[:EXCERPT_CHARS]
+        return f"sent an answer that is not valid HTTP ({detail or f'status {exc.status}'})"
     detail = " ".join(str(exc).split())[:EXCERPT_CHARS]
     named = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return f"sent an answer the HTTP client could not read ({named})"
 
 
-def is_timeout(exc: BaseException) -> bool:
-    """Whether ``exc`` is a deadline that passed (the attempt's, or one of httpx2's)."""
-    return isinstance(exc, TimeoutError | httpx2.TimeoutException)
-
-
-def _refused_by_parser(exc: BaseException) -> bool:
-    """Whether h11 raised the error under ``exc`` for what it read (not for a connection that
-    closed early: ``peer closed connection without sending complete message body``)."""
-    cause: BaseException | None = exc
-    for _ in range(5):  # httpx2's error, httpcore2's, h11's (httpcore2's keeps it as context)
-        if cause is None:
-            break
-        if type(cause).__module__.split(".")[0] == "h11":
-            return not str(cause).startswith("peer closed connection")
-        cause = cause.__cause__ or cause.__context__
-    return False
+def transport_cause(exc: BaseException) -> BaseException:
+    """What went wrong under an httpx transport error: aiohttp's own exception when the
+    aiohttp transport mapped it (its mapping calls a refused connection or a server that hung
+    up a ``ConnectTimeout``), else ``exc``."""
+    cause = exc.__cause__
+    return cause if isinstance(cause, aiohttp.ClientError) else exc
 
 
 def shown_url(url: str) -> str:
     """``url`` fit for errors and logs: a password in it and the values of its query replaced
     by ``***`` (they may be credentials: ``user:secret@``, ``?key=…``)."""
-    parsed = httpx2.URL(url)
+    parsed = httpx.URL(url)
     if parsed.password:
         parsed = parsed.copy_with(username=parsed.username, password="***")
     if parsed.query:
@@ -158,3 +151,35 @@ def retry_after_s(value: str | None, *, now: datetime | None = None) -> float | 
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
+
+
+def too_large(exc: BodyTooLarge, url: str, limit_name: str, attempts: int) -> LLMResponseError:
+    """The error of an answer over the byte cap (``limit_name``, as the operator knows it)."""
+    limit = f"larger than {limit_name} ({exc.limit_bytes} bytes)"
+    if exc.announced_bytes is not None:
+        what = f"announced an answer of {exc.announced_bytes} bytes (Content-Length), {limit}"
+        how = "not read"
+    else:
+        what, how = f"sent an answer {limit}", "reading stopped at the limit"
+    return LLMResponseError(
+        f"LLM endpoint {url} {what}, {how} ({attempts_text(attempts)}; not retried)"
+    )
+
+
+def final_error(exc: Retryable, url: str, timeout_s: float, attempts: int) -> LLMError:
+    """The error of a request whose last attempt failed with ``exc`` (retryable, retries
+    spent): ``LLMStatusError`` for a status, else ``LLMConnectionError``."""
+    if exc.status is not None:
+        return status_error(url, exc.status, exc.answered, exc.body, attempts)
+    cause = exc.exc
+    detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    if isinstance(cause, TimeoutError):
+        detail = "the whole answer had not arrived by the deadline"
+    if exc.reason == "timeout":
+        return LLMConnectionError(
+            f"LLM endpoint {url} did not answer within {timeout_s:g} s "
+            f"({attempts_text(attempts)}): {detail}"
+        )
+    return LLMConnectionError(
+        f"could not reach LLM endpoint {url} ({attempts_text(attempts)}): {detail}"
+    )

@@ -1,7 +1,7 @@
 """Reading an HTTP answer's body within a byte cap, decoded as it arrives.
 
 An endpoint decides how much it sends; the reader decides how much it holds. ``read_body``
-takes the raw stream chunk by chunk (as the transport delivers them), decodes
+takes the raw stream chunk by chunk (the transport's chunks: 16 KiB from aiohttp), decodes
 ``gzip`` / ``deflate`` itself with bounded output per step, so that a small compressed chunk
 cannot inflate past the cap (a gzip bomb stops at the cap like a plain flood), and counts the
 decoded bytes. Once they pass the cap it stops reading: the caller closes the response, which
@@ -51,8 +51,8 @@ class BodyNotDecodable(PlannerError):
 
 
 class Answer(Protocol):
-    """What is read of an HTTP answer: httpx's ``Response`` names (an ``httpx2.Response`` or
-    an ``httpx.Response`` is one; ``read_body`` and ``parse_chat_completion`` read
+    """What is read of an HTTP answer, from httpx's client or aiohttp's: httpx's ``Response``
+    names (an ``httpx.Response`` is one; ``read_body`` and ``parse_chat_completion`` read
     these)."""
 
     @property
