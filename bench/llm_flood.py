@@ -46,7 +46,7 @@ from bench.tick_throughput import add_missions
 from planner import ChatMessage, CompletionRequest, LLMError
 from tests.fakes import FakeLLMServer
 from worker.daemon.app import open_app
-from worker.run.chat_models import build_chat_model
+from worker.llm.chat_models import build_chat_model
 from worker.settings import Settings, load_settings
 
 BUDGET_MIB = 64

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 async def measure(requests: int, in_flight: int, port: int) -> dict[str, float]:
     from planner import ChatMessage, CompletionRequest
-    from planner.providers import OpenAICompatibleChatModel
+    from worker.llm import OpenAICompatibleChatModel
 
     model = OpenAICompatibleChatModel(
         base_url=f"http://127.0.0.1:{port}/v1", max_connections=in_flight

@@ -43,8 +43,8 @@ def _prompt_text() -> str:
 
 
 def measure_numpy(threads: int) -> dict[str, Any]:
-    from planner.providers.local import default_model_path
-    from planner.providers.local_numpy import _Runtime
+    from worker.llm.embedded.local import default_model_path
+    from worker.llm.embedded.local_numpy import _Runtime
 
     started = time.perf_counter()
     runtime = _Runtime(default_model_path(), n_ctx=2048, n_threads=threads)
@@ -66,7 +66,7 @@ def measure_numpy(threads: int) -> dict[str, Any]:
 def measure_llama(threads: int) -> dict[str, Any]:
     import llama_cpp
 
-    from planner.providers.local import default_model_path
+    from worker.llm.embedded.local import default_model_path
 
     started = time.perf_counter()
     llama = llama_cpp.Llama(
@@ -91,9 +91,9 @@ def measure_llama(threads: int) -> dict[str, Any]:
 
 async def quick_start(runtime: str, threads: int) -> dict[str, Any]:
     from planner import ChatMessage, CompletionRequest
-    from planner.providers.local import LocalLlamaChatModel
-    from planner.providers.local_numpy import LocalNumpyChatModel
     from worker.cli.agents_cli import DEFAULT_SYSTEM_PROMPT
+    from worker.llm.embedded.local import LocalLlamaChatModel
+    from worker.llm.embedded.local_numpy import LocalNumpyChatModel
     from worker.tools import clock_tools
 
     llm: Any = (

@@ -16,7 +16,7 @@ Tree::
         └── RunInterrupted        the run cannot go on for a reason that is not the model's
                                   (its database is unreachable): it stops, to resume later
 
-Inside ``planner.providers`` three more (``BodyTooLarge``, ``BodyNotDecodable``, ``ErrorReply``)
+Inside ``worker.llm`` three more (``BodyTooLarge``, ``BodyNotDecodable``, ``ErrorReply``)
 are ``PlannerError`` subclasses that never leave it: the provider turns them into an ``LLMError``.
 
 Tool failures are *not* exceptions at this level: an unknown tool, invalid arguments or a

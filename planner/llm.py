@@ -1,6 +1,6 @@
 """The chat-model seam: ChatModel protocol, CompletionRequest, CompletionResponse.
 
-Implementations live in ``planner.providers`` (OpenAI-compatible HTTP, embedded local model)
+Implementations live in ``worker.llm`` (OpenAI-compatible HTTP, embedded local model)
 and ``planner.testing`` (scripted fakes). A ChatModel raises only ``planner.errors.LLMError``
 subclasses for failures the operator should see.
 """

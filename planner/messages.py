@@ -9,7 +9,7 @@ Roles and fields follow the OpenAI Chat Completions message shape (``role``, ``c
 a JSON string. Every text in them is storable (``Text``: NUL and lone surrogates replaced once,
 as a message is made), so the call that runs is the call that is stored. The log keeps what the
 model said: provider call ids and tool names as received (a provider rewrites them on the wire
-when it must, see ``planner.providers.openai_request``), the raw text of arguments that could
+when it must, see ``worker.llm.openai_request``), the raw text of arguments that could
 not be decoded, and the provider-specific fields a provider needs back (``provider_fields``).
 ``reply_info`` records, per assistant message, which endpoint answered, why it stopped and what
 it cost; it is never sent to a model."""
@@ -74,7 +74,7 @@ class TokenUsage(BaseModel):
     """Token counts as the provider reported them (``usage`` of a chat completion).
 
     ``estimated`` is true when some of the counts were estimated because the provider did not
-    report them (see ``planner.providers.openai_reply``); a sum is estimated when any part is.
+    report them (see ``worker.llm.openai_reply``); a sum is estimated when any part is.
     """
 
     model_config = ConfigDict(frozen=True)

@@ -2,7 +2,8 @@
 
 ``FakeLLMServer`` (a thread per connection) is the scriptable one; this one answers many
 concurrent requests cheaply: every request is answered after ``latency_s`` seconds (a number,
-or a function of the request's body giving one), by
+or a function of the request's body giving one; give or take a uniform ``spread_s``: a model's
+answers take more or less time), by
 ``responder(body)`` (default: a ``clock_now`` call first, then a final answer once a tool
 result is in the conversation: two requests per mission). HTTP/1.1 with keep-alive, a
 listen backlog of 4096. It counts the connections open now and at most (``peak``), and the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
@@ -45,8 +47,10 @@ class AsyncLLMServer:
         self,
         latency_s: float | Callable[[dict[str, Any]], float] = 0.0,
         responder: Callable[[dict[str, Any]], dict[str, Any]] = clock_then_answer_body,
+        spread_s: float = 0.0,
     ) -> None:
         self.latency_s = latency_s
+        self.spread_s = spread_s
         self.responder = responder
         self.open = 0
         self.peak = 0
@@ -94,7 +98,9 @@ class AsyncLLMServer:
                         length = int(value)
                 body = json.loads(await reader.readexactly(length))
                 latency = self.latency_s
-                await asyncio.sleep(latency(body) if callable(latency) else latency)
+                base = latency(body) if callable(latency) else latency
+                spread = random.uniform(-self.spread_s, self.spread_s) if self.spread_s else 0
+                await asyncio.sleep(max(0.0, base + spread))
                 data = json.dumps(self.responder(body)).encode()
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -110,11 +116,11 @@ class AsyncLLMServer:
             writer.close()
 
 
-def serve_in_process(latency_s: float, connection: Any) -> None:
+def serve_in_process(latency_s: float, connection: Any, spread_s: float = 0.0) -> None:
     """Serve until the process is killed; send the port through ``connection`` first."""
 
     async def serve() -> None:
-        async with AsyncLLMServer(latency_s) as server:
+        async with AsyncLLMServer(latency_s, spread_s=spread_s) as server:
             connection.send(server.port)
             await asyncio.Event().wait()
 

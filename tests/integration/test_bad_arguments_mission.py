@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
 from tests.integration.worker_harness import add_mission, iterations, make_worker, policy_setup
 from worker.db.tables import tool_invocations
+from worker.llm import OpenAICompatibleChatModel
 from worker.queries.user_policy import PolicyStore
 
 

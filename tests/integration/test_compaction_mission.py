@@ -23,7 +23,6 @@ from planner import (
 )
 from planner.compaction import SUMMARY_PROMPT
 from planner.policy import PolicyConfig
-from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer
 from tests.fakes import FakeLLMServer
 from tests.fakes.llm_server import chat_completion_body
@@ -33,6 +32,7 @@ from worker.admin.replay import restored_log
 from worker.admin.rerun import RerunConfig, rerun_iteration
 from worker.cli import main
 from worker.db.tables import agents, compacted_turns, mission_iterations
+from worker.llm import OpenAICompatibleChatModel
 from worker.queries.missions import AdminStore
 from worker.run.compaction_setup import CompactionSetup
 from worker.tools import builtin_tools

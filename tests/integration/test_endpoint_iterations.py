@@ -18,8 +18,8 @@ from tests.fakes import FakeLLMServer, down_base_url
 from tests.fakes.provider_zoo import error_in_200, reply
 from tests.integration.test_tick import add_mission, iterations, make_worker, mission_row
 from worker.cli import main
+from worker.llm.chat_models import InstrumentedChatModel, build_chat_model
 from worker.queries.missions import AdminStore
-from worker.run.chat_models import InstrumentedChatModel, build_chat_model
 from worker.settings import load_settings
 
 

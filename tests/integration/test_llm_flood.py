@@ -20,7 +20,7 @@ from planner import ChatMessage, CompletionRequest, CompletionResponse, LLMError
 from planner.llm import ChatModel
 from tests.fakes import FakeLLMServer
 from tests.fakes.llm_server import FLOOD_MIN_BYTES
-from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
+from worker.llm.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.settings import load_settings
 
 MIB = 1024 * 1024

@@ -14,8 +14,8 @@ from planner import (
     LLMResponseError,
     LLMStatusError,
 )
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer, chat_completion_body, down_base_url
+from worker.llm import OpenAICompatibleChatModel
 
 REQUEST = CompletionRequest(
     messages=[ChatMessage(role="user", content="What time is it?")],
@@ -174,7 +174,7 @@ async def test_an_answer_whose_headers_no_client_parses_is_unusable_and_not_retr
 async def test_the_fallback_answers_when_the_primary_sends_headers_no_client_parses(
     server: FakeLLMServer,
 ) -> None:
-    from planner.providers import FallbackChatModel
+    from worker.llm import FallbackChatModel
 
     server.enqueue_header_flood(value_bytes=9000)
     with FakeLLMServer() as backup:

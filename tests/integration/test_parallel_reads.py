@@ -13,11 +13,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import CompletionRequest, CompletionResponse, ToolContext, ToolSpec
-from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes import FakeLLMServer, FakeWebServer, chat_completion_body
 from tests.integration.test_tick import add_mission, iterations, make_worker
 from worker.db.tables import tool_invocations
+from worker.llm import OpenAICompatibleChatModel
 from worker.tools import WebFetchConfig, clock_tools, web_tools
 
 PAGE_LATENCY_S = 0.2

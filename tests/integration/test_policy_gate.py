@@ -14,7 +14,6 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner.policy import PolicyConfig, RateLimit, rate_limit_wait
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
 from tests.integration.worker_harness import (
     add_mission,
@@ -25,6 +24,7 @@ from tests.integration.worker_harness import (
 )
 from worker.db.engine import create_engine
 from worker.db.tables import agents, notes, policy_call_events, tool_invocations
+from worker.llm import OpenAICompatibleChatModel
 from worker.policy_setup import PolicySetup
 from worker.queries.user_policy import PolicyStore
 from worker.store.ledger import PostgresCallLedger

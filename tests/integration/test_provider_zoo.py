@@ -25,7 +25,6 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
-from planner.providers import FallbackChatModel, OpenAICompatibleChatModel
 from planner.replies import TRUNCATED_NOTE
 from tests.fakes import FakeLLMServer, RequestCheck, down_base_url
 from tests.fakes.provider_zoo import (
@@ -39,6 +38,7 @@ from tests.fakes.provider_zoo import (
     unique_tool_call_ids,
     valid_tool_names,
 )
+from worker.llm import FallbackChatModel, OpenAICompatibleChatModel
 
 STRICT: list[RequestCheck] = [unique_tool_call_ids, valid_tool_names, arguments_are_json_objects]
 

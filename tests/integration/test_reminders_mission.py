@@ -12,12 +12,12 @@ from prometheus_client import REGISTRY
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer
 from tests.fakes.provider_zoo import system_message_first_only
 from tests.integration.worker_harness import add_mission, iterations, make_worker
 from worker.cli import main
 from worker.db.tables import agents, mission_iterations
+from worker.llm import OpenAICompatibleChatModel
 
 
 def reminders_in(body: dict[str, Any]) -> list[str]:

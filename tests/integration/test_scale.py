@@ -18,7 +18,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ChatMessage, CompletionRequest, CompletionResponse
-from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel
 from tests.fakes.async_llm_server import AsyncLLMServer
 from tests.integration.worker_harness import (
@@ -32,6 +31,7 @@ from worker.daemon.app import application_name, open_app
 from worker.daemon.worker import Worker
 from worker.db.engine import create_engine
 from worker.db.tables import mission_iterations, missions
+from worker.llm import OpenAICompatibleChatModel
 from worker.queries.missions import AdminStore
 from worker.settings import load_settings
 

@@ -21,7 +21,6 @@ from planner import (
     ToolContext,
     ToolSpec,
 )
-from planner.providers import OpenAICompatibleChatModel
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.llm_server import FakeLLMServer, chat_completion_body, down_base_url
 from tests.integration.worker_harness import (
@@ -35,6 +34,7 @@ from tests.integration.worker_harness import (
 from worker.daemon.worker import Worker
 from worker.db.engine import create_engine
 from worker.db.tables import missions, tool_invocations
+from worker.llm import OpenAICompatibleChatModel
 from worker.queries.missions import AdminStore
 from worker.store.postgres import PostgresMissionStore
 

