@@ -258,30 +258,15 @@ async def compact_history(
     folded = list(messages[start:end])
     turns = sum(1 for m in folded if m.role == "assistant")
     started = time.perf_counter()
-    request = CompletionRequest(
-        messages=[
-            ChatMessage(role="system", content=SUMMARY_PROMPT),
-            ChatMessage(role="user", content=_render(folded, max_input_tokens)),
-        ],
-        tools=[],
-        model=model,
-        max_tokens=_output_tokens(max_input_tokens),
-    )
-
-    def failed(reason: str, message: str, usage: TokenUsage) -> CompactionError:
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
-        return CompactionError(
-            reason, message, usage, tokens_before=tokens_before, duration_ms=elapsed_ms
-        )
-
     try:
-        response = await llm.complete(request)
+        response = await llm.complete(_summary_request(folded, model, max_input_tokens))
     except LLMError as exc:
-        raise failed("llm_error", f"the summariser failed: {exc}", exc.usage) from exc
+        message = f"the summariser failed: {exc}"
+        raise _failure("llm_error", message, exc.usage, tokens_before, started) from exc
     folded_tokens = sum(sizes[start:end])
     problem = _unusable(response, folded_tokens)
     if problem is not None:
-        raise failed("unusable_summary", problem, response.usage)
+        raise _failure("unusable_summary", problem, response.usage, tokens_before, started)
     summary = answer_text(response.message.content)  # reasoning blocks are not a summary
     # an earlier summary folded again stands for its own turns too
     represented = turns + sum(_summarised_turns(m) for m in folded if m.role == "user")
@@ -298,6 +283,31 @@ async def compact_history(
         model=model,
         duration_ms=(time.perf_counter() - started) * 1000.0,
         usage=response.usage,
+    )
+
+
+def _summary_request(
+    folded: Sequence[ChatMessage], model: str | None, max_input_tokens: int | None
+) -> CompletionRequest:
+    """The summariser's request: the summary prompt and the folded turns, fitted."""
+    return CompletionRequest(
+        messages=[
+            ChatMessage(role="system", content=SUMMARY_PROMPT),
+            ChatMessage(role="user", content=_render(folded, max_input_tokens)),
+        ],
+        tools=[],
+        model=model,
+        max_tokens=_output_tokens(max_input_tokens),
+    )
+
+
+def _failure(
+    reason: str, message: str, usage: TokenUsage, tokens_before: int, started: float
+) -> CompactionError:
+    """The ``CompactionError`` of a compaction that began at ``started`` (perf_counter)."""
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    return CompactionError(
+        reason, message, usage, tokens_before=tokens_before, duration_ms=elapsed_ms
     )
 
 

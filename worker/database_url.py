@@ -78,7 +78,7 @@ _URL = re.compile(
     """,
     re.X,
 )
-"""SQLAlchemy's URL grammar (``sqlalchemy.engine.url._parse_url``)."""
+"""SQLAlchemy's URL grammar (as its own URL parser reads a URL)."""
 
 
 def parse_url(text: str) -> DatabaseUrl:

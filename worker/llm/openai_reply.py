@@ -157,19 +157,7 @@ def parse_chat_completion(
             message object, or content that is neither text nor null; the message quotes up
             to 500 characters of the body. Usage the body reported is kept on the error.
     """
-
-    try:
-        data = json.loads(body)  # as httpx's ``response.json()``: UTF-8, -16 or -32, detected
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise _unusable(response, body, url, "a body that is not JSON", TokenUsage()) from None
-    except RecursionError:
-        raise _unusable(
-            response, body, url, "JSON nested too deeply to read", TokenUsage()
-        ) from None
-    if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict):
-        data = data[0]  # Gemini wraps errors in a list
-    if not isinstance(data, dict):
-        raise _unusable(response, body, url, "JSON that is not an object", TokenUsage())
+    data = _json_object(response, body, url)
     billed = _reported_usage(data)
     choices = data.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
@@ -182,31 +170,16 @@ def parse_chat_completion(
         raise _unusable(response, body, url, "a first choice without a message object", billed)
     message = choice["message"]
     finish_reason = normalize_finish_reason(choice.get("finish_reason"))
-
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(
-            p.get("text", "")
-            for p in content
-            if isinstance(p, dict) and p.get("type") in ("text", "output_text")
-        )
+    content = _text_content(message.get("content"))
     if content is not None and not isinstance(content, str):
         raise _unusable(
             response, body, url, "a message content that is neither a string nor null", billed
         )
-    raw_calls = message.get("tool_calls") or []
-    if not isinstance(raw_calls, list):
-        raw_calls = [raw_calls]
-    if not raw_calls and isinstance(message.get("function_call"), dict):
-        # the legacy function-calling shape (one call, no id), still sent by some servers
-        raw_calls = [{"type": "function", "function": message["function_call"]}]
-    if not raw_calls and content and "<tool_call>" in content:
-        content, raw_calls = _text_tool_calls(content)
+    content, raw_calls = _raw_calls(message, content)
     calls = tuple(_tool_call(raw, truncated=finish_reason == "length") for raw in raw_calls)
     fields = _provider_fields(message, _MESSAGE_KEYS | _RESPONSE_ONLY_KEYS)
     if fields.get("refusal") and not (content or "").strip() and not calls:
         finish_reason = "content_filter"
-
     reply = ChatMessage(role="assistant", content=content, tool_calls=calls, provider_fields=fields)
     return CompletionResponse(
         message=reply,
@@ -215,6 +188,52 @@ def parse_chat_completion(
         response_model=_short_text(data.get("model")),
         response_id=_short_text(data.get("id")),
     )
+
+
+def _json_object(response: Answer, body: bytes, url: str) -> dict[str, Any]:
+    """The body as a JSON object (a one-object list, as Gemini wraps errors, unwrapped).
+
+    Raises:
+        LLMResponseError: not JSON, nested too deeply, or not an object.
+    """
+    try:
+        data = json.loads(body)  # as httpx's ``response.json()``: UTF-8, -16 or -32, detected
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _unusable(response, body, url, "a body that is not JSON", TokenUsage()) from None
+    except RecursionError:
+        raise _unusable(
+            response, body, url, "JSON nested too deeply to read", TokenUsage()
+        ) from None
+    if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict):
+        data = data[0]
+    if not isinstance(data, dict):
+        raise _unusable(response, body, url, "JSON that is not an object", TokenUsage())
+    return data
+
+
+def _text_content(content: Any) -> Any:
+    """Content parts joined (the text ones only); any other content as it is."""
+    if isinstance(content, list):
+        return "".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, dict) and p.get("type") in ("text", "output_text")
+        )
+    return content
+
+
+def _raw_calls(message: dict[str, Any], content: str | None) -> tuple[str | None, list[Any]]:
+    """The message's tool calls as sent (``tool_calls``, the legacy ``function_call``, or
+    ``<tool_call>`` blocks in the text, which then leave the content), and the content."""
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raw_calls = [raw_calls]
+    if not raw_calls and isinstance(message.get("function_call"), dict):
+        # the legacy function-calling shape (one call, no id), still sent by some servers
+        raw_calls = [{"type": "function", "function": message["function_call"]}]
+    if not raw_calls and content and "<tool_call>" in content:
+        content, raw_calls = _text_tool_calls(content)
+    return content, raw_calls
 
 
 def _short_text(value: Any) -> str | None:

@@ -250,14 +250,7 @@ class _Runtime:
         matcher = self._llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
         rng = np.random.default_rng(seed)
         eos = self.vocab.eos_token_id
-        # reuse the cached prefix; at least the prompt's last token is run for its logits
-        shared = 0
-        for a, b in zip(self._cached, prompt[:-1], strict=False):
-            if a != b:
-                break
-            shared += 1
-        self.model.truncate(shared)
-        self._cached = self._cached[:shared]
+        shared = self._reuse_prefix(prompt)
         pending = prompt[shared:]
         context = list(prompt)
         out: list[int] = []
@@ -277,11 +270,7 @@ class _Runtime:
             if pending:
                 hidden = self._eval(pending)
                 pending = []
-            allowed = np.flatnonzero(
-                np.unpackbits(
-                    np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little"
-                )[: self.model.config.n_vocab]
-            )
+            allowed = self._allowed(matcher)
             if allowed.size == 0:
                 raise LLMResponseError(f"the reply grammar allows no token: {matcher.get_error()}")
             token = self._choose(hidden, allowed, context, temperature, rng, repeat_penalty)
@@ -297,6 +286,24 @@ class _Runtime:
             self._eval(pending)  # keep the cache whole: the next prompt repeats this reply
         text = self.tokenizer.decode([t for t in out if t != eos], skip_special_tokens=False)
         return text, finish, len(out)
+
+    def _reuse_prefix(self, prompt: list[int]) -> int:
+        """Keep the cached tokens ``prompt`` starts with (never its last one, which is run
+        for its logits); how many."""
+        shared = 0
+        for a, b in zip(self._cached, prompt[:-1], strict=False):
+            if a != b:
+                break
+            shared += 1
+        self.model.truncate(shared)
+        self._cached = self._cached[:shared]
+        return shared
+
+    def _allowed(self, matcher: Any) -> Any:
+        """The token ids the grammar allows next, as a numpy array."""
+        np = self._np
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        return np.flatnonzero(np.unpackbits(bits, bitorder="little")[: self.model.config.n_vocab])
 
     def _eval(self, tokens: list[int]) -> Any:
         hidden = self.model.eval(tokens)
