@@ -95,3 +95,19 @@ def test_figures_are_matched_against_what_the_model_was_told() -> None:
         "23:45:17",
         "1,234.5",
     ]
+
+
+def test_calls_are_counted_per_tool_and_outcome_not_listed_one_by_one() -> None:
+    fetches = [("web_fetch", {"url": f"https://e.example/{n}"}, "page", "ok") for n in range(18)]
+    it = iteration(
+        "Done.",
+        ("clock_now", {"timezone": "UTC"}, CLOCK, "ok"),
+        *fetches,
+        ("web_fetch", {"url": "https://e.example/x"}, "no such host", "error"),
+        ("notes_create", {"title": "a"}, {"id": 1}, "ok"),
+        ("notes_create", {"title": "b"}, {"id": 2}, "ok"),
+    )
+    assert verdict(it) == (
+        "verdict: succeeded; tools: clock_now ok (read), web_fetch ok x18 (read), "
+        "web_fetch error (read), notes_create ok x2 (write); 2 of 2 write(s) ran"
+    )

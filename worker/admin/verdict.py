@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from typing import Any
 
 from worker.admin.replay import is_summary
@@ -23,7 +24,8 @@ def verdict(iteration: StoredIteration) -> str:
     """One line on what the tools did in ``iteration`` (a stored iteration as
     ``AdminStore.get_iteration`` returns it), for the end of ``iterations show``.
 
-    It names each tool call with its outcome and policy hint and counts the writes that ran;
+    It names each tool with each outcome it had, how many calls had it (``x3``) and its policy
+    hint, and counts the writes that ran;
     then it checks the final answer: every figure in it (a time, a date, an id, a number of
     two or more digits) should come from a tool result, an error the model read, or the
     objective; figures from nowhere are named (the model made them up). E.g.
@@ -46,9 +48,12 @@ def verdict(iteration: StoredIteration) -> str:
         parts.append("no tool ran")
     else:
         hints = _policy_hints()
+        counted = Counter((str(c["tool"]), str(c["outcome"])) for c in calls)  # first seen first
         described = [
-            f"{c['tool']} {c['outcome']}" + (f" ({hints[c['tool']]})" if c["tool"] in hints else "")
-            for c in calls
+            f"{tool} {outcome}"
+            + (f" x{n}" if n > 1 else "")
+            + (f" ({hints[tool]})" if tool in hints else "")
+            for (tool, outcome), n in counted.items()
         ]
         if len(described) > 6:
             described = [*described[:6], f"and {len(described) - 6} more"]
