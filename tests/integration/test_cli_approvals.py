@@ -73,6 +73,9 @@ async def test_a_parked_run_is_listed_shown_and_decided_once(db: AsyncEngine, ru
 
     worker = make_worker(db, FunctionChatModel(Model(note_id)), policy=asking(db))
     assert await worker.run_once() == ["succeeded"]
+    report = await asyncio.to_thread(as_json, run, "policy", "report")
+    enforced = report["by_mode"]["enforce"]  # the call ran, approved: asked, and allowed
+    assert (enforced["asked"], enforced["allowed"], enforced["denied"]) == (1, 1, 0)
     code, out, _ = await cli(run, "iterations", "show", "latest")
     assert "; 2 by w1 (resumed after round 1, after the approval decision)" in out
     assert "resumed here with the approval decision, after round 1" in out

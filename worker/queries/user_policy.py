@@ -15,7 +15,7 @@ from sqlalchemy import case, func, literal_column, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from planner.policy import UserPolicySettings
+from planner.policy import DecisionReason, UserPolicySettings
 from worker.db.tables import agents, approval_requests, tool_invocations, user_policy_settings
 from worker.queries.approval_status import current_status
 from worker.store.records import user_settings_from_row
@@ -45,9 +45,10 @@ class PolicyReport:
             missions' calls and MCP clients' calls apart (the other counts hold both).
         approvals: the approval requests asked in the period, by status as it stands now
             (``pending``, ``approved``, ``denied``, ``expired``; missing ones: none). In
-            ``by_mode``, ``asked`` counts the calls whose last decision asks a person (in
-            ``log-only``: would-be asks, the calls ran); a parked call that was decided since
-            counts with its final decision (``approved``, ``approval_denied``, ...).
+            ``by_mode``, ``asked`` counts the calls that were asked of a person, whatever came
+            of it: still waiting, or decided since (approved, denied, expired; in ``log-only``:
+            would-be asks, the calls ran); ``allowed`` and ``denied`` count the final decision,
+            so a call approved since counts as allowed and asked.
     """
 
     since: datetime
@@ -214,6 +215,17 @@ class PolicyStore:
         return _tally(rows, since=now - since, approvals=approvals)
 
 
+_DECIDED_BY_A_PERSON = frozenset(
+    str(r)
+    for r in (
+        DecisionReason.APPROVED,
+        DecisionReason.APPROVAL_DENIED,
+        DecisionReason.APPROVAL_EXPIRED,
+    )
+)
+"""The final reasons of a call a person was asked about."""
+
+
 def _decisions(since: timedelta) -> Any:
     """The tool calls created within ``since`` counted by consumer, mode, tool, reason,
     verdict and whether they carry a decision (with the flagged ones and the database's now)."""
@@ -262,12 +274,12 @@ def _tally(
         decided += n
         m = row["mode"] or "unknown"
         denied = n if row["verdict"] == "deny" else 0
-        asks = n if row["verdict"] == "ask" else 0
+        waiting = n if row["verdict"] == "ask" else 0
         counts = {
             "calls": n,
             "denied": denied,
-            "asked": asks,
-            "allowed": n - denied - asks,
+            "asked": n if waiting or row["reason"] in _DECIDED_BY_A_PERSON else 0,
+            "allowed": n - denied - waiting,
             "flagged": row["flagged"],
         }
         by_mode[m].update(counts)
