@@ -69,7 +69,9 @@ def _imports(tree: ast.Module, name: str, known: set[str]) -> set[str]:
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
+    """Strongly connected components of more than one module (Tarjan; recursive, as deep as
+    the longest import chain, well under Python's default limit: the limit is process-wide,
+    and raising it here would change what the tests in the same process see)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -97,7 +99,6 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
             if len(part) > 1:
                 found.append(sorted(part))
 
-    sys.setrecursionlimit(10_000)
     for v in sorted(graph):
         if v not in index:
             visit(v)
