@@ -19,8 +19,6 @@ from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
-from pydantic import SecretStr
-
 from planner import (
     ChatMessage,
     ChatModel,
@@ -34,6 +32,7 @@ from worker.errors import SettingsError
 from worker.http_url import redact_url  # a password or query values in a URL: never logged
 from worker.metrics import UNNAMED_MODEL
 from worker.settings import Settings
+from worker.settings.llm import Endpoint
 from worker.tracing.hooks import note_fallback, note_retry
 
 __all__ = ["InstrumentedChatModel", "build_chat_model", "build_summariser"]
@@ -155,13 +154,7 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
     """The worker's ChatModel for ``settings`` (see the module docstring)."""
     inner: Any
     if settings.llm.primary.base_url:
-        inner = _http_model(
-            settings,
-            "primary",
-            settings.llm.primary.base_url,
-            settings.llm.primary.api_key,
-            "LLM_BASE_URL",
-        )
+        inner = _http_model(settings, "primary", settings.llm.primary, "LLM_BASE_URL")
         logger.info("LLM: OpenAI-compatible endpoint %s", redact_url(settings.llm.primary.base_url))
     else:
         from worker.llm.embedded.local_runtime import embedded_chat_model, resolve_local_runtime
@@ -174,13 +167,7 @@ def build_chat_model(settings: Settings) -> InstrumentedChatModel:
     if settings.llm.fallback.base_url:
         from worker.llm import FallbackChatModel
 
-        fallback = _http_model(
-            settings,
-            "fallback",
-            settings.llm.fallback.base_url,
-            settings.llm.fallback.api_key,
-            "LLM_FALLBACK_BASE_URL",
-        )
+        fallback = _http_model(settings, "fallback", settings.llm.fallback, "LLM_FALLBACK_BASE_URL")
         inner = FallbackChatModel(
             inner,
             fallback,
@@ -197,31 +184,26 @@ def build_summariser(settings: Settings, chat: InstrumentedChatModel) -> Instrum
     if not settings.llm.compaction.base_url:
         return chat
     logger.info("compaction summaries: endpoint %s", redact_url(settings.llm.compaction.base_url))
-    inner = _http_model(
-        settings,
-        "compaction",
-        settings.llm.compaction.base_url,
-        settings.llm.compaction.api_key,
-        "COMPACT_BASE_URL",
-    )
+    inner = _http_model(settings, "compaction", settings.llm.compaction, "COMPACT_BASE_URL")
     return InstrumentedChatModel(inner, default_model=settings.llm.primary.model)
 
 
-def _http_model(
-    settings: Settings, name: str, base_url: str, api_key: SecretStr | None, variable: str
-) -> Any:
-    """An ``OpenAICompatibleChatModel`` named ``name`` for ``base_url``, the value of
-    ``MANA_AI_<variable>``.
+def _http_model(settings: Settings, name: str, endpoint: Endpoint, variable: str) -> Any:
+    """An ``OpenAICompatibleChatModel`` named ``name`` for ``endpoint``, whose base URL is the
+    value of ``MANA_AI_<variable>``.
 
     Raises:
-        SettingsError: the client refuses the URL (settings validation should have already:
-            this names the variable should the two ever disagree).
+        SettingsError: the URL is unset, or the client refuses it (settings validation should
+            have already: this names the variable should the two ever disagree).
     """
     from worker.llm import OpenAICompatibleChatModel
 
+    if endpoint.base_url is None:
+        raise SettingsError(f"MANA_AI_{variable} is not set")
+    api_key = endpoint.api_key
     try:
         return OpenAICompatibleChatModel(
-            base_url=base_url,
+            base_url=endpoint.base_url,
             api_key=api_key.get_secret_value() if api_key else None,
             default_model=settings.llm.primary.model,
             timeout_s=settings.llm.timeout_s,
