@@ -28,7 +28,6 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    literal,
     null,
     or_,
     select,
@@ -48,6 +47,7 @@ from worker.db.tables import (
 )
 from worker.store.agent_servers import McpServerConfig
 from worker.store.records import ClaimedMission, StartedIteration, user_settings_from_row
+from worker.store.writes.parts import constant
 
 __all__ = [
     "DEFAULT_CATCH_UP_WINDOW",
@@ -129,12 +129,19 @@ def claim_select(
         .cte("claimed")
     )
     first_attempt = func.jsonb_build_array(
-        func.jsonb_build_object("attempt", 1, "worker_id", worker_id, "started_at", now)
+        func.jsonb_build_object(
+            constant("attempt"),
+            constant(1),
+            constant("worker_id"),
+            worker_id,
+            constant("started_at"),
+            now,
+        )
     )
     values = select(
         claimed.c.id,
         claimed.c.next_run_at,
-        literal("running", Text),
+        constant("running"),
         worker_id,
         func.coalesce(claimed.c.model, bindparam("p_default_model", type_=Text)),
         first_attempt,
@@ -161,7 +168,7 @@ def _due(now: Any, *, after_finish: bool, limit: int | None) -> Any:
         select(missions.c.id)
         .where(
             *others,
-            missions.c.status == "active",
+            missions.c.status == constant("active"),
             missions.c.next_run_at <= now,
             or_(missions.c.lease_expires_at.is_(None), missions.c.lease_expires_at < now),
             # a run parked for approval waits for the decision, unless the deadline passed:
@@ -172,7 +179,7 @@ def _due(now: Any, *, after_finish: bool, limit: int | None) -> Any:
             ),
         )
         .order_by(missions.c.next_run_at)
-        .limit(limit if limit is not None else bindparam("p_claim_limit", type_=Integer))
+        .limit(constant(limit) if limit is not None else bindparam("p_claim_limit", type_=Integer))
         .with_for_update(skip_locked=True)
         .cte("due")
     )
@@ -283,14 +290,17 @@ def _missed_and_dropped(now: Any) -> Any:
         .correlate(missions)
         .exists()
     )
-    window = func.coalesce(missions.c.catch_up_window, literal(DEFAULT_CATCH_UP_WINDOW, Interval))
+    window = func.coalesce(missions.c.catch_up_window, constant(DEFAULT_CATCH_UP_WINDOW))
     return and_(
         or_(
             and_(
-                missions.c.catch_up == CatchUp.SKIP.value,
-                missions.c.next_run_at < now - literal(MISFIRE_GRACE, Interval),
+                missions.c.catch_up == constant(CatchUp.SKIP.value),
+                missions.c.next_run_at < now - constant(MISFIRE_GRACE),
             ),
-            and_(missions.c.catch_up == CatchUp.ALL.value, missions.c.next_run_at < now - window),
+            and_(
+                missions.c.catch_up == constant(CatchUp.ALL.value),
+                missions.c.next_run_at < now - window,
+            ),
         ),
         ~begun,
     )
@@ -305,7 +315,7 @@ def _awaiting_approval(now: Any) -> Any:
         select(requests.c.id)
         .where(
             requests.c.mission_id == missions.c.id,
-            requests.c.status == "pending",
+            requests.c.status == constant("pending"),
             requests.c.expires_at > now,
         )
         .correlate(missions)
@@ -320,11 +330,11 @@ def _owner_policy() -> Any:
     return (
         select(
             func.jsonb_build_object(
-                "destructive_opt_ins",
+                constant("destructive_opt_ins"),
                 ups.c.destructive_opt_ins,
-                "rate_limit",
+                constant("rate_limit"),
                 ups.c.rate_limit,
-                "tool_rate_limits",
+                constant("tool_rate_limits"),
                 ups.c.tool_rate_limits,
                 type_=JSONB,
             )
@@ -343,21 +353,21 @@ def _mcp_servers() -> Any:
             func.jsonb_agg(
                 aggregate_order_by(
                     func.jsonb_build_object(
-                        "name",
+                        constant("name"),
                         ams.c.name,
-                        "transport",
+                        constant("transport"),
                         ams.c.transport,
-                        "url",
+                        constant("url"),
                         ams.c.url,
-                        "command",
+                        constant("command"),
                         ams.c.command,
-                        "args",
+                        constant("args"),
                         ams.c.args,
-                        "headers",
+                        constant("headers"),
                         ams.c.headers,
-                        "env",
+                        constant("env"),
                         ams.c.env,
-                        "required",
+                        constant("required"),
                         ams.c.required,
                         type_=JSONB,
                     ),
@@ -389,7 +399,7 @@ def _budget_used(window: Any, *, finished_tokens: bool = False) -> Any:
     if finished_tokens:
         conditions.append(its.c.id != iteration_id)
     used: Any = (
-        select(func.coalesce(func.sum(its.c.prompt_tokens + its.c.completion_tokens), 0))
+        select(func.coalesce(func.sum(its.c.prompt_tokens + its.c.completion_tokens), constant(0)))
         .select_from(its.join(owned, owned.c.id == its.c.mission_id))
         .where(*conditions)
         .correlate(agents, missions)
@@ -419,7 +429,7 @@ def _budget_used(window: Any, *, finished_tokens: bool = False) -> Any:
             .correlate(agents)
             .scalar_subquery()
         )
-        used = used + func.coalesce(finished, 0)
+        used = used + func.coalesce(finished, constant(0))
     return case((agents.c.max_tokens_per_day.is_(None), null()), else_=used)
 
 
@@ -436,33 +446,36 @@ def _start_iteration_statement(values: Any) -> Any:
     excluded = insert_stmt.excluded
     iterations = mission_iterations.c
     takeover = func.jsonb_build_object(
-        "attempt",
-        iterations.attempt + 1,
-        "worker_id",
+        constant("attempt"),
+        iterations.attempt + constant(1),
+        constant("worker_id"),
         excluded.worker_id,
-        "started_at",
+        constant("started_at"),
         func.now(),
-        "resumed_after_round",
+        constant("resumed_after_round"),
         iterations.rounds,
-        "resumed_from",
+        constant("resumed_from"),
         iterations.status,
     )
     return insert_stmt.on_conflict_do_update(
         index_elements=["mission_id", "scheduled_for"],
         set_={
-            "status": "running",
-            "attempt": iterations.attempt + 1,
+            "status": constant("running"),
+            "attempt": iterations.attempt + constant(1),
             "worker_id": excluded.worker_id,
             "model": excluded.model,
             "attempts": iterations.attempts.op("||")(func.jsonb_build_array(takeover)),
-            "stop_reason": None,
-            "error": None,
+            "stop_reason": constant(None),
+            "error": constant(None),
             "started_at": func.now(),
-            "finished_at": None,
+            "finished_at": constant(None),
         },
         where=or_(
-            iterations.status.in_(("running", "awaiting_approval")),
-            and_(iterations.status == "failed", iterations.stop_reason == "interrupted"),
+            iterations.status.in_([constant("running"), constant("awaiting_approval")]),
+            and_(
+                iterations.status == constant("failed"),
+                iterations.stop_reason == constant("interrupted"),
+            ),
         ),
     ).returning(
         iterations.id,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -40,6 +41,7 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
     union_all,
@@ -67,6 +69,7 @@ __all__ = [
     "archive",
     "calls",
     "checkpoint",
+    "constant",
     "ended",
     "lease_check",
     "lease_released",
@@ -132,6 +135,30 @@ APPROVAL_KEYS = (
 )
 """The columns of a new ``approval_requests`` row bound as ``p_<key>`` (with ``p_ttl``)."""
 
+
+def constant(value: str | int | timedelta | None) -> Any:
+    """``value`` written into the statement's SQL (``'active'``, ``1``, ``interval '60
+    seconds'``, ``NULL``) instead of bound as a parameter. The rule for a statement built once:
+    what it would bind is the same on every execution, so it is a constant, and PostgreSQL's
+    generic plan of the prepared statement must see it (a partial index's predicate, a
+    ``LIMIT``): with ``missions.status = $3`` bound, every claim was planned again
+    (``tests/unit/test_statement_constants.py``). Values of a run are bound, as ``p_*``.
+
+    Raises:
+        TypeError: ``value`` is of another type (a ``bool`` included).
+    """
+    if value is None:
+        return null()
+    if isinstance(value, bool) or not isinstance(value, str | int | timedelta):
+        raise TypeError(f"not a SQL constant: {value!r}")
+    if isinstance(value, timedelta):
+        return literal_column(f"interval '{value.total_seconds():g} seconds'", Interval)
+    if isinstance(value, int):
+        return literal_column(str(value), Integer)
+    quoted = value.replace("'", "''")
+    return literal_column(f"'{quoted}'", Text)
+
+
 DEADLINE_NOTE = "the run ended: the mission's deadline passed while it waited for this approval"
 """The ``decision_note`` of a pending request whose parked run a schedule moved past."""
 
@@ -183,7 +210,7 @@ def lease_released() -> Statement:
     owner = (
         update(missions)
         .where(_ours())
-        .values(lease_owner=None, lease_expires_at=None, updated_at=func.now())
+        .values(lease_owner=constant(None), lease_expires_at=constant(None), updated_at=func.now())
         .returning(missions.c.id)
         .cte("owned")
     )
@@ -203,8 +230,8 @@ def schedule_moved() -> Statement:
                 else_=bindparam("p_mission_status", type_=Text),
             ),
             last_error=bindparam("p_last_error", type_=Text),
-            lease_owner=None,
-            lease_expires_at=None,
+            lease_owner=constant(None),
+            lease_expires_at=constant(None),
             updated_at=func.now(),
         )
         .returning(missions.c.id)
@@ -323,7 +350,7 @@ def _new_calls(stmt: Statement, may_start: Any) -> Any:
             rows.c.round == data.c.round,
             rows.c.position == data.c.position,
         )
-        .limit(1)
+        .limit(constant(1))
         .scalar_subquery()
     )
     given = select(*(data.c[k] for k in NEW_CALL_KEYS), stored_id.label("stored_id")).cte(
@@ -426,9 +453,9 @@ def parked_runs_ended(stmt: Statement) -> None:
             stmt.owned,
         )
         .values(
-            status="failed",
-            stop_reason="deadline_passed",
-            error="the mission's deadline passed while the run waited for an approval",
+            status=constant("failed"),
+            stop_reason=constant("deadline_passed"),
+            error=constant("the mission's deadline passed while the run waited for an approval"),
             finished_at=func.now(),
         )
         .returning(its.c.id)
@@ -441,6 +468,10 @@ def parked_runs_ended(stmt: Statement) -> None:
             requests.c.status == literal_column("'pending'"),
             stmt.owned,
         )
-        .values(status="expired", decided_at=func.now(), decision_note=DEADLINE_NOTE)
+        .values(
+            status=constant("expired"),
+            decided_at=func.now(),
+            decision_note=constant(DEADLINE_NOTE),
+        )
         .returning(requests.c.id)
     )
