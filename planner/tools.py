@@ -151,6 +151,16 @@ class ToolSpec:
         if problem is not None:
             raise ToolRegistryError(f"invalid JSON schema for tool {self.name!r}: {problem}")
 
+    def with_handler(self, handler: ToolHandler) -> ToolSpec:
+        """This tool with ``handler`` in place of its own (a consumer's wrapper around it, made
+        per run): the same name, schema and hints, and the checks and compiled validators of
+        this spec shared rather than made again (``dataclasses.replace`` would check the
+        schema and compile its validators anew for every run)."""
+        copy = object.__new__(ToolSpec)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__["handler"] = handler
+        return copy
+
     @cached_property
     def _validator(self) -> jsonschema.Draft202012Validator:
         return jsonschema.Draft202012Validator(self.input_schema, registry=_OFFLINE_REGISTRY)

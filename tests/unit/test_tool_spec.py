@@ -58,3 +58,19 @@ def test_a_schema_nested_too_deeply_is_refused_at_construction() -> None:
         schema = {"type": "object", "properties": {"a": schema}}
     with pytest.raises(ToolRegistryError, match="nested too deeply"):
         _spec(schema)
+
+
+async def test_with_handler_swaps_the_handler_and_keeps_the_checked_tool() -> None:
+    spec = _spec({"type": "object", "properties": {"n": {"type": "integer"}}})
+    assert spec.validate_arguments({"n": "x"}) is not None  # compiles the validators
+
+    async def wrapped(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "wrapped"
+
+    bound = spec.with_handler(wrapped)
+    assert await bound.handler({}, ToolContext(user_id="u")) == "wrapped"
+    assert await spec.handler({}, ToolContext(user_id="u")) is None  # the original stays
+    assert (bound.name, bound.input_schema, bound.policy_hint) == ("t", spec.input_schema, "read")
+    assert bound.validate_arguments({"n": 1}) is None
+    assert bound.validate_arguments({"n": "x"}) == spec.validate_arguments({"n": "x"})
+    assert bound._fast_validator is spec._fast_validator  # compiled once, not per run

@@ -241,7 +241,7 @@ class MissionJournal:
                     "nothing was committed, and the call runs again when the run resumes"
                 ) from exc
 
-        return dataclasses.replace(spec, handler=handle)
+        return spec.with_handler(handle)
 
     async def start_reserved(
         self,
