@@ -405,6 +405,11 @@ def events_page() -> str:
 
 
 def _annotation(annotation: Any) -> str:
+    """A field's annotation as written (``tuple[ChatMessage, ...]``), without module paths."""
+    if isinstance(annotation, typing.ForwardRef):
+        annotation = annotation.__forward_arg__
+    if isinstance(annotation, str):
+        return annotation
     text = repr(annotation) if not isinstance(annotation, type) else annotation.__name__
     return re.sub(r"\b(?:[a-z_]+\.)+", "", text.replace("typing.", ""))
 
@@ -439,7 +444,12 @@ migration). ``tests/unit/test_docs_reference.py`` checks every table has its lin
 
 
 def database_page() -> str:
+    from sqlalchemy import Identity
+    from sqlalchemy.dialects import postgresql
+
     from worker.db.tables import metadata
+
+    dialect = postgresql.dialect()
 
     lines = [
         HEADER.format(command=COMMAND, source="the SQLAlchemy metadata of `worker/db/`"),
@@ -453,16 +463,18 @@ def database_page() -> str:
         lines += ["| column | type | null | default | note |", "|---|---|---|---|---|"]
         for column in table.columns:
             default = ""
-            if column.server_default is not None:
+            if isinstance(column.server_default, Identity):
+                default = "identity"
+            elif column.server_default is not None:
                 default = _code(getattr(column.server_default, "arg", column.server_default))
             note = column.comment or ""
             if column.primary_key:
-                note = f"primary key. {note}".strip()
+                note = f"primary key; {note}" if note else "primary key"
             if column.foreign_keys:
                 targets = ", ".join(fk.target_fullname for fk in column.foreign_keys)
-                note = f"→ `{targets}`. {note}".strip()
+                note = f"→ `{targets}`; {note}" if note else f"→ `{targets}`"
             lines.append(
-                f"| `{column.name}` | {_code(column.type)} | "
+                f"| `{column.name}` | {_code(column.type.compile(dialect=dialect))} | "
                 f"{'yes' if column.nullable else ''} | {default} | {_cell(note)} |"
             )
         lines.append("")
