@@ -79,6 +79,8 @@ def _type_name(annotation: Any) -> str:
     names = {str: "text", int: "int", float: "float", bool: "bool", Path: "path"}
     if annotation in names:
         return names[annotation]
+    if getattr(annotation, "__name__", "") == "SecretStr":
+        return "secret text"
     return getattr(annotation, "__name__", str(annotation)).lower()
 
 
