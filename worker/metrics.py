@@ -374,7 +374,7 @@ class HealthState:
         """``(healthy, body)``: the body of ``/healthz``, ``{"status": "ok" | "stale",
         "seconds_since_last_ok_tick": float | None (None before the first tick succeeded),
         "last_error": str | None (why the latest tick failed; None once one succeeds)}``, as
-        README's "Metrics and health" documents it."""
+        the health reference (``docs/reference/health.md``) documents it."""
         now = time.monotonic()
         reference = self.last_ok_tick if self.last_ok_tick is not None else self.started_at
         age = now - reference
