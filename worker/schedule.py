@@ -8,8 +8,9 @@ Three layers, each with its own source of truth:
    ``sun``-``sat``, any case) and nothing longer or shorter; day-of-week numbers are 0-7 with
    0 and 7 = Sunday, and a range may end on Sunday (``fri-sun``, ``5-0``). Anything else
    (``monkey``, ``L``, ``#``, ``?``, ``last``) is refused with a ScheduleError that names the
-   field. This layer is ours: it is what mana-ai promises (README, "Schedules"), and cronsim
-   accepts more (``L``, ``W``, ``#``, a seconds field) and says less (``Bad day-of-week``).
+   field. This layer is ours: it is what mana-ai promises (``docs/explanation/daemon.md``,
+   "Schedules"), and cronsim accepts more (``L``, ``W``, ``#``, a seconds field) and says
+   less (``Bad day-of-week``).
 2. **Wall-clock math** (which local date-times match) is PyPI ``cronsim``'s, which follows
    Debian cron, run on wall-clock time labelled UTC (cronsim then sees no DST at all). That
    includes ``crontab(5)``'s day rule: when both day-of-month and day-of-week are restricted

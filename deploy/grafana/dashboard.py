@@ -6,8 +6,8 @@ The JSON is what Grafana provisions (deploy/grafana/provisioning/) or imports (D
 New > Import > Upload JSON file; pick the Prometheus data source when asked). Edit the panels
 here, not in the JSON: tests/unit/test_dashboard.py checks the file is this script's output
 and its structure, and tests/e2e/test_monitoring.py evaluates every panel's query against a
-Prometheus that scrapes a live worker. Queries use the worker's own metrics (README,
-"Metrics and health"), not the recording rules, so the dashboard works without them.
+Prometheus that scrapes a live worker. Queries use the worker's own metrics (docs/reference/
+metrics.md), not the recording rules, so the dashboard works without them.
 
 Variables: ``datasource`` (a Prometheus data source) and ``model`` (the LLM panels, from the
 ``model`` label). Grafana fills ``$__rate_interval`` (at least four scrape intervals) and

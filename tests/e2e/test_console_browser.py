@@ -2,7 +2,8 @@
 browser is ever downloaded): sign in, open a compacted iteration and expand its compaction,
 approve a request in the inbox and see the mission resume; stored scripts never run; pages fit
 a phone. With ``CONSOLE_SCREENSHOTS_DIR`` set, the main pages are saved there as PNG
-(``docs/screenshots`` holds the ones README shows).
+(``docs/screenshots`` holds the ones the docs site shows: the tutorial's console page, the
+approvals how-to).
 
 Skipped, saying why, where Chromium is not installed (``apt-get install chromium``)."""
 

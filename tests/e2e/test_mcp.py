@@ -1,6 +1,6 @@
 """MCP both ways with real processes: ``mana-ai mcp serve`` (streamable HTTP, and ``--stdio``)
-as an operator starts it, the SDK's client as in README, and a mission whose agent's MCP
-server is that very ``mcp serve`` — its call passes the mission's gate and then the MCP
+as an operator starts it, the SDK's client as in docs/how-to/mcp-serve.md, and a mission whose
+agent's MCP server is that very ``mcp serve`` — its call passes the mission's gate and then the MCP
 server's, and both are recorded."""
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ async def test_both_ways_a_mission_uses_the_tools_of_mana_ais_own_mcp_server(
         _, token = await McpStore(db).create_token("alice")
         serve = await start_mcp_serve(env)
         try:
-            # the SDK's client, as README shows: list, a refused notes_delete, a bad token
+            # the SDK's client, as docs/how-to/mcp-serve.md shows: list, a refused notes_delete,
+            # a bad token
             headers = {"Authorization": f"Bearer {token}"}
             async with (
                 httpx2.AsyncClient(headers=headers) as http,

@@ -1,27 +1,27 @@
-"""README's exit-status table, walked: every example in it is run against a known state and
-must end with its row's status, and every command has at least one example."""
+"""The exit-status table of the troubleshooting page (``docs/how-to/troubleshooting.md``),
+walked: every example in it is run against a known state and must end with its row's status,
+and every command has at least one example."""
 
 from __future__ import annotations
 
 import re
 import shlex
 import socket
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.readme import section
 from worker.cli import build_parser, main
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+TABLE = section("how-to/troubleshooting.md", "## Exit status")
 
 
 def _table() -> list[tuple[int, str]]:
-    """(status, example) for every example in README's exit-status table."""
-    section = README.split("#### Exit status", 1)[1]
+    """(status, example) for every example in the exit-status table."""
     rows = []
-    for line in section.splitlines():
+    for line in TABLE.splitlines():
         match = re.match(r"^\| (\d) \| [^|]+ \| (.+) \|$", line)
         if match:
             rows += [(int(match.group(1)), ex) for ex in re.findall(r"`([^`]+)`", match.group(2))]
@@ -107,11 +107,11 @@ def test_each_example_exits_with_its_rows_status(invoke: Any, status: int, examp
     for env, argv in before:
         assert invoke(env, argv)[0] == 0, argv
     got, err = invoke(*last)
-    assert got == status, f"{example}: exit {got}, README says {status}; stderr: {err}"
+    assert got == status, f"{example}: exit {got}, the docs say {status}; stderr: {err}"
 
 
 def test_a_metrics_port_in_use_is_an_invalid_setting(invoke: Any) -> None:
-    # the README's row for invalid settings says so; the trial saw another status
+    # the table's row for invalid settings says so; the trial saw another status
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -1,4 +1,5 @@
-"""``/healthz`` answers what README documents: the worker's metrics endpoint and ``mcp serve``
+"""``/healthz`` answers what the health reference (``docs/reference/health.md``) documents:
+the worker's metrics endpoint and ``mcp serve``
 (``tests/integration/test_mcp_serve.py`` checks the latter against the same text)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def shape(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def worker_documented() -> list[tuple[int, dict[str, Any]]]:
-    text = section("### Metrics and health")
+    text = section("reference/health.md", "## /healthz")
     return documented_responses(text.split("`mana-ai mcp serve` has no tick", 1)[0])
 
 
@@ -34,10 +35,10 @@ def health() -> Iterator[tuple[HealthState, str]]:
         server.stop()
 
 
-def test_the_workers_healthz_answers_as_readme_documents(
+def test_the_workers_healthz_answers_as_documented(
     health: tuple[HealthState, str],
 ) -> None:
-    # README said 200 {"status": "ok"}; the worker answered with two more fields
+    # the docs said 200 {"status": "ok"}; the worker answered with two more fields
     [(ok_code, ok_body), (stale_code, stale_body)] = worker_documented()
     state, url = health
     state.tick_ok()
@@ -50,12 +51,12 @@ def test_the_workers_healthz_answers_as_readme_documents(
     assert answer.json()["last_error"] == "DatabaseError: could not connect"
 
 
-def test_before_the_first_tick_the_worker_says_so_as_readme_documents(
+def test_before_the_first_tick_the_worker_says_so_as_documented(
     health: tuple[HealthState, str],
 ) -> None:
     _, url = health
     body = httpx.get(url).json()
     assert body["status"] == "ok" and body["seconds_since_last_ok_tick"] is None
     assert "`seconds_since_last_ok_tick` is `null` until the first tick succeeds" in section(
-        "### Metrics and health"
+        "reference/health.md", "## /healthz"
     )

@@ -316,13 +316,13 @@ async def test_metrics_and_health_need_no_token(db: AsyncEngine, database_url: s
         base = server.url.removesuffix("/mcp")
         health = await http.get(f"{base}/healthz")
         scraped = await http.get(f"{base}/metrics")
-    # the body README documents, in the MCP server's section and beside the worker's
+    # the body the docs document, on the MCP server's page and beside the worker's
     # (tests/integration/test_health.py holds the worker's to the same text)
+    served_page = section("how-to/mcp-serve.md", "# Serve MCP")
+    health_page = section("reference/health.md", "## /healthz")
     documented = [
-        *documented_responses(section("### The MCP server").split("`/healthz` (", 1)[1]),
-        *documented_responses(
-            section("### Metrics and health").split("`mana-ai mcp serve` has no tick", 1)[1]
-        ),
+        *documented_responses(served_page.split("`/healthz` (", 1)[1]),
+        *documented_responses(health_page.split("`mana-ai mcp serve` has no tick", 1)[1]),
     ]
     assert [d for d in documented if d[0] == 200] == [(200, {"status": "ok"})] * 2
     assert (health.status_code, health.json()) == documented[0]
@@ -355,7 +355,7 @@ async def test_while_its_database_is_down_healthz_says_503_and_mcp_answers_503_c
     assert health.json()["status"] == "unavailable"
     assert health.json()["error"].startswith("the database is unreachable (")
     assert "127.0.0.1" not in health.text  # no address to whoever asks
-    documented = documented_responses(section("### Metrics and health"))
+    documented = documented_responses(section("reference/health.md", "## /healthz"))
     assert (503, {"status", "error"}) in [(code, set(body)) for code, body in documented]
     # was a bare 500 and a uvicorn traceback in the log
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"

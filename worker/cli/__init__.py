@@ -162,9 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mana-ai",
         description=(
             "Run scheduled missions for LLM agents. Settings come from MANA_AI_* environment "
-            "variables (see README). With no MANA_AI_DATABASE_URL an embedded PostgreSQL "
-            "is started in MANA_AI_DATA_DIR; with no MANA_AI_LLM_BASE_URL the embedded "
-            "SmolLM2 model answers."
+            "variables (see docs/reference/settings.md). With no MANA_AI_DATABASE_URL an "
+            "embedded PostgreSQL is started in MANA_AI_DATA_DIR; with no MANA_AI_LLM_BASE_URL "
+            "the embedded SmolLM2 model answers."
         ),
     )
     parser.add_argument("--version", action=_VersionAction)

@@ -90,7 +90,7 @@ ENDPOINTS: dict[str, tuple[str, dict[str, str]]] = {
 }
 """Each use of ``Endpoint`` in ``LlmSettings``: the prefix of its variables after ``MANA_AI_``
 (``LLM_`` gives ``MANA_AI_LLM_BASE_URL``) and the operator documentation of each of them
-(README's settings table holds it)."""
+(``docs/reference/settings.md`` shows it)."""
 
 
 class LlmSettings(Section):

@@ -226,7 +226,7 @@ class Settings(BaseSettings):
 class Variable:
     """One setting's variable: its ``name`` (``MANA_AI_DATABASE_URL``), the ``path`` of its
     field in ``Settings`` (``("database", "url")``), the ``field`` (type, bounds, default) and
-    its operator documentation (``description``, README's settings table holds it)."""
+    its operator documentation (``description``, ``docs/reference/settings.md`` shows it)."""
 
     name: str
     path: tuple[str, ...]
