@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from planner import (
     CallFinished,
     CallStarted,
+    ChatMessage,
     PolicyDecision,
     PolicyMode,
     RateLimit,
@@ -131,6 +132,7 @@ class MissionJournal:
         self.summariser = summariser
         self.log = RunLog()
         self._archived = archived
+        self._last_log: tuple[list[ChatMessage], list[dict[str, Any]]] = ([], [])
         self._uncommitted_rounds = 0
 
     @property
@@ -159,7 +161,7 @@ class MissionJournal:
         reminders, and the compactions not stored yet."""
         log = self.log
         return RoundCheckpoint(
-            messages=messages_json(log.messages),
+            messages=self._stored_log(log.messages),
             rounds=log.rounds,
             prompt_tokens=log.usage.prompt_tokens,
             completion_tokens=log.usage.completion_tokens,
@@ -170,6 +172,21 @@ class MissionJournal:
                 if entry.index > self._archived
             ),
         )
+
+    def _stored_log(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+        """``messages_json(messages)``, each message converted once per run: the stored form
+        of the messages the log shares with the last checkpoint's (the same objects, from the
+        start: messages are immutable; a compaction replaces the ones it folds) is reused,
+        so a checkpoint converts what the round added, not the whole log again."""
+        before, stored = self._last_log
+        kept = 0
+        for old, new in zip(before, messages, strict=False):
+            if old is not new:
+                break
+            kept += 1
+        converted = stored[:kept] + messages_json(messages[kept:])
+        self._last_log = (list(messages), converted)
+        return converted
 
     def pending_rows(self) -> list[ToolInvocationRow]:
         """The ``tool_invocations`` rows still to write, in source order (round, then position
