@@ -79,7 +79,7 @@ def script(rounds: int, k: int) -> list[AIMessage]:
     return [*calling, AIMessage(content="done")]
 
 
-def graph(model: ReplayChatModel, tools: list[StructuredTool]) -> Any:
+def graph(model: ReplayChatModel, tools: list[StructuredTool], checkpointer: Any = None) -> Any:
     bound = model.bind_tools(tools)
 
     async def call_model(state: MessagesState) -> dict[str, list[BaseMessage]]:
@@ -91,7 +91,7 @@ def graph(model: ReplayChatModel, tools: list[StructuredTool]) -> Any:
     builder.add_edge(START, "model")
     builder.add_conditional_edges("model", tools_condition)
     builder.add_edge("tools", "model")
-    return builder.compile()
+    return builder.compile(checkpointer=checkpointer)
 
 
 async def measure(rounds: int, k: int, loops: int, repeat: int) -> list[float]:
