@@ -234,8 +234,12 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _history(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.admin.verdict import with_warnings
+
     async with admin_store(settings) as admin:
         mission = await admin.mission_history(args.id, limit=args.limit)
+        ids = [it["id"] for it in mission["iterations"]]
+        with_warnings(mission["iterations"], await admin.answers_of(ids))
     if args.json:
         print_json(mission)
         return 0
@@ -255,6 +259,8 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
         )
         if it["error"]:
             print(f"    error: {visible_line(it['error'])}")
+        if it["warning"]:
+            print(f"    warning: {visible_line(it['warning'])}")
         for c in it["compactions"]:
             if c["error"]:
                 print(
