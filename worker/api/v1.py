@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -29,6 +30,7 @@ from worker.admin import agents as agent_ops
 from worker.admin import missions as mission_ops
 from worker.admin.deciding import decide
 from worker.admin.values import aware_datetime, catch_up_window, limit, parse_since, row_id
+from worker.admin.verdict import with_warnings
 from worker.api.auth import Forbidden, bearer_principal
 from worker.api.bodies import (
     AgentBody,
@@ -41,6 +43,7 @@ from worker.api.bodies import (
     read_body,
 )
 from worker.api.services import Services
+from worker.api.times import in_zone
 from worker.errors import UsageError
 from worker.names import checked_name
 from worker.queries.admin_tokens import AdminPrincipal
@@ -179,6 +182,8 @@ async def list_missions(request: Request, s: Services, who: AdminPrincipal) -> A
     waiting = await s.approvals.pending_by_mission([r["id"] for r in rows])
     for row in rows:
         row["awaiting_approval"] = waiting.get(row["id"])
+        row["next_run_local"] = in_zone(row["next_run_at"], row["timezone"])
+    await _with_warnings(s, rows, "last_iteration_id")
     return _paged("missions", rows, size)
 
 
@@ -210,7 +215,8 @@ async def get_mission(request: Request, s: Services, who: AdminPrincipal) -> Any
     mission_id = _id(request)
     mission = await s.admin.get_mission(mission_id)
     waiting = await s.approvals.pending_by_mission([mission_id])
-    return mission | {"awaiting_approval": waiting.get(mission_id)}
+    local = in_zone(mission["next_run_at"], mission["timezone"])
+    return mission | {"awaiting_approval": waiting.get(mission_id), "next_run_local": local}
 
 
 def _course(
@@ -233,7 +239,15 @@ async def list_iterations(request: Request, s: Services, who: AdminPrincipal) ->
     if mission_id is not None:
         await s.admin.get_mission(mission_id)  # 404 rather than an empty list
     rows = await s.admin.list_iterations(mission_id=mission_id, limit=size, before_id=before)
+    await _with_warnings(s, rows)
     return _paged("iterations", rows, size)
+
+
+async def _with_warnings(s: Services, rows: list[dict[str, Any]], key: str = "id") -> None:
+    """Each of ``rows`` with the verdict's warning on its iteration (``key``): ``warning``,
+    or ``last_warning`` for a mission's last run (``worker.admin.verdict.with_warnings``)."""
+    ids = [r[key] for r in rows if r.get(key) is not None]
+    with_warnings(rows, await s.admin.answers_of(ids), key)
 
 
 async def get_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
@@ -403,7 +417,10 @@ def _endpoint(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         who = await bearer_principal(request, services.tokens)
         if endpoint.write and who.read_only:
             raise Forbidden("this token is read-only: it cannot change anything")
-        return _json(await endpoint.handler(request, services, who), endpoint.status)
+        data = await endpoint.handler(request, services, who)
+        # a long iteration is megabytes of JSON: written in a thread, never on the event
+        # loop that answers /healthz
+        return await run_in_threadpool(_json, data, endpoint.status)
 
     return serve
 
