@@ -296,3 +296,44 @@ async def test_the_pages_fit_a_phone(db: AsyncEngine, server: str, browser: Any)
         assert wide <= 390 + 1, f"{path} is {wide}px wide on a 390px screen"
     await page.goto(f"{server}/iterations/{iteration_id}")
     await shot(page, "iteration-phone")
+
+
+async def test_on_a_phone_cards_are_as_tall_as_their_content_and_lists_are_readable(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    """At 390 px: a card of reads that ran side by side ends where its content ends (a
+    flex-basis meant as a width must not become a height in the column layout), and the
+    missions and iterations lists are stacked cards whose cells (the objective) get the
+    screen's width, with nothing scrolling sideways."""
+    iteration_id = await compacted_iteration(db)
+    page = await page_of(browser, phone=True)
+    await sign_in(page, server, await token(db))
+    await page.goto(f"{server}/iterations/{iteration_id}")
+    gaps = await page.evaluate(
+        """() => [...document.querySelectorAll('.calls .call')].map(card => {
+             const box = card.getBoundingClientRect();
+             const last = card.lastElementChild.getBoundingClientRect();
+             return {height: box.height, gap: box.bottom - last.bottom};
+           })"""
+    )
+    assert gaps and await page.locator(".calls.parallel .call").count() >= 2
+    for card in gaps:  # padding and border only below the last line of a card
+        assert card["gap"] <= 16, gaps
+    for path, cell in (("/", "Objective"), ("/missions/1", "Stop reason")):
+        await page.goto(f"{server}{path}")
+        width = await page.evaluate(
+            f"""() => document.querySelector('table.grid td[data-label="{cell}"]')
+                        .getBoundingClientRect().width"""
+        )
+        assert width >= 300, f"{path}: the {cell} cell is {width}px wide on a 390px screen"
+        wide = await page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390 + 1, f"{path} is {wide}px wide"
+    desktop = await page_of(browser)
+    await sign_in(desktop, server, await token(db, "desk"))
+    await desktop.goto(f"{server}/iterations/{iteration_id}")
+    side_by_side = await desktop.evaluate(
+        """() => [...document.querySelector('.calls.parallel').querySelectorAll('.call')]
+                 .map(card => card.getBoundingClientRect().top)"""
+    )
+    assert len(set(side_by_side)) == 1, side_by_side  # a row on a wide screen
+    assert page.failures == [] and desktop.failures == []
