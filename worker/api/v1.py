@@ -35,7 +35,9 @@ from worker.api.auth import Forbidden, bearer_principal
 from worker.api.bodies import (
     AgentBody,
     AgentChangesBody,
+    ApproveBody,
     DecisionBody,
+    DenyBody,
     MissionBody,
     RerunBody,
     field_label,
@@ -59,7 +61,8 @@ Handler = Callable[[Request, Services, AdminPrincipal], Awaitable[Any]]
 class Endpoint:
     """One endpoint: what it does (``summary``), its body (``body``: a model, or ``None``), its
     query parameters (``query``: name -> description), whether it changes anything
-    (``write``), the status of its answer (``status``) and its ``tag``."""
+    (``write``), the status of its answer (``status``), its ``tag`` and the schema of its answer
+    (``response``: a name of ``worker.api.responses.RESPONSE_SCHEMAS``)."""
 
     method: str
     path: str
@@ -70,6 +73,7 @@ class Endpoint:
     query: tuple[tuple[str, str], ...] = ()
     write: bool = False
     status: int = 200
+    response: str = ""
 
 
 class VisibleJSONResponse(JSONResponse):
@@ -331,17 +335,19 @@ PAGING = (
 )
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("GET", "/agents", list_agents, "List agents.", "agents"),
+    Endpoint("GET", "/agents", list_agents, "List agents.", "agents", response="Agents"),
     Endpoint(
-        "POST", "/agents", create_agent, "Create an agent.", "agents", AgentBody, write=True,
+        "POST", "/agents", create_agent, "Create an agent.", "agents", AgentBody,
+        response="Agent", write=True,
         status=201,
     ),
     Endpoint(
         "PATCH", "/agents/{name}", change_agent, "Change an agent.", "agents",
-        AgentChangesBody, write=True,
+        AgentChangesBody, response="Agent", write=True,
     ),
     Endpoint(
         "GET", "/missions", list_missions, "List missions with their last run.", "missions",
+        response="Missions",
         query=(
             ("status", "active | paused | completed"),
             ("agent", "an agent's name"),
@@ -350,61 +356,71 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "POST", "/missions", create_mission, "Create a mission.", "missions", MissionBody,
+        response="Mission",
         write=True, status=201,
     ),
-    Endpoint("GET", "/missions/{id}", get_mission, "Show a mission.", "missions"),
+    Endpoint("GET", "/missions/{id}", get_mission, "Show a mission.", "missions",
+        response="Mission"),
     Endpoint(
         "POST", "/missions/{id}/pause", _course(mission_ops.pause_mission),
-        "Pause a mission.", "missions", write=True,
+        "Pause a mission.", "missions", response="Course", write=True,
     ),
     Endpoint(
         "POST", "/missions/{id}/resume", _course(mission_ops.resume_mission),
-        "Resume a paused mission.", "missions", write=True,
+        "Resume a paused mission.", "missions", response="Course", write=True,
     ),
     Endpoint(
         "POST", "/missions/{id}/run", _course(mission_ops.run_now),
-        "Run an active mission now.", "missions", write=True,
+        "Run an active mission now.", "missions", response="Course", write=True,
     ),
     Endpoint(
         "GET", "/iterations", list_iterations, "List iterations (without their logs).",
-        "iterations", query=(("mission", "a mission's id"), *PAGING),
+        "iterations", response="Iterations", query=(("mission", "a mission's id"), *PAGING),
     ),
     Endpoint(
         "GET", "/iterations/{id}", get_iteration,
         "Show an iteration: its log, calls, compactions and approvals.", "iterations",
+        response="Iteration",
     ),
     Endpoint(
         "GET", "/iterations/{id}/replay", replay_iteration,
         "Replay an iteration: its conversation as events, folded turns restored.",
-        "iterations",
+        "iterations", response="Replay",
     ),
     Endpoint(
         "POST", "/iterations/{id}/rerun", rerun_iteration,
         "Rerun an iteration with today's rules against its recording; the differences.",
-        "iterations", RerunBody,
+        "iterations", RerunBody, response="Rerun",
     ),
     Endpoint(
         "GET", "/policy/report", policy_report, "The policy gate's decisions over a period.",
-        "policy", query=(("since", "a duration such as 7d, 24h, 30m (default 7d)"),),
+        "policy",
+        response="PolicyReport", query=(("since", "a duration such as 7d, 24h, 30m (default 7d)"),),
     ),
     Endpoint(
         "GET", "/approvals", list_approvals, "List approval requests.", "approvals",
+        response="Approvals",
         query=(("status", "pending | approved | denied | expired"), *PAGING),
     ),
-    Endpoint("GET", "/approvals/{id}", get_approval, "Show an approval request.", "approvals"),
+    Endpoint("GET", "/approvals/{id}", get_approval, "Show an approval request.", "approvals",
+        response="Approval"),
     Endpoint(
         "POST", "/approvals/{id}/approve", _decision(True),
-        "Approve a pending request (the first decision wins).", "approvals", DecisionBody,
+        "Approve a pending request (the first decision wins).", "approvals", ApproveBody,
+        response="Approval",
         write=True,
     ),
     Endpoint(
         "POST", "/approvals/{id}/deny", _decision(False),
-        "Deny a pending request (the first decision wins).", "approvals", DecisionBody,
+        "Deny a pending request (the first decision wins).", "approvals", DenyBody,
+        response="Approval",
         write=True,
     ),
-    Endpoint("GET", "/mcp/tokens", list_mcp_tokens, "List MCP tokens.", "mcp"),
+    Endpoint("GET", "/mcp/tokens", list_mcp_tokens, "List MCP tokens.", "mcp",
+        response="McpTokens"),
     Endpoint(
         "POST", "/mcp/tokens/{id}/revoke", revoke_mcp_token, "Revoke an MCP token.", "mcp",
+        response="McpTokenRevoked",
         write=True,
     ),
 )  # fmt: skip
