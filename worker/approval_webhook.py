@@ -104,6 +104,7 @@ def approval_notice(request: Mapping[str, Any], console_url: str | None = None) 
         "arguments": request.get("arguments"),
         "reason": request.get("reason"),
         "reply_text": request.get("reply_text"),
+        "target": request.get("target"),
         "created_at": _iso(request.get("created_at")),
         "expires_at": _iso(expires),
         "decide": {

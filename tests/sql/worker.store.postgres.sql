@@ -86,7 +86,7 @@ FROM jsonb_to_recordset($17::JSONB) AS p_archive(iteration_id BIGINT, mission_id
 WHERE EXISTS (SELECT owned.id 
 FROM owned) ON CONFLICT (iteration_id, compaction_index) DO NOTHING RETURNING compacted_turns.id), 
 write_4 AS 
-(INSERT INTO approval_requests (consumer, user_id, agent_id, mission_id, iteration_id, attempt, round, position, call_id, tool, arguments, arguments_hash, reply_text, reason, expires_at) SELECT $18::VARCHAR AS anon_1, $19::VARCHAR AS anon_2, $20::BIGINT AS anon_3, $3::BIGINT AS anon_4, $13::BIGINT AS anon_5, $21::INTEGER AS anon_6, $22::INTEGER AS anon_7, $23::INTEGER AS anon_8, $24::VARCHAR AS anon_9, $25::VARCHAR AS anon_10, $26::JSONB AS anon_11, $27::VARCHAR AS anon_12, $28::VARCHAR AS anon_13, $29::VARCHAR AS anon_14, now() + $30::INTERVAL AS anon_15 
+(INSERT INTO approval_requests (consumer, user_id, agent_id, mission_id, iteration_id, attempt, round, position, call_id, tool, arguments, arguments_hash, reply_text, reason, target, expires_at) SELECT $18::VARCHAR AS anon_1, $19::VARCHAR AS anon_2, $20::BIGINT AS anon_3, $3::BIGINT AS anon_4, $13::BIGINT AS anon_5, $21::INTEGER AS anon_6, $22::INTEGER AS anon_7, $23::INTEGER AS anon_8, $24::VARCHAR AS anon_9, $25::VARCHAR AS anon_10, $26::JSONB AS anon_11, $27::VARCHAR AS anon_12, $28::VARCHAR AS anon_13, $29::VARCHAR AS anon_14, $30::VARCHAR AS anon_15, now() + $31::INTERVAL AS anon_16 
 WHERE EXISTS (SELECT owned.id 
 FROM owned) ON CONFLICT (iteration_id, round, position) WHERE consumer = 'mission' DO NOTHING RETURNING approval_requests.id, approval_requests.expires_at)
  SELECT (SELECT count(*) AS count_1 

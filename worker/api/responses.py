@@ -153,8 +153,8 @@ RESPONSE_SCHEMAS: dict[str, Schema] = {
             "call_outcome": _nullable(_TEXT),
             "call_reason": _nullable(_TEXT),
             "arguments_intact": {"type": "boolean"},
+            "objective": {**_nullable(_TEXT), "description": "the mission's objective"},
         },
-        optional={"objective": _nullable(_TEXT)},
     ),
     "IterationApproval": _row(approval_requests),
     "Iteration": _row(
