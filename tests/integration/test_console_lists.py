@@ -211,7 +211,7 @@ def visible_text(html: str) -> str:
 
 
 async def test_times_are_in_one_format_with_the_schedules_local_time(
-    db: AsyncEngine, database_url: str
+    db: AsyncEngine, database_url: str, run: Any
 ) -> None:
     mission_id = await agent_and_mission(db, cron="0 9 * * *", timezone="Europe/Berlin")
     admin = AdminStore(db)
@@ -236,6 +236,10 @@ async def test_times_are_in_one_format_with_the_schedules_local_time(
         assert len(CONSOLE_TIME.findall(text)) >= 3  # scheduled, started, finished
         listed_page = visible_text((await client.get(f"/missions/{mission_id}")).text)
         assert " ms" in listed_page or " s" in listed_page  # a duration in the list
+    code, out, _ = await cli(run, "missions", "show", str(mission_id), "--json")
+    assert code == 0 and json.loads(out)["next_run_local"] == mission["next_run_local"]
+    code, out, _ = await cli(run, "missions", "list", "--json")
+    assert code == 0 and json.loads(out)[0]["next_run_local"] == mission["next_run_local"]
 
 
 async def test_after_run_now_the_mission_page_follows_the_run(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from worker.schedule import in_zone
 
 __all__ = ["duration", "in_zone", "local_when", "when"]
 
@@ -27,17 +28,6 @@ def when(value: Any) -> str:
     if isinstance(value, datetime):
         return value.astimezone(UTC).strftime(f"{FORMAT} UTC")
     return "-" if value is None else str(value)
-
-
-def in_zone(value: Any, zone: Any) -> datetime | None:
-    """``value`` (an aware datetime) in the IANA zone ``zone``; ``None`` when there is no
-    time, no zone, the zone is UTC or unknown (nothing to add to the UTC time)."""
-    if not isinstance(value, datetime) or not isinstance(zone, str) or zone in ("", "UTC"):
-        return None
-    try:
-        return value.astimezone(ZoneInfo(zone))
-    except (ZoneInfoNotFoundError, ValueError):
-        return None
 
 
 def local_when(value: Any, zone: Any) -> str | None:

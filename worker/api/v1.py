@@ -45,11 +45,11 @@ from worker.api.bodies import (
     read_body,
 )
 from worker.api.services import Services
-from worker.api.times import in_zone
 from worker.errors import UsageError
 from worker.names import checked_name
 from worker.queries.admin_tokens import AdminPrincipal
 from worker.queries.stored import jsonable
+from worker.schedule import in_zone
 from worker.terminal_text import visible_json
 
 __all__ = ["ENDPOINTS", "Endpoint", "routes"]

@@ -200,6 +200,7 @@ def _read_objective(path: str) -> str:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from worker.queries.reads import list_missions, pending_by_mission
+    from worker.schedule import in_zone
 
     async def read(conn: AsyncConnection) -> tuple[list[dict[str, Any]], dict[int, int]]:
         rows = await list_missions(conn, status=args.status, limit=args.limit)
@@ -208,6 +209,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
     rows, waiting = await read_only(settings, read)
     for row in rows:  # a run parked for a person's decision: the request it waits on
         row["awaiting_approval"] = waiting.get(row["id"])
+        row["next_run_local"] = in_zone(row["next_run_at"], row["timezone"])
     if args.json:
         print_json(rows)
     else:
@@ -220,12 +222,15 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     from worker.queries.reads import get_mission, pending_by_mission
+    from worker.schedule import in_zone
 
     async def read(conn: AsyncConnection) -> tuple[dict[str, Any], dict[int, int]]:
         return await get_mission(conn, args.id), await pending_by_mission(conn, [args.id])
 
     mission, waiting = await read_only(settings, read)
     mission["awaiting_approval"] = waiting.get(args.id)
+    # the next run in the schedule's own zone too (None in UTC)
+    mission["next_run_local"] = in_zone(mission["next_run_at"], mission["timezone"])
     if args.json:
         print_json(mission)
     else:
