@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -337,3 +338,29 @@ async def test_on_a_phone_cards_are_as_tall_as_their_content_and_lists_are_reada
     )
     assert len(set(side_by_side)) == 1, side_by_side  # a row on a wide screen
     assert page.failures == [] and desktop.failures == []
+
+
+async def test_after_run_now_the_mission_page_shows_the_run_without_a_reload(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    """Run now, then a worker runs the mission: the page the button went back to shows the
+    iteration and its outcome by itself (it follows what runs), then stops following."""
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="clock", owner_user_id="u1", system_prompt="Tell time.")
+    mission = await admin.add_mission(
+        agent_id=agent["id"], objective="What time is it?", cron="0 9 * * *", timezone="UTC",
+        next_run_at=datetime(2999, 1, 1, 9, tzinfo=UTC),
+    )  # fmt: skip
+    page = await page_of(browser)
+    await sign_in(page, server, await token(db, "ops"))
+    await page.goto(f"{server}/missions/{mission['id']}")
+    assert await page.locator("#live[hx-trigger]").count() == 0  # nothing runs: no polling
+    await page.click("button:has-text('Run now')")
+    await page.wait_for_selector("#live[hx-trigger]")
+    assert await page.locator("table.grid a[href^='/iterations/']").count() == 0
+    worker = make_worker(db, FunctionChatModel(lambda request: final_answer("Noon.")))
+    assert await worker.run_once() == ["succeeded"]
+    await page.wait_for_selector("table.grid a[href^='/iterations/']", timeout=10_000)
+    assert "succeeded" in await page.inner_text("#live")
+    await page.wait_for_selector("#live:not([hx-trigger])", timeout=10_000)  # stopped
+    assert page.dialogs == [] and page.failures == []
