@@ -182,6 +182,8 @@ async def test_a_made_up_answer_is_flagged_in_every_list(
         missions = (await client.get("/api/v1/missions")).json()["missions"]
         last = {row["id"]: row["last_warning"] for row in missions}
         assert MADE_UP in last[mission_id] and last[honest_mission] is None
+        shown = (await client.get(f"/api/v1/iterations/{made_up_id}")).json()
+        assert MADE_UP in shown["warning"] and shown["verdict"].startswith("verdict: succeeded")
         await signed_in(client, await token(db))
         for path in ("/", f"/missions/{mission_id}"):
             page = (await client.get(path)).text

@@ -159,6 +159,14 @@ RESPONSE_SCHEMAS: dict[str, Schema] = {
     "IterationApproval": _row(approval_requests),
     "Iteration": _row(
         mission_iterations,
+        optional={
+            "verdict": {
+                **_TEXT,
+                "description": "one line on what the tools did and whether "
+                "the answer's figures came from somewhere (as iterations show ends)",
+            },
+            "warning": _nullable(_TEXT),
+        },
         extra={
             "tool_invocations": {"type": "array", "items": _ref("ToolInvocation")},
             "compactions": {"type": "array", "items": _ref("Compaction")},

@@ -30,7 +30,7 @@ from worker.admin import agents as agent_ops
 from worker.admin import missions as mission_ops
 from worker.admin.deciding import decide
 from worker.admin.values import aware_datetime, catch_up_window, limit, parse_since, row_id
-from worker.admin.verdict import with_warnings
+from worker.admin.verdict import verdict, warning, with_warnings
 from worker.api.auth import Forbidden, bearer_principal
 from worker.api.bodies import (
     AgentBody,
@@ -255,7 +255,10 @@ async def _with_warnings(s: Services, rows: list[dict[str, Any]], key: str = "id
 
 
 async def get_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
-    return await s.admin.get_iteration(_id(request))
+    iteration = await s.admin.get_iteration(_id(request))
+    # the verdict as the detail views show it, and its warning as the lists do
+    said, warned = await run_in_threadpool(lambda: (verdict(iteration), warning(iteration)))
+    return {**iteration, "verdict": said, "warning": warned}
 
 
 async def replay_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
