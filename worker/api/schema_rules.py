@@ -98,12 +98,34 @@ ISO_TIME = (
 DURATION = r"^\s*[0-9]+(\.[0-9]+)?\s*[dhmsDHMS]\s*$"
 """A duration of ``worker.admin.values.parse_since``: ``7d``, ``24h``, ``30m``, ``90s``."""
 
-_CRON_FIELD = r"[0-9A-Za-z*,/-]+"
+
+def _names(*names: str) -> str:
+    """Three-letter names in any case, as character classes (ECMA-262 has no inline flag)."""
+    return "|".join("".join(f"[{c.upper()}{c}]" for c in name) for name in names)
+
+
+_CRON_VALUES = (
+    r"0*(?:[1-5]?[0-9])",  # minute 0-59
+    r"0*(?:1?[0-9]|2[0-3])",  # hour 0-23
+    r"0*(?:[1-9]|[12][0-9]|3[01])",  # day of month 1-31
+    r"0*(?:[1-9]|1[0-2])|" + _names(*"jan feb mar apr may jun jul aug sep oct nov dec".split()),
+    r"0*[0-7]|" + _names(*"sun mon tue wed thu fri sat".split()),  # day of week, 0 and 7 Sunday
+)
+"""Each cron field's values (``worker.schedule``: numbers in range, the names of months and
+days)."""
+
+
+def _cron_field(value: str) -> str:
+    element = rf"(?:\*|(?:{value})(?:-(?:{value}))?)(?:/0*[1-9][0-9]*)?"
+    return f"{element}(?:,{element})*"
 
 
 def cron(schema: dict[str, Any]) -> None:
-    """Five cron fields of the characters cron takes (``worker.schedule`` checks the rest)."""
-    schema.update(pattern=rf"^\s*{_CRON_FIELD}(\s+{_CRON_FIELD}){{4}}\s*$")
+    """Five cron fields of the values each takes, in lists, ranges and steps
+    (``worker.schedule`` refuses the rest: a range that runs backwards, a date that never
+    comes)."""
+    fields = r"\s+".join(_cron_field(v) for v in _CRON_VALUES)
+    schema.update(pattern=rf"^\s*{fields}\s*$")
 
 
 def timezone(schema: dict[str, Any]) -> None:
