@@ -264,7 +264,8 @@ async def get_iteration(request: Request, s: Services, who: AdminPrincipal) -> A
 async def replay_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
     from worker.admin.replay import replay_document
 
-    return replay_document(await s.admin.get_iteration(_id(request)))
+    iteration = await s.admin.get_iteration(_id(request))
+    return await run_in_threadpool(replay_document, iteration)  # CPU: off the event loop
 
 
 async def rerun_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
