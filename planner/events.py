@@ -233,13 +233,15 @@ class ApprovalRequested(NamedTuple):
     """The gate asked for a person's approval of the call at ``position`` of ``round``
     (``decision``: verdict ``ask``): the call does not run, the calls after it wait, and the
     run stops with ``awaiting_approval``; ``reply_text`` is the model's text in the reply that
-    issued it (``None``: none)."""
+    issued it (``None``: none); ``target`` what the call would act on, as its tool read it back
+    for the reviewer (``ToolSpec.describe``; ``None``: the tool says nothing)."""
 
     round: int
     position: int
     call: ToolCall
     decision: PolicyDecision
     reply_text: str | None = None
+    target: str | None = None
 
 
 class ApprovalDecided(NamedTuple):

@@ -117,6 +117,12 @@ class ToolSpec:
             record, so the call's outcome is never unknown: a call found started after its
             worker died never took effect, and runs again (with its approval, if it had
             one). ``handler`` runs it in a transaction of its own. ``None`` (default): none.
+        describe: for a ``write`` or ``destructive`` tool, ``async (arguments, ctx) -> text``:
+            what the call would act on, read back for the person who reviews it (``note 8,
+            "Q3 plan", 412 characters``), or ``None`` when there is nothing to say; must not
+            change anything. Asked when the gate parks a call for approval (at most
+            ``planner.execution.DESCRIBE_TIMEOUT_S``; a failure or a timeout is said in the
+            text instead) and stored with the request. ``None`` (default): no read-back.
 
     Raises:
         ToolRegistryError: at construction, for an invalid name, JSON schema or timeout.
@@ -132,6 +138,7 @@ class ToolSpec:
     outcome_of: OutcomeLookup | None = None
     idempotent: bool = False
     effect: EffectHandler | None = None
+    describe: OutcomeLookup | None = None
 
     def __post_init__(self) -> None:
         """Check the name, the schema and the timeout once, at construction (raises

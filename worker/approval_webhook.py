@@ -11,7 +11,8 @@ webhook URLs carry their secret).
 
 The body (``approval_notice``) is the request (``id``, ``user``, ``agent_id``,
 ``mission_id``, ``iteration_id``, ``round``, ``tool``, ``arguments``, ``reason``,
-``reply_text``, ``created_at``, ``expires_at``), the commands that decide it (``decide``),
+``reply_text``, ``target``: what the call would act on, as its tool read it back,
+``created_at``, ``expires_at``), the commands that decide it (``decide``),
 a one-line ``text`` for chat incoming webhooks (Slack, Mattermost, Rocket.Chat show it), and
 ``link``: the request in the console (``MANA_AI_CONSOLE_URL``; ``null`` when unset).
 Each failed attempt is logged (the request's id, why, the wait before the next). A process that
@@ -104,6 +105,7 @@ def approval_notice(request: Mapping[str, Any], console_url: str | None = None) 
         "arguments": request.get("arguments"),
         "reason": request.get("reason"),
         "reply_text": request.get("reply_text"),
+        "target": request.get("target"),
         "created_at": _iso(request.get("created_at")),
         "expires_at": _iso(expires),
         "decide": {

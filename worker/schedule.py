@@ -59,9 +59,23 @@ __all__ = [
     "CronSchedule",
     "ScheduleError",
     "cron_schedule",
+    "in_zone",
     "next_run_after",
     "parse_timezone",
 ]
+
+
+def in_zone(value: object, zone: object) -> datetime | None:
+    """``value`` (an aware datetime: a mission's next run) in the IANA zone ``zone`` (its
+    schedule's); ``None`` when there is no time, no zone, the zone is UTC or unknown (nothing
+    to add to the UTC time)."""
+    if not isinstance(value, datetime) or not isinstance(zone, str) or zone in ("", "UTC"):
+        return None
+    try:
+        return value.astimezone(ZoneInfo(zone))
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
+
 
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 _MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")

@@ -13,6 +13,7 @@ import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +298,70 @@ async def test_the_pages_fit_a_phone(db: AsyncEngine, server: str, browser: Any)
         assert wide <= 390 + 1, f"{path} is {wide}px wide on a 390px screen"
     await page.goto(f"{server}/iterations/{iteration_id}")
     await shot(page, "iteration-phone")
+
+
+async def test_on_a_phone_cards_are_as_tall_as_their_content_and_lists_are_readable(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    """At 390 px: a card of reads that ran side by side ends where its content ends (a
+    flex-basis meant as a width must not become a height in the column layout), and the
+    missions and iterations lists are stacked cards whose cells (the objective) get the
+    screen's width, with nothing scrolling sideways."""
+    iteration_id = await compacted_iteration(db)
+    page = await page_of(browser, phone=True)
+    await sign_in(page, server, await token(db))
+    await page.goto(f"{server}/iterations/{iteration_id}")
+    gaps = await page.evaluate(
+        """() => [...document.querySelectorAll('.calls .call')].map(card => {
+             const box = card.getBoundingClientRect();
+             const last = card.lastElementChild.getBoundingClientRect();
+             return {height: box.height, gap: box.bottom - last.bottom};
+           })"""
+    )
+    assert gaps and await page.locator(".calls.parallel .call").count() >= 2
+    for card in gaps:  # padding and border only below the last line of a card
+        assert card["gap"] <= 16, gaps
+    for path, cell in (("/", "Objective"), ("/missions/1", "Stop reason")):
+        await page.goto(f"{server}{path}")
+        width = await page.evaluate(
+            f"""() => document.querySelector('table.grid td[data-label="{cell}"]')
+                        .getBoundingClientRect().width"""
+        )
+        assert width >= 300, f"{path}: the {cell} cell is {width}px wide on a 390px screen"
+        wide = await page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390 + 1, f"{path} is {wide}px wide"
+    desktop = await page_of(browser)
+    await sign_in(desktop, server, await token(db, "desk"))
+    await desktop.goto(f"{server}/iterations/{iteration_id}")
+    side_by_side = await desktop.evaluate(
+        """() => [...document.querySelector('.calls.parallel').querySelectorAll('.call')]
+                 .map(card => card.getBoundingClientRect().top)"""
+    )
+    assert len(set(side_by_side)) == 1, side_by_side  # a row on a wide screen
+    assert page.failures == [] and desktop.failures == []
+
+
+async def test_after_run_now_the_mission_page_shows_the_run_without_a_reload(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    """Run now, then a worker runs the mission: the page the button went back to shows the
+    iteration and its outcome by itself (it follows what runs), then stops following."""
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="clock", owner_user_id="u1", system_prompt="Tell time.")
+    mission = await admin.add_mission(
+        agent_id=agent["id"], objective="What time is it?", cron="0 9 * * *", timezone="UTC",
+        next_run_at=datetime(2999, 1, 1, 9, tzinfo=UTC),
+    )  # fmt: skip
+    page = await page_of(browser)
+    await sign_in(page, server, await token(db, "ops"))
+    await page.goto(f"{server}/missions/{mission['id']}")
+    assert await page.locator("#live[hx-trigger]").count() == 0  # nothing runs: no polling
+    await page.click("button:has-text('Run now')")
+    await page.wait_for_selector("#live[hx-trigger]")
+    assert await page.locator("table.grid a[href^='/iterations/']").count() == 0
+    worker = make_worker(db, FunctionChatModel(lambda request: final_answer("Noon.")))
+    assert await worker.run_once() == ["succeeded"]
+    await page.wait_for_selector("table.grid a[href^='/iterations/']", timeout=10_000)
+    assert "succeeded" in await page.inner_text("#live")
+    await page.wait_for_selector("#live:not([hx-trigger])", timeout=10_000)  # stopped
+    assert page.dialogs == [] and page.failures == []

@@ -283,6 +283,7 @@ async def test_the_webhook_gets_each_new_request_once_retried_past_a_failure(
         mission_id,
     )
     assert second["arguments"] == request["arguments"]
+    assert second["target"].startswith(f"note {request['arguments']['id']} 'old'")  # read back
     assert second["decide"]["approve"] == f"mana-ai approvals approve {request['id']}"
     assert f"approvals approve {request['id']}" in second["text"]
     assert hook.headers[0]["Content-Type"] == "application/json"

@@ -93,7 +93,7 @@ async def test_upgrade_creates_every_table(fresh: AsyncEngine) -> None:
 
     revision = await upgrade_database(fresh)
 
-    assert revision == head_revision() == "0012"
+    assert revision == head_revision() == "0013"
     assert await current_revision(fresh) == revision
     assert await table_names(fresh) == EXPECTED_TABLES | {"alembic_version"}
     assert set(metadata.tables) == EXPECTED_TABLES

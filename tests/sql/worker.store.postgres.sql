@@ -86,7 +86,7 @@ FROM jsonb_to_recordset($14::JSONB) AS p_archive(iteration_id BIGINT, mission_id
 WHERE EXISTS (SELECT owned.id 
 FROM owned) ON CONFLICT (iteration_id, compaction_index) DO NOTHING RETURNING compacted_turns.id), 
 write_4 AS 
-(INSERT INTO approval_requests (consumer, user_id, agent_id, mission_id, iteration_id, attempt, round, position, call_id, tool, arguments, arguments_hash, reply_text, reason, expires_at) SELECT $15::VARCHAR AS anon_1, $16::VARCHAR AS anon_2, $17::BIGINT AS anon_3, $1::BIGINT AS anon_4, $11::BIGINT AS anon_5, $18::INTEGER AS anon_6, $19::INTEGER AS anon_7, $20::INTEGER AS anon_8, $21::VARCHAR AS anon_9, $22::VARCHAR AS anon_10, $23::JSONB AS anon_11, $24::VARCHAR AS anon_12, $25::VARCHAR AS anon_13, $26::VARCHAR AS anon_14, now() + $27::INTERVAL AS anon_15 
+(INSERT INTO approval_requests (consumer, user_id, agent_id, mission_id, iteration_id, attempt, round, position, call_id, tool, arguments, arguments_hash, reply_text, reason, target, expires_at) SELECT $15::VARCHAR AS anon_1, $16::VARCHAR AS anon_2, $17::BIGINT AS anon_3, $1::BIGINT AS anon_4, $11::BIGINT AS anon_5, $18::INTEGER AS anon_6, $19::INTEGER AS anon_7, $20::INTEGER AS anon_8, $21::VARCHAR AS anon_9, $22::VARCHAR AS anon_10, $23::JSONB AS anon_11, $24::VARCHAR AS anon_12, $25::VARCHAR AS anon_13, $26::VARCHAR AS anon_14, $27::VARCHAR AS anon_15, now() + $28::INTERVAL AS anon_16 
 WHERE EXISTS (SELECT owned.id 
 FROM owned) ON CONFLICT (iteration_id, round, position) WHERE consumer = 'mission' DO NOTHING RETURNING approval_requests.id, approval_requests.expires_at)
  SELECT (SELECT count(*) AS count_1 

@@ -78,7 +78,8 @@ async def create_mission(
 
     agent_name = checked_name(request.agent, labels("agent"))
     objective = checked_text(request.objective, labels("objective"))
-    timezone = checked_name(request.timezone or "UTC", labels("timezone"))
+    zone = "UTC" if request.timezone is None else request.timezone  # "" is no zone: refused
+    timezone = checked_name(zone, labels("timezone"))
     if request.timezone is not None and request.cron is None:
         raise UsageError(
             f"{labels('timezone')} is the time zone of {labels('cron')}: a one-shot mission "

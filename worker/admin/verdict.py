@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from worker.admin.replay import is_summary
 from worker.queries.stored import StoredIteration
 
-__all__ = ["unsupported_figures", "verdict"]
+__all__ = ["unsupported_figures", "verdict", "warning", "with_warnings"]
 
 _FIGURE = re.compile(r"\d[\d:.,/+\-T]*\d")
 """A figure in an answer: two or more digits, with the separators of times, dates, decimals
@@ -68,17 +69,42 @@ def verdict(iteration: StoredIteration) -> str:
     if answer is None:
         parts.append("no answer")
     else:
-        unsupported = unsupported_figures(answer, _known_text(iteration))
-        if unsupported:
-            shown = ", ".join(unsupported[:_SHOWN_FIGURES])
-            more = len(unsupported) - _SHOWN_FIGURES
-            parts.append(
-                f"the answer states {shown}{f' and {more} more' if more > 0 else ''}, "
-                "which no tool returned"
-            )
+        warned = warning(iteration)
+        if warned is not None:
+            parts.append(warned)
         elif _FIGURE.search(answer):
             parts.append("every figure in the answer came from a tool or the objective")
     return "; ".join(parts)
+
+
+def warning(iteration: Mapping[str, Any]) -> str | None:
+    """The verdict's warning on ``iteration`` (its ``messages`` and ``tool_invocations``
+    suffice): ``the answer states 23:45:17, which no tool returned`` when its final answer
+    states figures from nowhere (the model made them up); ``None`` when it does not, or there
+    is no answer. What the lists show beside a status."""
+    answer = _final_answer(iteration.get("messages") or [])
+    if answer is None:
+        return None
+    unsupported = unsupported_figures(answer, _known_text(iteration))
+    if not unsupported:
+        return None
+    shown = ", ".join(unsupported[:_SHOWN_FIGURES])
+    more = len(unsupported) - _SHOWN_FIGURES
+    figures = f"{shown} and {more} more" if more > 0 else shown
+    return f"the answer states {figures}, which no tool returned"
+
+
+def with_warnings(
+    rows: list[dict[str, Any]], answers: Mapping[int, Mapping[str, Any]], key: str = "id"
+) -> list[dict[str, Any]]:
+    """``rows`` (iterations of a list, or missions with their last run: ``key`` names the
+    iteration id) each with ``warning`` (``last_warning`` for ``key="last_iteration_id"``):
+    ``warning`` of its answer (``answers``: ``worker.queries.reads.answers_of``) or ``None``."""
+    field = "last_warning" if key == "last_iteration_id" else "warning"
+    for row in rows:
+        answer = answers.get(row.get(key))  # type: ignore[arg-type]
+        row[field] = None if answer is None else warning(answer)
+    return rows
 
 
 def unsupported_figures(answer: str, known: str) -> list[str]:
@@ -96,7 +122,7 @@ def _final_answer(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _known_text(iteration: StoredIteration) -> str:
+def _known_text(iteration: Mapping[str, Any]) -> str:
     """What the model was told: the objective and system prompt, tool results and errors
     (every call's, folded ones included; not a compaction's summary, which a model wrote)."""
     texts = [

@@ -19,12 +19,18 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from starlette.requests import Request
 
 from worker.admin.agents import DEFAULT_SYSTEM_PROMPT
+from worker.admin.deciding import MAX_NOTE_CHARS
+from worker.admin.values import INT32_MAX, MAX_ROUNDS
+from worker.api import schema_rules as rules
 from worker.errors import UsageError
+from worker.settings.values import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS
 
 __all__ = [
     "AgentBody",
     "AgentChangesBody",
+    "ApproveBody",
     "DecisionBody",
+    "DenyBody",
     "MissionBody",
     "RerunBody",
     "field_label",
@@ -45,64 +51,161 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_MODES = ("off", "log-only", "enforce")
+_DESTRUCTIVE = ("deny", "ask")
+_CONTEXT = {
+    "anyOf": [
+        {"type": "integer", "const": 0},
+        {"type": "integer", "minimum": MIN_CONTEXT_TOKENS, "maximum": MAX_CONTEXT_TOKENS},
+        {"type": "null"},
+    ]
+}
+"""A model's context for compaction: 0 (never) or 256-100000000 tokens, or null."""
+
+
+def _tools(schema: dict[str, Any]) -> None:
+    """A list of built-in tools, at least one (``worker.admin.agents.tool_list``)."""
+    from worker.tools import builtin_tool_catalog
+
+    names = sorted(t.name for t in builtin_tool_catalog())
+    for option in schema.get("anyOf", [schema]):
+        if option.get("type") == "array":
+            option.update(minItems=1, items={"type": "string", "enum": names})
+
+
+def _context(schema: dict[str, Any]) -> None:
+    schema.pop("anyOf", None)
+    schema.pop("type", None)
+    schema.update(_CONTEXT)
+
+
 class AgentBody(_Body):
     """A new agent (``POST /api/v1/agents``): the fields of ``mana-ai agents add``."""
 
-    name: str = Field(description="unique agent name (the names rule: 1-200 characters)")
-    owner: str = Field(description="owner user id; tools act in their space")
-    system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, description="agent instructions")
-    model: str | None = Field(default=None, description="model name (null: the default)")
-    max_rounds: StrictInt = Field(default=5, description="rounds per run, 1-1000")
+    name: str = Field(
+        description="unique agent name (the names rule: 1-200 characters)",
+        json_schema_extra=rules.name,
+    )
+    owner: str = Field(
+        description="owner user id; tools act in their space", json_schema_extra=rules.name
+    )
+    system_prompt: str = Field(
+        default=DEFAULT_SYSTEM_PROMPT,
+        description="agent instructions",
+        json_schema_extra=rules.text(),
+    )
+    model: str | None = Field(
+        default=None, description="model name (null: the default)", json_schema_extra=rules.name
+    )
+    max_rounds: StrictInt = Field(
+        default=5,
+        description="rounds per run, 1-1000",
+        json_schema_extra=rules.integer(1, MAX_ROUNDS),
+    )
     max_tokens_per_day: StrictInt | None = Field(
-        default=None, description="daily token budget, 1-2147483647 (null: none)"
+        default=None,
+        description="daily token budget, 1-2147483647 (null: none)",
+        json_schema_extra=rules.integer(1, INT32_MAX),
     )
     tools: list[str] | None = Field(
         default=None,
         description="built-in tools it may call (null: every built-in tool but web_fetch)",
+        json_schema_extra=_tools,
     )
     policy_mode: str | None = Field(
-        default=None, description="off | log-only | enforce (null: MANA_AI_POLICY_MODE)"
+        default=None,
+        description="off | log-only | enforce (null: MANA_AI_POLICY_MODE)",
+        json_schema_extra=rules.choice(*_MODES),
     )
     destructive: str | None = Field(
-        default=None, description="deny | ask (null: MANA_AI_POLICY_DESTRUCTIVE)"
+        default=None,
+        description="deny | ask (null: MANA_AI_POLICY_DESTRUCTIVE)",
+        json_schema_extra=rules.choice(*_DESTRUCTIVE),
     )
     compact_max_ctx: StrictInt | None = Field(
         default=None,
         description="its model's context for compaction: 0 (never) or 256-100000000 "
         "(null: MANA_AI_COMPACT_MAX_CTX)",
+        json_schema_extra=_context,
     )
 
 
 class AgentChangesBody(_Body):
-    """Changes to an agent (``PATCH /api/v1/agents/{name}``): only the fields given change;
-    ``null`` puts a field back to its default (the daemon's model, mode, context; no budget;
-    every built-in tool)."""
+    """Changes to an agent (``PATCH /api/v1/agents/{name}``): only the fields given change,
+    at least one; ``null`` (or ``"default"`` for model, policy_mode, destructive) puts a field
+    back to its default (the daemon's model, mode, context; no budget; every built-in tool).
+    ``system_prompt`` and ``max_rounds`` have no default to go back to."""
 
-    system_prompt: str | None = None
-    model: str | None = None
-    max_rounds: StrictInt | None = None
-    max_tokens_per_day: StrictInt | None = None
-    tools: list[str] | None = None
-    policy_mode: str | None = None
-    destructive: str | None = None
-    compact_max_ctx: StrictInt | None = None
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    system_prompt: str = Field(default="", json_schema_extra=rules.text())
+    model: str | None = Field(default=None, json_schema_extra=rules.name)
+    max_rounds: StrictInt = Field(default=5, json_schema_extra=rules.integer(1, MAX_ROUNDS))
+    max_tokens_per_day: StrictInt | None = Field(
+        default=None, json_schema_extra=rules.integer(1, INT32_MAX)
+    )
+    tools: list[str] | None = Field(default=None, json_schema_extra=_tools)
+    policy_mode: str | None = Field(
+        default=None, json_schema_extra=rules.choice(*_MODES, "default")
+    )
+    destructive: str | None = Field(
+        default=None, json_schema_extra=rules.choice(*_DESTRUCTIVE, "default")
+    )
+    compact_max_ctx: StrictInt | None = Field(default=None, json_schema_extra=_context)
+
+
+def _one_schedule(schema: dict[str, Any]) -> None:
+    """A mission's rules across fields (``worker.admin.missions``): cron, at or due_now;
+    at not with cron nor due_now; timezone only with cron; catch_up all only with cron;
+    catch_up_window only with catch_up all."""
+    given = _given
+    schema["allOf"] = [
+        {"anyOf": [given("cron"), given("at"), {"required": ["due_now"], "properties": {
+            "due_now": {"const": True}}}]},
+        {"not": {"allOf": [given("cron"), given("at")]}},
+        {"not": {"allOf": [given("at"), {"required": ["due_now"], "properties": {
+            "due_now": {"const": True}}}]}},
+        {"if": given("timezone"), "then": given("cron")},
+        {"if": {"required": ["catch_up"], "properties": {"catch_up": {"const": "all"}}},
+         "then": given("cron")},
+        {"if": given("catch_up_window"), "then": {
+            "required": ["catch_up"], "properties": {"catch_up": {"const": "all"}}}},
+    ]  # fmt: skip
+
+
+def _given(field: str) -> dict[str, Any]:
+    """A schema for: ``field`` is given, and not null."""
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}}}
 
 
 class MissionBody(_Body):
     """A new mission (``POST /api/v1/missions``): the fields of ``mana-ai missions add``."""
 
-    agent: str = Field(description="the agent's name")
-    objective: str = Field(description="what the agent should do each run (up to 20,000 chars)")
-    cron: str | None = Field(default=None, description="5-field cron: a recurring mission")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_schedule)
+
+    agent: str = Field(description="the agent's name", json_schema_extra=rules.name)
+    objective: str = Field(
+        description="what the agent should do each run (up to 20,000 chars)",
+        json_schema_extra=rules.text(),
+    )
+    cron: str | None = Field(
+        default=None, description="5-field cron: a recurring mission", json_schema_extra=rules.cron
+    )
     timezone: str | None = Field(
-        default=None, description="IANA timezone of the cron (null: UTC); only with cron"
+        default=None,
+        description="IANA timezone of the cron (null: UTC); only with cron",
+        json_schema_extra=rules.timezone,
     )
     at: str | None = Field(
-        default=None, description="one-shot run time, ISO 8601 with a UTC offset, in the future"
+        default=None,
+        description="one-shot run time, ISO 8601 with a UTC offset, in the future",
+        json_schema_extra={"pattern": rules.ISO_TIME},
     )
     due_now: StrictBool = Field(default=False, description="first run now")
     deadline: str | None = Field(
-        default=None, description="no runs after this time (ISO 8601 with a UTC offset)"
+        default=None,
+        description="no runs after this time (ISO 8601 with a UTC offset)",
+        json_schema_extra={"pattern": rules.ISO_TIME},
     )
     catch_up: Literal["skip", "once", "all"] = Field(
         default="once",
@@ -113,22 +216,47 @@ class MissionBody(_Body):
         default=None,
         description="with catch_up all: how far back missed runs still run, e.g. 6h, 2d "
         "(1m to 30d; null: 1d)",
+        json_schema_extra={"pattern": rules.DURATION},
     )
 
 
 class DecisionBody(_Body):
-    """A decision on an approval request, and why. Who decides is the token's name, never a
-    field of the body (a token cannot decide in another's name)."""
+    """A decision on an approval request, and why, as the server reads it (a ``reason`` on
+    an approval or a ``note`` on a denial is refused, naming the right field). Who decides is
+    the token's name, never a field of the body (a token cannot decide in another's name).
+    Documented as ``ApproveBody`` and ``DenyBody``."""
 
     note: str | None = Field(default=None, description="approve: a note kept with it")
     reason: str | None = Field(default=None, description="deny: why (the model reads it)")
+
+
+class ApproveBody(_Body):
+    """An approval (``POST /api/v1/approvals/{id}/approve``), with a note kept with it."""
+
+    note: str | None = Field(
+        default=None,
+        description="a note kept with the approval (up to 2,000 characters)",
+        json_schema_extra=rules.text(MAX_NOTE_CHARS),
+    )
+
+
+class DenyBody(_Body):
+    """A denial (``POST /api/v1/approvals/{id}/deny``), with why: the model reads it."""
+
+    reason: str | None = Field(
+        default=None,
+        description="why (the model reads it; up to 2,000 characters)",
+        json_schema_extra=rules.text(MAX_NOTE_CHARS),
+    )
 
 
 class RerunBody(_Body):
     """A rerun of an iteration under today's rules."""
 
     policy_mode: str | None = Field(
-        default=None, description="off | log-only | enforce instead of today's mode"
+        default=None,
+        description="off | log-only | enforce instead of today's mode",
+        json_schema_extra=rules.choice(*_MODES),
     )
 
 

@@ -18,24 +18,22 @@ as escapes (``worker.terminal_text.visible``: a bidi override cannot reorder wha
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from worker import redaction
 from worker.admin import missions as mission_ops
 from worker.admin.deciding import decide
 from worker.admin.values import parse_since, row_id
-from worker.admin.verdict import verdict
+from worker.admin.verdict import verdict, with_warnings
 from worker.api.auth import (
     SESSION_COOKIE,
     Forbidden,
@@ -45,89 +43,19 @@ from worker.api.auth import (
     session_principal,
 )
 from worker.api.bodies import parsed
+from worker.api.rendering import FLASHES, templates
+from worker.api.rendering import render as _render
 from worker.api.services import Services
-from worker.api.timeline import timeline
+from worker.api.timeline import ROUNDS_PER_PAGE, rounds_page, timeline
 from worker.errors import ManaAIError, NotFoundError
-from worker.queries.admin_tokens import AdminPrincipal, csrf_token
-from worker.queries.stored import decided_text
-from worker.terminal_text import visible
+from worker.queries.admin_tokens import AdminPrincipal
 
-__all__ = ["routes", "templates"]
+__all__ = ["FLASHES", "routes", "templates"]
 
 _HERE = Path(__file__).parent
 
-ENFORCE_SWITCH_SHARE = 0.01
-"""The rollout's switch criterion: under 1 % would-be denials over a week of log-only."""
-
-
-def _shown(value: Any) -> str:
-    """Stored text as shown: hidden characters as escapes (autoescape does the HTML)."""
-    return visible("" if value is None else str(value))
-
-
-def _when(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return "-" if value is None else str(value)
-
-
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "), default=str)
-"""One line of JSON per value, by the C encoder (an indented dump takes the pure-Python one,
-ten times slower: most of a long timeline's render time)."""
-
-
-def _pretty(value: Any) -> str:
-    """A JSON value (arguments) for a <pre>, hidden characters escaped; text (a tool result:
-    what the model read) as it is."""
-    if isinstance(value, str):
-        return visible(value)
-    return visible(_JSON.encode(value))
-
-
-def templates() -> Environment:
-    """The console's templates, autoescaped, with the filters they use: ``shown`` (hidden
-    characters escaped), ``when`` (a time in UTC), ``pretty`` (indented JSON)."""
-    env = Environment(
-        loader=FileSystemLoader(_HERE / "templates"),
-        autoescape=select_autoescape(["html"], default=True),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["shown"] = _shown
-    env.filters["when"] = _when
-    env.filters["pretty"] = _pretty
-    env.filters["decided"] = decided_text
-    env.globals["switch_share"] = ENFORCE_SWITCH_SHARE
-    return env
-
 
 Page = Callable[[Request, Services, AdminPrincipal], Awaitable[Response]]
-
-
-FLASHES = {
-    "run": "Made due now: a worker starts it at once when it listens for wake-ups, else at its "
-    "next tick.",
-    "pause": "Paused: no run starts until it is resumed.",
-    "resume": "Resumed.",
-    "unchanged": "Nothing changed: it already was so.",
-    "parked": "Its run waits for an approval; deciding it is what makes the run go on.",
-    "deadline": "Resumed, but its deadline has passed: the next tick completes it without a run.",
-}
-"""What a page says after a button did something (``?done=KEY``): fixed texts only, so a link
-cannot make the console say something of its own."""
-
-
-def _render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-    env: Environment = request.app.state.templates
-    session_id = request.cookies.get(SESSION_COOKIE, "")
-    context.setdefault("flash", FLASHES.get(request.query_params.get("done", "")))
-    html = env.get_template(name).render(
-        request=request,
-        csrf=csrf_token(session_id) if session_id else "",
-        **context,
-    )
-    html = redaction.redact(html)  # never a secret of the process (``worker.redaction``)
-    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 def _page(
@@ -182,7 +110,7 @@ async def _login(request: Request) -> Response:
 
 
 async def login_form(request: Request) -> Response:
-    return _render(request, "login.html", next=_local(request.query_params.get("next")))
+    return await _render(request, "login.html", next=_local(request.query_params.get("next")))
 
 
 async def login(request: Request) -> Response:
@@ -194,7 +122,7 @@ async def login(request: Request) -> Response:
     if isinstance(token, str) and token.strip() and len(token) <= 200:
         started = await services.tokens.start_session(token.strip(), ttl=services.session_ttl)
     if started is None:
-        return _render(
+        return await _render(
             request,
             "login.html",
             status=401,
@@ -238,12 +166,34 @@ def _local(target: Any) -> str:
 # -- pages --------------------------------------------------------------------------------------
 
 
+MISSIONS_PER_PAGE = 50
+ITERATIONS_PER_PAGE = 25
+"""Rows of the missions list and of a mission's iterations per page (``?before=ID`` pages on)."""
+
+
+def _due(mission: dict[str, Any]) -> bool:
+    """Whether a worker is about to start ``mission`` (active, its next run not in the future,
+    not waiting for an approval): its page follows it live."""
+    next_run = mission.get("next_run_at")
+    return (
+        mission.get("status") == "active"
+        and not mission.get("awaiting_approval")
+        and isinstance(next_run, datetime)
+        and next_run <= datetime.now(UTC)
+    )
+
+
 async def missions_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
-    rows = await s.admin.list_missions(limit=200, last_run=True)
+    before = _before(request)
+    rows = await s.admin.list_missions(limit=MISSIONS_PER_PAGE, before_id=before, last_run=True)
     waiting = await s.approvals.pending_by_mission([r["id"] for r in rows])
     for row in rows:
         row["awaiting_approval"] = waiting.get(row["id"])
-    return _render(request, "missions.html", who=who, missions=rows)
+    ids = [r["last_iteration_id"] for r in rows if r["last_iteration_id"] is not None]
+    with_warnings(rows, await s.admin.answers_of(ids), "last_iteration_id")
+    live = any(r["last_status"] == "running" or _due(r) for r in rows)
+    more = rows[-1]["id"] if len(rows) == MISSIONS_PER_PAGE else None
+    return await _render(request, "missions.html", who=who, missions=rows, live=live, more=more)
 
 
 async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
@@ -251,8 +201,22 @@ async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Re
     mission = await s.admin.get_mission(mission_id)
     waiting = await s.approvals.pending_by_mission([mission_id])
     mission["awaiting_approval"] = waiting.get(mission_id)
-    iterations = await s.admin.list_iterations(mission_id=mission_id, limit=100)
-    return _render(request, "mission.html", who=who, mission=mission, iterations=iterations)
+    iterations = await s.admin.list_iterations(
+        mission_id=mission_id, limit=ITERATIONS_PER_PAGE, before_id=_before(request)
+    )
+    with_warnings(iterations, await s.admin.answers_of([it["id"] for it in iterations]))
+    live = _due(mission) or any(it["status"] == "running" for it in iterations)
+    more = iterations[-1]["id"] if len(iterations) == ITERATIONS_PER_PAGE else None
+    return await _render(
+        request, "mission.html", who=who, mission=mission, iterations=iterations, live=live,
+        more=more,
+    )  # fmt: skip
+
+
+def _before(request: Request) -> int | None:
+    """The ``before`` of a list's page (an id: the rows after the previous page's last)."""
+    before = request.query_params.get("before")
+    return None if before is None else _int(before)
 
 
 def _course(operation: Callable[[Any, int], Awaitable[mission_ops.Course]], done: str) -> Page:
@@ -285,7 +249,7 @@ async def rerun(request: Request, s: Services, who: AdminPrincipal) -> Response:
     config = await rerun_config(s.admin, s.settings, iteration, None)
     report = await rerun_iteration(iteration, config)
     if _is_htmx(request):
-        return _render(request, "rerun.html", report=report)
+        return await _render(request, "rerun.html", report=report)
     return await _iteration(request, s, who, report=report, iteration=iteration)
 
 
@@ -297,20 +261,38 @@ async def _iteration(
     report: Any,
     iteration: Any = None,
 ) -> Response:
-    from worker.admin.replay import replay_events
-
+    page = _int(request.query_params.get("page", "1"))
     if iteration is None:
         iteration = await s.admin.get_iteration(_int(request.path_params["id"]))
-    blocks = timeline(replay_events(iteration), request.app.state.hints)
-    return _render(
+    blocks, pages, said = await run_in_threadpool(
+        _iteration_view, iteration, page, request.app.state.hints
+    )
+    if page > pages:
+        raise NotFoundError(f"no such page: iteration {iteration['id']} has {pages} page(s)")
+    return await _render(
         request,
         "iteration.html",
         who=who,
         it=iteration,
         blocks=blocks,
-        verdict=verdict(iteration),
+        verdict=said,
         report=report,
+        page=page,
+        pages=pages,
+        per_page=ROUNDS_PER_PAGE,
+        live=iteration["status"] == "running",
     )
+
+
+def _iteration_view(
+    iteration: Any, page: int, hints: dict[str, str]
+) -> tuple[list[dict[str, Any]], int, str]:
+    """The timeline's blocks of ``page`` of ``iteration``, its number of pages and its
+    verdict: CPU for a long iteration, so run in a thread (``_iteration``)."""
+    from worker.admin.replay import replay_events
+
+    events, pages = rounds_page(replay_events(iteration), page)
+    return timeline(events, hints), pages, verdict(iteration)
 
 
 async def approvals_page(
@@ -323,7 +305,7 @@ async def approvals_page(
     page is then answered 409)."""
     pending = await s.approvals.list_requests(status="pending", limit=200)
     recent = [r for r in await s.approvals.list_requests(limit=100) if r["status"] != "pending"]
-    return _render(
+    return await _render(
         request,
         "approvals.html",
         status=409 if errors else 200,
@@ -356,7 +338,7 @@ def _decision(approve: bool) -> Page:
             error = str(exc)
         if _is_htmx(request):
             row = await s.approvals.get(request_id)
-            return _render(request, "approval_row.html", who=who, a=row, error=error)
+            return await _render(request, "approval_row.html", who=who, a=row, error=error)
         if error is not None:  # without JavaScript: the inbox, saying so at the row
             return await approvals_page(request, s, who, errors={request_id: error})
         return _back(request, "/approvals")
@@ -372,7 +354,7 @@ async def policy_page(request: Request, s: Services, who: AdminPrincipal) -> Res
     for day in days:
         day["share"] = day["would_deny"] / day["calls"] if day["calls"] else 0.0
         day["height"] = round(100 * day["calls"] / peak) if peak else 0
-    return _render(request, "policy.html", who=who, report=report, days=days)
+    return await _render(request, "policy.html", who=who, report=report, days=days)
 
 
 def _every_day(days: list[dict[str, Any]], since: datetime) -> list[dict[str, Any]]:

@@ -8,7 +8,9 @@ import re
 from functools import cache
 from typing import Any
 
-from worker.api.v1 import ENDPOINTS, Endpoint
+from worker.api import schema_rules as rules
+from worker.api.responses import RESPONSE_SCHEMAS, response_ref
+from worker.api.v1 import APPROVAL_STATUSES, ENDPOINTS, MISSION_STATUSES, Endpoint
 from worker.version import package_version
 
 __all__ = ["openapi_document"]
@@ -37,25 +39,39 @@ _ERRORS = {
 
 _REPLAY_ERROR = "the iteration cannot be replayed (its stored log and archive do not fit)"
 
-_INTEGER_PARAMETERS = {
-    "id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-    "before": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-    "mission": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-    "limit": {"type": "integer", "minimum": 1, "maximum": 10_000},
+
+def _name() -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    rules.name(schema)
+    return schema
+
+
+_PARAMETERS: dict[str, dict[str, Any]] = {
+    "id": rules.ROW_ID,
+    "before": rules.ROW_ID,
+    "mission": rules.ROW_ID,
+    "limit": rules.LIMIT,
+    "since": {"type": "string", "pattern": rules.DURATION},
 }
-"""Parameters that are whole numbers in ASCII digits (``worker.admin.values``' rules)."""
+"""Parameters' schemas (``worker.admin.values``' rules): ids and limits are whole numbers in
+ASCII digits."""
 
 
-def _schema(name: str) -> dict[str, Any]:
-    """A parameter's JSON Schema: a bounded integer, else a string."""
-    return _INTEGER_PARAMETERS.get(name, {"type": "string"})
+def _schema(endpoint: Endpoint, name: str) -> dict[str, Any]:
+    """A parameter's JSON Schema: its rule, the statuses of what the endpoint lists, a name."""
+    if name == "status":
+        statuses = APPROVAL_STATUSES if "/approvals" in endpoint.path else MISSION_STATUSES
+        return {"type": "string", "enum": list(statuses)}
+    if name in ("agent", "name"):
+        return _name()
+    return _PARAMETERS.get(name, {"type": "string"})
 
 
 @cache
 def openapi_document() -> dict[str, Any]:
     """The document (built once)."""
     paths: dict[str, dict[str, Any]] = {}
-    schemas: dict[str, Any] = {"Error": _ERROR}
+    schemas: dict[str, Any] = {"Error": _ERROR, **RESPONSE_SCHEMAS}
     for endpoint in ENDPOINTS:
         operation = _operation(endpoint)
         if endpoint.body is not None:
@@ -64,7 +80,7 @@ def openapi_document() -> dict[str, Any]:
             schemas.update(schema.pop("$defs", {}))
             schemas[name] = schema
             operation["requestBody"] = {
-                "required": False,
+                "required": bool(schema.get("required") or schema.get("minProperties")),
                 "content": {
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}
                 },
@@ -101,12 +117,12 @@ def _operation(endpoint: Endpoint) -> dict[str, Any]:
         "responses": _responses(endpoint),
     }
     parameters = [
-        {"name": name, "in": "path", "required": True, "schema": _schema(name)}
+        {"name": name, "in": "path", "required": True, "schema": _schema(endpoint, name)}
         for name in re.findall(r"\{(\w+)\}", endpoint.path)
     ]
     parameters += [
         {"name": name, "in": "query", "required": False, "description": about,
-         "schema": _schema(name)}
+         "schema": _schema(endpoint, name)}
         for name, about in endpoint.query
     ]  # fmt: skip
     if parameters:
@@ -124,7 +140,7 @@ def _responses(endpoint: Endpoint) -> dict[str, Any]:
     return {
         str(endpoint.status): {
             "description": "the result",
-            "content": {"application/json": {"schema": {"type": "object"}}},
+            "content": {"application/json": {"schema": response_ref(endpoint.response)}},
         },
         **{
             code: {

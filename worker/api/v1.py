@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -29,11 +30,14 @@ from worker.admin import agents as agent_ops
 from worker.admin import missions as mission_ops
 from worker.admin.deciding import decide
 from worker.admin.values import aware_datetime, catch_up_window, limit, parse_since, row_id
+from worker.admin.verdict import verdict, warning, with_warnings
 from worker.api.auth import Forbidden, bearer_principal
 from worker.api.bodies import (
     AgentBody,
     AgentChangesBody,
+    ApproveBody,
     DecisionBody,
+    DenyBody,
     MissionBody,
     RerunBody,
     field_label,
@@ -45,6 +49,7 @@ from worker.errors import UsageError
 from worker.names import checked_name
 from worker.queries.admin_tokens import AdminPrincipal
 from worker.queries.stored import jsonable
+from worker.schedule import in_zone
 from worker.terminal_text import visible_json
 
 __all__ = ["ENDPOINTS", "Endpoint", "routes"]
@@ -56,7 +61,8 @@ Handler = Callable[[Request, Services, AdminPrincipal], Awaitable[Any]]
 class Endpoint:
     """One endpoint: what it does (``summary``), its body (``body``: a model, or ``None``), its
     query parameters (``query``: name -> description), whether it changes anything
-    (``write``), the status of its answer (``status``) and its ``tag``."""
+    (``write``), the status of its answer (``status``), its ``tag`` and the schema of its answer
+    (``response``: a name of ``worker.api.responses.RESPONSE_SCHEMAS``)."""
 
     method: str
     path: str
@@ -67,6 +73,7 @@ class Endpoint:
     query: tuple[tuple[str, str], ...] = ()
     write: bool = False
     status: int = 200
+    response: str = ""
 
 
 class VisibleJSONResponse(JSONResponse):
@@ -179,6 +186,8 @@ async def list_missions(request: Request, s: Services, who: AdminPrincipal) -> A
     waiting = await s.approvals.pending_by_mission([r["id"] for r in rows])
     for row in rows:
         row["awaiting_approval"] = waiting.get(row["id"])
+        row["next_run_local"] = in_zone(row["next_run_at"], row["timezone"])
+    await _with_warnings(s, rows, "last_iteration_id")
     return _paged("missions", rows, size)
 
 
@@ -210,7 +219,8 @@ async def get_mission(request: Request, s: Services, who: AdminPrincipal) -> Any
     mission_id = _id(request)
     mission = await s.admin.get_mission(mission_id)
     waiting = await s.approvals.pending_by_mission([mission_id])
-    return mission | {"awaiting_approval": waiting.get(mission_id)}
+    local = in_zone(mission["next_run_at"], mission["timezone"])
+    return mission | {"awaiting_approval": waiting.get(mission_id), "next_run_local": local}
 
 
 def _course(
@@ -233,17 +243,29 @@ async def list_iterations(request: Request, s: Services, who: AdminPrincipal) ->
     if mission_id is not None:
         await s.admin.get_mission(mission_id)  # 404 rather than an empty list
     rows = await s.admin.list_iterations(mission_id=mission_id, limit=size, before_id=before)
+    await _with_warnings(s, rows)
     return _paged("iterations", rows, size)
 
 
+async def _with_warnings(s: Services, rows: list[dict[str, Any]], key: str = "id") -> None:
+    """Each of ``rows`` with the verdict's warning on its iteration (``key``): ``warning``,
+    or ``last_warning`` for a mission's last run (``worker.admin.verdict.with_warnings``)."""
+    ids = [r[key] for r in rows if r.get(key) is not None]
+    with_warnings(rows, await s.admin.answers_of(ids), key)
+
+
 async def get_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
-    return await s.admin.get_iteration(_id(request))
+    iteration = await s.admin.get_iteration(_id(request))
+    # the verdict as the detail views show it, and its warning as the lists do
+    said, warned = await run_in_threadpool(lambda: (verdict(iteration), warning(iteration)))
+    return {**iteration, "verdict": said, "warning": warned}
 
 
 async def replay_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
     from worker.admin.replay import replay_document
 
-    return replay_document(await s.admin.get_iteration(_id(request)))
+    iteration = await s.admin.get_iteration(_id(request))
+    return await run_in_threadpool(replay_document, iteration)  # CPU: off the event loop
 
 
 async def rerun_iteration(request: Request, s: Services, who: AdminPrincipal) -> Any:
@@ -317,17 +339,19 @@ PAGING = (
 )
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("GET", "/agents", list_agents, "List agents.", "agents"),
+    Endpoint("GET", "/agents", list_agents, "List agents.", "agents", response="Agents"),
     Endpoint(
-        "POST", "/agents", create_agent, "Create an agent.", "agents", AgentBody, write=True,
+        "POST", "/agents", create_agent, "Create an agent.", "agents", AgentBody,
+        response="Agent", write=True,
         status=201,
     ),
     Endpoint(
         "PATCH", "/agents/{name}", change_agent, "Change an agent.", "agents",
-        AgentChangesBody, write=True,
+        AgentChangesBody, response="Agent", write=True,
     ),
     Endpoint(
         "GET", "/missions", list_missions, "List missions with their last run.", "missions",
+        response="Missions",
         query=(
             ("status", "active | paused | completed"),
             ("agent", "an agent's name"),
@@ -336,61 +360,71 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "POST", "/missions", create_mission, "Create a mission.", "missions", MissionBody,
+        response="Mission",
         write=True, status=201,
     ),
-    Endpoint("GET", "/missions/{id}", get_mission, "Show a mission.", "missions"),
+    Endpoint("GET", "/missions/{id}", get_mission, "Show a mission.", "missions",
+        response="Mission"),
     Endpoint(
         "POST", "/missions/{id}/pause", _course(mission_ops.pause_mission),
-        "Pause a mission.", "missions", write=True,
+        "Pause a mission.", "missions", response="Course", write=True,
     ),
     Endpoint(
         "POST", "/missions/{id}/resume", _course(mission_ops.resume_mission),
-        "Resume a paused mission.", "missions", write=True,
+        "Resume a paused mission.", "missions", response="Course", write=True,
     ),
     Endpoint(
         "POST", "/missions/{id}/run", _course(mission_ops.run_now),
-        "Run an active mission now.", "missions", write=True,
+        "Run an active mission now.", "missions", response="Course", write=True,
     ),
     Endpoint(
         "GET", "/iterations", list_iterations, "List iterations (without their logs).",
-        "iterations", query=(("mission", "a mission's id"), *PAGING),
+        "iterations", response="Iterations", query=(("mission", "a mission's id"), *PAGING),
     ),
     Endpoint(
         "GET", "/iterations/{id}", get_iteration,
         "Show an iteration: its log, calls, compactions and approvals.", "iterations",
+        response="Iteration",
     ),
     Endpoint(
         "GET", "/iterations/{id}/replay", replay_iteration,
         "Replay an iteration: its conversation as events, folded turns restored.",
-        "iterations",
+        "iterations", response="Replay",
     ),
     Endpoint(
         "POST", "/iterations/{id}/rerun", rerun_iteration,
         "Rerun an iteration with today's rules against its recording; the differences.",
-        "iterations", RerunBody,
+        "iterations", RerunBody, response="Rerun",
     ),
     Endpoint(
         "GET", "/policy/report", policy_report, "The policy gate's decisions over a period.",
-        "policy", query=(("since", "a duration such as 7d, 24h, 30m (default 7d)"),),
+        "policy",
+        response="PolicyReport", query=(("since", "a duration such as 7d, 24h, 30m (default 7d)"),),
     ),
     Endpoint(
         "GET", "/approvals", list_approvals, "List approval requests.", "approvals",
+        response="Approvals",
         query=(("status", "pending | approved | denied | expired"), *PAGING),
     ),
-    Endpoint("GET", "/approvals/{id}", get_approval, "Show an approval request.", "approvals"),
+    Endpoint("GET", "/approvals/{id}", get_approval, "Show an approval request.", "approvals",
+        response="Approval"),
     Endpoint(
         "POST", "/approvals/{id}/approve", _decision(True),
-        "Approve a pending request (the first decision wins).", "approvals", DecisionBody,
+        "Approve a pending request (the first decision wins).", "approvals", ApproveBody,
+        response="Approval",
         write=True,
     ),
     Endpoint(
         "POST", "/approvals/{id}/deny", _decision(False),
-        "Deny a pending request (the first decision wins).", "approvals", DecisionBody,
+        "Deny a pending request (the first decision wins).", "approvals", DenyBody,
+        response="Approval",
         write=True,
     ),
-    Endpoint("GET", "/mcp/tokens", list_mcp_tokens, "List MCP tokens.", "mcp"),
+    Endpoint("GET", "/mcp/tokens", list_mcp_tokens, "List MCP tokens.", "mcp",
+        response="McpTokens"),
     Endpoint(
         "POST", "/mcp/tokens/{id}/revoke", revoke_mcp_token, "Revoke an MCP token.", "mcp",
+        response="McpTokenRevoked",
         write=True,
     ),
 )  # fmt: skip
@@ -403,7 +437,10 @@ def _endpoint(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         who = await bearer_principal(request, services.tokens)
         if endpoint.write and who.read_only:
             raise Forbidden("this token is read-only: it cannot change anything")
-        return _json(await endpoint.handler(request, services, who), endpoint.status)
+        data = await endpoint.handler(request, services, who)
+        # a long iteration is megabytes of JSON: written in a thread, never on the event
+        # loop that answers /healthz
+        return await run_in_threadpool(_json, data, endpoint.status)
 
     return serve
 

@@ -44,12 +44,14 @@ def register(commands: Any) -> None:
 
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.queries.reads import get_mission, list_iterations
+    from worker.admin.verdict import with_warnings
+    from worker.queries.reads import answers_of, get_mission, list_iterations
 
     async def read(conn: AsyncConnection) -> list[dict[str, Any]]:
         if args.mission is not None:
             await get_mission(conn, args.mission)  # NotFoundError (exit 1) rather than "(none)"
-        return await list_iterations(conn, mission_id=args.mission, limit=args.limit)
+        rows = await list_iterations(conn, mission_id=args.mission, limit=args.limit)
+        return with_warnings(rows, await answers_of(conn, [r["id"] for r in rows]))
 
     rows = await read_only(settings, read)
     if args.json:
@@ -69,6 +71,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
                 "tokens",
                 "stop_reason",
                 "error",
+                "warning",
             ],
         )
     return 0

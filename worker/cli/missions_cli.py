@@ -200,6 +200,7 @@ def _read_objective(path: str) -> str:
 
 async def _list(args: argparse.Namespace, settings: Settings) -> int:
     from worker.queries.reads import list_missions, pending_by_mission
+    from worker.schedule import in_zone
 
     async def read(conn: AsyncConnection) -> tuple[list[dict[str, Any]], dict[int, int]]:
         rows = await list_missions(conn, status=args.status, limit=args.limit)
@@ -208,6 +209,7 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
     rows, waiting = await read_only(settings, read)
     for row in rows:  # a run parked for a person's decision: the request it waits on
         row["awaiting_approval"] = waiting.get(row["id"])
+        row["next_run_local"] = in_zone(row["next_run_at"], row["timezone"])
     if args.json:
         print_json(rows)
     else:
@@ -220,12 +222,15 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     from worker.queries.reads import get_mission, pending_by_mission
+    from worker.schedule import in_zone
 
     async def read(conn: AsyncConnection) -> tuple[dict[str, Any], dict[int, int]]:
         return await get_mission(conn, args.id), await pending_by_mission(conn, [args.id])
 
     mission, waiting = await read_only(settings, read)
     mission["awaiting_approval"] = waiting.get(args.id)
+    # the next run in the schedule's own zone too (None in UTC)
+    mission["next_run_local"] = in_zone(mission["next_run_at"], mission["timezone"])
     if args.json:
         print_json(mission)
     else:
@@ -234,8 +239,12 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _history(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.admin.verdict import with_warnings
+
     async with admin_store(settings) as admin:
         mission = await admin.mission_history(args.id, limit=args.limit)
+        ids = [it["id"] for it in mission["iterations"]]
+        with_warnings(mission["iterations"], await admin.answers_of(ids))
     if args.json:
         print_json(mission)
         return 0
@@ -255,6 +264,8 @@ async def _history(args: argparse.Namespace, settings: Settings) -> int:
         )
         if it["error"]:
             print(f"    error: {visible_line(it['error'])}")
+        if it["warning"]:
+            print(f"    warning: {visible_line(it['warning'])}")
         for c in it["compactions"]:
             if c["error"]:
                 print(

@@ -145,6 +145,12 @@ approval_requests = Table(
         nullable=True,
         comment="when the approved call of an MCP client ran on it (allowed once)",
     ),
+    Column(
+        "target",
+        Text,
+        nullable=True,
+        comment="what the call would act on, read back by its tool for the reviewer",
+    ),
     CheckConstraint(check_in("status", APPROVAL_STATUSES), name="status"),
     CheckConstraint(check_in("consumer", CONSUMERS), name="consumer"),
     CheckConstraint(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["HEAD_REVISION", "REVISION_QUERY", "revision_problem"]
 
-HEAD_REVISION = "0012"
+HEAD_REVISION = "0013"
 """The newest revision in ``migrations/versions``: what a command that does not migrate
 checks the database against, without loading alembic and every script. A new revision
 updates it; ``tests/unit/test_migrations_head.py`` fails until it does (it compares it with

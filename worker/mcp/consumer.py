@@ -45,7 +45,7 @@ from planner import (
 )
 from planner.calls import ExecutedCall
 from planner.errors import RunInterrupted
-from planner.execution import execute_calls
+from planner.execution import described, execute_calls
 from planner.gate import RulePolicyGate
 from planner.policy import (
     APPROVAL_USED,
@@ -239,7 +239,9 @@ class ServedTools:
             decision = await gate(spec, call, ctx)
             try:
                 if decision.parks:
-                    return await self._asked(decision, principal, call)
+                    return await self._asked(
+                        decision, principal, call, await described(spec, call, ctx)
+                    )
                 approval = ctx.approval
                 if not (decision.allow and decision.reason == APPROVED and approval is not None):
                     return decision
@@ -275,7 +277,11 @@ class ServedTools:
         return decide
 
     async def _asked(
-        self, decision: PolicyDecision, principal: McpPrincipal, call: ToolCall
+        self,
+        decision: PolicyDecision,
+        principal: McpPrincipal,
+        call: ToolCall,
+        target: str | None = None,
     ) -> PolicyDecision:
         arguments = json_safe(dict(call.arguments))  # hashed as stored
         request, created = await self.approvals.request_mcp(
@@ -289,6 +295,7 @@ class ServedTools:
                 reason=decision.message or "approval needed",
                 ttl=self.policy.approval_ttl,
                 mcp_token_id=principal.token_id,
+                target=json_safe(target) if target else None,
             )
         )
         request_id = request["id"]

@@ -45,7 +45,8 @@ _r = approval_requests.c
 
 def _selected() -> Any:
     """Every column of a request (its status as it stands now), its agent's name, and for a
-    mission's request its iteration's and mission's status and what became of the call (the
+    mission's request its iteration's and mission's status, the mission's objective, and
+    what became of the call (the
     latest ``tool_invocations`` row at its round and position: ``call_outcome`` and the
     reason of its decision, ``call_reason``)."""
     calls = tool_invocations.c
@@ -68,6 +69,7 @@ def _selected() -> Any:
         agents.c.name.label("agent"),
         mission_iterations.c.status.label("iteration_status"),
         missions.c.status.label("mission_status"),
+        missions.c.objective.label("objective"),
         latest.c.outcome.label("call_outcome"),
         latest.c.reason.label("call_reason"),
     ).select_from(
@@ -100,8 +102,9 @@ def _missing(request_id: int) -> str:
 
 class ApprovalStore:
     """Approval requests over one engine (see the module docstring). Rows are plain dicts with
-    the columns of ``approval_requests`` (``status`` as it stands now), plus ``agent`` (its
-    name), ``iteration_status``, ``mission_status``, ``call_outcome`` and ``call_reason``
+    the columns of ``approval_requests`` (``status`` as it stands now, ``target`` the tool's
+    read-back of what the call acts on), plus ``agent`` (its name), ``iteration_status``,
+    ``mission_status``, ``objective`` (the mission's), ``call_outcome`` and ``call_reason``
     (what became of the call: its latest ``tool_invocations`` outcome and decision's reason;
     ``None`` for an MCP client's) and ``arguments_intact`` (the arguments still hash to
     ``arguments_hash``: ``False`` means the row was edited)."""
@@ -294,6 +297,7 @@ class ApprovalStore:
             "arguments_hash": request.arguments_hash,
             "reason": request.reason,
             "mcp_token_id": request.mcp_token_id,
+            "target": request.target,
             "expires_at": func.now() + request.ttl,
         }
         async with self.engine.begin() as conn:

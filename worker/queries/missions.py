@@ -28,6 +28,7 @@ from worker.errors import ConflictError, NotFoundError
 from worker.queries.approval_status import current_status
 from worker.queries.reads import (
     agent_by_name,
+    answers_of,
     get_mission,
     list_agents,
     list_iterations,
@@ -328,6 +329,14 @@ class AdminStore:
             return await list_iterations(
                 conn, mission_id=mission_id, limit=limit, before_id=before_id
             )
+
+    async def answers_of(self, iteration_ids: Sequence[int]) -> dict[int, Row]:
+        """What the verdict's warning is judged from, by iteration id
+        (``worker.queries.reads.answers_of``)."""
+        if not iteration_ids:
+            return {}
+        async with self.engine.connect() as conn:
+            return await answers_of(conn, iteration_ids)
 
     async def iteration_id_or_latest(self, iteration_id: int | None) -> int:
         """``iteration_id``, or with ``None`` the id of the latest iteration (the CLI's

@@ -15,13 +15,20 @@ from typing import Any
 from sqlalchemy import Select, func, literal_column, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.db.tables import agent_mcp_servers, agents, approval_requests, mission_iterations
+from worker.db.tables import (
+    agent_mcp_servers,
+    agents,
+    approval_requests,
+    mission_iterations,
+    tool_invocations,
+)
 from worker.db.tables import missions as missions_table
 from worker.errors import NotFoundError
 from worker.store.agent_servers import McpServerConfig
 
 __all__ = [
     "agent_by_name",
+    "answers_of",
     "get_mission",
     "list_agents",
     "list_iterations",
@@ -167,3 +174,34 @@ async def pending_by_mission(conn: AsyncConnection, mission_ids: Sequence[int]) 
         .group_by(requests.c.mission_id),
     )
     return {int(row["mission_id"]): int(row["request_id"]) for row in rows}
+
+
+async def answers_of(
+    conn: AsyncConnection, iteration_ids: Sequence[int]
+) -> dict[int, dict[str, Any]]:
+    """What the verdict's warning (``worker.admin.verdict.warning``) is judged from, for those
+    of ``iteration_ids`` whose log ends in an answer (an assistant message without calls):
+    by id, ``messages`` (the log) and ``tool_invocations`` (each call's ``result`` and
+    ``error``). Two statements; none for no ids."""
+    if not iteration_ids:
+        return {}
+    its, calls = mission_iterations, tool_invocations
+    last = its.c.messages[-1]
+    rows = await _all(
+        conn,
+        select(its.c.id, its.c.messages).where(
+            its.c.id.in_(list(iteration_ids)),
+            last["role"].astext == "assistant",
+            func.coalesce(func.jsonb_array_length(last["tool_calls"]), 0) == 0,
+        ),
+    )
+    found = {int(r["id"]): {"messages": r["messages"], "tool_invocations": []} for r in rows}
+    if found:
+        for call in await _all(
+            conn,
+            select(calls.c.iteration_id, calls.c.result, calls.c.error).where(
+                calls.c.iteration_id.in_(list(found))
+            ),
+        ):
+            found[int(call["iteration_id"])]["tool_invocations"].append(call)
+    return found

@@ -11,7 +11,7 @@ optional (``total=False``) because replay also reads rows written by older relea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, TypedDict
@@ -145,17 +145,19 @@ class StoredIteration(TypedDict, total=False):
     approvals: list[StoredApproval]
 
 
-def decided_text(row: Mapping[str, Any]) -> str:
+def decided_text(row: Mapping[str, Any], when: Callable[[Any], str] | None = None) -> str:
     """How a request stands, in words: ``pending until 2026-…``, ``approved by alice at …:
-    note``, ``denied by bob at …: reason``, ``expired at … (nobody decided in time)``."""
+    note``, ``denied by bob at …: reason``, ``expired at … (nobody decided in time)``; times
+    written by ``when`` (default: ISO 8601 to the second)."""
+    at = when or _iso
     status = row.get("status")
     if status == "pending":
-        return f"pending until {_iso(row.get('expires_at'))}"
+        return f"pending until {at(row.get('expires_at'))}"
     if status == "expired":
-        at = row.get("decided_at") or row.get("expires_at")
+        moment = row.get("decided_at") or row.get("expires_at")
         note = row.get("decision_note") or "nobody decided in time"
-        return f"expired at {_iso(at)} ({note})"
-    text_ = f"{status} by {row.get('decided_by') or 'someone'} at {_iso(row.get('decided_at'))}"
+        return f"expired at {at(moment)} ({note})"
+    text_ = f"{status} by {row.get('decided_by') or 'someone'} at {at(row.get('decided_at'))}"
     return f"{text_}: {row['decision_note']}" if row.get("decision_note") else text_
 
 

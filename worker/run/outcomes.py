@@ -173,6 +173,7 @@ def approval_request(
         round=parked.round,
         position=parked.position,
         reply_text=json_safe(parked.reply_text) if parked.reply_text else None,
+        target=json_safe(parked.target) if parked.target else None,
     )
 
 

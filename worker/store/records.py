@@ -201,6 +201,7 @@ class ApprovalRequestRow:
             was issued (``None`` for an MCP client's).
         reply_text: the model's text in the reply that issued the call.
         mcp_token_id: the token an MCP client called with.
+        target: what the call would act on, as its tool read it back (``ToolSpec.describe``).
     """
 
     consumer: str
@@ -219,6 +220,7 @@ class ApprovalRequestRow:
     position: int | None = None
     reply_text: str | None = None
     mcp_token_id: int | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,22 @@ class _Notebook:
             f"note {note_id} exists now, titled {row.title!r}, last changed {_iso(row.updated_at)}"
         )
 
+    async def note_target(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        """What an update or delete call would act on, for its reviewer (``describe``): the
+        note's title, size and last change, or that the user has no such note."""
+        note_id = int(args["id"])
+        query = select(
+            notes.c.title, func.char_length(notes.c.body).label("size"), notes.c.updated_at
+        ).where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        if row is None:
+            return f"note {note_id}: the user has no such note"
+        return (
+            f"note {note_id} {row.title!r} ({row.size or 0} characters, last changed "
+            f"{_iso(row.updated_at)})"
+        )
+
 
 async def notes_create(
     args: dict[str, Any], ctx: ToolContext, conn: AsyncConnection
@@ -320,6 +336,7 @@ def _write_specs(book: _Notebook) -> list[ToolSpec]:
             handler=_in_own_transaction(engine, notes_update),
             effect=notes_update,
             outcome_of=book.note_state,
+            describe=book.note_target,
         ),
         ToolSpec(
             name="notes_delete",
@@ -330,6 +347,7 @@ def _write_specs(book: _Notebook) -> list[ToolSpec]:
             handler=_in_own_transaction(engine, notes_delete),
             effect=notes_delete,
             outcome_of=book.note_state,
+            describe=book.note_target,
         ),
     ]
 

@@ -132,6 +132,7 @@ APPROVAL_KEYS = (
     "arguments_hash",
     "reply_text",
     "reason",
+    "target",
 )
 """The columns of a new ``approval_requests`` row bound as ``p_<key>`` (with ``p_ttl``)."""
 

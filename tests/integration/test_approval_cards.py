@@ -1,0 +1,118 @@
+"""What a reviewer sees of a parked call (issue 31, item 13): the tool's read-back of what
+the call would act on (``ToolSpec.describe``: a note's title), stored with the request when the
+gate asks, and the agent and the mission's objective, on the console's card, in the API and in
+``mana-ai approvals list|show``. A tool's read-back that fails or hangs never stops the
+request; a tool without one says nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from planner import CompletionRequest, CompletionResponse, ToolContext, ToolSpec
+from planner.testing import FunctionChatModel, final_answer, tool_calls
+from tests.integration.api_harness import api_client, token
+from tests.integration.test_approvals import asking
+from tests.integration.test_cli_approvals import cli
+from tests.integration.test_console import signed_in
+from tests.integration.worker_harness import add_mission, make_worker
+from worker.queries.approval_requests import ApprovalStore
+from worker.tools import builtin_tools
+
+OBJECTIVE = "Tidy up the notes of the quarter."
+
+
+async def titled_note(db: AsyncEngine, title: str, body: str = "x" * 412) -> int:
+    create = {t.name: t for t in builtin_tools(db)}["notes_create"]
+    made = await create.handler({"title": title, "body": body}, ToolContext(user_id="u1"))
+    return int(made["id"])
+
+
+def calling(name: str, arguments: dict[str, Any]) -> FunctionChatModel:
+    def answer(request: CompletionRequest) -> CompletionResponse:
+        if any(m.role == "tool" for m in request.messages):
+            return final_answer("Done.")
+        return tool_calls((name, arguments), text="Cleaning up.")
+
+    return FunctionChatModel(answer)
+
+
+async def parked(db: AsyncEngine, model: FunctionChatModel, **worker: Any) -> dict[str, Any]:
+    await add_mission(db, cron=None, objective=OBJECTIVE, agent="tidier")
+    assert await make_worker(db, model, policy=asking(db), **worker).run_once() == [
+        "awaiting_approval"
+    ]
+    [request] = await ApprovalStore(db).list_requests(status="pending")
+    return request
+
+
+async def test_a_delete_card_says_which_note_whose_agent_and_what_mission(
+    db: AsyncEngine, database_url: str, run: Any
+) -> None:
+    note_id = await titled_note(db, "Q3 plan")
+    request = await parked(db, calling("notes_delete", {"id": note_id}))
+    assert request["target"].startswith(f"note {note_id} 'Q3 plan' (412 characters")
+    assert request["agent"] == "tidier" and request["objective"] == OBJECTIVE
+    async with api_client(db, database_url, bearer=await token(db, "api")) as client:
+        [listed] = (await client.get("/api/v1/approvals")).json()["approvals"]
+        shown = (await client.get(f"/api/v1/approvals/{request['id']}")).json()
+        for row in (listed, shown):
+            assert "Q3 plan" in row["target"] and row["objective"] == OBJECTIVE
+            assert row["agent"] == "tidier"
+        await signed_in(client, await token(db))
+        card = (await client.get("/approvals")).text
+        assert "Q3 plan" in card and OBJECTIVE in card and "tidier" in card
+        assert "Acts on" in card
+    code, out, _ = await cli(run, "approvals", "list")
+    assert code == 0 and "TARGET" in out and "Q3 plan" in out
+    code, out, _ = await cli(run, "approvals", "show", str(request["id"]))
+    assert code == 0 and "acts on: note" in out and "Q3 plan" in out and OBJECTIVE in out
+    code, out, _ = await cli(run, "approvals", "list", "--json")
+    assert "Q3 plan" in json.loads(out)[0]["target"]
+
+
+def bucket_tool(describe: Any) -> ToolSpec:
+    async def drop(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "dropped"
+
+    return ToolSpec(
+        name="bucket_drop",
+        description="Drop a bucket.",
+        input_schema={"type": "object", "properties": {"bucket": {"type": "string"}}},
+        policy_hint="destructive",
+        scope="buckets",
+        handler=drop,
+        describe=describe,
+    )
+
+
+async def test_any_tool_may_describe_its_target_and_a_failing_read_back_never_stops_a_request(
+    db: AsyncEngine,
+) -> None:
+    async def said(args: dict[str, Any], ctx: ToolContext) -> str:
+        return f"bucket {args['bucket']} of {ctx.user_id}: 1,204 objects, 3.1 GB"
+
+    request = await parked(
+        db, calling("bucket_drop", {"bucket": "b1"}), extra_tools=[bucket_tool(said)]
+    )
+    assert request["target"] == "bucket b1 of u1: 1,204 objects, 3.1 GB"
+
+
+async def test_a_read_back_that_fails_says_so_and_the_request_is_made(db: AsyncEngine) -> None:
+    async def broken(args: dict[str, Any], ctx: ToolContext) -> str:
+        raise ConnectionError("storage is away")
+
+    request = await parked(
+        db, calling("bucket_drop", {"bucket": "b1"}), extra_tools=[bucket_tool(broken)]
+    )
+    assert "could not say what this call acts on" in request["target"]
+    assert "ConnectionError" in request["target"]
+
+
+async def test_a_tool_without_a_read_back_says_nothing(db: AsyncEngine) -> None:
+    request = await parked(
+        db, calling("bucket_drop", {"bucket": "b1"}), extra_tools=[bucket_tool(None)]
+    )
+    assert request["target"] is None
