@@ -199,7 +199,7 @@ async def run_tree(
             "MANA_AI_LOG_LEVEL": os.environ.get("MANA_AI_LOG_LEVEL", "WARNING"),
         }
         cli = [sys.executable, "-m", "worker.cli"]
-        upgrade = await asyncio.create_subprocess_exec(*cli, "db", "upgrade", env=env)
+        upgrade = await asyncio.create_subprocess_exec(*cli, "db", "upgrade", env=env, cwd=tree)
         if await upgrade.wait():
             raise SystemExit(f"mana-ai db upgrade failed in {tree}")
         log = Path(os.environ.get("TMPDIR", "/tmp")) / f"budget-{port}.log"
