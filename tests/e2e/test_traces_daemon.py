@@ -29,9 +29,11 @@ pytest.importorskip("opentelemetry.sdk", reason="tracing needs the [otel] extra"
 from tests.fakes.otlp_receiver import DEAD_MODES, DeadCollector
 from worker.tracing.setup import SHUTDOWN_S
 
-SLACK_S = 2.0
+SLACK_S = 3.0
 """What a traced command may take beyond the same command untraced and ``SHUTDOWN_S``:
-loading the SDK (about 0.3 s here) and a shared machine's noise."""
+loading the SDK (about 0.3 s here) and a shared machine's noise (untraced ticks of one test
+ranged 4.3-6.6 s on a loaded 2-core CI machine). The fault these tests hold added 12-15 s;
+on a quiet machine a traced tick takes 0.39-0.48 s more than an untraced one."""
 
 
 def untraced(database_url: str, llm_url: str, **extra: str) -> dict[str, str]:
@@ -69,7 +71,7 @@ async def test_tick_once_with_the_collector_down_ends_within_the_bound_of_its_ti
             with DeadCollector(mode) as dead:
                 elapsed, err = await timed_tick(traced_to(env, dead.endpoint), "ticker")
             baseline.append((await timed_tick(env, "ticker"))[0])
-            bound = max(baseline[-2:]) + SHUTDOWN_S + SLACK_S
+            bound = max(baseline) + SHUTDOWN_S + SLACK_S
             assert elapsed < bound, (mode, elapsed, baseline)
             assert f"metrics within {SHUTDOWN_S:g} s: they are dropped" in err, (mode, err)
             if mode == "black_hole":

@@ -10,7 +10,6 @@ import itertools
 from typing import Any
 
 import httpx
-import pytest
 from jsonschema import Draft202012Validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -128,7 +127,6 @@ def _properties(schema: Draft202012Validator) -> dict[str, Any]:
     return DOCUMENT["components"]["schemas"][ref]["properties"]  # type: ignore[no-any-return]
 
 
-@pytest.mark.timeout(600)
 async def test_request_schemas_are_as_strict_as_the_server(
     db: AsyncEngine, database_url: str
 ) -> None:
