@@ -16,9 +16,9 @@ process) and CPU seconds of the child (user + system, ``resource.getrusage``); t
 command's peak RSS in MiB, from one more run. The ratio printed is each command's median wall
 to the floor's; with ``--compare DIR``, also each command's median wall and CPU to the same
 command's of the source tree in DIR (CPU is the steadier figure on a machine shared with other
-work). ``agents list`` reads on one asyncpg connection of its own (``worker.store.direct``)
-when ``MANA_AI_TEST_DATABASE_URL`` names a server; on the embedded database it goes through
-the engine.
+work). ``agents list`` reads through the engine (SQLAlchemy Core on asyncpg, the one SQL
+path) on either database. With ``--compare DIR`` the older tree runs on the same database, so
+it must know the schema's revision (a tree older than a migration refuses the database).
 """
 
 from __future__ import annotations
