@@ -86,6 +86,10 @@ class Approval:
         reason: the decider's words: the note of an approval, the reason of a denial
             (``None``: none given).
         decided_at: when it was decided or expired (UTC-aware; ``None`` while pending).
+        target: what the call would act on as its tool read it back for the reviewer when the
+            call was parked (``ToolSpec.describe``); ``None``: no read-back was shown. An
+            approved call whose read-back differs when it is about to run is not run
+            (``planner.call_execution``): the person approved acting on what they saw.
     """
 
     request_id: int
@@ -95,6 +99,7 @@ class Approval:
     decided_by: str | None = None
     reason: str | None = None
     decided_at: datetime | None = None
+    target: str | None = None
 
     def matches(self, call: ToolCall) -> bool:
         """True when ``call`` is the reviewed call: the same tool and the same arguments (by

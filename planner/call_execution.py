@@ -21,7 +21,7 @@ from planner.calls import ExecutedCall, denial_text
 from planner.errors import RunInterrupted, ToolError
 from planner.events import CallDecided, CallStarted
 from planner.messages import ToolCall
-from planner.policy import PolicyDecision, PolicyGate
+from planner.policy import DecisionReason, PolicyDecision, PolicyGate, PolicyVerdict
 from planner.tools import ToolContext, ToolRegistry, ToolSpec
 
 if TYPE_CHECKING:
@@ -100,6 +100,8 @@ async def check_call(
     own = ctx if spec.policy_hint == "read" else ctx.for_call(round, index, approval)
     if policy is not None:
         decision = await policy(spec, call, own)
+        if decision.allow and own.approval is not None and own.approval.granted:
+            decision = await _target_unchanged(spec, call, own, decision)
         if sink is not None:
             await sink(CallDecided(round, index, call, decision))
         if not decision.allow:
@@ -107,6 +109,39 @@ async def check_call(
                 return ParkedCall(call, decision)
             return refused(denial_text(decision), decision)
     return ReadyCall(index, call, spec, decision, (time.perf_counter() - started) * 1000.0, own)
+
+
+async def _target_unchanged(
+    spec: ToolSpec, call: ToolCall, ctx: ToolContext, decision: PolicyDecision
+) -> PolicyDecision:
+    """``decision`` (an approved call allowed), or a denial (``approval_mismatch``) when what
+    the call acts on is no longer what the person saw: the tool's read-back now
+    (``planner.execution.described``) differs from the one on the approval card (a note
+    edited, replaced or deleted since). Calls without a read-back are judged by their
+    arguments alone, as before."""
+    approval = ctx.approval
+    if approval is None or approval.target is None or spec.describe is None:
+        return decision
+    from planner.execution import described  # execution imports this module
+
+    now = await described(spec, call, ctx)
+    if now == approval.target:
+        return decision
+    return decision.model_copy(
+        update={
+            "allow": False,
+            "verdict": PolicyVerdict.DENY,
+            "reason": DecisionReason.APPROVAL_MISMATCH,
+            "message": (
+                f"{call.name} was not run: what it acts on changed since {approval.describe()} "
+                f"(the person saw: {approval.target}; now: {now})"
+            ),
+            "reminder": (
+                f"{call.name} was not run: its target changed after a person approved it. Do "
+                "not retry it; say in your answer what changed."
+            ),
+        }
+    )
 
 
 async def run_call(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import CompletionRequest, CompletionResponse, ToolContext, ToolSpec
@@ -53,7 +54,7 @@ async def test_a_delete_card_says_which_note_whose_agent_and_what_mission(
 ) -> None:
     note_id = await titled_note(db, "Q3 plan")
     request = await parked(db, calling("notes_delete", {"id": note_id}))
-    assert request["target"].startswith(f"note {note_id} 'Q3 plan' (412 characters")
+    assert request["target"].startswith(f"note {note_id} 'Q3 plan' (a body of 412 characters")
     assert request["agent"] == "tidier" and request["objective"] == OBJECTIVE
     async with api_client(db, database_url, bearer=await token(db, "api")) as client:
         [listed] = (await client.get("/api/v1/approvals")).json()["approvals"]
@@ -116,3 +117,37 @@ async def test_a_tool_without_a_read_back_says_nothing(db: AsyncEngine) -> None:
         db, calling("bucket_drop", {"bucket": "b1"}), extra_tools=[bucket_tool(None)]
     )
     assert request["target"] is None
+
+
+async def test_an_approved_call_whose_target_changed_since_is_not_run(db: AsyncEngine) -> None:
+    # a person approved deleting note 'Q3 plan'; the note was edited before the run resumed:
+    # the approval was for what they saw, so the call is refused and the note stays
+    note_id = await titled_note(db, "Q3 plan")
+    model = calling("notes_delete", {"id": note_id})
+    request = await parked(db, model)
+    await ApprovalStore(db).decide(request["id"], approve=True, by="alice", note="ok")
+    async with db.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE notes SET title = 'Board minutes: KEEP', updated_at = now() WHERE id = :i"
+            ),
+            {"n": note_id},
+        )
+    assert await make_worker(db, model, policy=asking(db)).run_once() == ["succeeded"]
+    notes = {t.name: t for t in builtin_tools(db)}
+    still = await notes["notes_read"].handler({"id": note_id}, ToolContext(user_id="u1"))
+    assert still["title"] == "Board minutes: KEEP"
+    sent = [m for r in model.requests for m in r.messages if m.role == "tool"]
+    assert sent and "what it acts on changed since approved by alice" in str(sent[-1].content)
+    assert "Board minutes: KEEP" in str(sent[-1].content)
+
+
+async def test_an_approved_call_whose_target_is_unchanged_runs_once(db: AsyncEngine) -> None:
+    note_id = await titled_note(db, "Q3 plan")
+    model = calling("notes_delete", {"id": note_id})
+    request = await parked(db, model)
+    await ApprovalStore(db).decide(request["id"], approve=True, by="alice", note="ok")
+    assert await make_worker(db, model, policy=asking(db)).run_once() == ["succeeded"]
+    notes = {t.name: t for t in builtin_tools(db)}
+    listed = await notes["notes_list"].handler({}, ToolContext(user_id="u1"))
+    assert note_id not in [n["id"] for n in listed["notes"]]

@@ -145,6 +145,7 @@ def approval_of(row: Mapping[str, Any]) -> Approval:
         decided_by=row.get("decided_by"),
         reason=row.get("decision_note"),
         decided_at=row.get("decided_at"),
+        target=row.get("target"),
     )
 
 

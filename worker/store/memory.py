@@ -379,6 +379,7 @@ class InMemoryMissionStore(MemoryEnds):
                             "decided_by",
                             "decided_at",
                             "decision_note",
+                            "target",
                         )
                     }
                 )

@@ -403,6 +403,7 @@ def _last_round_requests(iteration: StartedIteration) -> Any:
             requests.decided_by,
             requests.decided_at,
             requests.decision_note,
+            requests.target,
         )
         .where(
             requests.iteration_id == iteration.id,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import RowMapping, Select, delete, func, or_, select, union_all, update
@@ -189,9 +189,11 @@ class _Notebook:
             row = (await conn.execute(query)).first()
         if row is None:
             return f"note {note_id}: the user has no such note"
+        size = row.size or 0
+        changed = row.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return (
-            f"note {note_id} {row.title!r} ({row.size or 0} characters, last changed "
-            f"{_iso(row.updated_at)})"
+            f"note {note_id} {row.title!r} (a body of {size} character{'' if size == 1 else 's'}, "
+            f"last changed {changed})"
         )
 
 
