@@ -382,3 +382,30 @@ async def test_notes_create_makes_one_note_per_idempotency_key_and_reports_it(
     assert delete_state is not None
     assert "exists now" in await delete_state({"id": first["id"]}, ctx)
     assert "does not exist now" in await delete_state({"id": 999}, ctx)
+
+
+@pytest.mark.parametrize("tool", ["notes_read", "notes_update", "notes_delete"])
+async def test_an_id_past_what_the_database_holds_is_refused_by_the_schema(
+    tools: dict[str, ToolSpec], tool: str
+) -> None:
+    args: dict[str, Any] = {"id": 99999999999999999999}
+    if tool == "notes_update":
+        args["title"] = "t"
+    refused = tools[tool].validate_arguments(args)
+    assert refused is not None and "9223372036854775807" in refused
+
+
+async def test_a_call_the_database_refuses_is_told_in_words_without_the_statement(
+    tools: dict[str, ToolSpec],
+) -> None:
+    # past the schema (a caller that skips validation): the database refuses the value, and
+    # the error the model reads names the reason, never SQLAlchemy's "[SQL: ...]" text
+    from planner.errors import ToolError
+
+    with pytest.raises(ToolError) as refused:
+        await tools["notes_delete"].handler(
+            {"id": 99999999999999999999}, ToolContext(user_id="alice", mission_id=1)
+        )
+    text = str(refused.value)
+    assert text.startswith("notes_delete failed: the database refused it (")
+    assert "SQL" not in text and "DELETE" not in text and "alice" not in text

@@ -223,3 +223,11 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(cause, TimeoutError) and not detail:
         detail = "no answer in time (is something else listening on that port?)"
     return f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__
+
+
+def refused_text(exc: BaseException) -> str:
+    """What a tool's caller (the model, the stored call) reads of a database error that is
+    not transient: ``the database refused it (DataError: invalid input for query argument $1:
+    99999999999999999999 (value out of int64 range))``: the driver's reason
+    (``describe_error``), never SQLAlchemy's text of the statement and its parameters."""
+    return f"the database refused it ({describe_error(exc)})"

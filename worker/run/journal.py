@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from planner import (
     CallFinished,
     CallStarted,
@@ -45,7 +47,8 @@ from planner import (
     ToolContext,
     ToolSpec,
 )
-from worker.db.transient import describe_error, is_transient
+from planner.errors import ToolError
+from worker.db.transient import describe_error, is_transient, refused_text
 from worker.run.leases import HeldLease
 from worker.store.base import LeaseLostError, MissionStore
 from worker.store.records import (
@@ -252,6 +255,8 @@ class MissionJournal:
                 raise RunInterrupted(f"{spec.name} was not run: {exc}") from exc
             except Exception as exc:
                 if not is_transient(exc):
+                    if isinstance(exc, SQLAlchemyError):  # in words, not the statement's text
+                        raise ToolError(f"{spec.name} failed: {refused_text(exc)}") from exc
                     raise
                 raise RunInterrupted(
                     f"{spec.name}: its database did not answer ({describe_error(exc)}); "

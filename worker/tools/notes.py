@@ -30,13 +30,14 @@ from typing import Any
 
 from sqlalchemy import RowMapping, Select, delete, func, or_, select, union_all, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.expression import Executable
 
-from planner.errors import RunInterrupted
+from planner.errors import RunInterrupted, ToolError
 from planner.tools import EffectHandler, ToolContext, ToolSpec
 from worker.db.tables import notes
-from worker.db.transient import describe_error, is_transient
+from worker.db.transient import describe_error, is_transient, refused_text
 
 __all__ = [
     "BODY_MAX_CHARS",
@@ -56,7 +57,12 @@ LIST_MAX = 100
 SNIPPET_CHARS = 160
 SCOPE = "notes"
 
-_ID = {"type": "integer", "minimum": 1, "description": "The note's id."}
+_ID = {
+    "type": "integer",
+    "minimum": 1,
+    "maximum": 2**63 - 1,  # a BIGINT: a larger id is no note's
+    "description": "The note's id.",
+}
 _LIMIT = {
     "type": "integer",
     "minimum": 1,
@@ -408,11 +414,18 @@ Handler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
 
 def _interrupting_on_outage(name: str, handler: Handler) -> Handler:
-    """``handler`` with a transient database failure raised as ``RunInterrupted``."""
+    """``handler`` with a transient database failure raised as ``RunInterrupted``, and one the
+    database refused as ``ToolError`` in words (``refused_text``: no statement text)."""
 
     async def handle(args: dict[str, Any], ctx: ToolContext) -> Any:
         try:
             return await handler(args, ctx)
+        except SQLAlchemyError as exc:
+            if not is_transient(exc):
+                raise ToolError(f"{name} failed: {refused_text(exc)}") from exc
+            raise RunInterrupted(
+                f"{name}: the notes database did not answer ({describe_error(exc)})"
+            ) from exc
         except Exception as exc:
             if not is_transient(exc):
                 raise
