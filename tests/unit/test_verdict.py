@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from worker.admin.verdict import unsupported_figures, verdict
 
 CLOCK = {
@@ -111,3 +113,26 @@ def test_calls_are_counted_per_tool_and_outcome_not_listed_one_by_one() -> None:
         "verdict: succeeded; tools: clock_now ok (read), web_fetch ok x18 (read), "
         "web_fetch error (read), notes_create ok x2 (write); 2 of 2 write(s) ran"
     )
+
+
+@pytest.mark.parametrize(
+    ("answer", "unsupported"),
+    [
+        ("It is 5:14 pm on 3 December 2026.", []),
+        ("It is 5:14 p.m.", []),
+        ("It is 17:14.", []),
+        ("The date is 12/3/2026.", []),
+        ("The date is 3.12.2026.", []),
+        ("Today is 2026/12/03.", []),
+        ("It is 6:14 pm.", ["6:14"]),
+        ("It is 5:14 am.", ["5:14"]),
+        ("The date is 12/4/2026.", ["12/4/2026"]),
+        ("That makes 1,234.5 and 12,000.", ["12,000"]),
+    ],
+)
+def test_a_figure_told_another_way_is_not_made_up(answer: str, unsupported: list[str]) -> None:
+    # found from outside: "It is 5:14 pm on 3 December 2026." after a clock that said
+    # 17:14:27 and 2026-12-03 was listed as a made-up answer
+    known = '{"iso": "2026-12-03T17:14:27+00:00", "time": "17:14:27", "date": "2026-12-03"}'
+    known += "\nsum: 1234.5"
+    assert unsupported_figures(answer, known) == unsupported

@@ -107,11 +107,65 @@ def with_warnings(
     return rows
 
 
+_TIME = re.compile(r"(\d{1,2}):(\d{2})(?::\d{2})?")
+_MERIDIEM = re.compile(r"\s*([ap])\.?\s?m\b\.?", re.IGNORECASE)
+_ISO_DATE = re.compile(r"(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})")
+_DAY_FIRST_OR_MONTH_FIRST = re.compile(r"(\d{1,2})[-/.](\d{1,2})[-/.](\d{4})")
+_GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+
 def unsupported_figures(answer: str, known: str) -> list[str]:
     """The figures of ``answer`` (see ``_FIGURE``) that are not in ``known``, in order, each
-    once."""
-    found = dict.fromkeys(m.group(0).rstrip(".,") for m in _FIGURE.finditer(answer))
-    return [f for f in found if f not in known]
+    once. A figure that ``known`` holds written another way counts as found: a time on the
+    12-hour clock (``5:14 pm`` for ``17:14:27``), a date in another order (``12/3/2026`` or
+    ``3.12.2026`` for ``2026-12-03``), a number with thousands separators (``1,234.5`` for
+    ``1234.5``)."""
+    forms = _known_forms(known)
+    found: dict[str, None] = {}
+    for match in _FIGURE.finditer(answer):
+        figure = match.group(0).rstrip(".,")
+        after = answer[match.start() + len(figure) :]
+        if figure not in found and not _supported(figure, after, known, forms):
+            found[figure] = None
+    return list(found)
+
+
+def _supported(figure: str, after: str, known: str, forms: set[str]) -> bool:
+    if figure in known:
+        return True
+    if _GROUPED.fullmatch(figure):
+        return figure.replace(",", "") in known
+    return bool(_other_forms(figure, after) & forms)
+
+
+def _known_forms(known: str) -> set[str]:
+    """The times (``T17:14``) and dates (``D2026-12-03``) ``known`` states, in one form."""
+    forms = {f"T{int(h):02d}:{m}" for h, m in _TIME.findall(known)}
+    forms |= {f"D{int(y):04d}-{int(m):02d}-{int(d):02d}" for y, m, d in _ISO_DATE.findall(known)}
+    for a, b, y in _DAY_FIRST_OR_MONTH_FIRST.findall(known):
+        forms |= {
+            f"D{int(y):04d}-{int(a):02d}-{int(b):02d}",
+            f"D{int(y):04d}-{int(b):02d}-{int(a):02d}",
+        }
+    return forms
+
+
+def _other_forms(figure: str, after: str) -> set[str]:
+    """The forms ``figure`` may stand for as a time (with the ``am``/``pm`` that follows it in
+    ``after``) or a date (day or month first)."""
+    if time := _TIME.fullmatch(figure):
+        hour, minute = int(time.group(1)), time.group(2)
+        meridiem = _MERIDIEM.match(after)
+        if meridiem and 1 <= hour <= 12:
+            hour = hour % 12 + (12 if meridiem.group(1).lower() == "p" else 0)
+        return {f"T{hour:02d}:{minute}"}
+    if date := _ISO_DATE.fullmatch(figure):
+        y, m, d = (int(x) for x in date.groups())
+        return {f"D{y:04d}-{m:02d}-{d:02d}"}
+    if date := _DAY_FIRST_OR_MONTH_FIRST.fullmatch(figure):
+        a, b, y = (int(x) for x in date.groups())
+        return {f"D{y:04d}-{a:02d}-{b:02d}", f"D{y:04d}-{b:02d}-{a:02d}"}
+    return set()
 
 
 def _final_answer(messages: list[dict[str, Any]]) -> str | None:
