@@ -170,6 +170,9 @@ async def test_malformed_and_oversized_bodies_are_refused_by_name(
         assert bad.status_code == 400 and "not JSON" in error(bad)
         listed = await client.post("/api/v1/agents", json=[1, 2])
         assert listed.status_code == 400 and "must be a JSON object" in error(listed)
+        assert "not an array" in error(listed)
+        null = await client.post("/api/v1/agents", content=b"null")
+        assert null.status_code == 400 and "must be a JSON object, not null" in error(null)
         huge = await client.post("/api/v1/agents", json=AGENT | {"system_prompt": "x" * 5000})
         assert huge.status_code == 413 and "larger than 2048 bytes" in error(huge)
 

@@ -38,6 +38,8 @@ MUTANTS: tuple[Any, ...] = (
     1001,
     2**31,
     5.5,
+    5.0,  # JSON Schema's integer takes a number with no fraction; so does the server
+    1000.0,
     True,
     False,
     [],
@@ -58,6 +60,7 @@ MUTANTS: tuple[Any, ...] = (
     "Mars/Olympus",
     "2999-01-01T09:00:00+00:00",
     "2999-01-01T09:00:00",
+    "2999-01-01t09:00Z",  # RFC 3339 allows a lower-case t
     "6h",
     "100d",
     "once",

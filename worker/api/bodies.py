@@ -13,9 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+)
 from starlette.requests import Request
 
 from worker.admin.agents import DEFAULT_SYSTEM_PROMPT
@@ -45,6 +53,18 @@ M = TypeVar("M", bound=BaseModel)
 def field_label(name: str) -> str:
     """How the API names a field in a message: as it is (``max_rounds``)."""
     return name
+
+
+def _whole_number(value: Any) -> Any:
+    """``5.0`` as ``5``: JSON has one number type, and JSON Schema's ``integer`` takes a
+    number with no fraction; ``5.5``, strings and booleans stay as given (and are refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeInt = Annotated[StrictInt, BeforeValidator(_whole_number)]
+"""An integer field of a body: an integer, or a number with no fraction (``5.0``)."""
 
 
 class _Body(BaseModel):
@@ -97,12 +117,12 @@ class AgentBody(_Body):
     model: str | None = Field(
         default=None, description="model name (null: the default)", json_schema_extra=rules.name
     )
-    max_rounds: StrictInt = Field(
+    max_rounds: WholeInt = Field(
         default=5,
         description="rounds per run, 1-1000",
         json_schema_extra=rules.integer(1, MAX_ROUNDS),
     )
-    max_tokens_per_day: StrictInt | None = Field(
+    max_tokens_per_day: WholeInt | None = Field(
         default=None,
         description="daily token budget, 1-2147483647 (null: none)",
         json_schema_extra=rules.integer(1, INT32_MAX),
@@ -122,7 +142,7 @@ class AgentBody(_Body):
         description="deny | ask (null: MANA_AI_POLICY_DESTRUCTIVE)",
         json_schema_extra=rules.choice(*_DESTRUCTIVE),
     )
-    compact_max_ctx: StrictInt | None = Field(
+    compact_max_ctx: WholeInt | None = Field(
         default=None,
         description="its model's context for compaction: 0 (never) or 256-100000000 "
         "(null: MANA_AI_COMPACT_MAX_CTX)",
@@ -140,8 +160,8 @@ class AgentChangesBody(_Body):
 
     system_prompt: str = Field(default="", json_schema_extra=rules.text())
     model: str | None = Field(default=None, json_schema_extra=rules.name)
-    max_rounds: StrictInt = Field(default=5, json_schema_extra=rules.integer(1, MAX_ROUNDS))
-    max_tokens_per_day: StrictInt | None = Field(
+    max_rounds: WholeInt = Field(default=5, json_schema_extra=rules.integer(1, MAX_ROUNDS))
+    max_tokens_per_day: WholeInt | None = Field(
         default=None, json_schema_extra=rules.integer(1, INT32_MAX)
     )
     tools: list[str] | None = Field(default=None, json_schema_extra=_tools)
@@ -151,7 +171,7 @@ class AgentChangesBody(_Body):
     destructive: str | None = Field(
         default=None, json_schema_extra=rules.choice(*_DESTRUCTIVE, "default")
     )
-    compact_max_ctx: StrictInt | None = Field(default=None, json_schema_extra=_context)
+    compact_max_ctx: WholeInt | None = Field(default=None, json_schema_extra=_context)
 
 
 def _one_schedule(schema: dict[str, Any]) -> None:
@@ -277,7 +297,7 @@ async def read_body(request: Request, model: type[M]) -> M:
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past its limit
         raise UsageError(f"the body is not JSON this server reads: {exc}") from None
     if not isinstance(data, dict):
-        raise UsageError(f"the body must be a JSON object, not {type(data).__name__}")
+        raise UsageError(f"the body must be a JSON object, not {_json_kind(data)}")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -310,3 +330,14 @@ def parsed(value: Any, rule: Callable[[str], T], field: str) -> T:
         return rule(str(value))
     except argparse.ArgumentTypeError as exc:
         raise UsageError(f"{field}: {exc}") from None
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words: ``null``, ``an array``, ``a string``, …"""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "an array" if isinstance(value, list) else "a string"
