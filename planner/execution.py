@@ -56,6 +56,7 @@ from planner.call_execution import (
     run_call,
 )
 from planner.calls import ExecutedCall
+from planner.errors import RunInterrupted
 from planner.events import ApprovalRequested, CallFinished, ReadsOverlapped
 from planner.messages import ToolCall
 from planner.policy import PolicyGate
@@ -95,12 +96,15 @@ async def described(spec: ToolSpec | None, call: ToolCall, ctx: ToolContext) -> 
     """What ``call`` would act on, as its tool reads it back for the person who reviews it
     (``ToolSpec.describe``, at most ``DESCRIBE_TIMEOUT_S``), cut to 500 characters; ``None``
     for a tool without one. A read-back that fails or takes too long says so instead: the
-    request is made all the same."""
+    request is made all the same. ``RunInterrupted`` from the tool (its store did not
+    answer) propagates: the run stops and resumes, and the read-back is made then."""
     if spec is None or spec.describe is None:
         return None
     try:
         async with asyncio.timeout(DESCRIBE_TIMEOUT_S):
             said = await spec.describe(dict(call.arguments), ctx)
+    except RunInterrupted:
+        raise  # the tool's store is away: the run stops here and resumes later
     except TimeoutError:
         return f"(the tool could not say what this call acts on within {DESCRIBE_TIMEOUT_S:g} s)"
     except Exception as exc:  # a read-back never stops the request

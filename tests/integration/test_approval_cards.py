@@ -129,7 +129,7 @@ async def test_an_approved_call_whose_target_changed_since_is_not_run(db: AsyncE
     async with db.begin() as conn:
         await conn.execute(
             text(
-                "UPDATE notes SET title = 'Board minutes: KEEP', updated_at = now() WHERE id = :i"
+                "UPDATE notes SET title = 'Board minutes: KEEP', updated_at = now() WHERE id = :n"
             ),
             {"n": note_id},
         )

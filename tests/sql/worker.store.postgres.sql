@@ -193,7 +193,7 @@ WHERE given_calls.stored_id IS NOT NULL AND (EXISTS (SELECT owned.id
 FROM owned))) AS call_ids) AS calls;
 
 -- resume_details
-SELECT approval_requests.id, approval_requests.position, approval_requests.status, approval_requests.tool, approval_requests.arguments_hash, approval_requests.decided_by, approval_requests.decided_at, approval_requests.decision_note 
+SELECT approval_requests.id, approval_requests.position, approval_requests.status, approval_requests.tool, approval_requests.arguments_hash, approval_requests.decided_by, approval_requests.decided_at, approval_requests.decision_note, approval_requests.target 
 FROM approval_requests 
 WHERE approval_requests.iteration_id = $1::BIGINT AND approval_requests.consumer = $2::VARCHAR AND approval_requests.round = $3::INTEGER ORDER BY approval_requests.position;
 

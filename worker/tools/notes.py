@@ -344,7 +344,7 @@ def _write_specs(book: _Notebook) -> list[ToolSpec]:
             handler=_in_own_transaction(engine, notes_update),
             effect=notes_update,
             outcome_of=book.note_state,
-            describe=book.note_target,
+            describe=_interrupting_on_outage("notes", book.note_target),
         ),
         ToolSpec(
             name="notes_delete",
@@ -355,7 +355,7 @@ def _write_specs(book: _Notebook) -> list[ToolSpec]:
             handler=_in_own_transaction(engine, notes_delete),
             effect=notes_delete,
             outcome_of=book.note_state,
-            describe=book.note_target,
+            describe=_interrupting_on_outage("notes", book.note_target),
         ),
     ]
 
