@@ -120,6 +120,34 @@ async def test_a_200_round_iteration_is_paged(db: AsyncEngine, database_url: str
             assert shown == list(range((page - 1) * ROUNDS_PER_PAGE + 1, last_shown + 1))
 
 
+async def test_the_pager_says_which_rounds_each_page_holds(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """A 231-round iteration: each page names its own rounds (never 1-231 on page 1), and the
+    links name the rounds of the page they open, the last page's end included."""
+    assert ROUNDS_PER_PAGE == 20
+    iteration_id = await long_iteration(db, rounds=230)
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+
+        async def pager(page: int) -> str:
+            text = (await client.get(f"/iterations/{iteration_id}?page={page}")).text
+            nav = text.split('<nav class="pager"')[1].split("</nav>")[0]
+            return visible_text(nav).replace("\N{EN DASH}", "-")  # as the page writes it
+
+        first = await pager(1)
+        assert "rounds 1-20 of 231 (page 1 of 12)" in first and "←" not in first
+        assert "rounds 21-40 →" in first
+        second = await pager(2)
+        assert "← rounds 1-20" in second and "rounds 21-40 of 231" in second
+        assert "rounds 41-60 →" in second
+        eleventh = await pager(11)
+        assert "rounds 201-220 of 231" in eleventh and "rounds 221-231 →" in eleventh
+        last = await pager(12)
+        assert "← rounds 201-220" in last and "rounds 221-231 of 231 (page 12 of 12)" in last
+        assert "→" not in last
+
+
 async def test_pages_render_off_the_event_loop_while_healthz_answers(
     db: AsyncEngine, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
