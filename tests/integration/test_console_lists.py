@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
@@ -25,9 +26,13 @@ from tests.integration.test_cli_approvals import cli
 from tests.integration.test_console import signed_in
 from tests.integration.worker_harness import make_worker, policy_setup
 from worker.api import v1
+from worker.api.console import MISSIONS_PER_PAGE
 from worker.api.timeline import ROUNDS_PER_PAGE
 from worker.db.tables import mission_iterations
 from worker.queries.missions import AdminStore
+
+LATER = datetime(2999, 1, 1, tzinfo=UTC)
+"""A next run no worker of a test gets to."""
 
 MADE_UP = "23:45:17"
 """A time the model states without any tool having returned it."""
@@ -306,3 +311,40 @@ async def test_after_run_now_the_mission_page_follows_the_run(
         running = (await client.get(f"/iterations/{iteration_id}")).text
         assert f'hx-get="/iterations/{iteration_id}" hx-trigger="every 3s"' in running
         assert "Finished</dt><dd>running" in running
+
+
+# -- past the end of a list ---------------------------------------------------------------------
+
+
+async def test_past_the_end_of_a_list_it_says_so_and_links_back_to_the_newest(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """``?before=`` past the last row: "no older missions/runs" and a way back, never "No
+    missions yet" or "No run yet" while there are some; every page after the first links to
+    the newest."""
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="many", owner_user_id="u1", system_prompt="Answer.")
+    ids = [
+        (await admin.add_mission(agent_id=agent["id"], objective=f"Task {n}.", cron=None,
+                                 timezone="UTC", next_run_at="now" if n == 0 else LATER))["id"]
+        for n in range(MISSIONS_PER_PAGE + 1)
+    ]  # fmt: skip
+    iteration_id = await run_once(db, lambda request: final_answer("Done."))
+    mission_id = (await admin.get_iteration(iteration_id))["mission_id"]
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+        first = (await client.get("/")).text
+        assert "← newest" not in first and f'href="/?before={ids[1]}"' in first
+        second = (await client.get(f"/?before={ids[1]}")).text
+        assert '<a rel="first" href="/">← newest</a>' in second and "Task 0." in second
+        beyond = (await client.get(f"/?before={min(ids)}")).text
+        assert "No missions yet" not in beyond and "No older missions" in beyond
+        assert '<a rel="first" href="/">← newest</a>' in beyond
+        runs = (await client.get(f"/missions/{mission_id}")).text
+        assert f'href="/iterations/{iteration_id}"' in runs and "← newest" not in runs
+        older = (await client.get(f"/missions/{mission_id}?before={iteration_id + 1}")).text
+        assert f'href="/iterations/{iteration_id}"' in older
+        assert f'<a rel="first" href="/missions/{mission_id}">← newest</a>' in older
+        none = (await client.get(f"/missions/{mission_id}?before={iteration_id}")).text
+        assert "No run yet" not in none and "No older runs" in none
+        assert f'<a rel="first" href="/missions/{mission_id}">← newest</a>' in none

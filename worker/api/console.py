@@ -193,7 +193,9 @@ async def missions_page(request: Request, s: Services, who: AdminPrincipal) -> R
     with_warnings(rows, await s.admin.answers_of(ids), "last_iteration_id")
     live = any(r["last_status"] == "running" or _due(r) for r in rows)
     more = rows[-1]["id"] if len(rows) == MISSIONS_PER_PAGE else None
-    return await _render(request, "missions.html", who=who, missions=rows, live=live, more=more)
+    return await _render(
+        request, "missions.html", who=who, missions=rows, live=live, more=more, before=before
+    )
 
 
 async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
@@ -201,15 +203,16 @@ async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Re
     mission = await s.admin.get_mission(mission_id)
     waiting = await s.approvals.pending_by_mission([mission_id])
     mission["awaiting_approval"] = waiting.get(mission_id)
+    before = _before(request)
     iterations = await s.admin.list_iterations(
-        mission_id=mission_id, limit=ITERATIONS_PER_PAGE, before_id=_before(request)
+        mission_id=mission_id, limit=ITERATIONS_PER_PAGE, before_id=before
     )
     with_warnings(iterations, await s.admin.answers_of([it["id"] for it in iterations]))
     live = _due(mission) or any(it["status"] == "running" for it in iterations)
     more = iterations[-1]["id"] if len(iterations) == ITERATIONS_PER_PAGE else None
     return await _render(
         request, "mission.html", who=who, mission=mission, iterations=iterations, live=live,
-        more=more,
+        more=more, before=before,
     )  # fmt: skip
 
 
