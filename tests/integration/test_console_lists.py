@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jinja2
@@ -20,6 +20,7 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import CompletionRequest, CompletionResponse
+from planner.approvals import arguments_hash
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.api_harness import api_client, token
 from tests.integration.test_cli_approvals import cli
@@ -29,7 +30,9 @@ from worker.api import v1
 from worker.api.console import MISSIONS_PER_PAGE
 from worker.api.timeline import ROUNDS_PER_PAGE
 from worker.db.tables import mission_iterations
+from worker.queries.approval_requests import ApprovalStore
 from worker.queries.missions import AdminStore
+from worker.store.records import ApprovalRequestRow
 
 LATER = datetime(2999, 1, 1, tzinfo=UTC)
 """A next run no worker of a test gets to."""
@@ -348,3 +351,55 @@ async def test_past_the_end_of_a_list_it_says_so_and_links_back_to_the_newest(
         none = (await client.get(f"/missions/{mission_id}?before={iteration_id}")).text
         assert "No run yet" not in none and "No older runs" in none
         assert f'<a rel="first" href="/missions/{mission_id}">← newest</a>' in none
+
+
+async def mcp_requests(db: AsyncEngine, count: int, tool: str) -> list[int]:
+    """``count`` pending requests of an MCP client's calls of ``tool``; their ids."""
+    store, ids = ApprovalStore(db), []
+    for n in range(count):
+        arguments = {"id": n}
+        row, _ = await store.request_mcp(
+            ApprovalRequestRow(
+                consumer="mcp", user_id="u1", call_id=f"call-{tool}-{n}", tool=tool,
+                arguments=arguments, arguments_hash=arguments_hash(arguments),
+                reason="destructive", ttl=timedelta(hours=1),
+            )
+        )  # fmt: skip
+        ids.append(int(row["id"]))
+    return ids
+
+
+async def test_the_approvals_inbox_pages_what_waits_and_what_was_decided(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """105 requests wait, 3 older ones were decided: the inbox shows 50 of each part a page,
+    says when more exist and links to them (``?status=…&before=ID``), and the decided ones
+    are there (they were lost behind the newest 100 requests of any status)."""
+    decided = await mcp_requests(db, 3, "notes_delete")
+    for request_id in decided:
+        await ApprovalStore(db).decide(request_id, approve=False, by="ops", note="no")
+    waiting = await mcp_requests(db, 105, "files_delete")
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+
+        def shown(text: str) -> list[int]:
+            return [
+                int(n)
+                for n in re.findall(r'<article class="approval[^"]*" id="approval-(\d+)"', text)
+            ]
+
+        first = (await client.get("/approvals")).text
+        assert shown(first) == waiting[::-1][:50] + decided[::-1]
+        assert "No decision yet" not in first and "← newest" not in first
+        more = f'href="/approvals?status=pending&amp;before={waiting[-50]}#pending"'
+        assert "More pending requests than this page shows" in first and more in first
+        assert "status=decided&amp;before" not in first  # all three decided ones are shown
+        second = (await client.get(f"/approvals?status=pending&before={waiting[-50]}")).text
+        assert shown(second) == waiting[::-1][50:100] and '<h2 id="decided"' not in second
+        assert '<a rel="first" href="/approvals">← newest</a>' in second
+        third = (await client.get(f"/approvals?status=pending&before={waiting[-100]}")).text
+        assert shown(third) == waiting[::-1][100:] and "More pending" not in third
+        older = (await client.get(f"/approvals?status=decided&before={decided[0]}")).text
+        assert shown(older) == [] and "No older decided requests" in older
+        for bad in ("before=abc", "status=bogus", "before=0", "status=pending&before=-1"):
+            assert (await client.get(f"/approvals?{bad}")).status_code == 404, bad

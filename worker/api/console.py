@@ -168,7 +168,11 @@ def _local(target: Any) -> str:
 
 MISSIONS_PER_PAGE = 50
 ITERATIONS_PER_PAGE = 25
-"""Rows of the missions list and of a mission's iterations per page (``?before=ID`` pages on)."""
+APPROVALS_PER_PAGE = 50
+"""Rows of the missions list, of a mission's iterations and of each part of the approvals inbox
+per page (``?before=ID`` pages on)."""
+INBOX = ("pending", "decided")
+"""The parts of the approvals inbox (its ``?status=``)."""
 
 
 def _due(mission: dict[str, Any]) -> bool:
@@ -304,17 +308,28 @@ async def approvals_page(
     who: AdminPrincipal,
     errors: dict[int, str] | None = None,
 ) -> Response:
-    """The inbox; ``errors`` by request id shows why a decision was refused at its row (the
-    page is then answered 409)."""
-    pending = await s.approvals.list_requests(status="pending", limit=200)
-    recent = [r for r in await s.approvals.list_requests(limit=100) if r["status"] != "pending"]
+    """The inbox: the requests that wait, then the decided ones, each newest first and paged
+    (``?status=pending|decided&before=ID`` pages on through one of them); ``errors`` by
+    request id shows why a decision was refused at its row (the page is then answered 409)."""
+    status = request.query_params.get("status")
+    if status is not None and status not in INBOX:
+        raise NotFoundError(f"no such page: status {status!r} is not one of {', '.join(INBOX)}")
+    before = _before(request)
+    parts = []
+    for part in INBOX:
+        if status in (None, part):
+            rows = await s.approvals.list_requests(
+                status=part, limit=APPROVALS_PER_PAGE + 1, before_id=before
+            )
+            rows, more = rows[:APPROVALS_PER_PAGE], len(rows) > APPROVALS_PER_PAGE
+            parts.append({"key": part, "rows": rows, "more": rows[-1]["id"] if more else None})
     return await _render(
         request,
         "approvals.html",
         status=409 if errors else 200,
         who=who,
-        pending=pending,
-        recent=recent,
+        parts=parts,
+        before=before,
         errors=errors or {},
     )
 
