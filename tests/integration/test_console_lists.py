@@ -403,3 +403,26 @@ async def test_the_approvals_inbox_pages_what_waits_and_what_was_decided(
         assert shown(older) == [] and "No older decided requests" in older
         for bad in ("before=abc", "status=bogus", "before=0", "status=pending&before=-1"):
             assert (await client.get(f"/approvals?{bad}")).status_code == 404, bad
+
+
+async def test_a_page_that_is_not_one_says_what_is_expected(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """The console answers 404 for a page number or an id it cannot take (the API, 400), and
+    says what it takes: pages run from 1 (never "'0' is not an id")."""
+    await agent_and_mission(db)
+    iteration_id = await run_once(db, lambda request: final_answer("Done."))
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+        for query in ("page=0", "page=abc", "page=-1"):
+            answer = await client.get(f"/iterations/{iteration_id}?{query}")
+            assert answer.status_code == 404, query
+            assert "page: pages run from 1, got" in answer.text, query
+            assert "not an id" not in answer.text, query
+        beyond = await client.get(f"/iterations/{iteration_id}?page=2")
+        assert beyond.status_code == 404
+        assert f"page: pages run from 1 to 1 for iteration {iteration_id}, got 2" in beyond.text
+        for path in ("/?before=0", "/approvals?before=abc", "/missions/1?before=x"):
+            answer = await client.get(path)
+            assert answer.status_code == 404 and "before: " in answer.text, path
+            assert "not an id" not in answer.text, path

@@ -223,7 +223,7 @@ async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Re
 def _before(request: Request) -> int | None:
     """The ``before`` of a list's page (an id: the rows after the previous page's last)."""
     before = request.query_params.get("before")
-    return None if before is None else _int(before)
+    return None if before is None else _int(before, "before")
 
 
 def _course(operation: Callable[[Any, int], Awaitable[mission_ops.Course]], done: str) -> Page:
@@ -268,14 +268,17 @@ async def _iteration(
     report: Any,
     iteration: Any = None,
 ) -> Response:
-    page = _int(request.query_params.get("page", "1"))
+    page = _page_number(request.query_params.get("page", "1"))
     if iteration is None:
         iteration = await s.admin.get_iteration(_int(request.path_params["id"]))
     blocks, pages, said = await run_in_threadpool(
         _iteration_view, iteration, page, request.app.state.hints
     )
     if page > pages:
-        raise NotFoundError(f"no such page: iteration {iteration['id']} has {pages} page(s)")
+        raise NotFoundError(
+            f"no such page: page: pages run from 1 to {pages} for iteration {iteration['id']},"
+            f" got {page}"
+        )
     return await _render(
         request,
         "iteration.html",
@@ -391,12 +394,22 @@ def _every_day(days: list[dict[str, Any]], since: datetime) -> list[dict[str, An
     return filled
 
 
-def _int(text: str) -> int:
-    """An id of the path (``worker.admin.values.row_id``'s rule); anything else is no page."""
+def _int(text: str, field: str = "id") -> int:
+    """An id of the path or of ``field`` of the query (``worker.admin.values.row_id``'s rule);
+    anything else is no page, and the message says what ``field`` takes, as the API's 400s
+    do."""
+    try:
+        return row_id(text)
+    except argparse.ArgumentTypeError as exc:
+        raise NotFoundError(f"no such page: {field}: {exc}") from None
+
+
+def _page_number(text: str) -> int:
+    """The ``?page=`` of a long iteration: 1, 2, …; anything else is no page."""
     try:
         return row_id(text)
     except argparse.ArgumentTypeError:
-        raise NotFoundError(f"no such page: {text!r} is not an id") from None
+        raise NotFoundError(f"no such page: page: pages run from 1, got {text!r}") from None
 
 
 def routes() -> list[Route | Mount]:
