@@ -365,3 +365,38 @@ async def test_after_run_now_the_mission_page_shows_the_run_without_a_reload(
     assert "succeeded" in await page.inner_text("#live")
     await page.wait_for_selector("#live:not([hx-trigger])", timeout=10_000)  # stopped
     assert page.dialogs == [] and page.failures == []
+
+
+async def test_a_phone_never_scrolls_sideways_on_policy_or_a_made_up_tool_name(
+    db: AsyncEngine, server: str, browser: Any
+) -> None:
+    """At 390, 360 and 320 px: the policy report (its six-column "By mode" table, a reason
+    naming a made-up tool) and an iteration whose model called a 3,000-character tool name it
+    made up stay within the screen (long names wrap; a wide table scrolls in its own box)."""
+    await compacted_iteration(db)  # log-only decisions: the policy page has its tables
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="inventor", owner_user_id="u1", system_prompt="s")
+    await admin.add_mission(
+        agent_id=agent["id"], objective="Use a tool.", cron=None, timezone="UTC",
+        next_run_at="now",
+    )  # fmt: skip
+    invented = "frobnicate" * 300
+
+    def model(request: Any) -> Any:
+        if any(m.role == "tool" for m in request.messages):
+            return final_answer(f"I called {invented}.")
+        return tool_calls((invented, {"path": "/" + "x" * 400}))
+
+    worker = make_worker(db, FunctionChatModel(model), policy=policy_setup(db, "log-only"))
+    assert await worker.run_once() == ["succeeded"]
+    [iteration] = await admin.list_iterations(limit=1)
+    page = await page_of(browser, phone=True)
+    await sign_in(page, server, await token(db))
+    for width in (390, 360, 320):
+        await page.set_viewport_size({"width": width, "height": 844})
+        for path in ("/policy", f"/iterations/{iteration['id']}"):
+            await page.goto(f"{server}{path}")
+            wide = await page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= width, f"{path} is {wide}px wide on a {width}px screen"
+    assert "frobnicatefrobnicate" in await page.inner_text(".call .tool")
+    assert page.failures == []

@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jinja2
@@ -19,15 +20,22 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import CompletionRequest, CompletionResponse
+from planner.approvals import arguments_hash
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.integration.api_harness import api_client, token
 from tests.integration.test_cli_approvals import cli
 from tests.integration.test_console import signed_in
 from tests.integration.worker_harness import make_worker, policy_setup
 from worker.api import v1
+from worker.api.console import MISSIONS_PER_PAGE
 from worker.api.timeline import ROUNDS_PER_PAGE
 from worker.db.tables import mission_iterations
+from worker.queries.approval_requests import ApprovalStore
 from worker.queries.missions import AdminStore
+from worker.store.records import ApprovalRequestRow
+
+LATER = datetime(2999, 1, 1, tzinfo=UTC)
+"""A next run no worker of a test gets to."""
 
 MADE_UP = "23:45:17"
 """A time the model states without any tool having returned it."""
@@ -118,6 +126,34 @@ async def test_a_200_round_iteration_is_paged(db: AsyncEngine, database_url: str
             shown = [int(n) for n in re.findall(r'<section class="round" id="round-(\d+)"', text)]
             last_shown = min(page * ROUNDS_PER_PAGE, 200 + 1)
             assert shown == list(range((page - 1) * ROUNDS_PER_PAGE + 1, last_shown + 1))
+
+
+async def test_the_pager_says_which_rounds_each_page_holds(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """A 231-round iteration: each page names its own rounds (never 1-231 on page 1), and the
+    links name the rounds of the page they open, the last page's end included."""
+    assert ROUNDS_PER_PAGE == 20
+    iteration_id = await long_iteration(db, rounds=230)
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+
+        async def pager(page: int) -> str:
+            text = (await client.get(f"/iterations/{iteration_id}?page={page}")).text
+            nav = text.split('<nav class="pager"')[1].split("</nav>")[0]
+            return visible_text(nav).replace("\N{EN DASH}", "-")  # as the page writes it
+
+        first = await pager(1)
+        assert "rounds 1-20 of 231 (page 1 of 12)" in first and "←" not in first
+        assert "rounds 21-40 →" in first
+        second = await pager(2)
+        assert "← rounds 1-20" in second and "rounds 21-40 of 231" in second
+        assert "rounds 41-60 →" in second
+        eleventh = await pager(11)
+        assert "rounds 201-220 of 231" in eleventh and "rounds 221-231 →" in eleventh
+        last = await pager(12)
+        assert "← rounds 201-220" in last and "rounds 221-231 of 231 (page 12 of 12)" in last
+        assert "→" not in last
 
 
 async def test_pages_render_off_the_event_loop_while_healthz_answers(
@@ -278,3 +314,115 @@ async def test_after_run_now_the_mission_page_follows_the_run(
         running = (await client.get(f"/iterations/{iteration_id}")).text
         assert f'hx-get="/iterations/{iteration_id}" hx-trigger="every 3s"' in running
         assert "Finished</dt><dd>running" in running
+
+
+# -- past the end of a list ---------------------------------------------------------------------
+
+
+async def test_past_the_end_of_a_list_it_says_so_and_links_back_to_the_newest(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """``?before=`` past the last row: "no older missions/runs" and a way back, never "No
+    missions yet" or "No run yet" while there are some; every page after the first links to
+    the newest."""
+    admin = AdminStore(db)
+    agent = await admin.add_agent(name="many", owner_user_id="u1", system_prompt="Answer.")
+    ids = [
+        (await admin.add_mission(agent_id=agent["id"], objective=f"Task {n}.", cron=None,
+                                 timezone="UTC", next_run_at="now" if n == 0 else LATER))["id"]
+        for n in range(MISSIONS_PER_PAGE + 1)
+    ]  # fmt: skip
+    iteration_id = await run_once(db, lambda request: final_answer("Done."))
+    mission_id = (await admin.get_iteration(iteration_id))["mission_id"]
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+        first = (await client.get("/")).text
+        assert "← newest" not in first and f'href="/?before={ids[1]}"' in first
+        second = (await client.get(f"/?before={ids[1]}")).text
+        assert '<a rel="first" href="/">← newest</a>' in second and "Task 0." in second
+        beyond = (await client.get(f"/?before={min(ids)}")).text
+        assert "No missions yet" not in beyond and "No older missions" in beyond
+        assert '<a rel="first" href="/">← newest</a>' in beyond
+        runs = (await client.get(f"/missions/{mission_id}")).text
+        assert f'href="/iterations/{iteration_id}"' in runs and "← newest" not in runs
+        older = (await client.get(f"/missions/{mission_id}?before={iteration_id + 1}")).text
+        assert f'href="/iterations/{iteration_id}"' in older
+        assert f'<a rel="first" href="/missions/{mission_id}">← newest</a>' in older
+        none = (await client.get(f"/missions/{mission_id}?before={iteration_id}")).text
+        assert "No run yet" not in none and "No older runs" in none
+        assert f'<a rel="first" href="/missions/{mission_id}">← newest</a>' in none
+
+
+async def mcp_requests(db: AsyncEngine, count: int, tool: str) -> list[int]:
+    """``count`` pending requests of an MCP client's calls of ``tool``; their ids."""
+    store, ids = ApprovalStore(db), []
+    for n in range(count):
+        arguments = {"id": n}
+        row, _ = await store.request_mcp(
+            ApprovalRequestRow(
+                consumer="mcp", user_id="u1", call_id=f"call-{tool}-{n}", tool=tool,
+                arguments=arguments, arguments_hash=arguments_hash(arguments),
+                reason="destructive", ttl=timedelta(hours=1),
+            )
+        )  # fmt: skip
+        ids.append(int(row["id"]))
+    return ids
+
+
+async def test_the_approvals_inbox_pages_what_waits_and_what_was_decided(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """105 requests wait, 3 older ones were decided: the inbox shows 50 of each part a page,
+    says when more exist and links to them (``?status=…&before=ID``), and the decided ones
+    are there (they were lost behind the newest 100 requests of any status)."""
+    decided = await mcp_requests(db, 3, "notes_delete")
+    for request_id in decided:
+        await ApprovalStore(db).decide(request_id, approve=False, by="ops", note="no")
+    waiting = await mcp_requests(db, 105, "files_delete")
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+
+        def shown(text: str) -> list[int]:
+            return [
+                int(n)
+                for n in re.findall(r'<article class="approval[^"]*" id="approval-(\d+)"', text)
+            ]
+
+        first = (await client.get("/approvals")).text
+        assert shown(first) == waiting[::-1][:50] + decided[::-1]
+        assert "No decision yet" not in first and "← newest" not in first
+        more = f'href="/approvals?status=pending&amp;before={waiting[-50]}#pending"'
+        assert "More pending requests than this page shows" in first and more in first
+        assert "status=decided&amp;before" not in first  # all three decided ones are shown
+        second = (await client.get(f"/approvals?status=pending&before={waiting[-50]}")).text
+        assert shown(second) == waiting[::-1][50:100] and '<h2 id="decided"' not in second
+        assert '<a rel="first" href="/approvals">← newest</a>' in second
+        third = (await client.get(f"/approvals?status=pending&before={waiting[-100]}")).text
+        assert shown(third) == waiting[::-1][100:] and "More pending" not in third
+        older = (await client.get(f"/approvals?status=decided&before={decided[0]}")).text
+        assert shown(older) == [] and "No older decided requests" in older
+        for bad in ("before=abc", "status=bogus", "before=0", "status=pending&before=-1"):
+            assert (await client.get(f"/approvals?{bad}")).status_code == 404, bad
+
+
+async def test_a_page_that_is_not_one_says_what_is_expected(
+    db: AsyncEngine, database_url: str
+) -> None:
+    """The console answers 404 for a page number or an id it cannot take (the API, 400), and
+    says what it takes: pages run from 1 (never "'0' is not an id")."""
+    await agent_and_mission(db)
+    iteration_id = await run_once(db, lambda request: final_answer("Done."))
+    async with api_client(db, database_url) as client:
+        await signed_in(client, await token(db))
+        for query in ("page=0", "page=abc", "page=-1"):
+            answer = await client.get(f"/iterations/{iteration_id}?{query}")
+            assert answer.status_code == 404, query
+            assert "page: pages run from 1, got" in answer.text, query
+            assert "not an id" not in answer.text, query
+        beyond = await client.get(f"/iterations/{iteration_id}?page=2")
+        assert beyond.status_code == 404
+        assert f"page: pages run from 1 to 1 for iteration {iteration_id}, got 2" in beyond.text
+        for path in ("/?before=0", "/approvals?before=abc", "/missions/1?before=x"):
+            answer = await client.get(path)
+            assert answer.status_code == 404 and "before: " in answer.text, path
+            assert "not an id" not in answer.text, path

@@ -168,7 +168,11 @@ def _local(target: Any) -> str:
 
 MISSIONS_PER_PAGE = 50
 ITERATIONS_PER_PAGE = 25
-"""Rows of the missions list and of a mission's iterations per page (``?before=ID`` pages on)."""
+APPROVALS_PER_PAGE = 50
+"""Rows of the missions list, of a mission's iterations and of each part of the approvals inbox
+per page (``?before=ID`` pages on)."""
+INBOX = ("pending", "decided")
+"""The parts of the approvals inbox (its ``?status=``)."""
 
 
 def _due(mission: dict[str, Any]) -> bool:
@@ -193,7 +197,9 @@ async def missions_page(request: Request, s: Services, who: AdminPrincipal) -> R
     with_warnings(rows, await s.admin.answers_of(ids), "last_iteration_id")
     live = any(r["last_status"] == "running" or _due(r) for r in rows)
     more = rows[-1]["id"] if len(rows) == MISSIONS_PER_PAGE else None
-    return await _render(request, "missions.html", who=who, missions=rows, live=live, more=more)
+    return await _render(
+        request, "missions.html", who=who, missions=rows, live=live, more=more, before=before
+    )
 
 
 async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Response:
@@ -201,22 +207,23 @@ async def mission_page(request: Request, s: Services, who: AdminPrincipal) -> Re
     mission = await s.admin.get_mission(mission_id)
     waiting = await s.approvals.pending_by_mission([mission_id])
     mission["awaiting_approval"] = waiting.get(mission_id)
+    before = _before(request)
     iterations = await s.admin.list_iterations(
-        mission_id=mission_id, limit=ITERATIONS_PER_PAGE, before_id=_before(request)
+        mission_id=mission_id, limit=ITERATIONS_PER_PAGE, before_id=before
     )
     with_warnings(iterations, await s.admin.answers_of([it["id"] for it in iterations]))
     live = _due(mission) or any(it["status"] == "running" for it in iterations)
     more = iterations[-1]["id"] if len(iterations) == ITERATIONS_PER_PAGE else None
     return await _render(
         request, "mission.html", who=who, mission=mission, iterations=iterations, live=live,
-        more=more,
+        more=more, before=before,
     )  # fmt: skip
 
 
 def _before(request: Request) -> int | None:
     """The ``before`` of a list's page (an id: the rows after the previous page's last)."""
     before = request.query_params.get("before")
-    return None if before is None else _int(before)
+    return None if before is None else _int(before, "before")
 
 
 def _course(operation: Callable[[Any, int], Awaitable[mission_ops.Course]], done: str) -> Page:
@@ -261,14 +268,17 @@ async def _iteration(
     report: Any,
     iteration: Any = None,
 ) -> Response:
-    page = _int(request.query_params.get("page", "1"))
+    page = _page_number(request.query_params.get("page", "1"))
     if iteration is None:
         iteration = await s.admin.get_iteration(_int(request.path_params["id"]))
     blocks, pages, said = await run_in_threadpool(
         _iteration_view, iteration, page, request.app.state.hints
     )
     if page > pages:
-        raise NotFoundError(f"no such page: iteration {iteration['id']} has {pages} page(s)")
+        raise NotFoundError(
+            f"no such page: page: pages run from 1 to {pages} for iteration {iteration['id']},"
+            f" got {page}"
+        )
     return await _render(
         request,
         "iteration.html",
@@ -301,17 +311,28 @@ async def approvals_page(
     who: AdminPrincipal,
     errors: dict[int, str] | None = None,
 ) -> Response:
-    """The inbox; ``errors`` by request id shows why a decision was refused at its row (the
-    page is then answered 409)."""
-    pending = await s.approvals.list_requests(status="pending", limit=200)
-    recent = [r for r in await s.approvals.list_requests(limit=100) if r["status"] != "pending"]
+    """The inbox: the requests that wait, then the decided ones, each newest first and paged
+    (``?status=pending|decided&before=ID`` pages on through one of them); ``errors`` by
+    request id shows why a decision was refused at its row (the page is then answered 409)."""
+    status = request.query_params.get("status")
+    if status is not None and status not in INBOX:
+        raise NotFoundError(f"no such page: status {status!r} is not one of {', '.join(INBOX)}")
+    before = _before(request)
+    parts = []
+    for part in INBOX:
+        if status in (None, part):
+            rows = await s.approvals.list_requests(
+                status=part, limit=APPROVALS_PER_PAGE + 1, before_id=before
+            )
+            rows, more = rows[:APPROVALS_PER_PAGE], len(rows) > APPROVALS_PER_PAGE
+            parts.append({"key": part, "rows": rows, "more": rows[-1]["id"] if more else None})
     return await _render(
         request,
         "approvals.html",
         status=409 if errors else 200,
         who=who,
-        pending=pending,
-        recent=recent,
+        parts=parts,
+        before=before,
         errors=errors or {},
     )
 
@@ -373,12 +394,22 @@ def _every_day(days: list[dict[str, Any]], since: datetime) -> list[dict[str, An
     return filled
 
 
-def _int(text: str) -> int:
-    """An id of the path (``worker.admin.values.row_id``'s rule); anything else is no page."""
+def _int(text: str, field: str = "id") -> int:
+    """An id of the path or of ``field`` of the query (``worker.admin.values.row_id``'s rule);
+    anything else is no page, and the message says what ``field`` takes, as the API's 400s
+    do."""
+    try:
+        return row_id(text)
+    except argparse.ArgumentTypeError as exc:
+        raise NotFoundError(f"no such page: {field}: {exc}") from None
+
+
+def _page_number(text: str) -> int:
+    """The ``?page=`` of a long iteration: 1, 2, …; anything else is no page."""
     try:
         return row_id(text)
     except argparse.ArgumentTypeError:
-        raise NotFoundError(f"no such page: {text!r} is not an id") from None
+        raise NotFoundError(f"no such page: page: pages run from 1, got {text!r}") from None
 
 
 def routes() -> list[Route | Mount]:

@@ -115,8 +115,9 @@ class ApprovalStore:
     async def list_requests(
         self, *, status: str | None = None, limit: int = 100, before_id: int | None = None
     ) -> list[Row]:
-        """Requests newest first, all or those of ``status`` (as it stands now), at most
-        ``limit``, only those with an id below ``before_id`` when given (the next page)."""
+        """Requests newest first, all or those of ``status`` (as it stands now; ``decided``:
+        every one that no longer waits, approved, denied or expired), at most ``limit``, only
+        those with an id below ``before_id`` when given (the next page)."""
         stmt = _selected().order_by(_r.id.desc()).limit(limit)
         if before_id is not None:
             stmt = stmt.where(_r.id < before_id)
@@ -124,6 +125,8 @@ class ApprovalStore:
             stmt = stmt.where(_r.status == "pending", _r.expires_at > func.now())
         elif status == "expired":
             stmt = stmt.where(lapsed_or_expired())
+        elif status == "decided":
+            stmt = stmt.where(or_(_r.status != "pending", _r.expires_at <= func.now()))
         elif status is not None:
             stmt = stmt.where(_r.status == status)
         async with self.engine.connect() as conn:
