@@ -72,8 +72,9 @@ class WakeUpListener:
 
     Run ``run()`` as a task for the daemon's life and cancel it at shutdown: it UNLISTENs and
     gives the connection back to the pool before it returns. It never raises for a database
-    failure: a lost connection (server restart, ``pg_terminate_backend``, a network cut that a
-    ``SELECT 1`` every ``check_every_s`` seconds notices) is logged once as a warning, and it
+    failure: a lost connection (server restart, ``pg_terminate_backend``, a failover, a network
+    cut or a demotion to standby that a check every ``check_every_s`` seconds notices) is
+    logged once as a warning, and it
     reconnects with exponential backoff from ``retry_min_s`` to ``retry_max_s`` seconds,
     logging the recovery once.
 
@@ -168,16 +169,23 @@ class WakeUpListener:
         return driver
 
     async def _watch(self, driver: asyncpg.Connection) -> str:
-        """Wait until the connection is lost; return why. A ``SELECT 1`` every
-        ``check_every_s`` seconds (answered within as long) catches a silently dead peer."""
+        """Wait until the connection is lost; return why. A ``SELECT pg_is_in_recovery()``
+        every ``check_every_s`` seconds (answered within as long) catches a silently dead peer,
+        and a server that a failover turned into a standby (it stays up, but notifications are
+        sent on the new primary): either way the listener reconnects, to the new primary with a
+        multi-host URL and ``target_session_attrs=read-write``."""
         while True:
             try:
                 await asyncio.wait_for(self._lost.wait(), self.check_every_s)
             except TimeoutError:
                 try:
-                    await asyncio.wait_for(driver.fetchval("SELECT 1"), self.check_every_s)
+                    standby = await asyncio.wait_for(
+                        driver.fetchval("SELECT pg_is_in_recovery()"), self.check_every_s
+                    )
                 except TimeoutError:
-                    return f"no answer to SELECT 1 within {self.check_every_s:g} s"
+                    return f"no answer to the liveness check within {self.check_every_s:g} s"
+                if standby:  # NOTIFY is sent on the primary only
+                    return "the server is a standby now (a failover); reconnecting"
             else:
                 return "the server closed the connection"
 
