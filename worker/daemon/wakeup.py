@@ -9,6 +9,12 @@ the worker's tick loop (``Worker.run``) turns that into a tick within millisecon
 interval stays the safety net: a notification sent while no listener is connected is lost, so
 the listener wakes the worker once after each reconnection.
 
+A failover ends the listening connection (the old primary stops, or restarts as a standby:
+PostgreSQL demotes no server online), and the listener reconnects like after any loss; with a
+multi-host URL and ``target_session_attrs=read-write`` it reaches the new primary. It never
+listens on a standby: PostgreSQL refuses LISTEN during recovery ("cannot execute LISTEN during
+recovery"), so a listener whose connection reaches one keeps retrying.
+
 LISTEN needs a session of its own, which PgBouncer in transaction pooling mode does not give
 (its documentation lists LISTEN among the features that do not work there); ``off_reason``
 says when wake-ups are off and why.
@@ -72,9 +78,8 @@ class WakeUpListener:
 
     Run ``run()`` as a task for the daemon's life and cancel it at shutdown: it UNLISTENs and
     gives the connection back to the pool before it returns. It never raises for a database
-    failure: a lost connection (server restart, ``pg_terminate_backend``, a failover, a network
-    cut or a demotion to standby that a check every ``check_every_s`` seconds notices) is
-    logged once as a warning, and it
+    failure: a lost connection (server restart, ``pg_terminate_backend``, a network cut that a
+    ``SELECT 1`` every ``check_every_s`` seconds notices) is logged once as a warning, and it
     reconnects with exponential backoff from ``retry_min_s`` to ``retry_max_s`` seconds,
     logging the recovery once.
 
@@ -169,23 +174,16 @@ class WakeUpListener:
         return driver
 
     async def _watch(self, driver: asyncpg.Connection) -> str:
-        """Wait until the connection is lost; return why. A ``SELECT pg_is_in_recovery()``
-        every ``check_every_s`` seconds (answered within as long) catches a silently dead peer,
-        and a server that a failover turned into a standby (it stays up, but notifications are
-        sent on the new primary): either way the listener reconnects, to the new primary with a
-        multi-host URL and ``target_session_attrs=read-write``."""
+        """Wait until the connection is lost; return why. A ``SELECT 1`` every
+        ``check_every_s`` seconds (answered within as long) catches a silently dead peer."""
         while True:
             try:
                 await asyncio.wait_for(self._lost.wait(), self.check_every_s)
             except TimeoutError:
                 try:
-                    standby = await asyncio.wait_for(
-                        driver.fetchval("SELECT pg_is_in_recovery()"), self.check_every_s
-                    )
+                    await asyncio.wait_for(driver.fetchval("SELECT 1"), self.check_every_s)
                 except TimeoutError:
-                    return f"no answer to the liveness check within {self.check_every_s:g} s"
-                if standby:  # NOTIFY is sent on the primary only
-                    return "the server is a standby now (a failover); reconnecting"
+                    return f"no answer to SELECT 1 within {self.check_every_s:g} s"
             else:
                 return "the server closed the connection"
 
