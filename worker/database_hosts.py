@@ -53,7 +53,8 @@ def lift_authority_hosts(text: str) -> str:
     hosts = [
         (host, _port(port, empty_is_default=False))
         for host, port in (
-            _host_and_port(i, text=match["hosts"]) for i in match["hosts"].split(",")
+            _host_and_port(i, text=match["hosts"], bare_ipv6=False)
+            for i in match["hosts"].split(",")
         )
     ]
     tail = match["tail"]
@@ -69,10 +70,10 @@ def lift_authority_hosts(text: str) -> str:
     return match["head"] + tail + joiner + lifted
 
 
-def _host_and_port(item: str, *, text: str) -> tuple[str, str | None]:
+def _host_and_port(item: str, *, text: str, bare_ipv6: bool = True) -> tuple[str, str | None]:
     """``item``'s host and port (``None``: none given); an IPv6 address without brackets
-    (``::1``, in a query's list) has none."""
-    if item.count(":") > 1 and not item.startswith("["):
+    (``::1``, allowed in a query's list: ``bare_ipv6``) has none."""
+    if bare_ipv6 and item.count(":") > 1 and not item.startswith("["):
         return item, None
     match = _HOST_PORT.fullmatch(item)
     host = None if match is None else (match["v6"] or match["name"])

@@ -195,6 +195,8 @@ def test_every_multi_host_form_reaches_asyncpg_as_a_list(
         ("postgresql://u@h1,,h2/db", "empty or malformed host in its list of hosts"),
         ("postgresql://u@h1,h2:/db", "invalid port ('')"),
         ("postgresql://u@[::1,h2/db", "empty or malformed host"),
+        ("postgresql://u@::1,h2/db", "empty or malformed host"),
+        ("postgresql://u@h1:1:2,h2/db", "empty or malformed host"),
         ("postgresql://u@h1,h2/db?host=h3", "both before the database and in its query"),
         ("postgresql://u@h1,h2/db?port=1", "both before the database and in its query"),
         ("postgresql://u@h/db?host=a,b", "both before the database and in its query"),
