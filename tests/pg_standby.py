@@ -85,11 +85,14 @@ class PrimaryAndStandby:
             f"/{database}?{query}"
         )
 
-    def switch_over(self, pause_s: float = 0.0) -> None:
-        """Stop the primary (``fast``: its sessions are ended, its last WAL reaches the
-        standby), wait ``pause_s`` seconds (a failover manager noticing), then promote the
-        standby and wait until it accepts writes."""
-        self._pg_ctl("stop", "primary", "-m", "fast")
+    def switch_over(self, pause_s: float = 0.0, *, mode: str = "fast") -> None:
+        """Stop the primary, wait ``pause_s`` seconds (a failover manager noticing), then
+        promote the standby and wait until it accepts writes.
+
+        ``mode`` is ``pg_ctl stop``'s: ``fast`` (a switchover: sessions are ended, the last
+        WAL reaches the standby) or ``immediate`` (a crash: the server quits at once; with
+        synchronous replication what it acknowledged is on the standby already)."""
+        self._pg_ctl("stop", "primary", "-m", mode)
         time.sleep(pause_s)
         self._pg_ctl("promote", "standby")
 
