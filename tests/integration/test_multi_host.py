@@ -1,5 +1,6 @@
 """A URL that lists several hosts (issue 36): the worker's engine skips a host that is down
-and connects to the next, as libpq does; ``test_failover.py`` follows a real switchover."""
+and connects to the next, as libpq does, and leaves no connection to a server that answered
+read-only in its pool; ``test_failover.py`` follows a real switchover."""
 
 from __future__ import annotations
 
