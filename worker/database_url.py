@@ -16,6 +16,7 @@ import re
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, quote, quote_plus, unquote
 
+from worker.database_hosts import host_list, lift_authority_hosts
 from worker.terminal_text import describe_char
 
 __all__ = ["DatabaseUrl", "asyncpg_keywords", "parse_url", "redact_url", "to_async_url"]
@@ -147,6 +148,12 @@ def to_async_url(url: str) -> str:
     (same values: disable, allow, prefer, require, verify-ca, verify-full). Everything else
     (credentials, host, port, database, other parameters) is kept as is.
 
+    Several hosts, in any form libpq reads (``u@h1:5432,h2:5433/db``, ``?host=h1,h2&port=5432``,
+    also ``?host=h1:5432&host=h2:5433``), become ``u@/db?host=h1,h2&port=5432,5433``, every
+    port spelled out (``worker.database_hosts``), the form SQLAlchemy's asyncpg dialect opens;
+    with ``target_session_attrs=read-write`` (or ``primary``) asyncpg connects to the first
+    host that accepts writes.
+
     Query parameters other than ``_QUERY_VALUES``' (libpq's ``application_name`` and
     ``connect_timeout`` among them: mana-ai sets the first itself, and
     ``MANA_AI_DB_STATEMENT_TIMEOUT_S`` bounds waits) are refused, as are values those
@@ -165,6 +172,7 @@ def to_async_url(url: str) -> str:
             f"must not contain control or invisible characters ({describe_char(hidden)} at "
             f"position {url.index(hidden) + 1}); percent-encode it"
         )
+    url = lift_authority_hosts(url)
     try:
         parsed = parse_url(url)
     except ValueError:  # not a URL, or int() of a bad port
@@ -184,7 +192,25 @@ def to_async_url(url: str) -> str:
     if "sslmode" in query:
         sslmode = query.pop("sslmode")
         query.setdefault("ssl", sslmode)
+    query |= _host_list_query(parsed)
     return parsed._replace(drivername="postgresql+asyncpg", query=query).render(hide_password=False)
+
+
+def _host_list_query(parsed: DatabaseUrl) -> dict[str, str]:
+    """``host`` and ``port`` query parameters with every host and its port, for a URL whose
+    query names several hosts (``worker.database_hosts.host_list``); none for another."""
+    hosts = host_list(parsed.query.get("host"), parsed.query.get("port"))
+    if hosts is None:
+        return {}
+    if parsed.host is not None or parsed.port is not None:
+        raise ValueError(
+            "names a host both before the database and in its query (?host=); give the "
+            "hosts one way"
+        )
+    return {
+        "host": ",".join(host for host, _ in hosts),
+        "port": ",".join(str(port) for _, port in hosts),
+    }
 
 
 def _check_query_parameter(name: str, value: str | tuple[str, ...]) -> None:
@@ -205,15 +231,29 @@ def _check_query_parameter(name: str, value: str | tuple[str, ...]) -> None:
 
 def redact_url(url: str) -> str:
     """``url`` with the password replaced by ``***``, for logs and error messages: the one
-    before the host and a ``password`` query parameter (the driver takes either)."""
+    before the host and a ``password`` query parameter (the driver takes either). A list of
+    hosts before the database is shown in the query, as ``to_async_url`` moves it."""
     try:
-        parsed = parse_url(url)
+        parsed = parse_url(lift_authority_hosts(url))
     except ValueError:
-        return "(unparseable URL)"
+        return _masked(url)
     if "password" not in parsed.query:
         return parsed.render(hide_password=True)
     shown = parsed._replace(query={**parsed.query, "password": "***"}).render(hide_password=True)
     return shown.replace("password=%2A%2A%2A", "password=***", 1)
+
+
+_USER_INFO_PASSWORD = re.compile(r"^([\w+]+://[^:/@]*:).*@")  # to the last @: more, not less
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*")
+
+
+def _masked(url: str) -> str:
+    """A URL that does not parse, with what may be its password (after ``user:``, in a
+    ``password=`` parameter) as ``***``; ``(unparseable URL)`` when it has control
+    characters."""
+    if not url.isprintable():
+        return "(unparseable URL)"
+    return _QUERY_PASSWORD.sub(r"\1***", _USER_INFO_PASSWORD.sub(r"\1***@", url))
 
 
 def asyncpg_keywords(url: str) -> dict[str, Any] | None:

@@ -245,6 +245,8 @@ def test_an_invalid_value_names_the_variable_and_the_value(
         ("MANA_AI_LLM_MODEL", "gpt\u200b4", "must not contain control or invisible"),
         ("MANA_AI_DATABASE_URL", "mysql://u@h/db", "unsupported scheme 'mysql://'"),
         ("MANA_AI_DATABASE_URL", "not a url", "not a database URL"),
+        ("MANA_AI_DATABASE_URL", "postgresql://u@h1:x,h2/db", "invalid port ('x') in its list"),
+        ("MANA_AI_DATABASE_URL", "postgresql://u@/db?host=a,b,c&port=1,2", "3 hosts but 2 ports"),
         ("MANA_AI_MAX_PARALLEL_READS", "0", "greater than or equal to 1"),
         ("MANA_AI_TOOL_TIMEOUT_S", "0", "greater than 0"),
         ("MANA_AI_WEB_ALLOW_PRIVATE", "maybe", "valid boolean"),
@@ -442,6 +444,32 @@ def test_names_in_settings_follow_the_rule_for_names(monkeypatch: pytest.MonkeyP
 )
 def test_pgbouncer_switch_spellings(value: str, expected: object) -> None:
     assert load_settings(db_pgbouncer=value).database.pgbouncer_mode == expected
+
+
+def test_a_multi_host_url_is_accepted_and_a_bad_one_not_echoed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 36: the operator's HA URL was refused as '(unparseable URL)'."""
+    monkeypatch.setenv(
+        "MANA_AI_DATABASE_URL",
+        "postgresql://postgres:pw@10.0.0.1:5432,10.0.0.2:5432/mana?target_session_attrs=read-write",
+    )
+    assert load_settings().database.url == (
+        "postgresql+asyncpg://postgres:pw@/mana?host=10.0.0.1%2C10.0.0.2&port=5432%2C5432"
+        "&target_session_attrs=read-write"
+    )
+    monkeypatch.setenv("MANA_AI_DATABASE_URL", "postgresql://u:hunter2@h1:5432,h2:x/db")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "MANA_AI_DATABASE_URL: has an invalid port ('x') in its list of hosts; a port is 1 to "
+        "65535 (got 'postgresql://u:***@h1:5432,h2:x/db')"
+    )
+
+
+def test_pgbouncer_auto_means_port_6432_on_every_host() -> None:
+    assert load_settings(database_url="postgresql://u@a:6432,b:6432/x").database.pgbouncer
+    assert not load_settings(database_url="postgresql://u@a:6432,b:5432/x").database.pgbouncer
 
 
 def test_pgbouncer_auto_means_port_6432() -> None:

@@ -9,6 +9,12 @@ the worker's tick loop (``Worker.run``) turns that into a tick within millisecon
 interval stays the safety net: a notification sent while no listener is connected is lost, so
 the listener wakes the worker once after each reconnection.
 
+A failover ends the listening connection (the old primary stops, or restarts as a standby:
+PostgreSQL demotes no server online), and the listener reconnects like after any loss; with a
+multi-host URL and ``target_session_attrs=read-write`` it reaches the new primary. It never
+listens on a standby: PostgreSQL refuses LISTEN during recovery ("cannot execute LISTEN during
+recovery"), so a listener whose connection reaches one keeps retrying.
+
 LISTEN needs a session of its own, which PgBouncer in transaction pooling mode does not give
 (its documentation lists LISTEN among the features that do not work there); ``off_reason``
 says when wake-ups are off and why.

@@ -14,6 +14,9 @@ taken (a restarted server then costs a reconnect, not an error); one used within
 not (a ping on asyncpg costs three round trips). A connection asyncpg knows is closed is
 replaced when taken. This is SQLAlchemy's documented pessimistic disconnect handling with a
 ``checkout`` event in place of ``pool_pre_ping``. Connections are recycled after 30 minutes.
+A failover (an error saying the server no longer takes writes: ``worker.db.transient``'s
+``server_gone``) discards the connection and every one pooled before it, so the next statement
+connects afresh, to the new primary with a multi-host URL and ``target_session_attrs``.
 A statement that times out leaves its connection out of the pool if it does not answer its
 reset either. With ``pgbouncer=True`` asyncpg's and SQLAlchemy's prepared-statement caches are
 off and every prepared statement gets a unique name, as SQLAlchemy's asyncpg dialect documents
@@ -29,7 +32,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import CursorResult, RowMapping
+from sqlalchemy.engine import CursorResult, ExceptionContext, RowMapping
 from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
@@ -40,7 +43,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.database_url import redact_url, to_async_url
-from worker.db.transient import describe_error, retry_transient
+from worker.db.transient import describe_error, retry_transient, server_gone
 from worker.errors import DatabaseError
 
 if TYPE_CHECKING:
@@ -143,7 +146,22 @@ def create_engine(
         execution_options={PGBOUNCER_OPTION: pgbouncer},
     )
     _check_out_live_connections(engine)
+    _discard_connections_of_a_gone_server(engine)
     return engine
+
+
+def _discard_connections_of_a_gone_server(engine: AsyncEngine) -> None:
+    """An error that says the server will not take writes any more (``server_gone``: demoted
+    by a failover, shutting down, in recovery) counts as a disconnect: SQLAlchemy invalidates
+    the connection and every one pooled before it (they reached the same server), and the
+    error says ``connection_invalidated``. The next checkout connects afresh: with a multi-host
+    URL and ``target_session_attrs=read-write``, to the new primary."""
+
+    def on_error(context: ExceptionContext) -> None:
+        if not context.is_disconnect and server_gone(context.original_exception):
+            context.is_disconnect = True
+
+    event.listen(engine.sync_engine, "handle_error", on_error)
 
 
 PGBOUNCER_OPTION = "mana_ai_pgbouncer"
@@ -201,7 +219,8 @@ async def run_statement(
     in transaction mode (``behind_pgbouncer``), where it runs in BEGIN/COMMIT so that its
     prepare and execute are not routed to different server connections.
 
-    A connection that breaks under it (the server ended it, the network dropped it) is thrown
+    A connection that breaks under it (the server ended it, the network dropped it, or a
+    failover left it on a server that no longer takes writes: ``server_gone``) is thrown
     away, and an ``idempotent`` statement (the default) runs once more on another: one whose
     second run after a first that did commit is harmless (mana-ai's writes are conditional on
     the lease, or count a call twice at worst). A statement that is not (a claim: run again, it

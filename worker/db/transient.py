@@ -20,9 +20,17 @@ The SQLSTATE classes and codes are PostgreSQL's (Appendix A, "PostgreSQL Error C
 * ``25006`` read_only_sql_transaction (a failover left the client on a standby);
 * class ``58`` system error (I/O error on the server).
 
+A *failover* is transient too: the server the connection reached answers ``25006`` (it was
+demoted, or it is a standby), shuts down, or is starting up or in recovery (``57P0x``). Those
+codes and class ``08`` also say the connection itself is of no more use
+(``server_gone``): the engine discards it and every connection pooled before it
+(``worker.db.engine``), so that the next attempt connects afresh and, with a multi-host URL and
+``target_session_attrs=read-write``, finds the new primary.
+
 Without a SQLSTATE: operating-system errors (refused, reset, unreachable, DNS; ``TimeoutError``
 included), SQLAlchemy's pool timeout and disconnection errors, a connection SQLAlchemy marked
-invalidated, and asyncpg's interface errors (``connection is closed``, an operation cut off).
+invalidated, asyncpg's interface errors (``connection is closed``, an operation cut off), and
+its ``TargetServerAttributeNotMatched`` (no host of the URL is a primary yet: mid-failover).
 """
 
 from __future__ import annotations
@@ -54,11 +62,13 @@ from tenacity import (
 __all__ = [
     "RETRY_INITIAL_S",
     "RETRY_MAX_WAIT_S",
+    "SERVER_GONE_SQLSTATES",
     "TRANSIENT_SQLSTATES",
     "TRANSIENT_SQLSTATE_CLASSES",
     "describe_error",
     "is_transient",
     "retry_transient",
+    "server_gone",
     "sqlstate_of",
 ]
 
@@ -73,6 +83,11 @@ TRANSIENT_SQLSTATES = frozenset(
     {"25006", "40001", "40003", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "57P05"}
 )
 """Single SQLSTATE codes that are transient (see the module docstring)."""
+
+SERVER_GONE_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+"""Codes (beside class ``08``) after which the connection's server will not take this client's
+writes: read-only (``read_only_sql_transaction``: demoted by a failover, or a standby),
+``admin_shutdown``, ``crash_shutdown``, ``cannot_connect_now`` (starting up, in recovery)."""
 
 RETRY_INITIAL_S = 0.05
 """The first wait before a retry, in seconds; it doubles (with jitter) after each failure."""
@@ -120,13 +135,22 @@ def is_transient(exc: BaseException) -> bool:
     return _transient_without_code(exc)
 
 
+def server_gone(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause) carries a SQLSTATE saying the connection's server will
+    not take this client's writes any more (``SERVER_GONE_SQLSTATES``, class ``08``): a
+    failover, a shutdown, a server in recovery. The connection is no use for a retry."""
+    code = sqlstate_of(exc)
+    return code is not None and (code in SERVER_GONE_SQLSTATES or code.startswith("08"))
+
+
 def _transient_without_code(exc: BaseException) -> bool:
     if isinstance(exc, OSError | PoolTimeoutError | DisconnectionError | ConnectionError):
         return True
     # asyncpg's own InterfaceError ("connection is closed", "another operation is in
-    # progress"), raised outside SQLAlchemy's wrapping (connect, pool reset)
+    # progress"), raised outside SQLAlchemy's wrapping (connect, pool reset); no host of a
+    # multi-host URL matching target_session_attrs (a failover not done yet)
     return type(exc).__module__.startswith("asyncpg") and type(exc).__name__.endswith(
-        ("InterfaceError", "ConnectionError", "InternalClientError")
+        ("InterfaceError", "ConnectionError", "InternalClientError", "AttributeNotMatched")
     )
 
 

@@ -31,6 +31,10 @@ class DatabaseSettings(Section):
             "PostgreSQL URL, e.g. postgresql://user:pass@host:5432/mana_ai. "
             "postgresql://, postgres:// and postgresql+asyncpg:// are accepted and normalised "
             "to postgresql+asyncpg://; a libpq sslmode=... parameter becomes asyncpg's ssl=.... "
+            "Several hosts (high availability), as libpq takes them: "
+            "postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write, or "
+            "?host=h1,h2&port=5432,5432; asyncpg connects to the first that matches "
+            "target_session_attrs (read-write or primary: the one that accepts writes). "
             "Unset: an embedded PostgreSQL is started under <data_dir>/pgdata and migrated."
         ),
     )
@@ -111,9 +115,13 @@ class DatabaseSettings(Section):
     def pgbouncer(self) -> bool:
         """Whether the database is reached through PgBouncer in transaction mode:
         ``MANA_AI_DB_PGBOUNCER``, or with ``auto`` the URL's port is 6432 (PgBouncer's
-        default; the embedded database never is)."""
+        default, or every host's port for several hosts; the embedded database never is)."""
         if self.pgbouncer_mode != "auto":
             return bool(self.pgbouncer_mode)
         if self.url is None:
             return False
-        return parse_url(self.url).port == PGBOUNCER_DEFAULT_PORT
+        url = parse_url(self.url)
+        ports = url.query.get("port")  # several hosts: every one's (worker.database_hosts)
+        if isinstance(ports, str) and url.port is None:
+            return all(p == str(PGBOUNCER_DEFAULT_PORT) for p in ports.split(","))
+        return url.port == PGBOUNCER_DEFAULT_PORT
