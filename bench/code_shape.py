@@ -52,10 +52,11 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(tree: ast.Module, name: str, known: set[str]) -> set[str]:
-    """The project modules ``name`` imports at module level (not under ``TYPE_CHECKING``,
-    not inside functions: those cannot make an import circle at start)."""
+    """The project modules ``name`` imports anywhere: at module level, under
+    ``TYPE_CHECKING`` and inside functions alike (a lazy import that closes a circle still ties
+    the two modules' designs together; ``../shared/tools/house.py`` counts them so)."""
     found: set[str] = set()
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name in known}
         elif isinstance(node, ast.ImportFrom) and node.module:

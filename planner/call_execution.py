@@ -28,7 +28,15 @@ if TYPE_CHECKING:
     from planner.approvals import Approval
     from planner.events import RunSink
 
-__all__ = ["ParkedCall", "ReadyCall", "ToolCallExecutor", "check_call", "run_call"]
+__all__ = [
+    "DESCRIBE_TIMEOUT_S",
+    "ParkedCall",
+    "ReadyCall",
+    "ToolCallExecutor",
+    "check_call",
+    "described",
+    "run_call",
+]
 
 ToolCallExecutor = Callable[[ToolCall], Awaitable[Any]]
 """``call -> result``: runs an allowed call instead of its tool's handler (``planner.loop``'s
@@ -62,6 +70,36 @@ class ParkedCall(NamedTuple):
 
     call: ToolCall
     decision: PolicyDecision
+
+
+DESCRIBE_TIMEOUT_S = 5.0
+"""Seconds a tool's read-back of a parked call's target (``ToolSpec.describe``) may take."""
+
+_TARGET_CHARS = 500
+"""The longest read-back kept (a reviewer reads it on a card)."""
+
+
+async def described(spec: ToolSpec | None, call: ToolCall, ctx: ToolContext) -> str | None:
+    """What ``call`` would act on, as its tool reads it back for the person who reviews it
+    (``ToolSpec.describe``, at most ``DESCRIBE_TIMEOUT_S``), cut to 500 characters; ``None``
+    for a tool without one. A read-back that fails or takes too long says so instead: the
+    request is made all the same. ``RunInterrupted`` from the tool (its store did not
+    answer) propagates: the run stops and resumes, and the read-back is made then."""
+    if spec is None or spec.describe is None:
+        return None
+    try:
+        async with asyncio.timeout(DESCRIBE_TIMEOUT_S):
+            said = await spec.describe(dict(call.arguments), ctx)
+    except RunInterrupted:
+        raise  # the tool's store is away: the run stops here and resumes later
+    except TimeoutError:
+        return f"(the tool could not say what this call acts on within {DESCRIBE_TIMEOUT_S:g} s)"
+    except Exception as exc:  # a read-back never stops the request
+        return f"(the tool could not say what this call acts on: {type(exc).__name__})"
+    if said is None:
+        return None
+    text = str(said)
+    return text if len(text) <= _TARGET_CHARS else text[: _TARGET_CHARS - 1] + "…"
 
 
 async def check_call(
@@ -116,14 +154,12 @@ async def _target_unchanged(
 ) -> PolicyDecision:
     """``decision`` (an approved call allowed), or a denial (``approval_mismatch``) when what
     the call acts on is no longer what the person saw: the tool's read-back now
-    (``planner.execution.described``) differs from the one on the approval card (a note
+    (``described``) differs from the one on the approval card (a note
     edited, replaced or deleted since). Calls without a read-back are judged by their
     arguments alone, as before."""
     approval = ctx.approval
     if approval is None or approval.target is None or spec.describe is None:
         return decision
-    from planner.execution import described  # execution imports this module
-
     now = await described(spec, call, ctx)
     if now == approval.target:
         return decision

@@ -49,18 +49,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from planner.call_execution import (
+    DESCRIBE_TIMEOUT_S,
     ParkedCall,
     ReadyCall,
     ToolCallExecutor,
     check_call,
+    described,
     run_call,
 )
 from planner.calls import ExecutedCall
-from planner.errors import RunInterrupted
 from planner.events import ApprovalRequested, CallFinished, ReadsOverlapped
 from planner.messages import ToolCall
 from planner.policy import PolicyGate
-from planner.tools import PolicyHint, ToolContext, ToolRegistry, ToolSpec
+from planner.tools import PolicyHint, ToolContext, ToolRegistry
 
 if TYPE_CHECKING:
     from planner.approvals import Approval
@@ -84,36 +85,6 @@ DEFAULT_MAX_PARALLEL_READS = 10
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 """Seconds one tool call may run when neither its ToolSpec nor the caller sets a limit."""
-
-DESCRIBE_TIMEOUT_S = 5.0
-"""Seconds a tool's read-back of a parked call's target (``ToolSpec.describe``) may take."""
-
-_TARGET_CHARS = 500
-"""The longest read-back kept (a reviewer reads it on a card)."""
-
-
-async def described(spec: ToolSpec | None, call: ToolCall, ctx: ToolContext) -> str | None:
-    """What ``call`` would act on, as its tool reads it back for the person who reviews it
-    (``ToolSpec.describe``, at most ``DESCRIBE_TIMEOUT_S``), cut to 500 characters; ``None``
-    for a tool without one. A read-back that fails or takes too long says so instead: the
-    request is made all the same. ``RunInterrupted`` from the tool (its store did not
-    answer) propagates: the run stops and resumes, and the read-back is made then."""
-    if spec is None or spec.describe is None:
-        return None
-    try:
-        async with asyncio.timeout(DESCRIBE_TIMEOUT_S):
-            said = await spec.describe(dict(call.arguments), ctx)
-    except RunInterrupted:
-        raise  # the tool's store is away: the run stops here and resumes later
-    except TimeoutError:
-        return f"(the tool could not say what this call acts on within {DESCRIBE_TIMEOUT_S:g} s)"
-    except Exception as exc:  # a read-back never stops the request
-        return f"(the tool could not say what this call acts on: {type(exc).__name__})"
-    if said is None:
-        return None
-    text = str(said)
-    return text if len(text) <= _TARGET_CHARS else text[: _TARGET_CHARS - 1] + "…"
-
 
 # --- the plan (pure) --------------------------------------------------------------------------
 
