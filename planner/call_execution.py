@@ -72,6 +72,10 @@ class ParkedCall(NamedTuple):
     decision: PolicyDecision
 
 
+UNREADABLE_TARGET = "(the tool could not say what this call acts on"
+"""How a read-back that failed or timed out begins: never a target an approval can be
+checked against (an approved call whose target was or is unreadable is not run)."""
+
 DESCRIBE_TIMEOUT_S = 5.0
 """Seconds a tool's read-back of a parked call's target (``ToolSpec.describe``) may take."""
 
@@ -93,9 +97,9 @@ async def described(spec: ToolSpec | None, call: ToolCall, ctx: ToolContext) -> 
     except RunInterrupted:
         raise  # the tool's store is away: the run stops here and resumes later
     except TimeoutError:
-        return f"(the tool could not say what this call acts on within {DESCRIBE_TIMEOUT_S:g} s)"
+        return f"{UNREADABLE_TARGET} within {DESCRIBE_TIMEOUT_S:g} s)"
     except Exception as exc:  # a read-back never stops the request
-        return f"(the tool could not say what this call acts on: {type(exc).__name__})"
+        return f"{UNREADABLE_TARGET}: {type(exc).__name__})"
     if said is None:
         return None
     text = str(said)
@@ -161,7 +165,8 @@ async def _target_unchanged(
     if approval is None or approval.target is None or spec.describe is None:
         return decision
     now = await described(spec, call, ctx)
-    if now == approval.target:
+    unreadable = any(t.startswith(UNREADABLE_TARGET) for t in (approval.target, now or ""))
+    if now == approval.target and not unreadable:
         return decision
     return decision.model_copy(
         update={
@@ -169,8 +174,12 @@ async def _target_unchanged(
             "verdict": PolicyVerdict.DENY,
             "reason": DecisionReason.APPROVAL_MISMATCH,
             "message": (
-                f"{call.name} was not run: what it acts on changed since {approval.describe()} "
-                f"(the person saw: {approval.target}; now: {now})"
+                f"{call.name} was not run: what it acts on could not be read back to check it "
+                f"against what the person saw ({approval.describe()}; then: {approval.target}; "
+                f"now: {now})"
+                if unreadable
+                else f"{call.name} was not run: what it acts on changed since "
+                f"{approval.describe()} (the person saw: {approval.target}; now: {now})"
             ),
             "reminder": (
                 f"{call.name} was not run: its target changed after a person approved it. Do "

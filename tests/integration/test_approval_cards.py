@@ -6,6 +6,7 @@ request; a tool without one says nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -151,3 +152,45 @@ async def test_an_approved_call_whose_target_is_unchanged_runs_once(db: AsyncEng
     notes = {t.name: t for t in builtin_tools(db)}
     listed = await notes["notes_list"].handler({}, ToolContext(user_id="u1"))
     assert note_id not in [n["id"] for n in listed["notes"]]
+
+
+async def test_an_edit_that_keeps_title_length_and_second_is_still_a_changed_target(
+    db: AsyncEngine,
+) -> None:
+    # found from outside: the read-back was display text only (title, size, time to the
+    # second): a body rewritten at the same length within the same second passed for the
+    # note the person saw. It now carries a version of the note's content.
+    note_id = await titled_note(db, "Q3 plan", body="a" * 412)
+    model = calling("notes_delete", {"id": note_id})
+    request = await parked(db, model)
+    assert "version " in request["target"]
+    await ApprovalStore(db).decide(request["id"], approve=True, by="alice", note="ok")
+    async with db.begin() as conn:  # the same title and length; updated_at kept as it was
+        await conn.execute(
+            text("UPDATE notes SET body = :b WHERE id = :n"), {"b": "b" * 412, "n": note_id}
+        )
+    assert await make_worker(db, model, policy=asking(db)).run_once() == ["succeeded"]
+    notes = {t.name: t for t in builtin_tools(db)}
+    kept = await notes["notes_read"].handler({"id": note_id}, ToolContext(user_id="u1"))
+    assert kept["body"] == "b" * 412
+
+
+async def test_a_target_that_could_not_be_read_back_is_never_a_match(db: AsyncEngine) -> None:
+    async def unreadable(args: dict[str, Any], ctx: ToolContext) -> str:
+        raise ConnectionError("the bucket service is away")
+
+    ran: list[dict[str, Any]] = []
+
+    async def drop(args: dict[str, Any], ctx: ToolContext) -> str:
+        ran.append(args)
+        return "dropped"
+
+    tool = dataclasses.replace(bucket_tool(unreadable), handler=drop)
+    model = calling("bucket_drop", {"bucket": "b1"})
+    request = await parked(db, model, extra_tools=[tool])
+    assert request["target"].startswith("(the tool could not say")
+    await ApprovalStore(db).decide(request["id"], approve=True, by="alice", note="ok")
+    assert await make_worker(db, model, policy=asking(db), extra_tools=[tool]).run_once() == [
+        "succeeded"
+    ]
+    assert ran == []  # unverified: not run

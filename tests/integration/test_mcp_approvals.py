@@ -107,3 +107,29 @@ async def test_an_mcp_denial_is_told_to_the_client_and_an_approval_lapses_unused
         lapsed = await client.call_tool("notes_delete", {"id": two})
         assert lapsed.is_error and "approval request" in text_of(lapsed)  # asked anew
     assert await note_count(db, "alice") == 2
+
+
+async def test_an_mcp_approval_is_for_the_note_the_person_saw(
+    db: AsyncEngine, database_url: str
+) -> None:
+    # found from outside: over MCP the approved delete ran after the note was rewritten
+    # between the approval and the call (the MCP path did not carry the card's read-back)
+    _, token = await token_for(db, "alice")
+    store = ApprovalStore(db)
+    async with (
+        serving(database_url, policy_mode="enforce", policy_destructive="ask") as server,
+        connect(server, token) as client,
+    ):
+        note_id = (await client.call_tool("notes_create", {"title": "Q3 plan"})).structured_content[
+            "id"
+        ]
+        await client.call_tool("notes_delete", {"id": note_id})
+        [request] = await store.list_requests()
+        assert "Q3 plan" in request["target"]
+        await store.decide(request["id"], approve=True, by="bob")
+        await client.call_tool(
+            "notes_update", {"id": note_id, "title": "Board minutes: KEEP", "body": "kept"}
+        )
+        refused = await client.call_tool("notes_delete", {"id": note_id})
+        assert refused.is_error and "what it acts on changed" in text_of(refused)
+        assert await note_count(db, "alice") == 1

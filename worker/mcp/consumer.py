@@ -226,6 +226,7 @@ class ServedTools:
             decided_by=row["decided_by"],
             reason=row["decision_note"],
             decided_at=row["decided_at"],
+            target=row.get("target"),
         )
 
     def _asking(

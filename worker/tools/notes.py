@@ -188,8 +188,14 @@ class _Notebook:
         """What an update or delete call would act on, for its reviewer (``describe``): the
         note's title, size and last change, or that the user has no such note."""
         note_id = int(args["id"])
+        # the version: a digest of everything the call would act on, so that an approval is
+        # bound to the note's content, not to what its card can show of it
+        content = func.concat_ws("\x1f", notes.c.title, notes.c.body, notes.c.updated_at)
         query = select(
-            notes.c.title, func.char_length(notes.c.body).label("size"), notes.c.updated_at
+            notes.c.title,
+            func.char_length(notes.c.body).label("size"),
+            notes.c.updated_at,
+            func.left(func.md5(content), 12).label("version"),
         ).where(notes.c.id == note_id, notes.c.user_id == ctx.user_id)
         async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
@@ -197,9 +203,12 @@ class _Notebook:
             return f"note {note_id}: the user has no such note"
         size = row.size or 0
         changed = row.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        title = repr(row.title)
+        if len(title) > _TITLE_SHOWN:
+            title = title[: _TITLE_SHOWN - 1] + "…"
         return (
-            f"note {note_id} {row.title!r} (a body of {size} character{'' if size == 1 else 's'}, "
-            f"last changed {changed})"
+            f"note {note_id} {title} (a body of {size} character{'' if size == 1 else 's'}, "
+            f"last changed {changed}, version {row.version})"
         )
 
 
@@ -370,6 +379,10 @@ def _in_own_transaction(engine: AsyncEngine, effect: EffectHandler) -> Handler:
 
     return handle
 
+
+_TITLE_SHOWN = 160
+"""Characters of a note's title (as ``repr`` writes it) a read-back shows: the rest of the
+read-back (size, last change, version) must fit on the card (500 characters)."""
 
 _CREATED = (notes.c.id, notes.c.title, notes.c.created_at, notes.c.updated_at)
 """What ``notes_create`` answers with."""
