@@ -136,3 +136,28 @@ def test_a_figure_told_another_way_is_not_made_up(answer: str, unsupported: list
     known = '{"iso": "2026-12-03T17:14:27+00:00", "time": "17:14:27", "date": "2026-12-03"}'
     known += "\nsum: 1234.5"
     assert unsupported_figures(answer, known) == unsupported
+
+
+@pytest.mark.parametrize(
+    ("answer", "known", "unsupported"),
+    [
+        # invented seconds, minutes or values that a looser match let through
+        ("The time is 23:45:17.", '{"utc": "2026-11-29T23:45:02+00:00"}', ["23:45:17"]),
+        ("It is 5:14:59 pm.", '{"time": "17:14:27"}', ["5:14:59"]),
+        ("It is 14:27.", '{"now": "2026-12-03T17:14:27"}', ["14:27"]),
+        ("At 12:14 am.", '{"t": "12:14"}', ["12:14"]),
+        ("Total 1,234.", '{"n": 12345}', ["1,234"]),
+        ("Score 99.", '{"year": "1990"}', ["99"]),
+        # the same values written another way
+        ("It is 5.14pm.", '{"time": "17:14:27"}', []),
+        ("Date 12/3/26.", '{"date": "2026-12-03"}', []),
+        ("Total 1,234.50.", '{"sum": 1234.5}', []),
+        ("Total 1234.", '{"sum": "1,234"}', []),
+        ("It is 17:14:27.", '{"now": "2026-12-03T17:14:27+00:00"}', []),
+        ("It was 2026.", '{"now": "2026-12-03T17:14:27+00:00"}', []),
+    ],
+)
+def test_a_figure_is_held_by_its_value_not_by_a_longer_figure_that_contains_it(
+    answer: str, known: str, unsupported: list[str]
+) -> None:
+    assert unsupported_figures(answer, known) == unsupported

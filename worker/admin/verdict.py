@@ -8,6 +8,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from worker.admin.replay import is_summary
@@ -107,63 +108,81 @@ def with_warnings(
     return rows
 
 
-_TIME = re.compile(r"(\d{1,2}):(\d{2})(?::\d{2})?")
+_TIME = re.compile(r"(\d{1,2})[:.](\d{2})(?::(\d{2}))?")
 _MERIDIEM = re.compile(r"\s*([ap])\.?\s?m\b\.?", re.IGNORECASE)
 _ISO_DATE = re.compile(r"(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})")
-_DAY_FIRST_OR_MONTH_FIRST = re.compile(r"(\d{1,2})[-/.](\d{1,2})[-/.](\d{4})")
-_GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_DAY_FIRST_OR_MONTH_FIRST = re.compile(r"(\d{1,2})[-/.](\d{1,2})[-/.](\d{4}|\d{2})")
+_NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+_PARTS = re.compile(r"[T+Z ]")
+_DIGITS = re.compile(r"\d+")
 
 
 def unsupported_figures(answer: str, known: str) -> list[str]:
-    """The figures of ``answer`` (see ``_FIGURE``) that are not in ``known``, in order, each
-    once. A figure that ``known`` holds written another way counts as found: a time on the
-    12-hour clock (``5:14 pm`` for ``17:14:27``), a date in another order (``12/3/2026`` or
-    ``3.12.2026`` for ``2026-12-03``), a number with thousands separators (``1,234.5`` for
-    ``1234.5``)."""
-    forms = _known_forms(known)
+    """The figures of ``answer`` (see ``_FIGURE``) that ``known`` does not hold, in order,
+    each once. A figure is held when it is one of ``known``'s figures (or a part of one: the
+    date or the time of a timestamp), or the same value written another way: a time on the
+    12-hour clock (``5:14 pm`` for ``17:14:27``; seconds, when given, must be the same), a date
+    day or month first (``12/3/2026``, ``3.12.26`` for ``2026-12-03``), a number with or
+    without thousands separators (``1,234.50`` for ``1234.5``). A figure found only inside a
+    longer one (``14:27`` in ``17:14:27``, ``99`` in ``1990``) is not held."""
+    held = _Held(known)
     found: dict[str, None] = {}
     for match in _FIGURE.finditer(answer):
         figure = match.group(0).rstrip(".,")
         after = answer[match.start() + len(figure) :]
-        if figure not in found and not _supported(figure, after, known, forms):
+        if figure not in found and not held.holds(figure, after):
             found[figure] = None
     return list(found)
 
 
-def _supported(figure: str, after: str, known: str, forms: set[str]) -> bool:
-    if figure in known:
-        return True
-    if _GROUPED.fullmatch(figure):
-        return figure.replace(",", "") in known
-    return bool(_other_forms(figure, after) & forms)
+class _Held:
+    """What a text states: its figures and their parts, and its times, dates and numbers in
+    one form each (``T17:14``, ``T17:14:27``, ``D2026-12-03``, ``N1234.5``)."""
+
+    def __init__(self, known: str) -> None:
+        self.figures: set[str] = set()
+        for figure in (m.group(0).rstrip(".,") for m in _FIGURE.finditer(known)):
+            self.figures |= {figure, *_PARTS.split(figure), *_DIGITS.findall(figure)}
+        self.forms: set[str] = set()
+        for figure in self.figures:
+            for form in _forms(figure, ""):  # a time with seconds states its minute too
+                self.forms |= {form, form[:6]} if form.startswith("T") else {form}
+            if _NUMBER.fullmatch(figure):
+                self.forms.add(_number_form(figure))
+
+    def holds(self, figure: str, after: str) -> bool:
+        """Whether ``figure`` (followed by ``after`` in its text) is one of these figures or
+        the same value written another way."""
+        forms = _forms(figure, after)
+        if forms:  # a time or a date: by value only
+            return bool(forms & self.forms)
+        if figure in self.figures:
+            return True
+        return bool(_NUMBER.fullmatch(figure)) and _number_form(figure) in self.forms
 
 
-def _known_forms(known: str) -> set[str]:
-    """The times (``T17:14``) and dates (``D2026-12-03``) ``known`` states, in one form."""
-    forms = {f"T{int(h):02d}:{m}" for h, m in _TIME.findall(known)}
-    forms |= {f"D{int(y):04d}-{int(m):02d}-{int(d):02d}" for y, m, d in _ISO_DATE.findall(known)}
-    for a, b, y in _DAY_FIRST_OR_MONTH_FIRST.findall(known):
-        forms |= {
-            f"D{int(y):04d}-{int(a):02d}-{int(b):02d}",
-            f"D{int(y):04d}-{int(b):02d}-{int(a):02d}",
-        }
-    return forms
+def _number_form(figure: str) -> str:
+    return f"N{Decimal(figure.replace(',', '')).normalize()}"
 
 
-def _other_forms(figure: str, after: str) -> set[str]:
-    """The forms ``figure`` may stand for as a time (with the ``am``/``pm`` that follows it in
-    ``after``) or a date (day or month first)."""
-    if time := _TIME.fullmatch(figure):
-        hour, minute = int(time.group(1)), time.group(2)
+def _forms(figure: str, after: str) -> set[str]:
+    """The forms ``figure`` stands for as a time (with the ``am``/``pm`` that follows it in
+    ``after``; ``H.MM`` only with one) or a date (day or month first; a two-digit year is this
+    century's); empty for anything else."""
+    if (time := _TIME.fullmatch(figure)) and (":" in figure or _MERIDIEM.match(after)):
+        hour, minute, second = int(time.group(1)), time.group(2), time.group(3)
         meridiem = _MERIDIEM.match(after)
         if meridiem and 1 <= hour <= 12:
             hour = hour % 12 + (12 if meridiem.group(1).lower() == "p" else 0)
-        return {f"T{hour:02d}:{minute}"}
+        if hour > 23:
+            return set()
+        return {f"T{hour:02d}:{minute}" + (f":{second}" if second else "")}
     if date := _ISO_DATE.fullmatch(figure):
         y, m, d = (int(x) for x in date.groups())
         return {f"D{y:04d}-{m:02d}-{d:02d}"}
     if date := _DAY_FIRST_OR_MONTH_FIRST.fullmatch(figure):
-        a, b, y = (int(x) for x in date.groups())
+        a, b = int(date.group(1)), int(date.group(2))
+        y = int(date.group(3)) + (2000 if len(date.group(3)) == 2 else 0)
         return {f"D{y:04d}-{a:02d}-{b:02d}", f"D{y:04d}-{b:02d}-{a:02d}"}
     return set()
 
