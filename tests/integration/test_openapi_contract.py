@@ -61,6 +61,7 @@ MUTANTS: tuple[Any, ...] = (
     "2999-01-01T09:00:00+00:00",
     "2999-01-01T09:00:00",
     "2999-01-01t09:00Z",  # RFC 3339 allows a lower-case t
+    "2999-01-01T09:00:00z",  # and a lower-case z
     "6h",
     "100d",
     "once",

@@ -127,9 +127,10 @@ and a time near it cannot be shown in a timezone west of UTC."""
 
 
 def aware_datetime(text: str) -> datetime:
-    """An ISO 8601 time with a UTC offset, as UTC, before ``LATEST_TIME``."""
+    """An ISO 8601 time with a UTC offset, as UTC, before ``LATEST_TIME``; RFC 3339's
+    lower-case ``t`` and ``z`` are taken as ``T`` and ``Z``."""
     try:
-        value = datetime.fromisoformat(text)
+        value = datetime.fromisoformat(text[:-1] + "Z" if text.endswith("z") else text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected ISO 8601 like 2026-12-01T09:00+01:00, got {text!r}"
