@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import at_least, database_server, throwaway_database
 from bench.tick_throughput import instant_llm
+from planner import ChatModel, ToolSpec
 from planner.testing import FunctionChatModel
 from worker.daemon.worker import Worker
 from worker.db.engine import create_engine
@@ -182,9 +183,17 @@ class Stored:
         self.reached = asyncio.Event()
 
 
-def mana_ai_worker(url: str, concurrency: int, pool: int) -> tuple[Worker, Any, Stored]:
+def mana_ai_worker(
+    url: str,
+    concurrency: int,
+    pool: int,
+    *,
+    llm: ChatModel | None = None,
+    tools: list[ToolSpec] | None = None,
+) -> tuple[Worker, Any, Stored]:
     """A worker wired as ``bench/tick_throughput.py --direct`` wires it, its engine, and the
-    count of the iterations it stored."""
+    count of the iterations it stored; ``llm`` (default: ``instant_llm``) and ``tools``
+    (default: the built-in tools) replace the model and the tools."""
     engine = create_engine(url, pool_size=pool, max_overflow=0)
     store = PostgresMissionStore(engine)
     stored = Stored()
@@ -198,11 +207,11 @@ def mana_ai_worker(url: str, concurrency: int, pool: int) -> tuple[Worker, Any, 
         return done
 
     store.end_run = counted  # type: ignore[method-assign]
-    tools = builtin_tools(engine)
+    offered = tools if tools is not None else builtin_tools(engine)
     runner = MissionRunner(
         store=store,
-        llm=FunctionChatModel(instant_llm),
-        tools_for=lambda m: tools,
+        llm=llm or FunctionChatModel(instant_llm),
+        tools_for=lambda m: offered,
         worker_id=WORKER_ID,
         lease=LEASE,
     )

@@ -41,18 +41,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import insert
 
 from bench.common import at_least, database_server, throwaway_database
-from bench.db_floor import Stored, backend_cpu, open_pool, run_mana_ai
+from bench.db_floor import add_missions, backend_cpu, mana_ai_worker, open_pool, run_mana_ai
 from planner import CompletionRequest, CompletionResponse, ToolContext, ToolSpec
 from planner.testing import FunctionChatModel, final_answer, tool_calls
-from worker.daemon.worker import Worker
 from worker.db.engine import create_engine
 from worker.db.migrate import upgrade_database
-from worker.db.tables import agents, missions
-from worker.run.runner import MissionRunner
-from worker.store.postgres import PostgresMissionStore
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_REQUIREMENTS = (
@@ -62,8 +57,6 @@ PEER_REQUIREMENTS = (
     "psycopg[binary]>=3.2,<4",
     "psycopg-pool>=3.2,<4",
 )
-WORKER_ID = "bench"
-LEASE = timedelta(seconds=60)
 
 
 async def _step(args: dict[str, Any], ctx: ToolContext) -> dict[str, bool]:
@@ -91,35 +84,6 @@ def scripted(rounds: int) -> Any:
     return reply
 
 
-async def add_missions(url: str, count: int, agent: str) -> None:
-    """``count`` due missions of a new agent named ``agent``."""
-    engine = create_engine(url, pool_size=1, max_overflow=0)
-    try:
-        async with engine.begin() as conn:
-            agent_id = (
-                await conn.execute(
-                    insert(agents).returning(agents.c.id),
-                    {"name": agent, "owner_user_id": "u0", "system_prompt": "Be brief."},
-                )
-            ).scalar_one()
-            due = datetime.now(UTC) - timedelta(seconds=1)
-            await conn.execute(
-                insert(missions),
-                [
-                    {
-                        "agent_id": agent_id,
-                        "objective": "Go.",
-                        "cron": "0 * * * *",
-                        "timezone": "UTC",
-                        "next_run_at": due,
-                    }
-                    for _ in range(count)
-                ],
-            )
-    finally:
-        await engine.dispose()
-
-
 async def mana_ai_side(server: str, runs: int, rounds: int, concurrency: int, pool: int) -> dict:
     async with throwaway_database(server) as url:
         migrator = create_engine(url, pool_size=1, max_overflow=0)
@@ -127,37 +91,14 @@ async def mana_ai_side(server: str, runs: int, rounds: int, concurrency: int, po
             await upgrade_database(migrator)
         finally:
             await migrator.dispose()
-        engine = create_engine(url, pool_size=pool, max_overflow=0)
-        store = PostgresMissionStore(engine)
-        stored = Stored()
-        end_run = store.end_run
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            done = await end_run(*args, **kwargs)
-            stored.count += 1
-            if stored.count >= stored.target:
-                stored.reached.set()
-            return done
-
-        store.end_run = counted  # type: ignore[method-assign]
-        runner = MissionRunner(
-            store=store,
-            llm=FunctionChatModel(scripted(rounds)),
-            tools_for=lambda m: [STEP],
-            worker_id=WORKER_ID,
-            lease=LEASE,
-        )
-        worker = Worker(
-            store=store,
-            runner=runner,
-            worker_id=WORKER_ID,
-            max_concurrent_missions=concurrency,
-            lease=LEASE,
+        worker, engine, stored = mana_ai_worker(
+            url, concurrency, pool, llm=FunctionChatModel(scripted(rounds)), tools=[STEP]
         )
         try:
-            await add_missions(url, 1, "warm-up")
+            now = datetime.now(UTC)
+            await add_missions(url, 1, now - timedelta(seconds=2))
             await run_mana_ai(worker, stored, 1)  # warm-up, not counted
-            await add_missions(url, runs, "measured")
+            await add_missions(url, runs, now - timedelta(seconds=1))
             await open_pool(engine, pool)
             before = await backend_cpu(url)
             cpu = time.process_time()
