@@ -23,7 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from planner import CompletionRequest, CompletionResponse, ToolContext
 from planner.testing import FunctionChatModel, final_answer, tool_calls
 from tests.fakes.db_proxy import FlakyProxy
-from tests.integration.worker_harness import add_mission, iterations, make_worker
+from tests.integration.worker_harness import (
+    add_mission,
+    iterations,
+    make_worker,
+    objective_of,
+    tool_results,
+)
 from worker.db.engine import create_engine
 from worker.db.tables import missions, notes, tool_invocations
 from worker.tools import builtin_tools
@@ -37,14 +43,6 @@ async def flaky_engine(proxy: FlakyProxy, database_url: str) -> AsyncIterator[As
     engine = create_engine(proxy.url_for(database_url), pool_size=4, max_overflow=0)
     yield engine
     await engine.dispose()
-
-
-def objective_of(request: CompletionRequest) -> str:
-    return next(m.content or "" for m in request.messages if m.role == "user")
-
-
-def tool_results(request: CompletionRequest) -> list[str]:
-    return [m.content or "" for m in request.messages if m.role == "tool"]
 
 
 async def note_titles(engine: AsyncEngine) -> list[str]:

@@ -23,7 +23,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from planner import CompletionRequest, CompletionResponse
 from planner.testing import FunctionChatModel, final_answer, tool_calls
-from tests.integration.worker_harness import add_mission, iterations, make_worker, ticking
+from tests.integration.worker_harness import (
+    add_mission,
+    iterations,
+    make_worker,
+    objective_of,
+    ticking,
+    tool_results,
+)
 from tests.pg_standby import PrimaryAndStandby, StandbyUnavailable, start_pair
 from worker.daemon.wakeup import WakeUpListener
 from worker.db.engine import create_engine
@@ -80,14 +87,6 @@ async def reader(ha_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_engine(ha_url, pool_size=2, max_overflow=0)
     yield engine
     await engine.dispose()
-
-
-def objective_of(request: CompletionRequest) -> str:
-    return next(m.content or "" for m in request.messages if m.role == "user")
-
-
-def tool_results(request: CompletionRequest) -> list[str]:
-    return [m.content or "" for m in request.messages if m.role == "tool"]
 
 
 async def count_iterations(engine: AsyncEngine, *, succeeded: bool) -> int:

@@ -34,8 +34,10 @@ __all__ = [
     "iterations",
     "make_worker",
     "mission_row",
+    "objective_of",
     "policy_setup",
     "ticking",
+    "tool_results",
 ]
 
 LEASE = timedelta(seconds=30)
@@ -88,6 +90,16 @@ def make_worker(
         max_concurrent_missions=max_concurrent,
         lease=lease,
     )
+
+
+def objective_of(request: CompletionRequest) -> str:
+    """The mission's objective: the request's user message."""
+    return next(m.content or "" for m in request.messages if m.role == "user")
+
+
+def tool_results(request: CompletionRequest) -> list[str]:
+    """The texts of the tool results the request carries, in order."""
+    return [m.content or "" for m in request.messages if m.role == "tool"]
 
 
 @asynccontextmanager
