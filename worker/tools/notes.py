@@ -433,18 +433,14 @@ def _interrupting_on_outage(name: str, handler: Handler) -> Handler:
     async def handle(args: dict[str, Any], ctx: ToolContext) -> Any:
         try:
             return await handler(args, ctx)
-        except SQLAlchemyError as exc:
-            if not is_transient(exc):
-                raise ToolError(f"{name} failed: {refused_text(exc)}") from exc
-            raise RunInterrupted(
-                f"{name}: the notes database did not answer ({describe_error(exc)})"
-            ) from exc
         except Exception as exc:
-            if not is_transient(exc):
-                raise
-            raise RunInterrupted(
-                f"{name}: the notes database did not answer ({describe_error(exc)})"
-            ) from exc
+            if is_transient(exc):
+                raise RunInterrupted(
+                    f"{name}: the notes database did not answer ({describe_error(exc)})"
+                ) from exc
+            if isinstance(exc, SQLAlchemyError):
+                raise ToolError(f"{name} failed: {refused_text(exc)}") from exc
+            raise
 
     return handle
 
