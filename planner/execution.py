@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from planner.call_execution import (
-    DESCRIBE_TIMEOUT_S,
     ParkedCall,
     ReadyCall,
     ToolCallExecutor,
@@ -70,11 +69,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_PARALLEL_READS",
     "DEFAULT_TOOL_TIMEOUT_S",
-    "DESCRIBE_TIMEOUT_S",
     "ExecutedRound",
     "Segment",
     "ToolCallExecutor",
-    "described",
     "execute_calls",
     "execute_round",
     "plan_segments",
@@ -85,6 +82,7 @@ DEFAULT_MAX_PARALLEL_READS = 10
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 """Seconds one tool call may run when neither its ToolSpec nor the caller sets a limit."""
+
 
 # --- the plan (pure) --------------------------------------------------------------------------
 

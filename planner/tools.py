@@ -121,7 +121,7 @@ class ToolSpec:
             what the call would act on, read back for the person who reviews it (``note 8,
             "Q3 plan", 412 characters``), or ``None`` when there is nothing to say; must not
             change anything. Asked when the gate parks a call for approval (at most
-            ``planner.execution.DESCRIBE_TIMEOUT_S``; a failure or a timeout is said in the
+            ``planner.call_execution.DESCRIBE_TIMEOUT_S``; a failure or a timeout is said in the
             text instead) and stored with the request. ``None`` (default): no read-back.
 
     Raises:

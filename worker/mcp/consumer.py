@@ -43,9 +43,10 @@ from planner import (
     ToolSpec,
     arguments_hash,
 )
+from planner.call_execution import described
 from planner.calls import ExecutedCall
 from planner.errors import RunInterrupted
-from planner.execution import described, execute_calls
+from planner.execution import execute_calls
 from planner.gate import RulePolicyGate
 from planner.policy import (
     APPROVAL_USED,
